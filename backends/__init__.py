@@ -1,0 +1,1 @@
+"""Interpreters of rank programs: ``sim`` (SimPy cluster) and ``torch`` (torch.distributed)."""

@@ -1,0 +1,170 @@
+"""``megatronapp`` command line: run, topology, plot (+ each module's commands).
+
+Bad input exits with status 2 and one line on stderr naming the field; no
+traceback, and no output directory that could pass for a result.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .config import ScenarioError, load_scenario
+from .topology import Topology
+
+BACKENDS = ("sim", "torch")
+# Each module contributes its own subcommands through ``register(subparsers)``.
+MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
+               "megatronapp.scope.cli")
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def load_backend(name: str) -> Callable[..., Any]:
+    if name not in BACKENDS:
+        raise CliError(f"--backend: unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+    return importlib.import_module(f"backends.{name}").run_scenario
+
+
+# ------------------------------------------------------------------- run
+def _progress(total: int, enabled: bool):
+    """A rich progress bar over iterations; returns (context, on_record hook)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]simulating"), BarColumn(), TextColumn("{task.completed}/"
+                   "{task.total} iterations"), TimeElapsedColumn(), transient=True,
+                   disable=not enabled)
+    task = bar.add_task("run", total=total)
+
+    def on_record(rank: int, event: Any) -> None:
+        if rank == 0 and event.name == "optimizer":
+            bar.advance(task)
+
+    return bar, on_record
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runs import staged_dir, write_run
+
+    scenario = load_scenario(args.scenario, args.set)
+    run_backend = load_backend(args.backend)
+    out = Path(args.out or Path("runs") / scenario.name)
+    bar, on_record = _progress(scenario.iterations, sys.stderr.isatty() and not args.quiet)
+    with staged_dir(out) as tmp, bar:
+        result = run_backend(scenario, on_record=on_record)
+        summary = write_run(scenario, result, tmp)
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
+    else:
+        print_summary(summary, out)
+    return 0
+
+
+def print_summary(summary: dict[str, Any], out: Path) -> None:
+    times = summary["iteration_times_s"]
+    mean = sum(times) / len(times) if times else float("nan")
+    sc = summary["scenario"]
+    p = sc["parallel"]
+    print(f"{sc['name']}: {summary['backend']} backend, {summary['world_size']} ranks "
+          f"(tp {p['tp']}, pp {p['pp']}, dp {p['dp']}, vpp {p['vpp']}), schedule {sc['schedule']}, "
+          f"{p['microbatches']} microbatches")
+    print(f"  iterations: {len(times)}, mean {mean * 1e3:.3f} ms "
+          f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f})")
+    print(f"  bubble fraction: {summary['bubble_fraction']:.3f}")
+    for f in summary["faults"] or [{"kind": "none"}]:
+        detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
+        print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
+    print(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev), "
+          f"{out / 'ranks'}/, {out / 'summary.json'}")
+
+
+# -------------------------------------------------------------- topology
+def cmd_topology(args: argparse.Namespace) -> int:
+    for name in ("tp", "pp", "dp"):
+        if getattr(args, name) < 1:
+            raise CliError(f"--{name}: must be >= 1")
+    topo = Topology(tp=args.tp, pp=args.pp, dp=args.dp)
+    groups = topo.groups_json()
+    if args.json:
+        print(json.dumps(groups))
+    else:
+        for rank in range(topo.world_size):
+            print(topo.label(rank))
+        for kind, gs in groups.items():
+            print(f"{kind} groups: {gs}")
+    return 0
+
+
+# ------------------------------------------------------------------ plot
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plots import plot_timeline
+    from .runs import read_events
+
+    run_dir = Path(args.run_dir)
+    trace = run_dir / "trace.json"
+    if not trace.is_file():
+        raise CliError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
+    events = read_events(trace)
+    path = plot_timeline(events, run_dir / "timeline.png", title=run_dir.name)
+    print(f"wrote {path}")
+    for extra in _plot_hooks:
+        for p in extra(run_dir, events):
+            print(f"wrote {p}")
+    return 0
+
+
+_plot_hooks: list[Callable[[Path, dict], list[Path]]] = []
+
+
+# ---------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megatronapp", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a scenario on a backend")
+    run.add_argument("scenario", help="scenario YAML file")
+    run.add_argument("--backend", default="sim", help="sim (default) or torch")
+    run.add_argument("--out", help="output directory (default runs/<scenario name>)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario key, e.g. --set parallel.pp=4 (repeatable)")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+
+    topo = sub.add_parser("topology", help="print rank groups in Megatron-core's order")
+    for name in ("tp", "pp", "dp"):
+        topo.add_argument(f"--{name}", type=int, default=1)
+    topo.add_argument("--json", action="store_true")
+    topo.set_defaults(func=cmd_topology, topology_parser=topo)
+
+    plot = sub.add_parser("plot", help="plot a run directory (timeline.png and more)")
+    plot.add_argument("run_dir")
+    plot.set_defaults(func=cmd_plot)
+
+    for module in MODULE_CLIS:
+        importlib.import_module(module).register(sub, _plot_hooks)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ScenarioError as err:
+        print(f"megatronapp: scenario error: {err}", file=sys.stderr)
+    except CliError as err:
+        print(f"megatronapp: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("megatronapp: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

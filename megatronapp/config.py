@@ -1,0 +1,313 @@
+"""Scenario files: a validated schema, dotted overrides and one-line errors.
+
+A scenario is the single input that every backend runs unchanged. Errors are
+reported as ``ScenarioError(field, reason)`` so the CLI can print one line and
+exit with status 2.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dfc", "bfc", "adaptive")
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input, naming the offending field."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class Parallel(_Strict):
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt = 1
+    vpp: PositiveInt = 1
+    microbatches: PositiveInt = 1
+    microbatch_group_size: PositiveInt | None = None  # Megatron's default: pp
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def group_size(self) -> int:
+        return self.microbatch_group_size or self.pp
+
+
+class Model(_Strict):
+    layers: PositiveInt = 8
+    hidden: PositiveInt = 1024
+    heads: PositiveInt = 16
+    seq_len: PositiveInt = 1024
+    vocab: PositiveInt = 32000
+    micro_batch_size: PositiveInt = 1
+    ffn_hidden: PositiveInt | None = None  # default 4·hidden
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+
+class Gpu(_Strict):
+    tflops: float = Field(400.0, gt=0)
+    memory_gb: float = Field(80.0, gt=0)
+    efficiency: float = Field(0.5, gt=0, le=1)  # achieved share of peak FLOPs
+
+
+class Links(_Strict):
+    intra_node_gbps: float = Field(2400.0, gt=0)  # GB/s·8, i.e. Gbit/s
+    inter_node_gbps: float = Field(400.0, gt=0)
+    latency_us: float = Field(5.0, ge=0)
+
+
+class Jitter(_Strict):
+    """Background noise everywhere (healthy-run controls): lognormal sigmas."""
+
+    compute_sigma: float = Field(0.0, ge=0, le=1)
+    link_sigma: float = Field(0.0, ge=0, le=2)
+
+
+class Cluster(_Strict):
+    gpus_per_node: PositiveInt = 8
+    nodes: PositiveInt | None = None  # if given, must hold exactly tp·pp·dp GPUs
+    gpu: Gpu = Gpu()
+    links: Links = Links()
+    jitter: Jitter = Jitter()
+
+
+class Costs(_Strict):
+    """Fixed durations replacing the analytical cost model (calibration, exact tests)."""
+
+    forward_s: float | None = Field(None, ge=0)
+    backward_s: float | None = Field(None, ge=0)
+    p2p_s: float | None = Field(None, ge=0)
+    allreduce_s: float | None = Field(None, ge=0)
+    optimizer_s: float | None = Field(None, ge=0)
+
+
+class Throttle(_Strict):
+    kind: Literal["throttle"]
+    rank: int = Field(ge=0)
+    factor: float = Field(gt=0)
+    start_s: float = Field(0.0, ge=0)
+    end_s: float | None = Field(None, ge=0)
+
+
+class SlowLink(_Strict):
+    kind: Literal["slow_link"]
+    ranks: tuple[int, int]
+    factor: float = Field(gt=0)
+
+
+class LinkJitter(_Strict):
+    kind: Literal["link_jitter"]
+    ranks: tuple[int, int]
+    sigma: float = Field(gt=0, le=2)
+
+
+class ClockSkew(_Strict):
+    kind: Literal["clock_skew"]
+    rank: int = Field(ge=0)
+    offset_us: float = 0.0
+    drift_ppm: float = 0.0
+
+
+Fault = Annotated[Union[Throttle, SlowLink, LinkJitter, ClockSkew], Field(discriminator="kind")]
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: int = 0
+    iterations: PositiveInt = 1
+    schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
+    parallel: Parallel = Parallel()
+    model: Model = Model()
+    cluster: Cluster = Cluster()
+    costs: Costs = Costs()
+    faults: tuple[Fault, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        check_consistency(self)
+        return self
+
+
+def check_consistency(s: Scenario) -> None:
+    """Cross-field rules; raise ScenarioError naming the field."""
+    p, m = s.parallel, s.model
+    world = p.world_size
+    if s.cluster.nodes is not None and s.cluster.nodes * s.cluster.gpus_per_node != world:
+        raise ScenarioError(
+            "parallel", f"tp*pp*dp = {world} but cluster has "
+            f"{s.cluster.nodes}*{s.cluster.gpus_per_node} GPUs")
+    if m.layers % (p.pp * p.vpp):
+        raise ScenarioError(
+            "model.layers", f"{m.layers} is not divisible by pp*vpp = {p.pp * p.vpp}")
+    if m.heads % p.tp:
+        raise ScenarioError("model.heads", f"{m.heads} is not divisible by tp = {p.tp}")
+    if m.hidden % m.heads:
+        raise ScenarioError("model.hidden", f"{m.hidden} is not divisible by heads = {m.heads}")
+    if p.vpp > 1 and s.schedule in ("gpipe", "1f1b"):
+        raise ScenarioError("parallel.vpp", f"vpp = {p.vpp} needs an interleaved schedule, not {s.schedule}")
+    if p.vpp > 1 and p.microbatches % p.group_size:
+        raise ScenarioError(
+            "parallel.microbatches",
+            f"{p.microbatches} is not divisible by microbatch_group_size = {p.group_size}")
+    if p.vpp > 1 and p.group_size < p.pp:
+        raise ScenarioError(
+            "parallel.microbatch_group_size", f"{p.group_size} is smaller than pp = {p.pp}")
+    for i, fault in enumerate(s.faults):
+        _check_fault_ranks(f"faults[{i}]", fault, world)
+
+
+def _check_fault_ranks(where: str, fault: Any, world: int) -> None:
+    ranks = fault.ranks if hasattr(fault, "ranks") else (fault.rank,)
+    field = f"{where}.ranks" if hasattr(fault, "ranks") else f"{where}.rank"
+    for r in ranks:
+        if not 0 <= r < world:
+            raise ScenarioError(field, f"rank {r} out of range 0..{world - 1}")
+    if hasattr(fault, "ranks") and ranks[0] == ranks[1]:
+        raise ScenarioError(field, "a link needs two different ranks")
+    end = getattr(fault, "end_s", None)
+    if end is not None and end <= fault.start_s:
+        raise ScenarioError(f"{where}.end_s", "must be later than start_s")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("throttle", "slow_link", "link_jitter", "clock_skew"):
+            continue  # the discriminator tag pydantic puts in the path
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "scenario"
+
+
+def _error_from_validation(err: ValidationError) -> ScenarioError:
+    first = err.errors()[0]
+    ctx_error = first.get("ctx", {}).get("error")
+    if isinstance(ctx_error, ScenarioError):
+        return ctx_error
+    field = _format_loc(tuple(first["loc"]))
+    reason = first["msg"]
+    if first["type"] == "extra_forbidden":
+        reason = "unknown key"
+    elif first["type"] == "union_tag_invalid":
+        reason = f"unknown fault kind {first['input'].get('kind')!r}" if isinstance(
+            first.get("input"), dict) else reason
+        field = field + ".kind" if not field.endswith("kind") else field
+    return ScenarioError(field, reason)
+
+
+def parse_scenario(data: Any) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario", "top level must be a mapping")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise _error_from_validation(err) from None
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ScenarioError("--set", f"expected dotted.key=value, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``dotted.key=value`` applied."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for text in overrides:
+        path, value = _parse_override(text)
+        node: Any = out
+        for i, part in enumerate(path[:-1]):
+            nxt = _child(node, part, ".".join(path[: i + 1]))
+            if nxt is None:
+                nxt = {}
+                _assign(node, part, nxt, ".".join(path[: i + 1]))
+            node = nxt
+        _assign(node, path[-1], value, ".".join(path))
+    return out
+
+
+def _child(node: Any, part: str, where: str) -> Any:
+    if isinstance(node, list):
+        idx = _index(part, where, len(node))
+        return node[idx]
+    if not isinstance(node, dict):
+        raise ScenarioError(where, "cannot descend into a scalar")
+    return node.get(part)
+
+
+def _assign(node: Any, part: str, value: Any, where: str) -> None:
+    if isinstance(node, list):
+        node[_index(part, where, len(node))] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise ScenarioError(where, "cannot set a key inside a scalar")
+
+
+def _index(part: str, where: str, size: int) -> int:
+    if not part.isdigit() or int(part) >= size:
+        raise ScenarioError(where, f"no list element {part!r}")
+    return int(part)
+
+
+def read_scenario_data(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ScenarioError("scenario", f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ScenarioError("scenario", f"{path} is not valid YAML{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario", f"{path} must hold a mapping at the top level")
+    return data
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    data = read_scenario_data(path)
+    data.setdefault("name", Path(path).stem)
+    return parse_scenario(apply_overrides(data, overrides or []))
+
+
+def scenario_to_dict(s: Scenario) -> dict[str, Any]:
+    return s.model_dump(mode="json")

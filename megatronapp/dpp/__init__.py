@@ -1,0 +1,1 @@
+"""MegaDPP: dynamic depth-first / breadth-first pipeline scheduling."""

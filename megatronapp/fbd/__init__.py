@@ -1,0 +1,1 @@
+"""MegaFBD: forward/backward decoupling with virtual ranks and a bit-vector coordinator."""

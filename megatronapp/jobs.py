@@ -1,0 +1,45 @@
+"""From a scenario to one rank program per global rank (backend-agnostic)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from .config import Scenario
+from .costs import stage_costs
+from .ops import RankProgram
+from .programs import NullStages, PipelineContext, StageModel, pipeline_rank
+from .schedules import Order, PipeShape, static_order
+from .topology import Topology
+
+StagesFor = Callable[[int], StageModel]
+
+
+def topology_of(s: Scenario) -> Topology:
+    p = s.parallel
+    return Topology(tp=p.tp, pp=p.pp, dp=p.dp, gpus_per_node=s.cluster.gpus_per_node)
+
+
+def pipe_shape(s: Scenario) -> PipeShape:
+    return PipeShape(pp=s.parallel.pp, vpp=s.parallel.vpp, microbatches=s.parallel.microbatches)
+
+
+def static_orders(s: Scenario) -> dict[int, Order]:
+    """pp rank -> one iteration's task order for a static schedule."""
+    shape = pipe_shape(s)
+    return {r: static_order(s.schedule, r, shape, s.parallel.group_size) for r in range(shape.pp)}
+
+
+def pipeline_contexts(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, PipelineContext]:
+    topo, shape, costs = topology_of(s), pipe_shape(s), stage_costs(s)
+    orders = static_orders(s)
+    contexts = {}
+    for rank in range(topo.world_size):
+        order = orders[topo.coord(rank).pp]
+        contexts[rank] = PipelineContext(
+            rank=rank, topo=topo, shape=shape, costs=costs, iterations=s.iterations,
+            order_for=lambda _it, order=order: order,
+            stages=stages_for(rank) if stages_for else NullStages())
+    return contexts
+
+
+def rank_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, RankProgram]:
+    return {r: pipeline_rank(ctx) for r, ctx in pipeline_contexts(s, stages_for).items()}

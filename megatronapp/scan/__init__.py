@@ -1,0 +1,1 @@
+"""MegaScan: trace loading, dependency reconstruction, clock alignment, slow-node detection."""

@@ -1,0 +1,1 @@
+"""MegaScope: capture, compression and perturbation of model internals."""

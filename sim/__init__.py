@@ -1,0 +1,1 @@
+"""SimPy model of a GPU cluster: devices, links, collectives, faults, clocks."""

@@ -1,0 +1,57 @@
+"""Devices whose compute speed injected throttling changes over time."""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ThrottleWindow:
+    start_s: float
+    end_s: float  # math.inf for "until the end"
+    factor: float  # compute takes factor x as long inside the window
+
+
+@dataclass
+class Device:
+    """Turns nominal work (seconds at full speed) into elapsed seconds."""
+
+    rank: int
+    windows: tuple[ThrottleWindow, ...] = ()
+    jitter_sigma: float = 0.0
+    rng: np.random.Generator | None = None
+    _breaks: list[float] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        points = {w.start_s for w in self.windows} | {w.end_s for w in self.windows}
+        self._breaks = sorted(p for p in points if math.isfinite(p))
+
+    def slowdown_at(self, t: float) -> float:
+        factor = 1.0
+        for w in self.windows:
+            if w.start_s <= t < w.end_s:
+                factor *= w.factor
+        return factor
+
+    def noisy(self, work_s: float) -> float:
+        if self.jitter_sigma <= 0 or self.rng is None:
+            return work_s
+        return work_s * math.exp(self.rng.normal(0.0, self.jitter_sigma))
+
+    def duration(self, start_s: float, work_s: float) -> float:
+        """Elapsed time for ``work_s`` of nominal work starting at ``start_s``."""
+        work = self.noisy(work_s)
+        if not self.windows:
+            return work
+        t, left = start_s, work
+        i = bisect.bisect_right(self._breaks, t)
+        while True:
+            slow = self.slowdown_at(t)
+            nxt = self._breaks[i] if i < len(self._breaks) else math.inf
+            if left * slow <= nxt - t:
+                return t + left * slow - start_s
+            left -= (nxt - t) / slow
+            t, i = nxt, i + 1
