@@ -17,8 +17,7 @@ from .topology import Topology
 
 BACKENDS = ("sim", "torch")
 # Each module contributes its own subcommands through ``register(subparsers)``.
-MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
-               "megatronapp.scope.cli")
+MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli")
 
 
 class CliError(Exception):

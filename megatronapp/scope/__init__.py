@@ -1,1 +1,0 @@
-"""MegaScope: capture, compression and perturbation of model internals."""
