@@ -1,0 +1,46 @@
+"""Shared fixtures: scenario builders and a CLI runner."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from megatronapp.config import Scenario, parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def fixed_cost_scenario(**overrides: Any) -> Scenario:
+    """Fixed compute costs and zero communication: closed forms hold exactly."""
+    data: dict[str, Any] = {
+        "schedule": "1f1b",
+        "parallel": {"pp": 4, "microbatches": 8},
+        "model": {"layers": 48},
+        "costs": {"forward_s": 1.0, "backward_s": 2.0, "p2p_s": 0.0, "allreduce_s": 0.0,
+                  "optimizer_s": 0.0},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_scenario(data)
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "megatronapp.cli", *args], capture_output=True,
+                          text=True, cwd=cwd or ROOT, timeout=600)
