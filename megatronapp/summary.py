@@ -49,3 +49,29 @@ def summarize(events: Mapping[int, Iterable[Event]]) -> dict[str, Any]:
     events = {r: list(ev) for r, ev in events.items()}
     return {"iteration_times_s": iteration_times(events),
             "bubble_fraction": bubble_fraction(events)}
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping intervals."""
+    total, cur_lo, cur_hi = 0.0, None, None
+    for lo, hi in sorted(intervals):
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None:
+                total += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    if cur_hi is not None:
+        total += cur_hi - cur_lo
+    return total
+
+
+def time_breakdown(events: Iterable[Event], span: tuple[float, float]) -> dict[str, float]:
+    """Split a rank's wall time over ``span`` into compute, communication-only and idle."""
+    lo, hi = span
+    clip = [(max(e.start_s, lo), min(e.end_s, hi), e) for e in events]
+    clip = [(a, b, e) for a, b, e in clip if b > a]
+    compute = union_length((a, b) for a, b, e in clip if e.name in COMPUTE_NAMES)
+    busy_any = union_length((a, b) for a, b, _ in clip)
+    return {"wall_s": hi - lo, "compute_s": compute, "comm_s": busy_any - compute,
+            "idle_s": (hi - lo) - busy_any}

@@ -68,23 +68,24 @@ class Network:
         self.fixed_p2p_s = fixed_p2p_s
         self.fixed_allreduce_s = fixed_allreduce_s
         self._ports: dict[tuple[str, int], Port] = {}
-        self._rngs: dict[Pair, np.random.Generator] = {}
+        self._rngs: dict[tuple[int, ...], np.random.Generator] = {}
 
     # ----------------------------------------------------------- pair factors
-    def _rng(self, p: Pair) -> np.random.Generator:
-        # One stream per pair: draws follow that pair's own traffic order, so
-        # timing changes elsewhere never reshuffle them.
-        if p not in self._rngs:
-            self._rngs[p] = np.random.default_rng([self.seed, 7, p[0], p[1]])
-        return self._rngs[p]
+    def _rng(self, stream: tuple[int, ...]) -> np.random.Generator:
+        # One random stream per sender->receiver direction (and per collective
+        # group): draws follow that stream's own program order, so timing
+        # changes elsewhere never reshuffle them.
+        if stream not in self._rngs:
+            self._rngs[stream] = np.random.default_rng([self.seed, 7, *stream])
+        return self._rngs[stream]
 
-    def slowdown(self, a: int, b: int) -> float:
+    def slowdown(self, a: int, b: int, stream: tuple[int, ...] | None = None) -> float:
         """Time multiplier of one use of the a-b link: fault factor x jitter."""
         p = pair(a, b)
         factor = self.faults.slow.get(p, 1.0)
         sigma = math.hypot(self.faults.jitter.get(p, 0.0), self.background_sigma)
         if sigma > 0:
-            factor *= math.exp(self._rng(p).normal(0.0, sigma))
+            factor *= math.exp(self._rng(stream or (a, b)).normal(0.0, sigma))
         return factor
 
     def bandwidth(self, a: int, b: int) -> float:
@@ -158,7 +159,8 @@ class Network:
         if n == 1:
             return 0.0
         edges = [(group[i], group[(i + 1) % n]) for i in range(n)]
-        worst = max(self.slowdown(a, b) for a, b in edges)
+        stream = (len(group), *group)
+        worst = max(self.slowdown(a, b, stream) for a, b in edges)
         if self.fixed_allreduce_s is not None:
             return self.fixed_allreduce_s * worst
         bw = min(self.bandwidth(a, b) for a, b in edges) / worst
