@@ -1,0 +1,41 @@
+"""The answer every detector returns, and the one signature they all share."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+from .inputs import ScanInput
+
+
+@dataclass(frozen=True)
+class RootCause:
+    rank: int
+    kind: Literal["compute", "link"]
+    peer: int | None
+    confidence: float  # 0..1
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "kind": self.kind, "peer": self.peer,
+                "confidence": round(self.confidence, 4), "evidence": dict(self.evidence)}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    root_causes: tuple[RootCause, ...] = ()  # most confident first
+    victims: tuple[int, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.root_causes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "root_causes": [c.to_json() for c in self.root_causes],
+                "victims": list(self.victims)}
+
+
+Detector = Callable[[ScanInput], Diagnosis]
+
+
+def ranked(causes: list[RootCause]) -> tuple[RootCause, ...]:
+    return tuple(sorted(causes, key=lambda c: (-c.confidence, c.rank)))

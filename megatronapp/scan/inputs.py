@@ -1,0 +1,76 @@
+"""What every detector (ours and the baselines) gets: one aligned trace, linked."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .align import ClockFit, apply_clocks, fit_clocks
+from .deps import SyncOp, reconstruct
+from .load import LoadedTrace, RankEvents, load_trace
+
+DEFAULT_GPUS_PER_NODE = 8
+STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
+
+
+@dataclass(frozen=True)
+class ScanInput:
+    events: RankEvents  # aligned to the reference rank's clock
+    ops: tuple[SyncOp, ...]
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    clocks: dict[int, ClockFit] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.events)
+
+
+def stage_peers(scan: ScanInput) -> dict[int, tuple[int, ...]]:
+    """rank -> ranks that run the same compute (its TP and DP collective groups)."""
+    parent = {r: r for r in scan.events}
+
+    def find(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    for op in scan.ops:
+        lowered = op.name.lower()
+        if op.kind != "collective" or lowered.split("_")[0] not in STAGE_PEER_WORDS:
+            continue
+        first = find(op.ranks[0])
+        for r in op.ranks[1:]:
+            parent[find(r)] = first
+    classes: dict[int, list[int]] = {}
+    for r in sorted(scan.events):
+        classes.setdefault(find(r), []).append(r)
+    return {r: tuple(classes[find(r)]) for r in scan.events}
+
+
+def _gpus_per_node(run_dir: Path | None) -> int:
+    summary = run_dir / "summary.json" if run_dir else None
+    if summary is None or not summary.is_file():
+        return DEFAULT_GPUS_PER_NODE
+    data: Any = json.loads(summary.read_text())
+    return int(data.get("scenario", {}).get("cluster", {}).get("gpus_per_node",
+                                                                 DEFAULT_GPUS_PER_NODE))
+
+
+def prepare(events: RankEvents, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+            ref: int | None = None) -> ScanInput:
+    """Link sync ops and, unless already aligned, align every clock to ``ref``."""
+    ops = reconstruct(events)
+    if aligned:
+        return ScanInput(events, tuple(ops), gpus_per_node)
+    fits = fit_clocks(events, ops, ref)
+    return ScanInput(apply_clocks(events, fits), tuple(ops), gpus_per_node, fits)
+
+
+def prepare_loaded(trace: LoadedTrace) -> ScanInput:
+    return prepare(trace.events, trace.aligned, _gpus_per_node(trace.run_dir))
+
+
+def load_scan_input(target: str | Path) -> ScanInput:
+    return prepare_loaded(load_trace(target))

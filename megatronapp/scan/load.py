@@ -1,0 +1,188 @@
+"""Trace loading: our run directories and foreign Chrome traces.
+
+A foreign trace (e.g. from a real Megatron run) may use complete (``X``),
+begin/end (``B``/``E``) or instant (``i``/``I``) events, as a bare list or as
+``{"traceEvents": [...]}``, in any order, with one process (``pid``) per rank.
+Anything we cannot read raises ``TraceError`` naming the file and the event,
+so a malformed trace never turns into a silently wrong answer.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from megatronapp.tracer import Event
+
+RankEvents = dict[int, list[Event]]
+
+
+class TraceError(ValueError):
+    """Unreadable trace input; the message names the file and the event."""
+
+    def __init__(self, source: str, reason: str, index: int | None = None):
+        where = f"{source}" + (f": event {index}" if index is not None else "")
+        super().__init__(f"{where}: {reason}")
+        self.source = source
+        self.index = index
+
+
+@dataclass(frozen=True)
+class LoadedTrace:
+    """Events per rank in seconds, and whether their clocks are aligned yet."""
+
+    events: RankEvents
+    aligned: bool
+    source: str
+    run_dir: Path | None = None
+
+
+def _number(raw: Mapping[str, Any], key: str, source: str, index: int) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceError(source, f"{key!r} must be a number, got {value!r}", index)
+    return float(value)
+
+
+def _rank_of(raw: Mapping[str, Any], source: str, index: int) -> int:
+    pid = raw.get("pid")
+    try:
+        return int(pid)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceError(source, f"'pid' must be an integer rank, got {pid!r}", index) from None
+
+
+def _raw_events(data: Any, source: str) -> list[Any]:
+    raw = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(raw, list):
+        raise TraceError(source, "expected a list of events or {\"traceEvents\": [...]}")
+    return raw
+
+
+def events_from_chrome(data: Any, source: str = "<trace>") -> RankEvents:
+    """Parse Chrome trace JSON (already decoded) into events per rank, sorted by start."""
+    events: RankEvents = defaultdict(list)
+    open_spans: dict[tuple[int, Any], list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
+    for index, raw in enumerate(_raw_events(data, source)):
+        if not isinstance(raw, dict):
+            raise TraceError(source, "not a JSON object", index)
+        ph = raw.get("ph")
+        if ph in (None, "M", "C", "s", "t", "f", "b", "e", "n"):
+            continue  # metadata, counters and flows carry no duration
+        rank = _rank_of(raw, source, index)
+        if ph == "X":
+            events[rank].append(_complete(raw, source, index))
+        elif ph in ("i", "I"):
+            events[rank].append(Event(_name(raw, source, index), _number(raw, "ts", source, index)
+                                      * 1e-6, 0.0, raw.get("args") or {}))
+        elif ph == "B":
+            open_spans[(rank, raw.get("tid"))].append((index, raw))
+        elif ph == "E":
+            events[rank].append(_close(open_spans[(rank, raw.get("tid"))], raw, source, index))
+        else:
+            raise TraceError(source, f"unsupported phase {ph!r}", index)
+    for (rank, tid), stack in open_spans.items():
+        if stack:
+            index, raw = stack[-1]
+            raise TraceError(source, f"'B' event {raw.get('name')!r} (rank {rank}, tid {tid}) "
+                             "is never closed by an 'E'", index)
+    for rank_events in events.values():
+        rank_events.sort(key=lambda e: (e.start_s, -e.dur_s))
+    return dict(events)
+
+
+def _name(raw: Mapping[str, Any], source: str, index: int) -> str:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise TraceError(source, f"'name' must be a non-empty string, got {name!r}", index)
+    return name
+
+
+def _args(raw: Mapping[str, Any], source: str, index: int) -> Mapping[str, Any]:
+    args = raw.get("args") or {}
+    if not isinstance(args, dict):
+        raise TraceError(source, "'args' must be an object", index)
+    return args
+
+
+def _complete(raw: Mapping[str, Any], source: str, index: int) -> Event:
+    dur = _number(raw, "dur", source, index)
+    if dur < 0:
+        raise TraceError(source, f"negative duration {dur}", index)
+    return Event(_name(raw, source, index), _number(raw, "ts", source, index) * 1e-6,
+                 dur * 1e-6, _args(raw, source, index))
+
+
+def _close(stack: list[tuple[int, Mapping[str, Any]]], end: Mapping[str, Any], source: str,
+           index: int) -> Event:
+    if not stack:
+        raise TraceError(source, f"'E' event {end.get('name')!r} has no open 'B'", index)
+    begin_index, begin = stack.pop()
+    name = _name(begin, source, begin_index)
+    if end.get("name") not in (None, name):
+        raise TraceError(source, f"'E' event {end.get('name')!r} closes 'B' {name!r}", index)
+    start = _number(begin, "ts", source, begin_index)
+    stop = _number(end, "ts", source, index)
+    if stop < start:
+        raise TraceError(source, f"'E' of {name!r} at {stop} is before its 'B' at {start}", index)
+    args = {**_args(begin, source, begin_index), **_args(end, source, index)}
+    return Event(name, start * 1e-6, (stop - start) * 1e-6, args)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except OSError as err:
+        raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise TraceError(str(path), f"not valid JSON (line {err.lineno}: {err.msg})") from None
+
+
+def load_chrome_file(path: Path) -> RankEvents:
+    return events_from_chrome(read_json(path), str(path))
+
+
+def merge_rank_files(paths: Iterable[Path]) -> RankEvents:
+    """Per-rank files (each in its own local clock) into one mapping."""
+    merged: RankEvents = {}
+    for path in paths:
+        for rank, evs in load_chrome_file(path).items():
+            if rank in merged:
+                raise TraceError(str(path), f"rank {rank} also appears in another rank file")
+            merged[rank] = evs
+    return merged
+
+
+def _rank_files(ranks_dir: Path) -> list[Path]:
+    def rank_number(p: Path) -> int:
+        digits = p.stem.removeprefix("rank")
+        return int(digits) if digits.isdigit() else -1
+
+    return sorted(ranks_dir.glob("rank*.json"), key=rank_number)
+
+
+def load_trace(target: str | Path, raw_clocks: bool = True) -> LoadedTrace:
+    """A run directory (its per-rank local-clock files) or a single trace file.
+
+    With ``raw_clocks`` a run directory is read from ``ranks/`` (unaligned, as
+    a real job would hand it over); otherwise from the merged ``trace.json``.
+    A single file is taken as it is (aligned if its metadata says so).
+    """
+    path = Path(target)
+    if path.is_dir():
+        files = _rank_files(path / "ranks")
+        if raw_clocks and files:
+            return LoadedTrace(merge_rank_files(files), False, str(path), path)
+        merged = path / "trace.json"
+        if not merged.is_file():
+            raise TraceError(str(path), "no ranks/rank*.json or trace.json in this directory")
+        return LoadedTrace(load_chrome_file(merged), True, str(merged), path)
+    if not path.is_file():
+        raise TraceError(str(path), "no such file or directory")
+    data = read_json(path)
+    meta = data.get("metadata", {}) if isinstance(data, dict) else {}
+    aligned = not isinstance(meta, dict) or meta.get("clock", "aligned") != "local"
+    return LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))
