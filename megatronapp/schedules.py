@@ -98,10 +98,7 @@ def interleaved_order(pp_rank: int, shape: PipeShape, group_size: int | None = N
     g = group_size or p
     table = schedule_table(m, v, g)
     total = m * v
-    if p == 1:
-        warmup = 0
-    else:
-        warmup = min((p - pp_rank - 1) * 2 + (v - 1) * g, total)
+    warmup = min((p - pp_rank - 1) * 2 + (v - 1) * g, total)
 
     def fwd(k: int) -> Task:
         mb, c = table[k]

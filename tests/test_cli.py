@@ -1,0 +1,79 @@
+"""End to end through the real console entry point."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatronapp.runs import read_events
+
+from .conftest import ROOT, run_cli
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "throttle"
+    result = run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out", str(out),
+                     "--set", "iterations=2")
+    assert result.returncode == 0, result.stderr
+    assert "bubble fraction" in result.stdout and "throttle" in result.stdout
+    return out
+
+
+def test_run_writes_summary(run_dir: Path) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["backend"] == "sim" and summary["world_size"] == 16
+    assert len(summary["iteration_times_s"]) == 2
+    assert all(t > 0 for t in summary["iteration_times_s"])
+    assert 0 < summary["bubble_fraction"] < 1
+    assert summary["faults"][0] == {"kind": "throttle", "rank": 5, "factor": 1.5,
+                                    "start_s": 0.02, "end_s": None}
+    assert summary["scenario"]["iterations"] == 2  # the resolved scenario, --set applied
+
+
+def test_trace_is_chrome_format_one_process_per_rank(run_dir: Path) -> None:
+    data = json.loads((run_dir / "trace.json").read_text())
+    events = data["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names[6] == "rank 6 (dp 1, pp 1, tp 0)"
+    complete = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in complete} == set(range(16))
+    assert all(e["dur"] >= 0 and isinstance(e["ts"], float | int) for e in complete)
+    fwd = next(e for e in complete if e["name"] == "forward")
+    assert {"iteration", "microbatch", "chunk"} <= fwd["args"].keys()
+    coll = next(e for e in complete if e["name"] == "dp_allreduce")
+    assert coll["args"]["group"] == [coll["pid"] - 2, coll["pid"]] or coll["pid"] in coll["args"]["group"]
+    p2p = next(e for e in complete if e["name"] == "send_forward")
+    assert {"bytes", "peer"} <= p2p["args"].keys()
+
+
+def test_raw_files_keep_local_clocks(run_dir: Path) -> None:
+    merged = read_events(run_dir / "trace.json")
+    truth = json.loads((run_dir / "ground_truth.json").read_text())["clocks"]
+    for rank in (0, 9):
+        raw = read_events(run_dir / "ranks" / f"rank{rank}.json")[rank]
+        clock = truth[str(rank)]
+        for local, true in zip(raw[:50], merged[rank][:50]):
+            expected = true.start_s * (1 + clock["drift_ppm"] * 1e-6) + clock["offset_us"] * 1e-6
+            assert local.start_s == pytest.approx(expected, abs=2e-9)
+    assert truth["9"]["offset_us"] == 1500.0
+
+
+def test_plot_writes_png(run_dir: Path) -> None:
+    result = run_cli("plot", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    png = run_dir / "timeline.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_of_missing_run_is_a_one_line_error(tmp_path: Path) -> None:
+    result = run_cli("plot", str(tmp_path / "nothing"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_backend_is_rejected(tmp_path: Path) -> None:
+    result = run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--backend", "tpu",
+                     "--out", str(tmp_path / "o"))
+    assert result.returncode == 2 and "--backend" in result.stderr
+    assert not (tmp_path / "o").exists()
