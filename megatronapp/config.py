@@ -81,12 +81,30 @@ class Jitter(_Strict):
     link_sigma: float = Field(0.0, ge=0, le=2)
 
 
+class DeviceClass(_Strict):
+    """A kind of device in a heterogeneous cluster (MegaFBD)."""
+
+    name: str
+    count: PositiveInt
+    tflops: float = Field(gt=0)
+    memory_gb: float = Field(gt=0)
+
+
+class Fbd(_Strict):
+    """MegaFBD placement: physical forward TP degree and device classes."""
+
+    forward_tp: PositiveInt | None = None  # default: the virtual tp
+    forward_class: str | None = None  # default: the first device class
+    backward_class: str | None = None
+
+
 class Cluster(_Strict):
     gpus_per_node: PositiveInt = 8
     nodes: PositiveInt | None = None  # if given, must hold exactly tp·pp·dp GPUs
     gpu: Gpu = Gpu()
     links: Links = Links()
     jitter: Jitter = Jitter()
+    device_classes: tuple[DeviceClass, ...] = ()  # MegaFBD heterogeneous clusters
 
 
 class Costs(_Strict):
@@ -138,6 +156,7 @@ class Scenario(_Strict):
     model: Model = Model()
     cluster: Cluster = Cluster()
     costs: Costs = Costs()
+    fbd: Fbd = Fbd()
     faults: tuple[Fault, ...] = ()
 
     @property
@@ -176,6 +195,22 @@ def check_consistency(s: Scenario) -> None:
             "parallel.microbatch_group_size", f"{p.group_size} is smaller than pp = {p.pp}")
     for i, fault in enumerate(s.faults):
         _check_fault_ranks(f"faults[{i}]", fault, world)
+    _check_fbd(s)
+
+
+def _check_fbd(s: Scenario) -> None:
+    names = [c.name for c in s.cluster.device_classes]
+    if len(set(names)) != len(names):
+        raise ScenarioError("cluster.device_classes", "device class names must be unique")
+    f = s.fbd
+    if f.forward_tp is not None and s.parallel.tp % f.forward_tp:
+        raise ScenarioError("fbd.forward_tp",
+                            f"{f.forward_tp} does not divide the virtual tp = {s.parallel.tp}")
+    for key in ("forward_class", "backward_class"):
+        name = getattr(f, key)
+        if name is not None and name not in names:
+            raise ScenarioError(f"fbd.{key}", f"unknown device class {name!r} "
+                                f"(cluster.device_classes has {names or 'none'})")
 
 
 def _check_fault_ranks(where: str, fault: Any, world: int) -> None:
