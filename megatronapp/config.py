@@ -147,6 +147,13 @@ class ClockSkew(_Strict):
 Fault = Annotated[Union[Throttle, SlowLink, LinkJitter, ClockSkew], Field(discriminator="kind")]
 
 
+class Dpp(_Strict):
+    """Knobs of the adaptive (MegaDPP) schedule."""
+
+    traversal: Literal["breadth", "depth"] = "breadth"  # preferred order among ready tasks
+    max_pending_sends: PositiveInt = 2  # a link with this many messages in flight is congested
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     seed: int = 0
@@ -158,6 +165,7 @@ class Scenario(_Strict):
     costs: Costs = Costs()
     fbd: Fbd = Fbd()
     faults: tuple[Fault, ...] = ()
+    dpp: Dpp = Dpp()
 
     @property
     def world_size(self) -> int:
@@ -186,11 +194,12 @@ def check_consistency(s: Scenario) -> None:
         raise ScenarioError("model.hidden", f"{m.hidden} is not divisible by heads = {m.heads}")
     if p.vpp > 1 and s.schedule in ("gpipe", "1f1b"):
         raise ScenarioError("parallel.vpp", f"vpp = {p.vpp} needs an interleaved schedule, not {s.schedule}")
-    if p.vpp > 1 and p.microbatches % p.group_size:
+    grouped = s.schedule in ("interleaved", "dfc")  # bfc and adaptive need no groups
+    if p.vpp > 1 and grouped and p.microbatches % p.group_size:
         raise ScenarioError(
             "parallel.microbatches",
             f"{p.microbatches} is not divisible by microbatch_group_size = {p.group_size}")
-    if p.vpp > 1 and p.group_size < p.pp:
+    if p.vpp > 1 and grouped and p.group_size < p.pp:
         raise ScenarioError(
             "parallel.microbatch_group_size", f"{p.group_size} is smaller than pp = {p.pp}")
     for i, fault in enumerate(s.faults):

@@ -41,5 +41,20 @@ def pipeline_contexts(s: Scenario, stages_for: StagesFor | None = None) -> dict[
     return contexts
 
 
+def check_memory(s: Scenario) -> None:
+    """A static schedule whose activations would not fit fails before it runs."""
+    from .dpp.memory import MemoryModel, check_static_memory
+
+    topo, shape = topology_of(s), pipe_shape(s)
+    first_rank = {topo.coord(r).pp: r for r in reversed(range(topo.world_size))}
+    check_static_memory(s.schedule, static_orders(s),
+                        MemoryModel.of(s, stage_costs(s), shape), first_rank)
+
+
 def rank_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, RankProgram]:
+    if s.schedule == "adaptive":
+        from .dpp.program import adaptive_programs
+
+        return adaptive_programs(s, stages_for)
+    check_memory(s)
     return {r: pipeline_rank(ctx) for r, ctx in pipeline_contexts(s, stages_for).items()}

@@ -96,13 +96,24 @@ def run_task(ctx: PipelineContext, iteration: int, task: Task, sends: list[Any])
     meta = task_meta(iteration, task)
     forward = task.phase == "F"
     src_vs = vs - 1 if forward else vs + 1
-    dst_vs = vs + 1 if forward else vs - 1
     has_input = 0 <= src_vs < shape.num_virtual_stages
     data = None
     if has_input:
         data = yield Recv(src=ctx.peer_of(src_vs), tag=(task.phase, task.microbatch, vs),
                           nbytes=ctx.costs.activation_bytes,
                           name="recv_forward" if forward else "recv_backward", meta=meta)
+    handle = yield from compute_and_send(ctx, iteration, task, data)
+    if handle is not None:
+        sends.append(handle)
+
+
+def compute_and_send(ctx: PipelineContext, iteration: int, task: Task, data: Any) -> RankProgram:
+    """Compute a task on its (already received) input and post its output;
+    returns the send handle, or None at the ends of the pipeline."""
+    shape, vs = ctx.shape, ctx.shape.virtual_stage(ctx.pp_rank, task.chunk)
+    meta = task_meta(iteration, task)
+    forward = task.phase == "F"
+    dst_vs = vs + 1 if forward else vs - 1
     work = ctx.stages.forward if forward else ctx.stages.backward
     out = yield Compute(
         "forward" if forward else "backward",
@@ -115,7 +126,8 @@ def run_task(ctx: PipelineContext, iteration: int, task: Task, sends: list[Any])
         handle = yield ISend(dst=ctx.peer_of(dst_vs), tag=(task.phase, task.microbatch, dst_vs),
                              nbytes=ctx.costs.activation_bytes, tensor=out,
                              name="send_forward" if forward else "send_backward", meta=meta)
-        sends.append(handle)
+        return handle
+    return None
 
 
 def finish_iteration(ctx: PipelineContext, iteration: int, sends: Sequence[Any]) -> RankProgram:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .config import ClockSkew, Scenario, scenario_to_dict
+from .dpp.windows import dpp_summary
 from .summary import summarize
 from .tracer import Event, RunResult, write_json, write_traces
 
@@ -45,6 +46,7 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
                "schedule": s.schedule, **summarize(result.events),
                "faults": ground_truth(s, result)["faults"], **result.extra,
                "scenario": scenario_to_dict(s)}
+    summary["dpp"] = dpp_summary(s, result.events)  # pipeline windows and peak memory
     return summary
 
 

@@ -1,8 +1,120 @@
-"""Subcommands of this module (none yet)."""
+"""``megatronapp dpp ...``: window metrics of a run, schedule comparisons."""
 from __future__ import annotations
 
-from typing import Any
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..config import SCHEDULES, Scenario, ScenarioError, apply_overrides, parse_scenario
+from ..config import read_scenario_data
+from ..summary import iteration_times
+
+COMPARED = ("1f1b", "interleaved", "dfc", "bfc", "adaptive")
+COLUMNS = ("iteration_ms", "p2p_send_window_ms", "allreduce_window_ms", "compute_ratio",
+           "p2p_bandwidth_demand_gbps", "peak_memory_gb")
+
+
+def scenario_for(data: dict[str, Any], schedule: str, overrides: Sequence[str] = ()) -> Scenario:
+    """One scenario file run under another schedule (1F1B has no chunks)."""
+    sets = [f"schedule={schedule}", *overrides]
+    if schedule in ("gpipe", "1f1b"):
+        sets.append("parallel.vpp=1")
+    return parse_scenario(apply_overrides(data, sets))
+
+
+def compare_row(s: Scenario) -> dict[str, float]:
+    """Simulate one scenario; its iteration time, windows and peak memory."""
+    from backends.sim import run_sim
+
+    from .windows import dpp_summary
+
+    events = run_sim(s).events
+    d = dpp_summary(s, events)
+    times = iteration_times(events)
+    return {"iteration_ms": sum(times) / len(times) * 1e3,
+            "p2p_send_window_ms": d["p2p_send_window_s"] * 1e3,
+            "allreduce_window_ms": d["allreduce_window_s"] * 1e3,
+            "compute_ratio": d["compute_ratio"],
+            "p2p_bandwidth_demand_gbps": d["p2p_bandwidth_demand_gbps"],
+            "peak_memory_gb": d["peak_memory_bytes"] / 1e9}
+
+
+def compare(data: dict[str, Any], schedules: Sequence[str], overrides: Sequence[str] = (),
+            progress: bool = False) -> dict[str, dict[str, float] | str]:
+    """schedule -> its row, or the one-line reason it cannot run (memory)."""
+    from rich.progress import track
+
+    rows: dict[str, dict[str, float] | str] = {}
+    for schedule in track(schedules, description="simulating", disable=not progress,
+                          transient=True):
+        s = scenario_for(data, schedule, overrides)
+        try:
+            rows[schedule] = compare_row(s)
+        except ScenarioError as err:
+            if err.field != "cluster.gpu.memory_gb":
+                raise
+            rows[schedule] = f"does not fit: {err.reason}"
+    return rows
+
+
+def format_table(rows: dict[str, dict[str, float] | str], title: str = "") -> str:
+    lines = [title] if title else []
+    lines.append(f"{'schedule':<12}" + "".join(f"{c:>27}" for c in COLUMNS))
+    for schedule, row in rows.items():
+        if isinstance(row, str):
+            lines.append(f"{schedule:<12}  {row}")
+        else:
+            lines.append(f"{schedule:<12}" + "".join(f"{row[c]:>27.3f}" for c in COLUMNS))
+    return "\n".join(lines)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+
+    schedules = [x for x in args.schedules.split(",") if x]
+    for schedule in schedules:
+        if schedule not in SCHEDULES:
+            raise CliError(f"--schedules: unknown schedule {schedule!r}")
+    data = read_scenario_data(args.scenario)
+    data.setdefault("name", Path(args.scenario).stem)
+    rows = compare(data, schedules, args.set, progress=not args.json)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows, data["name"]))
+    return 0
+
+
+def cmd_windows(args: argparse.Namespace) -> int:
+    from ..cli import CliError
+    from ..runs import read_events
+    from .windows import window_metrics
+
+    trace = Path(args.run_dir) / "trace.json"
+    if not trace.is_file():
+        raise CliError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
+    metrics = window_metrics(read_events(trace)).as_dict()
+    for key, value in metrics.items():
+        print(f"{key:<28}{value:.6g}")
+    return 0
+
+
+def plot_hook(run_dir: Path, events: dict) -> list[Path]:
+    from .plots import plot_windows
+
+    return [plot_windows(events, Path(run_dir) / "dpp_windows.png", title=Path(run_dir).name)]
 
 
 def register(subparsers: Any, plot_hooks: list) -> None:
-    """Add this module's subcommands; ``plot_hooks`` gets extra plotters."""
+    """Add ``dpp compare`` and ``dpp windows``; ``megatronapp plot`` draws windows too."""
+    dpp = subparsers.add_parser("dpp", help="MegaDPP: pipeline windows and schedule comparison")
+    sub = dpp.add_subparsers(dest="dpp_command", required=True)
+    comp = sub.add_parser("compare", help="simulate one scenario under several schedules")
+    comp.add_argument("scenario", help="scenario YAML file")
+    comp.add_argument("--schedules", default=",".join(COMPARED),
+                      help=f"comma-separated (default {','.join(COMPARED)})")
+    comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    comp.add_argument("--json", action="store_true")
+    comp.set_defaults(func=cmd_compare)
+    win = sub.add_parser("windows", help="window metrics of a run directory")
+    win.add_argument("run_dir")
+    win.set_defaults(func=cmd_windows)
+    plot_hooks.append(plot_hook)
