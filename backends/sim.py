@@ -75,7 +75,7 @@ class SimBackend:
                         for r in range(cluster.topo.world_size)}
         self._collectives: dict[tuple[tuple[int, ...], int], _Rendezvous] = {}
         self._seq: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
-        self._blocked_on: dict[int, str] = {}
+        self._blocked_on: dict[int, Op | None] = {}
         self._handlers: dict[type, Callable[[int, Any], Any]] = {
             Compute: self._compute, ISend: self._isend, IRecv: self._irecv,
             Send: self._send, Recv: self._recv, Wait: self._wait, WaitAny: self._wait_any,
@@ -85,11 +85,11 @@ class SimBackend:
     # ----------------------------------------------------------------- driver
     def run(self, programs: dict[int, RankProgram]) -> dict[int, list[Event]]:
         for rank, program in programs.items():
-            self._blocked_on[rank] = "start"
+            self._blocked_on[rank] = None
             self.env.process(self._drive(rank, program))
         self.env.run()
         if self._blocked_on:
-            raise SimDeadlock(dict(self._blocked_on))
+            raise SimDeadlock({r: _describe(op) for r, op in self._blocked_on.items()})
         return {r: t.events for r, t in self.tracers.items()}
 
     def _drive(self, rank: int, program: RankProgram):
@@ -100,7 +100,7 @@ class SimBackend:
             except StopIteration:
                 del self._blocked_on[rank]
                 return
-            self._blocked_on[rank] = type(op).__name__ + _describe(op)
+            self._blocked_on[rank] = op
             result = yield from self._handlers[type(op)](rank, op)
 
     # -------------------------------------------------------------- handlers
@@ -177,13 +177,16 @@ class SimBackend:
         return op.tensor
 
 
-def _describe(op: Op) -> str:
+def _describe(op: Op | None) -> str:
+    if op is None:
+        return "start"
+    name = type(op).__name__
     for attr in ("dst", "src"):
         if hasattr(op, attr):
-            return f"({attr}={getattr(op, attr)}, tag={op.tag})"  # type: ignore[union-attr]
+            return f"{name}({attr}={getattr(op, attr)}, tag={op.tag})"  # type: ignore[union-attr]
     if isinstance(op, AllReduce):
-        return f"(group={list(op.group)})"
-    return ""
+        return f"{name}(group={list(op.group)})"
+    return name
 
 
 def run_sim(s: Scenario, stages_for: StagesFor | None = None,

@@ -37,13 +37,15 @@ class Topology:
     def rank(self, dp: int, pp: int, tp: int) -> int:
         return tp + self.tp * (dp + self.dp * pp)
 
+    @cached_property
+    def _coords(self) -> tuple[Coord, ...]:
+        return tuple(Coord(dp=(r // self.tp) % self.dp, pp=r // (self.tp * self.dp), tp=r % self.tp)
+                     for r in range(self.world_size))
+
     def coord(self, rank: int) -> Coord:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} out of range 0..{self.world_size - 1}")
-        tp = rank % self.tp
-        dp = (rank // self.tp) % self.dp
-        pp = rank // (self.tp * self.dp)
-        return Coord(dp=dp, pp=pp, tp=tp)
+        return self._coords[rank]
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
@@ -74,15 +76,15 @@ class Topology:
 
     def tp_group(self, rank: int) -> Group:
         c = self.coord(rank)
-        return tuple(self.rank(c.dp, c.pp, t) for t in range(self.tp))
+        return self.tp_groups[c.pp * self.dp + c.dp]
 
     def dp_group(self, rank: int) -> Group:
         c = self.coord(rank)
-        return tuple(self.rank(d, c.pp, c.tp) for d in range(self.dp))
+        return self.dp_groups[c.pp * self.tp + c.tp]
 
     def pp_group(self, rank: int) -> Group:
         c = self.coord(rank)
-        return tuple(self.rank(c.dp, p, c.tp) for p in range(self.pp))
+        return self.pp_groups[c.dp * self.tp + c.tp]
 
     def model_parallel_group(self, rank: int) -> Group:
         return self.model_parallel_groups[self.coord(rank).dp]

@@ -1,0 +1,51 @@
+"""Simulator speed against a bare SimPy loop, measured in one process."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import simpy
+
+from .config import Scenario, parse_scenario
+
+JOB_1024 = {"name": "gpt-1024gpu", "schedule": "1f1b", "iterations": 1,
+            "parallel": {"tp": 8, "pp": 8, "dp": 16, "microbatches": 32},
+            "model": {"layers": 32, "hidden": 4096, "heads": 32, "seq_len": 4096,
+                      "vocab": 50304, "micro_batch_size": 1}}
+
+
+def bare_simpy_events_per_s(n: int = 200_000) -> float:
+    """One process yielding ``n`` timeouts: the ceiling for any SimPy model."""
+    env = simpy.Environment()
+
+    def loop():
+        for _ in range(n):
+            yield env.timeout(1)
+
+    env.process(loop())
+    start = time.perf_counter()
+    env.run()
+    return n / (time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class SimSpeed:
+    ops: int
+    wall_s: float
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.wall_s
+
+
+def simulate_speed(s: Scenario) -> SimSpeed:
+    from backends.sim import run_sim  # the CLI layer may pick a backend
+
+    start = time.perf_counter()
+    result = run_sim(s)
+    wall = time.perf_counter() - start
+    return SimSpeed(sum(len(v) for v in result.events.values()), wall)
+
+
+def job_1024() -> Scenario:
+    return parse_scenario(JOB_1024)
