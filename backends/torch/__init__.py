@@ -1,0 +1,24 @@
+"""The torch.distributed backend: real processes, megatron-core GPT stages.
+
+``run_scenario`` spawns one process per rank (gloo on CPU, NCCL with CUDA),
+each interpreting its rank program from ``megatronapp.jobs.rank_programs``
+with megatron-core stages, and gathers every rank's events into a RunResult.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from megatronapp.config import Scenario
+from megatronapp.tracer import Event, RunResult
+
+
+def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = None,
+                 **kw: Any) -> RunResult:
+    """Run a scenario for real. ``kw``: ``optimizer`` ("adam" | "sgd"), ``lr``,
+    ``coalesce`` (hold sends for the next receive; default: on NCCL only)."""
+    from .launch import spawn_run
+    from .stages import TrainOptions
+
+    options = TrainOptions(optimizer=kw.get("optimizer", "adam"), lr=kw.get("lr", 1e-3))
+    result, _ = spawn_run(s, options, kw.get("coalesce"), on_record)
+    return result

@@ -1,0 +1,53 @@
+"""Injected faults acting on a real run, priced by the simulator's own models.
+
+A throttled rank's compute is stretched the way ``sim.devices.Device`` would
+stretch it (``factor`` x inside the window, partial windows pro rata). A slow or
+jittered link adds the time the simulator's link model says the transfer would
+lose, over a fault-free network of the same scenario. Background noise
+(``cluster.jitter``) is left out: a real machine brings its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatronapp.config import Jitter, Scenario
+from sim.cluster import build_cluster
+from sim.devices import Device
+from sim.network import Network
+
+
+@dataclass
+class InjectedFaults:
+    """One rank's view of the scenario's faults."""
+
+    device: Device
+    faulty: Network
+    nominal: Network
+
+    def compute_extra_s(self, start_s: float, elapsed_s: float) -> float:
+        """Extra seconds a compute that really took ``elapsed_s`` must last."""
+        return self.device.duration(start_s, elapsed_s) - elapsed_s
+
+    def transfer_extra_s(self, src: int, dst: int, nbytes: int) -> float:
+        slowdown = self.faulty.slowdown(src, dst)
+        if slowdown <= 1.0:
+            return 0.0  # jitter cannot make a real link faster than it is
+        net = self.nominal
+        base = net.fixed_p2p_s if net.fixed_p2p_s is not None else (
+            nbytes / net.bandwidth(src, dst) + net.latency_s)
+        return (slowdown - 1.0) * base
+
+    def allreduce_extra_s(self, group: tuple[int, ...], nbytes: int) -> float:
+        return max(0.0, self.faulty.ring_allreduce_s(group, nbytes)
+                   - self.nominal.ring_allreduce_s(group, nbytes))
+
+
+def _quiet(s: Scenario, keep_faults: bool) -> Scenario:
+    cluster = s.cluster.model_copy(update={"jitter": Jitter()})
+    return s.model_copy(update={"cluster": cluster, "faults": s.faults if keep_faults else ()})
+
+
+def injected_faults(s: Scenario, rank: int) -> InjectedFaults:
+    faulty = build_cluster(_quiet(s, keep_faults=True))
+    return InjectedFaults(faulty.devices[rank], faulty.network,
+                          build_cluster(_quiet(s, keep_faults=False)).network)

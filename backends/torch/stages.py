@@ -1,0 +1,228 @@
+"""megatron-core GPTModel stages behind the ``StageModel`` protocol.
+
+Each pipeline rank holds one GPTModel per model chunk (virtual stage
+``chunk * pp + pp_rank``), built with pre_process on virtual stage 0 and
+post_process on the last one; TP layers come from megatron-core and run their
+own TP collectives. Our rank program drives the stages (megatron's schedules
+hard-code CUDA). Loss = mean token cross-entropy per microbatch, scaled by
+1/microbatches for backward, so that after the dp all-reduce and averaging the
+gradients are those of the mean loss over the global batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from megatronapp.config import Scenario
+
+from . import megatron_compat
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How the stages train: optimizer, learning rate, what to capture."""
+
+    optimizer: str = "adam"  # "adam" | "sgd"
+    lr: float = 1e-3
+    capture_first_step: bool = False  # keep weights/grads of iteration 0 (tests)
+    initial_state: Mapping[str, np.ndarray] | None = None  # full-model weights to load
+
+
+@dataclass(frozen=True)
+class StepCapture:
+    """One rank's view of an optimizer step, by full-model parameter name."""
+
+    before: dict[str, np.ndarray]
+    grads: dict[str, np.ndarray]  # dp-averaged, as used by the step
+    after: dict[str, np.ndarray]
+    partition_dim: dict[str, int | None]  # TP split dimension, None if replicated
+    grad_norm: float
+
+
+@dataclass
+class StepLog:
+    losses: dict[int, list[float]] = field(default_factory=dict)  # iteration -> per microbatch
+    grad_norms: dict[int, float] = field(default_factory=dict)
+    capture: StepCapture | None = None
+
+
+def synthetic_tokens(seed: int, iteration: int, sample: int, batch: int, seq_len: int,
+                     vocab: int) -> torch.Tensor:
+    """Deterministic (batch, seq_len + 1) token ids for one global sample index."""
+    rng = np.random.default_rng([seed, 11, iteration, sample])
+    return torch.from_numpy(rng.integers(0, vocab, size=(batch, seq_len + 1)))
+
+
+def transformer_config(s: Scenario) -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    p, m = s.parallel, s.model
+    return TransformerConfig(
+        num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads,
+        ffn_hidden_size=m.ffn, tensor_model_parallel_size=p.tp,
+        pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None,
+        pipeline_dtype=torch.float32, params_dtype=torch.float32,
+        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+        bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+        apply_rope_fusion=False, persist_layer_norm=False)
+
+
+def global_name(local: str, virtual_stage: int, layers_per_chunk: int) -> str:
+    """``decoder.layers.{i}...`` of a chunk -> the name in a one-stage model."""
+    parts = local.split(".")
+    if parts[:2] == ["decoder", "layers"]:
+        parts[2] = str(virtual_stage * layers_per_chunk + int(parts[2]))
+    return ".".join(parts)
+
+
+def partition_dim_of(param: torch.nn.Parameter) -> int | None:
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+
+
+def merge_tp_shards(shards: list[np.ndarray], partition_dim: int | None) -> np.ndarray:
+    """Full tensor from the TP ranks' shards (in tp-rank order)."""
+    return shards[0] if partition_dim is None else np.concatenate(shards, axis=partition_dim)
+
+
+class MegatronStages:
+    """One pipeline rank's model chunks, optimizer and per-microbatch state."""
+
+    does_tp_comm = True
+
+    def __init__(self, s: Scenario, rank: int, device: torch.device,
+                 options: TrainOptions = TrainOptions()):
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        from megatronapp.jobs import pipe_shape, topology_of
+
+        self.s, self.device, self.options = s, device, options
+        self.topo, self.shape = topology_of(s), pipe_shape(s)
+        self.coord = self.topo.coord(rank)
+        torch.manual_seed(s.seed)
+        megatron_compat.seed_model_parallel_rng(s.seed, self.coord.tp)
+        config = transformer_config(s)
+        self.layers_per_chunk = s.model.layers // self.shape.num_virtual_stages
+        self.models = [GPTModel(config, get_gpt_layer_local_spec(), vocab_size=s.model.vocab,
+                                max_sequence_length=s.model.seq_len,
+                                pre_process=self._is_first(c), post_process=self._is_last(c),
+                                share_embeddings_and_output_weights=False, vp_stage=c).to(device)
+                       for c in range(self.shape.vpp)]
+        self.named = [(global_name(n, self.shape.virtual_stage(self.coord.pp, c),
+                                   self.layers_per_chunk), p)
+                      for c, model in enumerate(self.models) for n, p in model.named_parameters()]
+        if options.initial_state is not None:
+            self._load(options.initial_state)
+        params = [p for _, p in self.named]
+        for p in params:  # every parameter takes part in the flat dp buffer
+            p.grad = torch.zeros_like(p)
+        self.optimizer = (torch.optim.SGD(params, lr=options.lr) if options.optimizer == "sgd"
+                          else torch.optim.Adam(params, lr=options.lr))
+        self.mask = megatron_compat.causal_mask(s.model.seq_len, device)
+        self.positions = torch.arange(s.model.seq_len, device=device).expand(
+            s.model.micro_batch_size, -1)
+        self.log = StepLog()
+        self.iteration = 0
+        self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self._flat: torch.Tensor | None = None
+        self._norm_sq: torch.Tensor | None = None
+
+    # -------------------------------------------------------------- layout
+    def _is_first(self, chunk: int) -> bool:
+        return self.shape.is_first(self.coord.pp, chunk)
+
+    def _is_last(self, chunk: int) -> bool:
+        return self.shape.is_last(self.coord.pp, chunk)
+
+    def activation_buffer(self) -> torch.Tensor:
+        """An empty boundary activation (or its gradient): (seq, batch, hidden)."""
+        m = self.s.model
+        return torch.empty(m.seq_len, m.micro_batch_size, m.hidden, device=self.device)
+
+    def _load(self, state: Mapping[str, np.ndarray]) -> None:
+        tp, tp_rank = self.topo.tp, self.coord.tp
+        with torch.no_grad():
+            for name, param in self.named:
+                full = torch.as_tensor(np.asarray(state[name]))
+                dim = partition_dim_of(param)
+                param.copy_(full if dim is None else full.chunk(tp, dim=dim)[tp_rank])
+
+    # ----------------------------------------------------------- protocol
+    def start_iteration(self, iteration: int) -> None:
+        self.iteration = iteration
+        self.optimizer.zero_grad(set_to_none=False)
+        self._flat, self._norm_sq = None, None
+
+    def _tokens(self, microbatch: int) -> torch.Tensor:
+        m = self.s.model
+        sample = self.coord.dp * self.shape.microbatches + microbatch
+        return synthetic_tokens(self.s.seed, self.iteration, sample, m.micro_batch_size,
+                                m.seq_len, m.vocab).to(self.device)
+
+    def forward(self, chunk: int, microbatch: int, x: Any) -> torch.Tensor:
+        model, tokens = self.models[chunk], self._tokens(microbatch)
+        inp = None
+        if not self._is_first(chunk):
+            inp = x.detach().requires_grad_()
+            model.set_input_tensor(inp)
+        labels = tokens[:, 1:] if self._is_last(chunk) else None
+        out = model(tokens[:, :-1], self.positions, self.mask, labels=labels)
+        if self._is_last(chunk):
+            loss = out.float().mean()
+            self.log.losses.setdefault(self.iteration, []).append(loss.item())
+            out = loss / self.shape.microbatches
+        self._saved[(chunk, microbatch)] = (inp, out)
+        return out.detach()
+
+    def backward(self, chunk: int, microbatch: int, grad: Any) -> torch.Tensor | None:
+        inp, out = self._saved.pop((chunk, microbatch))
+        torch.autograd.backward(out, grad_tensors=None if self._is_last(chunk) else grad)
+        return None if inp is None else inp.grad
+
+    def grad_buffer(self) -> torch.Tensor:
+        """This rank's gradients, flat, for the dp all-reduce (summed in place)."""
+        self._flat = torch.cat([p.grad.reshape(-1) for _, p in self.named])
+        return self._flat
+
+    def _settle_grads(self) -> None:
+        """Average an all-reduced flat buffer back into ``param.grad``."""
+        if self._flat is None:
+            return
+        flat, self._flat = self._flat / self.topo.dp, None
+        offset = 0
+        for _, p in self.named:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        """Squared grad norm of this rank's share (TP-replicated params once)."""
+        self._settle_grads()
+        total = torch.zeros(1, device=self.device, dtype=torch.float64)
+        for _, p in self.named:
+            if partition_dim_of(p) is not None or self.coord.tp == 0:
+                total += p.grad.double().pow(2).sum()
+        self._norm_sq = total
+        return total
+
+    def optimizer_step(self) -> float:
+        norm_sq = self._norm_sq if self._norm_sq is not None else self.grad_norm_sq()
+        grad_norm = math.sqrt(float(norm_sq.item()))
+        self.log.grad_norms[self.iteration] = grad_norm
+        capture = self.options.capture_first_step and self.iteration == 0
+        before = self._snapshot(lambda p: p) if capture else {}
+        grads = self._snapshot(lambda p: p.grad) if capture else {}
+        self.optimizer.step()
+        if capture:
+            self.log.capture = StepCapture(
+                before, grads, self._snapshot(lambda p: p),
+                {n: partition_dim_of(p) for n, p in self.named}, grad_norm)
+        return grad_norm
+
+    def _snapshot(self, pick: Any) -> dict[str, np.ndarray]:
+        return {n: pick(p).detach().cpu().numpy().copy() for n, p in self.named}

@@ -1,0 +1,165 @@
+"""One rank's process: set up megatron-core, run the rank program, report.
+
+Used by the in-process launcher (``launch.py``) and by torchrun::
+
+    torchrun --nproc-per-node 4 -m backends.torch.worker SCENARIO --out DIR [--set k=v]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megatronapp.config import Scenario, ScenarioError, load_scenario
+from megatronapp.jobs import rank_programs, topology_of
+from megatronapp.programs import NullStages
+from megatronapp.tracer import Event, RunResult, Tracer
+from sim.cluster import clocks_of
+
+from . import megatron_compat
+from .faults import injected_faults
+from .interpreter import CudaClock, GroupCache, HostClock, Interpreter
+from .stages import MegatronStages, StepCapture, TrainOptions
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """What one rank hands back to whoever gathers the run."""
+
+    rank: int
+    events: list[Event]
+    losses: dict[int, list[float]]  # iteration -> per-microbatch loss (last stage only)
+    grad_norms: dict[int, float]
+    capture: StepCapture | None
+    dist_backend: str
+    coalesce: bool
+
+
+def quiet_megatron_warnings() -> None:
+    """Megatron warns at import about Apex/TE fallbacks on every rank."""
+    warnings.filterwarnings("ignore", module=r"megatron\.")
+
+
+def device_for(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def shared_origin_ns() -> int:
+    """A common time origin: rank 0's monotonic clock when all ranks share a
+    host (CLOCK_MONOTONIC is host-wide), else each rank's own after a barrier."""
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    dist.barrier()
+    origin = [time.perf_counter_ns()]
+    if len(set(hosts)) == 1:
+        dist.broadcast_object_list(origin, src=0)
+    return int(origin[0])
+
+
+def init_megatron(s: Scenario) -> None:
+    from megatron.core import parallel_state
+
+    megatron_compat.apply()
+    p = s.parallel
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None)
+
+
+def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
+             coalesce: bool | None = None,
+             on_record: Callable[[int, Event], None] | None = None) -> WorkerResult:
+    """Run this rank's program; torch.distributed must already be initialised."""
+    from megatron.core import parallel_state
+
+    device = device_for(local_rank)
+    init_megatron(s)
+    try:
+        groups = GroupCache(topology_of(s))
+        stages = MegatronStages(s, rank, device, options)
+        program = rank_programs(s, lambda r: stages if r == rank else NullStages())[rank]
+        origin = shared_origin_ns()
+        clock = CudaClock(origin, device) if device.type == "cuda" else HostClock(origin)
+        tracer = Tracer(rank, now=clock.now_s, on_record=on_record)
+        backend = dist.get_backend()
+        coalesce = backend == "nccl" if coalesce is None else coalesce
+        Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
+                    stages.activation_buffer, coalesce).run(program)
+        dist.barrier()
+    finally:
+        parallel_state.destroy_model_parallel()
+    return WorkerResult(rank, tracer.events, stages.log.losses, stages.log.grad_norms,
+                        stages.log.capture, backend, coalesce)
+
+
+def assemble(s: Scenario, results: Sequence[WorkerResult]) -> RunResult:
+    """Every rank's events and logs -> one RunResult (backend "torch")."""
+    losses: dict[int, list[float]] = {}
+    for r in results:
+        for it, values in r.losses.items():
+            losses.setdefault(it, []).extend(values)
+    first = min(results, key=lambda r: r.rank)
+    extra = {"loss_per_iteration": [fmean(losses[it]) for it in sorted(losses)],
+             "grad_norm_per_iteration": [first.grad_norms[it] for it in sorted(first.grad_norms)],
+             "torch": {"dist_backend": first.dist_backend, "coalesce_p2p": first.coalesce,
+                       "device": "cuda" if torch.cuda.is_available() else "cpu"}}
+    return RunResult("torch", topology_of(s), {r.rank: r.events for r in results},
+                     clocks_of(s), extra)
+
+
+# ---------------------------------------------------------------- torchrun
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="backends.torch.worker",
+                                     description="one rank of a torch-backend run (torchrun)")
+    parser.add_argument("scenario")
+    parser.add_argument("--out", required=True, help="run directory written by rank 0")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from megatronapp.cli import print_summary
+    from megatronapp.runs import staged_dir, write_run
+
+    args = _parse(argv)
+    quiet_megatron_warnings()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        s = load_scenario(args.scenario, args.set)
+        if s.world_size != world:
+            raise ScenarioError("parallel", f"tp*pp*dp = {s.world_size} but torchrun started "
+                                f"{world} processes")
+    except ScenarioError as err:
+        if rank == 0:
+            print(f"megatronapp: scenario error: {err}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        result = run_rank(s, rank, int(os.environ.get("LOCAL_RANK", 0)), TrainOptions())
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(result, gathered if rank == 0 else None, dst=0)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        with staged_dir(Path(args.out)) as tmp:
+            summary = write_run(s, assemble(s, gathered), tmp)
+        print_summary(summary, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
