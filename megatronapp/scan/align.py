@@ -82,7 +82,7 @@ def robust_line(x: np.ndarray, y: np.ndarray, rounds: int = 3) -> tuple[float, f
     keep = np.ones(len(x), dtype=bool)
     slope, icpt = 0.0, float(np.median(dev))
     for _ in range(rounds):
-        if np.ptp(dx[keep]) > 0 and keep.sum() >= 3:
+        if keep.sum() >= 2 and np.ptp(dx[keep]) > 0:
             slope, icpt = np.polyfit(dx[keep], dev[keep], 1)
         else:
             slope, icpt = 0.0, float(np.median(dev[keep]))

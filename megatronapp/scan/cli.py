@@ -1,8 +1,198 @@
-"""Subcommands of this module (none yet)."""
+"""MegaScan's subcommands: detect, analyze, query, align, validate-detector."""
 from __future__ import annotations
 
-from typing import Any
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+from megatronapp.cli import CliError
+
+TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a Chrome trace file"
 
 
+def _scan_input(target: str) -> Any:
+    from .inputs import prepare_loaded
+    from .load import TraceError, load_trace
+
+    try:
+        return prepare_loaded(load_trace(target))
+    except TraceError as err:
+        raise CliError(f"RUN_DIR_OR_TRACE: {err}") from None
+
+
+# ---------------------------------------------------------------- detect
+def cmd_detect(args: argparse.Namespace) -> int:
+    from .validate import METHODS
+
+    if args.method not in METHODS:
+        raise CliError(f"--method: unknown method {args.method!r} (choose from {', '.join(METHODS)})")
+    diagnosis = METHODS[args.method](_scan_input(args.target))
+    if args.json:
+        print(json.dumps(diagnosis.to_json(), indent=2))
+    else:
+        print("\n".join(explain(diagnosis.to_json())))
+    return 0
+
+
+def explain(d: dict[str, Any]) -> Iterator[str]:
+    """A few lines a person can check against the trace."""
+    if d["healthy"]:
+        yield "healthy: no rank is consistently slower than its peers, no link stands out"
+        return
+    for c in d["root_causes"]:
+        ev = c["evidence"]
+        if c["kind"] == "compute":
+            yield (f"root cause: rank {c['rank']} (compute, confidence {c['confidence']:.2f})")
+            if "slowdown" in ev:
+                yield (f"  its compute ops take {ev['slowdown']:.3f}x as long as the same ops on "
+                       f"its {ev['peers']} peer(s); {100 * ev['slow_op_share']:.0f}% of "
+                       f"{ev['ops_compared']} ops are slow")
+            if ev.get("collectives"):
+                yield (f"  it started last in {ev['last_to_start']} of its {ev['collectives']} "
+                       "TP/DP collectives: the others waited for it")
+            extra = {k: v for k, v in ev.items() if k not in ("slowdown", "slow_op_share",
+                     "ops_compared", "peers", "last_to_start", "collectives", "z")}
+            if extra:
+                yield "  " + ", ".join(f"{k}={v}" for k, v in extra.items())
+        else:
+            what = "slow" if ev.get("problem") == "slow" else "erratic"
+            yield (f"root cause: link {c['rank']} <-> {c['peer']} ({what}, confidence "
+                   f"{c['confidence']:.2f})")
+            yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
+                   f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs {ev['class_spread']:.3f}")
+    if d["victims"]:
+        shown = ", ".join(map(str, d["victims"][:16]))
+        more = f" and {len(d['victims']) - 16} more" if len(d["victims"]) > 16 else ""
+        yield f"victims (waited on a root cause, not faulty themselves): {shown}{more}"
+
+
+# --------------------------------------------------------------- analyze
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from .analyze import analyze, format_analysis
+
+    result = analyze(_scan_input(args.target).events)
+    print(json.dumps(result, indent=2) if args.json else format_analysis(result))
+    return 0
+
+
+# ----------------------------------------------------------------- query
+def cmd_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from .deps import annotate
+    from .query import format_rows, run_query
+
+    scan = _scan_input(args.target)
+    try:
+        names, rows = run_query(annotate(scan.events, list(scan.ops)), args.sql)
+    except duckdb.Error as err:
+        raise CliError(f"SQL: {str(err).splitlines()[0]}") from None
+    if args.json:
+        print(json.dumps([dict(zip(names, r)) for r in rows], default=str))
+    else:
+        print(format_rows(names, rows))
+    return 0
+
+
+# ----------------------------------------------------------------- align
+def cmd_align(args: argparse.Namespace) -> int:
+    from megatronapp.tracer import chrome_events, write_json
+
+    from .align import score_against_truth
+    from .deps import annotate
+
+    scan = _scan_input(args.target)
+    run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
+    out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
+    events = annotate(scan.events, list(scan.ops))
+    merged = [ev for r in sorted(events) for ev in chrome_events(r, f"rank {r}", events[r], lambda t: t)]
+    tmp = out.with_name(f".{out.name}.partial")
+    write_json(tmp, {"traceEvents": merged, "displayTimeUnit": "ms", "metadata": {"clock": "aligned"}})
+    tmp.replace(out)
+    report: dict[str, Any] = {"wrote": str(out), "sync_ops": len(scan.ops),
+                              "clocks": {str(r): {"offset_us": f.offset_us, "drift_ppm": f.drift_ppm,
+                                                  "anchors": f.anchors} for r, f in scan.clocks.items()}}
+    truth = run_dir / "ground_truth.json"
+    if scan.clocks and truth.is_file():
+        report["error_vs_ground_truth"] = score_against_truth(
+            scan.clocks, json.loads(truth.read_text())["clocks"], ref=min(scan.clocks))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"wrote {out} ({len(scan.ops)} sync ops linked as related_sync_op)")
+        if not scan.clocks:
+            print("input was already aligned; clocks left as they are")
+        if "error_vs_ground_truth" in report:
+            e = report["error_vs_ground_truth"]
+            print(f"offset error vs ground truth: median {e['offset_err_median_us']:.4f} us, "
+                  f"worst {e['offset_err_max_us']:.4f} us; drift error worst "
+                  f"{e['drift_err_max_ppm']:.4f} ppm over {e['ranks']} ranks")
+    return 0
+
+
+# ---------------------------------------------------- validate-detector
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .validate import alignment_summary, markdown_table, run_trials, summarize, write_csv
+
+    for name in ("trials", "jobs"):
+        if getattr(args, name) < 1:
+            raise CliError(f"--{name}: must be >= 1")
+    bar = Progress(TextColumn("[bold]trials"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TimeElapsedColumn(), transient=True, disable=not sys.stderr.isatty())
+    outcomes, alignment = [], []
+    with bar:
+        task = bar.add_task("trials", total=args.trials)
+        for trial_outcomes, align in run_trials(args.seed, args.trials, args.jobs,
+                                                lambda: bar.advance(task)):
+            outcomes += trial_outcomes
+            alignment.append(align)
+    rows = summarize(outcomes)
+    write_csv(rows, Path(args.csv))
+    print(markdown_table(rows))
+    a = alignment_summary(alignment)
+    print(f"\nclock alignment over {a['trials']} trials: offset error median "
+          f"{a['offset_err_median_us']:.4f} us, worst {a['offset_err_worst_us']:.4f} us; "
+          f"drift error worst {a['drift_err_worst_ppm']:.4f} ppm")
+    print(f"wrote {args.csv}")
+    return 0
+
+
+# -------------------------------------------------------------- register
 def register(subparsers: Any, plot_hooks: list) -> None:
     """Add this module's subcommands; ``plot_hooks`` gets extra plotters."""
+    from .plots import plot_hook
+
+    plot_hooks.append(plot_hook)
+    detect = subparsers.add_parser("detect", help="name the root-cause slow rank or link")
+    detect.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
+    detect.add_argument("--json", action="store_true")
+    detect.add_argument("--method", default="megascan", help="megascan (default) or a baseline")
+    detect.set_defaults(func=cmd_detect)
+
+    analyze = subparsers.add_parser("analyze", help="per-rank compute/comm/idle time, bubbles")
+    analyze.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
+    analyze.add_argument("--json", action="store_true")
+    analyze.set_defaults(func=cmd_analyze)
+
+    query = subparsers.add_parser("query", help="SQL over the trace's events table (DuckDB)")
+    query.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
+    query.add_argument("sql", help='e.g. "SELECT rank, sum(dur_us) FROM events GROUP BY rank"')
+    query.add_argument("--json", action="store_true")
+    query.set_defaults(func=cmd_query)
+
+    align = subparsers.add_parser("align", help="align per-rank clocks, link sync ops, write trace")
+    align.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
+    align.add_argument("--out", help="output trace (default RUN_DIR/aligned_trace.json)")
+    align.add_argument("--json", action="store_true")
+    align.set_defaults(func=cmd_align)
+
+    val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
+    val.add_argument("--trials", type=int, default=500)
+    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
+    val.set_defaults(func=cmd_validate)

@@ -90,8 +90,11 @@ def _log_ratios(ranks: list[int], tables: dict[int, dict]) -> np.ndarray:
 def _row_scores(ranks: list[int], lr: np.ndarray, th: Thresholds) -> dict[int, tuple[float, float, float, int]]:
     if lr.size == 0:
         return {}
-    finite = lr[np.isfinite(lr)]
-    sigma = max(MAD_TO_SIGMA * float(np.median(np.abs(finite - np.median(finite)))), SIGMA_FLOOR)
+    # Noise is each row's spread around its own median (a slow rank shifts its
+    # whole row, which must not count as noise), pooled by the median.
+    spreads = [np.median(np.abs(v - np.median(v))) for v in (row[np.isfinite(row)] for row in lr)
+               if len(v)]
+    sigma = max(MAD_TO_SIGMA * float(np.median(spreads)), SIGMA_FLOOR) if spreads else SIGMA_FLOOR
     slow_cut = math.log1p(th.min_excess) + 2 * sigma
     out = {}
     for i, r in enumerate(ranks):
