@@ -143,3 +143,14 @@ class FbdLayout:
             workers = " ".join(row["workers"])  # type: ignore[arg-type]
             lines.append(f"device {row['device']} [{row['instance']}]: {workers}")
         return "\n".join(lines)
+
+
+def collective_groups(layout: FbdLayout) -> tuple[Group, ...]:
+    """Worker groups of the collectives that cross devices (the coordinator's
+    groups), in a fixed order every process computes alike: forward TP,
+    backward TP, backward DP."""
+    topo, n = layout.topo, layout.virtual_ranks
+    candidates = [tuple(g) for g in topo.tp_groups]
+    candidates += [tuple(v + n for v in g) for g in topo.tp_groups]
+    candidates += [tuple(v + n for v in g) for g in topo.dp_groups]
+    return tuple(g for g in candidates if len(g) > 1 and layout.crosses_devices(g))

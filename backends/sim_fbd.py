@@ -1,0 +1,261 @@
+"""MegaFBD on the SimPy cluster: forward/backward workers on physical devices.
+
+Worker threads are the "ranks" of the programs (``megatronapp.fbd.workers``).
+Threads on one device take turns on its compute and exchange tensors through
+shared memory (no link time). Collectives that cross devices go through one
+bit-vector ``Coordinator`` per device: a periodic alignment round (an OR
+all-reduce of the flattened table over all devices, priced like any small
+all-reduce) finds the ready groups, and each device's control thread runs them
+one after another in ascending group order.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import simpy
+
+from megatronapp.config import Scenario, ScenarioError, Throttle
+from megatronapp.costs import stage_costs
+from megatronapp.fbd.coordinator import Coordinator, GroupTable, or_tables
+from megatronapp.fbd.hetero import (DeviceStats, PlanResult, backward_worker_bytes, busy_fraction,
+                                    colocated_peak_bytes, forward_worker_bytes, mean_iteration_s,
+                                    useful_flops_per_iteration)
+from megatronapp.fbd.ranks import FbdLayout, Worker, collective_groups
+from megatronapp.fbd.workers import worker_programs
+from megatronapp.jobs import topology_of
+from megatronapp.ops import AllReduce, ISend, Send
+from megatronapp.topology import Topology
+from megatronapp.tracer import Event, RankClock, Tracer
+from sim.cluster import Cluster
+from sim.hetero import ClassSlot, class_devices, slots_by_class
+from sim.network import Network, LinkFaults
+
+from .sim import SimBackend, run_sim
+
+
+def fbd_layout(s: Scenario, colocated: bool = False) -> FbdLayout:
+    forward_tp = s.parallel.tp if colocated else (s.fbd.forward_tp or s.parallel.tp)
+    return FbdLayout(topology_of(s), forward_tp=forward_tp, backward_tp=s.parallel.tp,
+                     colocated=colocated)
+
+
+def fbd_slots(s: Scenario, layout: FbdLayout) -> list[ClassSlot]:
+    return slots_by_class(s, [(s.fbd.forward_class, layout.forward_devices),
+                              (s.fbd.backward_class, layout.backward_devices)])
+
+
+def device_cluster(s: Scenario, slots: list[ClassSlot], env: simpy.Environment) -> Cluster:
+    """A cluster whose "ranks" are physical devices of the given classes."""
+    topo = Topology(tp=len(slots), gpus_per_node=s.cluster.gpus_per_node)
+    links = s.cluster.links
+    network = Network(env, topo, links.intra_node_gbps, links.inter_node_gbps,
+                      links.latency_us * 1e-6, LinkFaults(), 0.0, s.seed,
+                      s.costs.p2p_s, s.costs.allreduce_s)
+    return Cluster(env, topo, class_devices(slots), network,
+                   {d: RankClock() for d in range(len(slots))})
+
+
+@dataclass
+class _Pending:
+    event: simpy.Event
+    nbytes: int
+
+
+class FbdSimBackend(SimBackend):
+    """Interprets worker programs; ``rank`` in the handlers is a worker id."""
+
+    def __init__(self, cluster: Cluster, layout: FbdLayout,
+                 on_record: Callable[[int, Event], None] | None = None):
+        super().__init__(cluster, on_record)
+        self.layout = layout
+        self.tracers = {w: Tracer(w, now=lambda: self.env.now, on_record=on_record)
+                        for w in range(layout.num_workers)}
+        self._compute_units = {d: simpy.Resource(self.env, 1) for d in range(layout.num_devices)}
+        self.table = GroupTable(collective_groups(layout), layout.num_workers)
+        self._gid = {g: i for i, g in enumerate(self.table.groups)}
+        self.coordinators = {d: Coordinator(self.table, ws)
+                             for d, ws in layout.workers_by_device.items()}
+        self._waiting: dict[tuple[int, int], _Pending] = {}
+        self._wake = self.env.event()
+        self._control_free = {d: 0.0 for d in range(layout.num_devices)}
+        table_bytes = math.ceil(len(self.table) * self.table.width / 8)
+        self.round_s = cluster.network.ring_allreduce_s(tuple(self._compute_units), table_bytes)
+        self.rounds = 0
+        self.env.process(self._control_loop())
+
+    def device(self, worker: int) -> int:
+        return self.layout.device_of(self.layout.worker(worker))
+
+    # ------------------------------------------------------------ compute
+    def _compute(self, rank: int, op: Any):
+        device = self.device(rank)
+        with self._compute_units[device].request() as turn:  # threads share the device
+            yield turn
+            start = self.env.now
+            yield self.env.timeout(self.cluster.devices[device].duration(start, op.cost_s))
+        self.tracers[rank].record(op.name, start, self.env.now, op.meta)
+        return op.run() if op.run is not None else None
+
+    # ---------------------------------------------------------------- p2p
+    def _isend(self, rank: int, op: ISend | Send):
+        start = self.env.now
+        src, dst = self.device(rank), self.device(op.dst)
+        delivered = (self.cluster.network.transfer(src, dst, op.nbytes) if src != dst
+                     else self.env.timeout(0))  # shared device memory
+        args = {**op.meta, "bytes": op.nbytes, "peer": op.dst}
+
+        def on_delivered(_e: simpy.Event) -> None:
+            self.tracers[rank].record(op.name, start, self.env.now, args)
+            self.mailbox.put((rank, op.dst, op.tag), op.tensor)
+
+        delivered.callbacks.append(on_delivered)
+        return delivered
+        yield  # pragma: no cover - makes this a generator
+
+    # -------------------------------------------------------- collectives
+    def _allreduce(self, rank: int, op: AllReduce):
+        if rank not in op.group:
+            raise ValueError(f"worker {rank} is not in all-reduce group {op.group}")
+        gid = self._gid.get(op.group)
+        if gid is None:
+            raise ValueError(f"group {op.group} does not cross devices; no collective needed")
+        start = self.env.now
+        self.coordinators[self.device(rank)].register(rank, gid)
+        key = (gid, self._seq[(rank, op.group)])
+        self._seq[(rank, op.group)] += 1
+        pending = self._waiting.setdefault(key, _Pending(self.env.event(), op.nbytes))
+        if not self._wake.triggered:
+            self._wake.succeed()
+        yield pending.event
+        self.tracers[rank].record(op.name, start, self.env.now,
+                                  {**op.meta, "bytes": op.nbytes, "group": list(op.group)})
+        return op.tensor
+
+    def _control_loop(self):
+        """Alignment rounds while any request is registered."""
+        while True:
+            if not any(c.pending_groups() for c in self.coordinators.values()):
+                self._wake = self.env.event()
+                yield self._wake
+            yield self.env.timeout(self.round_s)
+            merged = or_tables([c.begin_round() for c in self.coordinators.values()])
+            launches = {d: c.finish_round(merged) for d, c in self.coordinators.items()}
+            self.rounds += 1
+            ready = sorted({(l.group, l.seq) for ls in launches.values() for l in ls})
+            for gid, seq in ready:  # ascending group order on every control thread
+                self._execute(gid, seq)
+
+    def _execute(self, gid: int, seq: int) -> None:
+        pending = self._waiting.pop((gid, seq))
+        devices = self.layout.devices_of(self.table.groups[gid])
+        start = max([self.env.now] + [self._control_free[d] for d in devices])
+        end = start + self.cluster.network.ring_allreduce_s(devices, pending.nbytes)
+        for d in devices:
+            self._control_free[d] = end
+        self.env.timeout(end - self.env.now).callbacks.append(
+            lambda _e: pending.event.succeed())
+
+
+@dataclass(frozen=True)
+class FbdRun:
+    layout: FbdLayout
+    slots: tuple[ClassSlot, ...]
+    events: dict[int, list[Event]]  # worker id -> events
+    rounds: int
+
+
+def run_fbd(s: Scenario, stage_for: Any = None,
+            on_record: Callable[[int, Event], None] | None = None) -> FbdRun:
+    """Simulate the decoupled job of a scenario on its device classes."""
+    layout = fbd_layout(s)
+    slots = fbd_slots(s, layout)
+    cluster = device_cluster(s, slots, simpy.Environment())
+    backend = FbdSimBackend(cluster, layout, on_record)
+    programs = worker_programs(layout, stage_costs(s), s.parallel.microbatches, s.iterations,
+                               stage_for)
+    events = backend.run(programs)
+    return FbdRun(layout, tuple(slots), events, backend.rounds)
+
+
+def check_fbd_scenario(s: Scenario) -> None:
+    if s.parallel.vpp != 1:
+        raise ScenarioError("parallel.vpp", "MegaFBD workers run one model chunk per stage")
+
+
+# ------------------------------------------------------------ comparison
+def _fbd_plan(s: Scenario, name: str) -> PlanResult:
+    run = run_fbd(s)
+    costs, layout = stage_costs(s), run.layout
+    wall = mean_iteration_s(run.events)
+    stats = []
+    for device, workers in layout.workers_by_device.items():
+        events = [e for w in workers for e in run.events[w]]
+        peak = 0.0
+        for w in workers:
+            worker = layout.worker(w)
+            if worker.phase == "F":
+                peak += forward_worker_bytes(costs)
+            else:
+                fwd = run.events[layout.worker_id(Worker("F", worker.vrank))]
+                peak += backward_worker_bytes(costs, fwd, run.events[w])
+        stats.append(_stats(device, run.slots[device], layout.phase_of_device(device),
+                            events, wall, s.iterations, peak))
+    flops = useful_flops_per_iteration(s, s.parallel.microbatches * s.parallel.dp)
+    return PlanResult(name, wall, flops, tuple(stats))
+
+
+def _stats(device: int, slot: ClassSlot, role: str, events: list[Event], wall: float,
+           iterations: int, peak: float) -> DeviceStats:
+    return DeviceStats(device, slot.name, role, busy_fraction(events, wall * iterations), peak,
+                       slot.memory_bytes)
+
+
+def colocated_scenario(s: Scenario, devices: int) -> Scenario:
+    """Megatron on ``devices`` devices: dp widened, the same global batch."""
+    p = s.parallel
+    dp, rem = divmod(devices, p.tp * p.pp)
+    global_mb = p.microbatches * p.dp
+    if rem or global_mb % dp:
+        raise ScenarioError("parallel", f"{devices} devices cannot run tp {p.tp} x pp {p.pp} "
+                            f"with {global_mb} microbatches split evenly over data parallelism")
+    data = s.model_dump(mode="json")
+    data["parallel"].update(dp=dp, microbatches=global_mb // dp)
+    data["schedule"] = "1f1b"
+    return Scenario.model_validate(data)
+
+
+def _colocated_plan(s: Scenario, name: str, slots: list[ClassSlot]) -> PlanResult:
+    base = colocated_scenario(s, len(slots))
+    faults = [Throttle(kind="throttle", rank=d, factor=sl.slowdown)
+              for d, sl in enumerate(slots) if sl.slowdown != 1]
+    base = base.model_copy(update={"faults": tuple(faults)})
+    result = run_sim(base)
+    costs = stage_costs(base)
+    wall = mean_iteration_s(result.events)
+    stats = tuple(_stats(r, slots[r], "FB", result.events[r], wall, base.iterations,
+                         colocated_peak_bytes(costs, result.events[r])) for r in result.events)
+    flops = useful_flops_per_iteration(s, s.parallel.microbatches * s.parallel.dp)
+    return PlanResult(name, wall, flops, stats)
+
+
+def swapped(s: Scenario) -> Scenario:
+    fbd = s.fbd.model_copy(update={"forward_class": s.fbd.backward_class,
+                                   "backward_class": s.fbd.forward_class})
+    return s.model_copy(update={"fbd": fbd})
+
+
+def compare_plans(s: Scenario) -> list[PlanResult]:
+    """Co-located Megatron on the devices MegaFBD occupies, co-located on the
+    backward class alone, MegaFBD as configured and with classes swapped."""
+    check_fbd_scenario(s)
+    layout = fbd_layout(s)
+    slots = fbd_slots(s, layout)
+    f_cls, b_cls = slots[0].name, slots[-1].name
+    plans = [_colocated_plan(s, "co-located, all devices", slots),
+             _colocated_plan(s, f"co-located, {b_cls} only", slots[layout.forward_devices:]),
+             _fbd_plan(s, f"FBD F->{f_cls} B->{b_cls}")]
+    if f_cls != b_cls:
+        plans.append(_fbd_plan(swapped(s), f"FBD F->{b_cls} B->{f_cls}"))
+    return plans

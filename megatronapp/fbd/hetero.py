@@ -1,0 +1,127 @@
+"""Per-device throughput and peak memory of decoupled vs co-located runs.
+
+Pure functions over trace events (no simulation here): backends produce the
+events, these turn them into the numbers of the comparison table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from megatronapp.config import Scenario
+from megatronapp.costs import StageCosts, layer_forward_flops
+from megatronapp.summary import iteration_spans
+from megatronapp.tracer import Event
+
+
+def peak_outstanding(ups: Iterable[float], downs: Iterable[float]) -> int:
+    """Most items alive at once: +1 at each ``up`` time, -1 at each ``down``
+    (a down at the same instant as an up is applied first)."""
+    points = sorted([(t, 0) for t in downs] + [(t, 1) for t in ups])
+    alive = peak = 0
+    for _, kind in points:
+        alive += 1 if kind else -1
+        peak = max(peak, alive)
+    return peak
+
+
+def ends(events: Iterable[Event], name: str) -> list[float]:
+    return [e.end_s for e in events if e.name == name]
+
+
+def useful_flops_per_iteration(s: Scenario, global_microbatches: int) -> float:
+    """Model FLOPs of forward + backward (3x forward), recomputation excluded."""
+    m = s.model
+    logits = 2 * m.micro_batch_size * m.seq_len * m.hidden * m.vocab
+    return 3 * global_microbatches * (m.layers * layer_forward_flops(s) + logits)
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    device: int
+    device_class: str
+    role: str  # "F", "B" or "FB" (co-located)
+    busy_fraction: float
+    peak_memory_bytes: float
+    memory_bytes: float
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.memory_bytes
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """One placement on one cluster: its devices and its iteration time."""
+
+    name: str
+    iteration_s: float
+    useful_flops: float  # per iteration
+    devices: tuple[DeviceStats, ...]
+
+    @property
+    def flops_per_device(self) -> float:
+        return self.useful_flops / self.iteration_s / len(self.devices)
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    def peak_by_class(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for d in self.devices:
+            out[d.device_class] = max(out.get(d.device_class, 0.0), d.peak_memory_bytes)
+        return out
+
+
+def mean_iteration_s(events: Mapping[int, Sequence[Event]]) -> float:
+    """Steady-state period: mean gap between consecutive iteration ends (a
+    decoupled forward worker waits for new weights inside its next iteration,
+    so iteration spans would overlap and overstate the time)."""
+    spans = list(iteration_spans(events).values())
+    if len(spans) < 2:
+        return spans[0][1] - spans[0][0]
+    return (spans[-1][1] - spans[0][1]) / (len(spans) - 1)
+
+
+def busy_fraction(events: Iterable[Event], wall_s: float) -> float:
+    busy = sum(e.dur_s for e in events if e.name in ("forward", "backward", "recompute_forward",
+                                                     "optimizer"))
+    return busy / wall_s if wall_s > 0 else 0.0
+
+
+def colocated_peak_bytes(costs: StageCosts, events: Sequence[Event]) -> float:
+    """Model states plus the most microbatches whose activations wait for backward."""
+    in_flight = peak_outstanding(ends(events, "forward"), ends(events, "backward"))
+    return costs.model_mem_bytes + in_flight * costs.activation_mem_bytes_per_chunk
+
+
+def forward_worker_bytes(costs: StageCosts) -> float:
+    """bf16 weights and the activation in hand; no autograd graph is kept."""
+    return costs.params_per_rank * 2 + 2 * costs.activation_bytes
+
+
+def backward_worker_bytes(costs: StageCosts, forward_events: Sequence[Event],
+                          backward_events: Sequence[Event]) -> float:
+    """Model states, one recomputed microbatch, and stage inputs delivered by the
+    forward worker but not yet consumed."""
+    waiting = peak_outstanding(ends(forward_events, "send_input"),
+                               ends(backward_events, "recv_input"))
+    return (costs.model_mem_bytes + costs.activation_mem_bytes_per_chunk
+            + waiting * costs.activation_bytes)
+
+
+def format_table(rows: Sequence[tuple[str, Sequence[PlanResult]]]) -> str:
+    """One block per cluster: each plan against the block's first plan."""
+    header = (f"{'cluster':<24} {'plan':<30} {'iter ms':>9} {'TFLOPS/dev':>10} {'vs base':>8} "
+              f"{'peak GB by class':<28} fits")
+    lines = [header, "-" * len(header)]
+    for cluster, plans in rows:
+        base = plans[0].flops_per_device
+        for plan in plans:
+            peaks = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in sorted(plan.peak_by_class().items()))
+            lines.append(f"{cluster:<24} {plan.name:<30} {plan.iteration_s * 1e3:9.2f} "
+                         f"{plan.flops_per_device / 1e12:10.1f} "
+                         f"{(plan.flops_per_device / base - 1) * 100:+7.1f}% {peaks:<28} "
+                         f"{'yes' if plan.fits else 'OOM'}")
+    return "\n".join(lines)
