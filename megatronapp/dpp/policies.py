@@ -37,7 +37,8 @@ class RankView:
     live_slots: int  # stored activations now
     slot_cap: int  # stored activations that fit in memory
     head_microbatch: int  # oldest microbatch this rank still owes a backward
-    head_forwards_left: int  # forwards of the head microbatch not yet run here
+    head_slots: int  # stored activations the head microbatch holds here
+    chunks: int  # model chunks on this rank: the most one microbatch can hold
     pending_forward_sends: int  # forward outputs still on the wire
     pending_backward_sends: int
 
@@ -45,14 +46,17 @@ class RankView:
 def forward_fits(view: RankView, task: Task) -> bool:
     """Memory admission that cannot deadlock.
 
-    The oldest unfinished microbatch may always take a slot; any other
-    forward must leave room for the oldest one's remaining forwards here.
-    So the oldest microbatch can always advance on every rank, and every
-    rank it still needs holds it as its head (proof in docs/megadpp.md).
+    Invariant: the slots held by microbatches other than the oldest
+    unfinished one (the head) leave room for ``chunks`` slots, all the head
+    can ever hold. So the head's forwards always fit, and when the head
+    finishes, the next head already lies inside the non-head share. The
+    globally oldest microbatch is the head on every rank it still needs,
+    so it can always advance (docs/megadpp.md).
     """
     if task.microbatch == view.head_microbatch:
         return view.live_slots + 1 <= view.slot_cap
-    return view.live_slots + 1 + view.head_forwards_left <= view.slot_cap
+    others = view.live_slots - view.head_slots
+    return others + 1 + view.chunks <= view.slot_cap
 
 
 def planned_order(traversal: Traversal, pp_rank: int, shape: PipeShape) -> Order:

@@ -114,17 +114,19 @@ class TaskProgress:
                      and (self._vs(t) == last or t in p2p.backward_received))
 
     def head(self) -> tuple[int, int]:
-        """(oldest microbatch owing a backward here, its forwards not yet run)."""
+        """(oldest microbatch owing a backward here, slots it holds here)."""
         for mb in range(self.shape.microbatches):
             chunks = range(self.shape.vpp)
             if any(Task("B", mb, c) not in self.done for c in chunks):
-                return mb, sum(Task("F", mb, c) not in self.done for c in chunks)
+                return mb, sum(Task("F", mb, c) in self.done and Task("B", mb, c) not in self.done
+                               for c in chunks)
         return self.shape.microbatches, 0
 
     def view(self, p2p: P2PBuffers, slot_cap: int) -> RankView:
-        head, head_left = self.head()
+        head, head_slots = self.head()
         return RankView(self.ready_forward(p2p), self.ready_backward(p2p), self.live_slots,
-                        slot_cap, head, head_left, p2p.pending_sends("F"), p2p.pending_sends("B"))
+                        slot_cap, head, head_slots, self.shape.vpp,
+                        p2p.pending_sends("F"), p2p.pending_sends("B"))
 
     def start(self, task: Task) -> None:
         if task.phase == "F":
