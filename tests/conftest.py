@@ -28,7 +28,7 @@ def fixed_cost_scenario(**overrides: Any) -> Scenario:
     data: dict[str, Any] = {
         "schedule": "1f1b",
         "parallel": {"pp": 4, "microbatches": 8},
-        "model": {"layers": 48},
+        "model": {"layers": 48, "hidden": 256, "heads": 4, "seq_len": 256, "vocab": 1024},
         "costs": {"forward_s": 1.0, "backward_s": 2.0, "p2p_s": 0.0, "allreduce_s": 0.0,
                   "optimizer_s": 0.0},
     }
