@@ -9,6 +9,7 @@ it shares, with an outlier-trimmed least-squares fit.
 """
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -75,23 +76,35 @@ def bfs_order(ranks: list[int], ops: list[SyncOp], ref: int) -> list[int]:
     return order + sorted(set(ranks) - seen)  # unconnected ranks keep their own clock
 
 
-def robust_line(x: np.ndarray, y: np.ndarray, rounds: int = 3) -> tuple[float, float]:
+def _paired_slope(dx: np.ndarray, dev: np.ndarray) -> tuple[float, float]:
+    """Outlier-proof start: median slope between points half the sample apart
+    (a cheap Theil-Sen), then the median intercept."""
+    order = np.argsort(dx)
+    dx, dev = dx[order], dev[order]
+    half = len(dx) // 2
+    run = dx[half:2 * half] - dx[:half]
+    ok = run > 0
+    slope = float(np.median((dev[half:2 * half] - dev[:half])[ok] / run[ok])) if ok.any() else 0.0
+    return slope, float(np.median(dev - slope * dx))
+
+
+def robust_line(x: np.ndarray, y: np.ndarray, rounds: int = 6) -> tuple[float, float]:
     """Fit y = a·x + b, fitting the small deviation y - x to keep precision."""
     x0 = float(np.median(x))
     dx, dev = x - x0, y - x
+    slope, icpt = _paired_slope(dx, dev)
     keep = np.ones(len(x), dtype=bool)
-    slope, icpt = 0.0, float(np.median(dev))
-    for _ in range(rounds):
-        if keep.sum() >= 2 and np.ptp(dx[keep]) > 0:
-            slope, icpt = np.polyfit(dx[keep], dev[keep], 1)
-        else:
-            slope, icpt = 0.0, float(np.median(dev[keep]))
+    for round_ in range(rounds):
         resid = dev - (slope * dx + icpt)
         mad = float(np.median(np.abs(resid[keep] - np.median(resid[keep]))))
         new_keep = np.abs(resid) <= max(5 * 1.4826 * mad, MIN_TRIM_S)
-        if new_keep.sum() < 2 or (new_keep == keep).all():
+        if new_keep.sum() < 2 or (round_ > 0 and (new_keep == keep).all()):
             break
         keep = new_keep
+        if np.ptp(dx[keep]) > 0:
+            slope, icpt = np.polyfit(dx[keep], dev[keep], 1)
+        else:
+            slope, icpt = 0.0, float(np.median(dev[keep]))
     a = 1.0 + float(slope)
     return a, float(icpt) - float(slope) * x0
 
@@ -115,7 +128,7 @@ def fit_clocks(events: RankEvents, ops: list[SyncOp], ref: int | None = None) ->
             anchors = [fits[r].to_ref(events[r][i].end_s) for r, i in op.members if r in fits]
             if mine and anchors:
                 xs.append(mine[0])
-                ys.append(float(np.median(anchors)))
+                ys.append(statistics.median(anchors))
         if xs:
             a, b = robust_line(np.array(xs), np.array(ys))
             fits[rank] = ClockFit(a, b, len(xs))

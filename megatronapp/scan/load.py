@@ -64,7 +64,7 @@ def _raw_events(data: Any, source: str) -> list[Any]:
 def events_from_chrome(data: Any, source: str = "<trace>") -> RankEvents:
     """Parse Chrome trace JSON (already decoded) into events per rank, sorted by start."""
     events: RankEvents = defaultdict(list)
-    open_spans: dict[tuple[int, Any], list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
+    lanes: dict[tuple[int, Any], list[tuple[float, int, int, Mapping[str, Any]]]] = defaultdict(list)
     for index, raw in enumerate(_raw_events(data, source)):
         if not isinstance(raw, dict):
             raise TraceError(source, "not a JSON object", index)
@@ -77,17 +77,14 @@ def events_from_chrome(data: Any, source: str = "<trace>") -> RankEvents:
         elif ph in ("i", "I"):
             events[rank].append(Event(_name(raw, source, index), _number(raw, "ts", source, index)
                                       * 1e-6, 0.0, raw.get("args") or {}))
-        elif ph == "B":
-            open_spans[(rank, raw.get("tid"))].append((index, raw))
-        elif ph == "E":
-            events[rank].append(_close(open_spans[(rank, raw.get("tid"))], raw, source, index))
+        elif ph in ("B", "E"):
+            # Unsorted input: order each lane by time, ends before begins at a tie.
+            lanes[(rank, raw.get("tid"))].append(
+                (_number(raw, "ts", source, index), ph == "B", index, raw))
         else:
             raise TraceError(source, f"unsupported phase {ph!r}", index)
-    for (rank, tid), stack in open_spans.items():
-        if stack:
-            index, raw = stack[-1]
-            raise TraceError(source, f"'B' event {raw.get('name')!r} (rank {rank}, tid {tid}) "
-                             "is never closed by an 'E'", index)
+    for (rank, tid), lane in lanes.items():
+        events[rank] += _spans(sorted(lane, key=lambda x: x[:3]), f"rank {rank}, tid {tid}", source)
     for rank_events in events.values():
         rank_events.sort(key=lambda e: (e.start_s, -e.dur_s))
     return dict(events)
@@ -115,14 +112,32 @@ def _complete(raw: Mapping[str, Any], source: str, index: int) -> Event:
                  dur * 1e-6, _args(raw, source, index))
 
 
+def _spans(lane: list[tuple[float, bool, int, Mapping[str, Any]]], where: str,
+           source: str) -> list[Event]:
+    """Pair one lane's time-ordered B/E events (an E closes the latest open B of its name)."""
+    stack: list[tuple[int, Mapping[str, Any]]] = []
+    out = []
+    for _, is_begin, index, raw in lane:
+        if is_begin:
+            stack.append((index, raw))
+        else:
+            out.append(_close(stack, raw, source, index))
+    if stack:
+        index, raw = stack[-1]
+        raise TraceError(source, f"'B' event {raw.get('name')!r} ({where}) is never closed by an "
+                         "'E'", index)
+    return out
+
+
 def _close(stack: list[tuple[int, Mapping[str, Any]]], end: Mapping[str, Any], source: str,
            index: int) -> Event:
-    if not stack:
-        raise TraceError(source, f"'E' event {end.get('name')!r} has no open 'B'", index)
-    begin_index, begin = stack.pop()
+    name = end.get("name")
+    match = next((i for i in range(len(stack) - 1, -1, -1)
+                  if name is None or stack[i][1].get("name") == name), None)
+    if match is None:
+        raise TraceError(source, f"'E' event {name!r} has no open 'B'", index)
+    begin_index, begin = stack.pop(match)
     name = _name(begin, source, begin_index)
-    if end.get("name") not in (None, name):
-        raise TraceError(source, f"'E' event {end.get('name')!r} closes 'B' {name!r}", index)
     start = _number(begin, "ts", source, begin_index)
     stop = _number(end, "ts", source, index)
     if stop < start:

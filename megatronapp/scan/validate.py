@@ -14,13 +14,13 @@ import numpy as np
 
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.topology import Topology
-from megatronapp.tracer import chrome_events
+from megatronapp.tracer import RunResult, chrome_events
 
 from .align import score_against_truth
 from .baselines import hta_latest_arrival, megatronapp_original, nvidia_relative, slowest_mean
 from .detect import megascan
 from .diagnosis import Detector, Diagnosis, RootCause
-from .inputs import prepare
+from .inputs import ScanInput, prepare
 from .load import events_from_chrome
 
 METHODS: dict[str, Detector] = {
@@ -117,15 +117,21 @@ class Outcome:
     found: bool
 
 
+def scan_of_result(result: RunResult, name: str = "<sim>") -> ScanInput:
+    """What a detector sees of a simulated run: per-rank Chrome events in each
+    rank's local clock (as the run directory stores them), aligned again."""
+    raw = [ev for r in sorted(result.events) for ev in chrome_events(
+        r, result.label(r), result.events[r], result.clocks[r].local)]
+    return prepare(events_from_chrome(raw, name), aligned=False, ref=0)
+
+
 def run_trial(seed: int, index: int) -> tuple[list[Outcome], dict[str, float]]:
     """Simulate one trial and score every method on it, plus the clock alignment."""
     from backends.sim import run_sim
 
     trial = make_trial(seed, index)
     result = run_sim(trial.scenario)
-    raw = [ev for r in sorted(result.events) for ev in chrome_events(
-        r, result.label(r), result.events[r], result.clocks[r].local)]
-    scan = prepare(events_from_chrome(raw, trial.scenario.name), aligned=False, ref=0)
+    scan = scan_of_result(result, trial.scenario.name)
     truth = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm} for r, c in result.clocks.items()}
     alignment = score_against_truth(scan.clocks, truth, ref=0)
     return [_outcome(trial, name, method(scan)) for name, method in METHODS.items()], alignment
