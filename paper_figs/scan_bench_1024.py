@@ -1,0 +1,58 @@
+"""Time `megatronapp detect` on the 1024-rank trace, pinned to one core.
+
+    .venv/bin/python paper_figs/scan_bench_1024.py [RUN_DIR]
+
+Generates RUN_DIR (default runs/scan_1024) from scenarios/scan_1024.yaml if it
+is missing, then times each stage of detection (load the 1024 raw per-rank
+files, link sync ops, align clocks, detect) and prints a table.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    run_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "runs" / "scan_1024"
+    if not (run_dir / "ranks").is_dir():
+        subprocess.run([sys.executable, "-m", "megatronapp.cli", "run",
+                        str(ROOT / "scenarios" / "scan_1024.yaml"), "--out", str(run_dir),
+                        "--quiet"], check=True)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    from megatronapp.scan.deps import reconstruct
+    from megatronapp.scan.detect import megascan
+    from megatronapp.scan.inputs import ScanInput, _gpus_per_node
+    from megatronapp.scan.align import apply_clocks, fit_clocks
+    from megatronapp.scan.load import load_trace
+
+    stages: list[tuple[str, float, float]] = []
+
+    def timed(name, fn, *args):
+        w, c = time.perf_counter(), time.process_time()
+        out = fn(*args)
+        stages.append((name, time.perf_counter() - w, time.process_time() - c))
+        return out
+
+    trace = timed("load 1024 per-rank files", load_trace, run_dir)
+    ops = timed("link sync ops", reconstruct, trace.events)
+    fits = timed("fit clocks", fit_clocks, trace.events, ops, 0)
+    aligned = timed("apply clocks", apply_clocks, trace.events, fits)
+    scan = ScanInput(aligned, tuple(ops), _gpus_per_node(run_dir), fits)
+    diagnosis = timed("detect", megascan, scan)
+    events = sum(len(v) for v in trace.events.values())
+    print(f"{len(trace.events)} ranks, {events} events, {len(ops)} sync ops; "
+          f"root causes {[c.rank for c in diagnosis.root_causes]}")
+    print("| stage | wall s | cpu s |\n|---|---:|---:|")
+    for name, wall, cpu in stages:
+        print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
+    print(f"| total | {sum(s[1] for s in stages):.2f} | {sum(s[2] for s in stages):.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Speed of MegaScan's pipeline on a 64-rank trace (measure with --benchmark-enable).
+
+The 1024-rank figure comes from paper_figs/scan_bench_1024.py.
+"""
+from __future__ import annotations
+
+import pytest
+
+from backends.sim import run_sim
+from megatronapp.config import parse_scenario
+from megatronapp.scan.detect import megascan
+from megatronapp.scan.validate import scan_of_result
+
+
+@pytest.fixture(scope="module")
+def result_64():
+    return run_sim(parse_scenario({
+        "seed": 1, "iterations": 1, "parallel": {"tp": 4, "pp": 4, "dp": 4, "microbatches": 8},
+        "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024},
+        "cluster": {"jitter": {"compute_sigma": 0.02, "link_sigma": 0.05}},
+        "faults": [{"kind": "throttle", "rank": 21, "factor": 1.2},
+                   {"kind": "clock_skew", "rank": 40, "offset_us": 5000, "drift_ppm": 50}]}))
+
+
+def test_bench_align_64_ranks(benchmark, result_64):
+    scan = benchmark(scan_of_result, result_64)
+    assert len(scan.clocks) == 64
+
+
+def test_bench_detect_64_ranks(benchmark, result_64):
+    scan = scan_of_result(result_64)
+    diagnosis = benchmark(megascan, scan)
+    assert [c.rank for c in diagnosis.root_causes] == [21]
