@@ -114,12 +114,12 @@ def forward_worker(ctx: WorkerContext) -> RankProgram:
         for mb in range(ctx.microbatches):
             meta = {"iteration": it, "microbatch": mb, "chunk": 0}
             x = None
-            if not ctx.is_first:
+            if not ctx.is_first:  # the first stage's input is data, read by both workers
                 x = yield Recv(src=ctx.neighbour("F", -1), tag=("act", it, mb),
                                nbytes=ctx.costs.activation_bytes, name="recv_forward", meta=meta)
-            sends.append((yield ISend(dst=ctx.wid("B"), tag=("input", it, mb),
-                                      nbytes=ctx.costs.activation_bytes, tensor=x,
-                                      name="send_input", meta=meta)))
+                sends.append((yield ISend(dst=ctx.wid("B"), tag=("input", it, mb),
+                                          nbytes=ctx.costs.activation_bytes, tensor=x,
+                                          name="send_input", meta=meta)))
             if ctx.is_last:
                 continue  # the backward worker recomputes the last stage anyway
             y = yield Compute("forward", ctx.costs.forward_chunk_s,
@@ -146,8 +146,10 @@ def backward_worker(ctx: WorkerContext) -> RankProgram:
 
 
 def _backward_microbatch(ctx: WorkerContext, it: int, mb: int, meta: dict[str, Any]):
-    x = yield Recv(src=ctx.wid("F"), tag=("input", it, mb), nbytes=ctx.costs.activation_bytes,
-                   name="recv_input", meta=meta)
+    x = None
+    if not ctx.is_first:
+        x = yield Recv(src=ctx.wid("F"), tag=("input", it, mb),
+                       nbytes=ctx.costs.activation_bytes, name="recv_input", meta=meta)
     extra = ctx.costs.logits_forward_s if ctx.is_last else 0.0
     yield Compute("recompute_forward", ctx.costs.forward_chunk_s + extra,
                   run=partial(ctx.stage.recompute, mb, x), meta=meta)
