@@ -88,6 +88,10 @@ def cmd_topology(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise CliError(f"--{name}: must be >= 1")
     topo = Topology(tp=args.tp, pp=args.pp, dp=args.dp)
+    if args.fbd:  # MegaFBD's virtual -> physical rank mapping
+        from .fbd.cli import print_layout
+
+        return print_layout(topo, args.forward_tp, args.json)
     groups = topo.groups_json()
     if args.json:
         print(json.dumps(groups))
@@ -139,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("tp", "pp", "dp"):
         topo.add_argument(f"--{name}", type=int, default=1)
     topo.add_argument("--json", action="store_true")
+    topo.add_argument("--fbd", action="store_true",
+                      help="print MegaFBD's worker threads (virtual ranks) per device")
+    topo.add_argument("--forward-tp", type=int, default=None,
+                      help="with --fbd: physical TP degree of the forward instance (default tp)")
     topo.set_defaults(func=cmd_topology, topology_parser=topo)
 
     plot = sub.add_parser("plot", help="plot a run directory (timeline.png and more)")
