@@ -120,9 +120,9 @@ class Coordinator:
         for gid, (bits, expected) in enumerate(zip(merged, self.table.expected)):
             if bits != expected:
                 continue
-            local = expected & self._local_mask
+            local = tuple(w for w in self.table.groups[gid] if w in self.local_workers)
             if local:
-                launches.append(Launch(gid, self._seq[gid], _members(local)))
+                launches.append(Launch(gid, self._seq[gid], local))
         for launch in launches:  # state changes only after every check passed
             self._bits[launch.group] &= ~self.table.expected[launch.group]
             self._seq[launch.group] += 1
@@ -140,16 +140,6 @@ class Coordinator:
                 raise CoordinatorError(f"group {gid}: bits set for non-members")
             if bits & self._local_mask != mine:
                 raise CoordinatorError(f"group {gid}: merged table disagrees with the local one")
-
-
-def _members(mask: int) -> Group:
-    out, w = [], 0
-    while mask:
-        if mask & 1:
-            out.append(w)
-        mask >>= 1
-        w += 1
-    return tuple(out)
 
 
 def or_tables(tables: Iterable[Sequence[int]]) -> tuple[int, ...]:
