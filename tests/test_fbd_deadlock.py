@@ -111,7 +111,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def contribute_early(self, data):
-        free = [c for c in self.system.coordinators if c not in self.system._snapshots]
+        free = self.system.not_contributed()
         if free:
             self.system.contribute(data.draw(st.sampled_from(free)))
 

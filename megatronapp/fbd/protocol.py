@@ -108,6 +108,10 @@ class CoordinatedSystem:
         self.coordinators[self.owner[worker]].register(worker, gid)
         self.workers.waiting.add(worker)
 
+    def not_contributed(self) -> list[int]:
+        """Control threads that have not entered the current alignment yet."""
+        return [c for c in self.coordinators if c not in self._snapshots]
+
     def contribute(self, thread: int) -> None:
         """One control thread enters the alignment all-reduce (others may lag)."""
         self._snapshots[thread] = self.coordinators[thread].begin_round()
@@ -136,7 +140,7 @@ class CoordinatedSystem:
         out: list[tuple[str, Callable[[], object]]] = [
             (f"request {w}", lambda w=w: self.request(w)) for w in self.workers.idle()]
         out += [(f"contribute {c}", lambda c=c: self.contribute(c))
-                for c in self.coordinators if c not in self._snapshots]
+                for c in self.not_contributed()]
         if not self.finished():
             out.append(("round", self.complete_round))
         return out
