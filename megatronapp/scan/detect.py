@@ -125,19 +125,16 @@ def compute_scores(scan: ScanInput, th: Thresholds) -> dict[int, ComputeScore]:
 
 def _cross_stage_scores(ranks: list[int], tables: dict[int, dict], th: Thresholds) -> dict[int, ComputeScore]:
     """Pipeline stages differ (the last one computes the logits): judge each op
-    name apart and keep a rank's *least* slow name, so only a rank slow at
-    everything it does stands out."""
+    name apart and keep a rank's middle name (the lower one of two), so only a
+    rank slow at most of what it does stands out, not one stage's extra work."""
     names = {k[0] for r in ranks for k in tables[r]}
-    best: dict[int, ComputeScore] = {}
+    per_rank: dict[int, list[ComputeScore]] = defaultdict(list)
     for name in sorted(names):
         by_name = {r: {k: v for k, v in tables[r].items() if k[0] == name} for r in ranks}
-        rows = _row_scores(ranks, _log_ratios(ranks, by_name), th)
-        for r, (med, z, share, n) in rows.items():
-            if n < 3:
-                continue
-            if r not in best or z < best[r].z:
-                best[r] = ComputeScore(r, med, z, share, n, tuple(ranks))
-    return best
+        for r, (med, z, share, n) in _row_scores(ranks, _log_ratios(ranks, by_name), th).items():
+            if n >= 2:
+                per_rank[r].append(ComputeScore(r, med, z, share, n, tuple(ranks)))
+    return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
 
 
 # --------------------------------------------------------------- stage 2
