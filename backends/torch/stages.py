@@ -45,7 +45,7 @@ class StepCapture:
 
 @dataclass
 class StepLog:
-    losses: dict[int, list[float]] = field(default_factory=dict)  # iteration -> per microbatch
+    losses: dict[int, dict[int, float]] = field(default_factory=dict)  # iteration -> mb -> loss
     grad_norms: dict[int, float] = field(default_factory=dict)
     capture: StepCapture | None = None
 
@@ -174,7 +174,7 @@ class MegatronStages:
         out = model(tokens[:, :-1], self.positions, self.mask, labels=labels)
         if self._is_last(chunk):
             loss = out.float().mean()
-            self.log.losses.setdefault(self.iteration, []).append(loss.item())
+            self.log.losses.setdefault(self.iteration, {})[microbatch] = loss.item()
             out = loss / self.shape.microbatches
         self._saved[(chunk, microbatch)] = (inp, out)
         return out.detach()

@@ -38,7 +38,7 @@ class WorkerResult:
 
     rank: int
     events: list[Event]
-    losses: dict[int, list[float]]  # iteration -> per-microbatch loss (last stage only)
+    losses: dict[int, dict[int, float]]  # iteration -> microbatch -> loss (last stage only)
     grad_norms: dict[int, float]
     capture: StepCapture | None
     dist_backend: str
@@ -110,7 +110,7 @@ def assemble(s: Scenario, results: Sequence[WorkerResult]) -> RunResult:
     losses: dict[int, list[float]] = {}
     for r in results:
         for it, values in r.losses.items():
-            losses.setdefault(it, []).extend(values)
+            losses.setdefault(it, []).extend(values.values())
     first = min(results, key=lambda r: r.rank)
     extra = {"loss_per_iteration": [fmean(losses[it]) for it in sorted(losses)],
              "grad_norm_per_iteration": [first.grad_norms[it] for it in sorted(first.grad_norms)],

@@ -1,0 +1,212 @@
+"""The torch.distributed backend, for real: spawned gloo ranks with megatron-core stages."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from statistics import median
+from typing import Any, Sequence
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from backends.sim import run_sim
+from backends.torch.launch import spawn_run
+from backends.torch.stages import TrainOptions, merge_tp_shards
+from backends.torch.worker import WorkerResult
+from megatronapp.config import Scenario, parse_scenario
+from megatronapp.jobs import topology_of
+from megatronapp.tracer import COMPUTE_NAMES, Event
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL = {"hidden": 32, "heads": 4, "seq_len": 8, "vocab": 64, "micro_batch_size": 2}
+SGD = TrainOptions(optimizer="sgd", lr=0.5, capture_first_step=True)
+
+
+def scenario(parallel: dict[str, int], layers: int = 2, **top: Any) -> Scenario:
+    return parse_scenario({"seed": 5, "iterations": 1, "schedule": "1f1b", **top,
+                           "parallel": parallel, "model": {"layers": layers, **TINY_MODEL}})
+
+
+def full_model(results: Sequence[WorkerResult], s: Scenario, field: str, dp: int = 0
+               ) -> dict[str, np.ndarray]:
+    """One replica's full-model tensors, TP shards concatenated."""
+    topo = topology_of(s)
+    shards: dict[str, dict[int, np.ndarray]] = defaultdict(dict)
+    dims: dict[str, int | None] = {}
+    for r in results:
+        coord = topo.coord(r.rank)
+        if coord.dp == dp:
+            for name, value in getattr(r.capture, field).items():
+                shards[name][coord.tp] = value
+                dims[name] = r.capture.partition_dim[name]
+    return {n: merge_tp_shards([by_tp[t] for t in sorted(by_tp)], dims[n])
+            for n, by_tp in shards.items()}
+
+
+def sample_losses(results: Sequence[WorkerResult], s: Scenario) -> dict[int, float]:
+    """Iteration 0's loss per global sample (dp rank * microbatches + microbatch)."""
+    topo, m = topology_of(s), s.parallel.microbatches
+    return {topo.coord(r.rank).dp * m + mb: loss
+            for r in results for mb, loss in r.losses.get(0, {}).items()}
+
+
+def single_process_reference(s: Scenario, results: Sequence[WorkerResult]):
+    """The same global batch through one unsplit megatron GPTModel (tp=pp=dp=1)
+    starting from the distributed run's initial weights."""
+    p = s.parallel
+    ref = parse_scenario({**s.model_dump(mode="json"), "schedule": "1f1b", "faults": [],
+                          "parallel": {"microbatches": p.dp * p.microbatches}})
+    options = TrainOptions("sgd", SGD.lr, True, full_model(results, s, "before"))
+    _, (only,) = spawn_run(ref, options)
+    return ref, only
+
+
+def assert_step_matches_reference(s: Scenario, results: Sequence[WorkerResult]) -> None:
+    ref_scenario, ref = single_process_reference(s, results)
+    got, want = sample_losses(results, s), sample_losses([ref], ref_scenario)
+    assert sorted(got) == sorted(want) == list(range(s.parallel.dp * s.parallel.microbatches))
+    np.testing.assert_allclose([got[k] for k in sorted(got)], [want[k] for k in sorted(want)],
+                               rtol=1e-5)
+    ref_grads = ref.capture.grads
+    for dp in range(s.parallel.dp):  # every replica steps with the dp-averaged gradient
+        grads = full_model(results, s, "grads", dp)
+        assert grads.keys() == ref_grads.keys()
+        for name, grad in grads.items():
+            np.testing.assert_allclose(grad, ref_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert results[0].capture.grad_norm == pytest.approx(ref.capture.grad_norm, rel=1e-5)
+    before, after = full_model(results, s, "before"), full_model(results, s, "after")
+    for name, grad in ref_grads.items():  # the SGD step really moved the weights
+        np.testing.assert_allclose(after[name], before[name] - SGD.lr * grad, rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+
+
+def compute_sequence(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    return [(e.name, e.args.get("microbatch"), e.args.get("chunk"))
+            for e in sorted(events, key=lambda e: e.start_s) if e.name in COMPUTE_NAMES]
+
+
+def assert_same_compute_order_as_sim(s: Scenario, events: dict[int, list[Event]]) -> None:
+    sim_events = run_sim(s).events
+    assert events.keys() == sim_events.keys()
+    for rank in events:
+        assert compute_sequence(events[rank]) == compute_sequence(sim_events[rank]), rank
+
+
+@pytest.fixture(scope="module")
+def pp2_dp2():
+    """pp=2, dp=2 with rank 1 (dp 1, pp 0) throttled 3x; rank 0 does the same work."""
+    s = scenario({"pp": 2, "dp": 2, "microbatches": 4}, iterations=2,
+                 faults=[{"kind": "throttle", "rank": 1, "factor": 3.0}])
+    run, results = spawn_run(s, SGD)
+    return s, run, results
+
+
+@pytest.fixture(scope="module")
+def tp2_interleaved():
+    """tp=2, pp=2, vpp=2 (interleaved); sends held for the next receive (NCCL's path)."""
+    s = scenario({"tp": 2, "pp": 2, "vpp": 2, "microbatches": 4}, layers=4,
+                 schedule="interleaved")
+    run, results = spawn_run(s, SGD, coalesce=True)
+    return s, run, results
+
+
+def test_pp2_dp2_step_equals_single_process_reference(pp2_dp2):
+    s, run, results = pp2_dp2
+    assert run.backend == "torch" and sorted(run.events) == [0, 1, 2, 3]
+    assert_step_matches_reference(s, results)
+    dp_bytes = {e.args["bytes"] for ev in run.events.values() for e in ev
+                if e.name == "dp_allreduce"}
+    assert dp_bytes and 0 not in dp_bytes
+
+
+def test_pp2_dp2_compute_order_equals_sim(pp2_dp2):
+    s, run, _ = pp2_dp2
+    assert_same_compute_order_as_sim(s, run.events)
+
+
+def test_tp2_interleaved_step_equals_single_process_reference(tp2_interleaved):
+    s, _, results = tp2_interleaved
+    assert all(r.coalesce for r in results)
+    assert_step_matches_reference(s, results)
+
+
+def test_tp2_interleaved_compute_order_equals_sim(tp2_interleaved):
+    s, run, _ = tp2_interleaved
+    assert_same_compute_order_as_sim(s, run.events)
+
+
+def _median_duration(events: Sequence[Event], names: frozenset[str]) -> float:
+    return median(e.dur_s for e in events if e.name in names)
+
+
+def test_throttled_rank_computes_factor_times_slower_than_its_dp_peer(pp2_dp2):
+    _, run, _ = pp2_dp2
+    work = frozenset({"forward", "backward"})
+    throttled = _median_duration(run.events[1], work) / _median_duration(run.events[0], work)
+    healthy = _median_duration(run.events[3], work) / _median_duration(run.events[2], work)
+    assert 2.0 < throttled < 4.5  # factor 3, with the noise of a shared CPU
+    assert 0.5 < healthy < 1.5
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+SKEWED_PIPE = {"name": "pipe", "seed": 1, "iterations": 2, "schedule": "1f1b",
+               "parallel": {"pp": 2, "microbatches": 2}, "model": {"layers": 2, **TINY_MODEL},
+               "faults": [{"kind": "clock_skew", "rank": 1, "offset_us": 5000.0}]}
+
+
+def assert_run_dir(out: Path) -> dict[str, Any]:
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["backend"] == "torch" and summary["world_size"] == 2
+    assert len(summary["iteration_times_s"]) == 2 and len(summary["loss_per_iteration"]) == 2
+    merged = json.loads((out / "trace.json").read_text())["traceEvents"]
+    raw = json.loads((out / "ranks" / "rank1.json").read_text())["traceEvents"]
+    first = [e["ts"] for e in merged if e["ph"] == "X" and e["pid"] == 1][0]
+    raw_first = [e["ts"] for e in raw if e["ph"] == "X"][0]
+    assert raw_first - first == pytest.approx(5000.0, abs=1e-2)  # skew in raw files only
+    return summary
+
+
+def test_cli_run_with_torch_backend_writes_a_run_dir(tmp_path: Path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "megatronapp.cli", "run",
+                           str(_write(tmp_path / "pipe.yaml", SKEWED_PIPE)), "--backend", "torch",
+                           "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch backend" in proc.stdout
+    assert_run_dir(out)
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun is not installed next to this interpreter")
+def test_torchrun_worker_writes_a_run_dir(tmp_path: Path):
+    out = tmp_path / "run"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m",
+                           "backends.torch.worker", str(_write(tmp_path / "p.yaml", SKEWED_PIPE)),
+                           "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_run_dir(out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs for NCCL")
+def test_nccl_pipeline_runs_and_follows_the_sim_order():
+    s = scenario({"pp": 2, "microbatches": 4}, iterations=2)
+    run, results = spawn_run(s)
+    assert all(r.dist_backend == "nccl" and r.coalesce for r in results)
+    assert_same_compute_order_as_sim(s, run.events)
+    assert all(np.isfinite(run.extra["loss_per_iteration"]))
