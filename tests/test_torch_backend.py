@@ -8,7 +8,6 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
-from statistics import median
 from typing import Any, Sequence
 
 import numpy as np
@@ -101,9 +100,7 @@ def assert_same_compute_order_as_sim(s: Scenario, events: dict[int, list[Event]]
 
 @pytest.fixture(scope="module")
 def pp2_dp2():
-    """pp=2, dp=2 with rank 1 (dp 1, pp 0) throttled 3x; rank 0 does the same work."""
-    s = scenario({"pp": 2, "dp": 2, "microbatches": 4}, iterations=2,
-                 faults=[{"kind": "throttle", "rank": 1, "factor": 3.0}])
+    s = scenario({"pp": 2, "dp": 2, "microbatches": 4})
     run, results = spawn_run(s, SGD)
     return s, run, results
 
@@ -142,17 +139,17 @@ def test_tp2_interleaved_compute_order_equals_sim(tp2_interleaved):
     assert_same_compute_order_as_sim(s, run.events)
 
 
-def _median_duration(events: Sequence[Event], names: frozenset[str]) -> float:
-    return median(e.dur_s for e in events if e.name in names)
+def _compute_s(events: Sequence[Event]) -> float:
+    return sum(e.dur_s for e in events if e.name in ("forward", "backward"))
 
 
-def test_throttled_rank_computes_factor_times_slower_than_its_dp_peer(pp2_dp2):
-    _, run, _ = pp2_dp2
-    work = frozenset({"forward", "backward"})
-    throttled = _median_duration(run.events[1], work) / _median_duration(run.events[0], work)
-    healthy = _median_duration(run.events[3], work) / _median_duration(run.events[2], work)
-    assert 2.0 < throttled < 4.5  # factor 3, with the noise of a shared CPU
-    assert 0.5 < healthy < 1.5
+def test_throttled_rank_computes_longer_than_its_dp_peer():
+    """dp=2: both ranks do the same work; rank 1 is throttled 4x. On a shared
+    CPU both ranks also lose time descheduled, which only lowers the ratio."""
+    s = scenario({"dp": 2, "microbatches": 8}, faults=[{"kind": "throttle", "rank": 1,
+                                                        "factor": 4.0}])
+    run, _ = spawn_run(s)
+    assert 2.0 < _compute_s(run.events[1]) / _compute_s(run.events[0]) < 6.0
 
 
 def _write(path: Path, data: dict[str, Any]) -> Path:

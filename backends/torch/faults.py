@@ -24,9 +24,10 @@ class InjectedFaults:
     faulty: Network
     nominal: Network
 
-    def compute_extra_s(self, start_s: float, elapsed_s: float) -> float:
-        """Extra seconds a compute that really took ``elapsed_s`` must last."""
-        return self.device.duration(start_s, elapsed_s) - elapsed_s
+    def compute_extra_s(self, start_s: float, work_s: float) -> float:
+        """Extra seconds a compute started at ``start_s`` that did ``work_s`` of
+        real work must last."""
+        return self.device.duration(start_s, work_s) - work_s
 
     def transfer_extra_s(self, src: int, dst: int, nbytes: int) -> float:
         slowdown = self.faulty.slowdown(src, dst)

@@ -53,6 +53,11 @@ class HostClock:
     def settle(self) -> None:
         """Nothing to wait for: host marks are final when taken."""
 
+    def work_s(self) -> float:
+        """Process CPU seconds: counts compute done, not time spent descheduled
+        on a shared CPU (the throttle takes min(CPU, wall) of an op)."""
+        return time.process_time()
+
 
 class CudaClock(HostClock):
     """CUDA events, resolved against one origin event after the iteration."""
@@ -74,6 +79,10 @@ class CudaClock(HostClock):
 
     def settle(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def work_s(self) -> float:
+        self.settle()
+        return self.now_s()
 
 
 # ------------------------------------------------------------------ groups
@@ -166,18 +175,18 @@ class Interpreter:
 
     # ------------------------------------------------------------- compute
     def _compute(self, op: Compute) -> Any:
-        start_s, start = self.clock.now_s(), self.clock.mark()
+        start_s, start, work = self.clock.now_s(), self.clock.mark(), self.clock.work_s()
         result = op.run() if op.run is not None else None
-        self._throttle(start_s)
+        self._throttle(start_s, work)
         self._note(op.name, start, self.clock.mark(), dict(op.meta))
         if op.name == "optimizer":
             self.flush()
         return result
 
-    def _throttle(self, start_s: float) -> None:
+    def _throttle(self, start_s: float, work_start: float) -> None:
         if self.faults.device.windows:
-            self.clock.settle()  # the real elapsed time is needed now
-            time.sleep(max(0.0, self.faults.compute_extra_s(start_s, self.clock.now_s() - start_s)))
+            done = min(self.clock.work_s() - work_start, self.clock.now_s() - start_s)
+            time.sleep(max(0.0, self.faults.compute_extra_s(start_s, done)))
 
     # ----------------------------------------------------------------- p2p
     def _isend(self, op: ISend | Send) -> Handle:
