@@ -17,6 +17,7 @@ events only when the iteration's optimizer step has been issued.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -111,6 +112,18 @@ class Handle:
     start: Any
     work: Any = None
     finished: bool = False
+    watcher: "Watcher | None" = None
+
+    def completed(self) -> bool:
+        if self.watcher is not None:
+            return self.watcher.done.is_set()
+        return self.work.is_completed()
+
+    def wait(self) -> None:
+        if self.watcher is not None:
+            self.watcher.join()
+        else:
+            self.work.wait()
 
     @property
     def is_recv(self) -> bool:
@@ -119,6 +132,29 @@ class Handle:
     def p2p_op(self) -> dist.P2POp:
         fn = dist.irecv if self.is_recv else dist.isend
         return dist.P2POp(fn, self.tensor, self.peer, tag=encode_tag(self.op.tag))
+
+
+class Watcher:
+    """Waits on one work in a thread: gloo's point-to-point works report
+    completion only through ``wait()``, never through ``is_completed()``."""
+
+    def __init__(self, work: Any):
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, args=(work,), daemon=True).start()
+
+    def _run(self, work: Any) -> None:
+        try:
+            work.wait()
+        except BaseException as err:  # re-raised in the rank's own thread
+            self.error = err
+        finally:
+            self.done.set()
+
+    def join(self) -> None:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
 
 
 @dataclass
@@ -142,6 +178,7 @@ class Interpreter:
         self.rank, self.groups, self.clock, self.tracer = rank, groups, clock, tracer
         self.faults, self.recv_buffer, self.coalesce = faults, recv_buffer, coalesce
         self._held: list[Handle] = []
+        self.watch_completions = dist.get_backend() == "gloo"
         self._pending: list[Pending] = []
         self._handlers: dict[type, Callable[[Any], Any]] = {
             Compute: self._compute, ISend: self._isend, IRecv: self._irecv, Send: self._send,
@@ -236,15 +273,19 @@ class Interpreter:
 
     def _wait(self, op: Wait) -> torch.Tensor | None:
         handle: Handle = op.handle
-        handle.work.wait()
+        handle.wait()
         return self._finish(handle)
 
     def _wait_any(self, op: WaitAny) -> int:
         handles: tuple[Handle, ...] = op.handles
+        if self.watch_completions:
+            for h in handles:
+                if not h.finished and h.watcher is None:
+                    h.watcher = Watcher(h.work)
         while True:
             for i, h in enumerate(handles):
-                if h.finished or h.work.is_completed():
-                    h.work.wait()  # surfaces a failed transfer as an exception
+                if h.finished or h.completed():
+                    h.wait()  # surfaces a failed transfer as an exception
                     self._finish(h)
                     return i
             time.sleep(POLL_S)
