@@ -126,7 +126,9 @@ _plot_hooks: list[Callable[[Path, dict], list[Path]]] = []
 
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="megatronapp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="megatronapp",
+        description="Simulate, trace, diagnose and schedule distributed LLM training.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a scenario on a backend")
