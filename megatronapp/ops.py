@@ -25,30 +25,6 @@ class Compute:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Send:
-    """Blocking send: resumes once the data has been delivered."""
-
-    dst: int
-    tag: Hashable
-    nbytes: int
-    tensor: Any = None
-    name: str = "send"
-    meta: Meta = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Recv:
-    """Blocking receive: resumes with the tensor (a placeholder in simulation)."""
-
-    src: int
-    tag: Hashable
-    nbytes: int
-    like: Any = None
-    name: str = "recv"
-    meta: Meta = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
 class ISend:
     """Non-blocking send: resumes at once with a handle for Wait/WaitAny."""
 
@@ -61,6 +37,11 @@ class ISend:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Send(ISend):
+    """Blocking send: resumes once the data has been delivered."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class IRecv:
     """Non-blocking receive: resumes at once with a handle; Wait gives the tensor."""
 
@@ -70,6 +51,11 @@ class IRecv:
     like: Any = None
     name: str = "recv"
     meta: Meta = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Recv(IRecv):
+    """Blocking receive: resumes with the tensor (a placeholder in simulation)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
