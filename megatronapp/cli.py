@@ -115,13 +115,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
     events = read_events(trace)
     path = plot_timeline(events, run_dir / "timeline.png", title=run_dir.name)
     print(f"wrote {path}")
-    for extra in _plot_hooks:
+    for extra in args.plot_hooks:
         for p in extra(run_dir, events):
             print(f"wrote {p}")
     return 0
 
 
-_plot_hooks: list[Callable[[Path, dict], list[Path]]] = []
+PlotHook = Callable[[Path, dict], list[Path]]
 
 
 # ---------------------------------------------------------------- parser
@@ -151,12 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --fbd: physical TP degree of the forward instance (default tp)")
     topo.set_defaults(func=cmd_topology, topology_parser=topo)
 
+    plot_hooks: list[PlotHook] = []  # each module may add its own plots
     plot = sub.add_parser("plot", help="plot a run directory (timeline.png and more)")
     plot.add_argument("run_dir")
-    plot.set_defaults(func=cmd_plot)
+    plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)
 
     for module in MODULE_CLIS:
-        importlib.import_module(module).register(sub, _plot_hooks)
+        importlib.import_module(module).register(sub, plot_hooks)
     return parser
 
 

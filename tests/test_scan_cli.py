@@ -92,8 +92,8 @@ def test_validate_detector_writes_its_table(tmp_path, capsys):
 def test_plot_hook_adds_heatmap_and_marey(run_dir):
     import megatronapp.cli as cli
 
-    cli.build_parser()
-    assert plot_hook in cli._plot_hooks  # what `megatronapp plot` calls after the timeline
+    args = cli.build_parser().parse_args(["plot", str(run_dir)])
+    assert plot_hook in args.plot_hooks  # what `megatronapp plot` calls after the timeline
     paths = plot_hook(run_dir, read_events(run_dir / "trace.json"))
     assert [p.name for p in paths] == ["scan_heatmap.png", "scan_marey.png"]
     assert all(p.stat().st_size > 0 for p in paths)
