@@ -214,4 +214,11 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     return RunResult("sim", cluster.topo, events, cluster.clocks)
 
 
-run_scenario = run_sim
+def run_scenario(s: Scenario, stages_for: StagesFor | None = None,
+                 on_record: Callable[[int, Event], None] | None = None) -> RunResult:
+    """``megatronapp run``: a scenario with an ``fbd`` section trains decoupled."""
+    if s.fbd is not None:
+        from .sim_fbd import run_fbd_scenario
+
+        return run_fbd_scenario(s, on_record)
+    return run_sim(s, stages_for, on_record)

@@ -14,47 +14,80 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import simpy
 
-from megatronapp.config import Scenario, ScenarioError, Throttle
+from megatronapp.config import ClockSkew, Scenario, ScenarioError, Throttle
 from megatronapp.costs import stage_costs
 from megatronapp.fbd.coordinator import Coordinator, GroupTable, or_tables
-from megatronapp.fbd.hetero import (DeviceStats, PlanResult, backward_worker_bytes, busy_fraction,
-                                    colocated_peak_bytes, forward_worker_bytes, mean_iteration_s,
+from megatronapp.fbd.hetero import (DeviceStats, PlanResult, busy_fraction, colocated_peak_bytes,
+                                    fbd_device_peak_bytes, mean_iteration_s,
                                     useful_flops_per_iteration)
-from megatronapp.fbd.ranks import FbdLayout, Worker, collective_groups
+from megatronapp.fbd.ranks import FbdLayout, collective_groups
+from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_settings, worker_clocks,
+                                 worker_labels)
 from megatronapp.fbd.workers import worker_programs
 from megatronapp.jobs import topology_of
 from megatronapp.ops import AllReduce, ISend, Send
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event, RankClock, Tracer
-from sim.cluster import Cluster
-from sim.hetero import ClassSlot, class_devices, slots_by_class
-from sim.network import Network, LinkFaults
+from sim.cluster import Cluster, _link_faults
+from sim.devices import Device, ThrottleWindow
+from sim.hetero import ClassSlot, slots_by_class
+from sim.network import Network
 
 from .sim import SimBackend, run_sim
 
 
 def fbd_layout(s: Scenario, colocated: bool = False) -> FbdLayout:
-    forward_tp = s.parallel.tp if colocated else (s.fbd.forward_tp or s.parallel.tp)
+    forward_tp = s.parallel.tp if colocated else (fbd_settings(s).forward_tp or s.parallel.tp)
     return FbdLayout(topology_of(s), forward_tp=forward_tp, backward_tp=s.parallel.tp,
                      colocated=colocated)
 
 
 def fbd_slots(s: Scenario, layout: FbdLayout) -> list[ClassSlot]:
-    return slots_by_class(s, [(s.fbd.forward_class, layout.forward_devices),
-                              (s.fbd.backward_class, layout.backward_devices)])
+    fbd = fbd_settings(s)
+    return slots_by_class(s, [(fbd.forward_class, layout.forward_devices),
+                              (fbd.backward_class, layout.backward_devices)])
 
 
-def device_cluster(s: Scenario, slots: list[ClassSlot], env: simpy.Environment) -> Cluster:
-    """A cluster whose "ranks" are physical devices of the given classes."""
+def fbd_devices(s: Scenario, slots: list[ClassSlot], jitter: bool = True) -> dict[int, Device]:
+    """Physical devices: their class's speed for the whole run, times any
+    ``throttle`` fault on that device, plus background compute jitter."""
+    windows: dict[int, list[ThrottleWindow]] = {
+        d: [ThrottleWindow(0.0, math.inf, sl.slowdown)] if sl.slowdown != 1 else []
+        for d, sl in enumerate(slots)}
+    for f in s.faults:
+        if isinstance(f, Throttle):
+            end = math.inf if f.end_s is None else f.end_s
+            windows[f.rank].append(ThrottleWindow(f.start_s, end, f.factor))
+    sigma = s.cluster.jitter.compute_sigma if jitter else 0.0
+    return {d: Device(d, tuple(ws), sigma,
+                      np.random.default_rng([s.seed, 3, d]) if sigma > 0 else None)
+            for d, ws in windows.items()}
+
+
+def device_clocks(s: Scenario, count: int) -> dict[int, RankClock]:
+    clocks = {d: RankClock() for d in range(count)}
+    for f in s.faults:
+        if isinstance(f, ClockSkew):
+            clocks[f.rank] = RankClock(f.offset_us, f.drift_ppm)
+    return clocks
+
+
+def device_cluster(s: Scenario, slots: list[ClassSlot], env: simpy.Environment,
+                   faults: bool = True) -> Cluster:
+    """A cluster whose "ranks" are physical devices of the given classes; with
+    ``faults`` the scenario's faults and background jitter act on them."""
     topo = Topology(tp=len(slots), gpus_per_node=s.cluster.gpus_per_node)
     links = s.cluster.links
+    quiet = s if faults else s.model_copy(update={"faults": ()})
     network = Network(env, topo, links.intra_node_gbps, links.inter_node_gbps,
-                      links.latency_us * 1e-6, LinkFaults(), 0.0, s.seed,
+                      links.latency_us * 1e-6, _link_faults(quiet),
+                      s.cluster.jitter.link_sigma if faults else 0.0, s.seed,
                       s.costs.p2p_s, s.costs.allreduce_s)
-    return Cluster(env, topo, class_devices(slots), network,
-                   {d: RankClock() for d in range(len(slots))})
+    return Cluster(env, topo, fbd_devices(quiet, slots, jitter=faults), network,
+                   device_clocks(quiet, len(slots)))
 
 
 @dataclass
@@ -184,24 +217,48 @@ def check_fbd_scenario(s: Scenario) -> None:
         raise ScenarioError("parallel.vpp", "MegaFBD workers run one model chunk per stage")
 
 
+def progress_hook(layout: FbdLayout, on_record: Callable[[int, Event], None] | None
+                  ) -> Callable[[int, Event], None] | None:
+    """Hand the caller the first backward worker's events as rank 0's: that is
+    where an iteration's optimizer step shows (forward workers have none)."""
+    if on_record is None:
+        return None
+    first_backward = layout.virtual_ranks
+
+    def hook(worker: int, event: Event) -> None:
+        if worker == first_backward:
+            on_record(0, event)
+
+    return hook
+
+
+def run_fbd_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = None
+                     ) -> FbdRunResult:
+    """``megatronapp run`` of a scenario with an ``fbd`` section: one trace
+    process per worker, summary keys from ``megatronapp.fbd.run``."""
+    check_fbd_scenario(s)
+    layout = fbd_layout(s)
+    run = run_fbd(s, on_record=progress_hook(layout, on_record))
+    peaks = fbd_device_peak_bytes(stage_costs(s), layout, run.events)
+    devices = [DeviceInfo(sl.name, sl.memory_bytes, peaks[d]) for d, sl in enumerate(run.slots)]
+    cluster_clocks = device_clocks(s, layout.num_devices)
+    extra = fbd_extra(s, layout, devices, run.events, stages="analytic",
+                      coordinator_rounds=run.rounds, memory="modelled")
+    return FbdRunResult("sim", topology_of(s), run.events, worker_clocks(layout, cluster_clocks),
+                        extra, labels=worker_labels(layout, [sl.name for sl in run.slots]))
+
+
 # ------------------------------------------------------------ comparison
 def _fbd_plan(s: Scenario, name: str) -> PlanResult:
     run = run_fbd(s)
-    costs, layout = stage_costs(s), run.layout
+    layout = run.layout
     wall = mean_iteration_s(run.events)
+    peaks = fbd_device_peak_bytes(stage_costs(s), layout, run.events)
     stats = []
     for device, workers in layout.workers_by_device.items():
         events = [e for w in workers for e in run.events[w]]
-        peak = 0.0
-        for w in workers:
-            worker = layout.worker(w)
-            if worker.phase == "F":
-                peak += forward_worker_bytes(costs)
-            else:
-                fwd = run.events[layout.worker_id(Worker("F", worker.vrank))]
-                peak += backward_worker_bytes(costs, fwd, run.events[w])
         stats.append(_stats(device, run.slots[device], layout.phase_of_device(device),
-                            events, wall, s.iterations, peak))
+                            events, wall, s.iterations, peaks[device]))
     flops = useful_flops_per_iteration(s, s.parallel.microbatches * s.parallel.dp)
     return PlanResult(name, wall, flops, tuple(stats))
 
@@ -222,7 +279,8 @@ def colocated_scenario(s: Scenario, devices: int) -> Scenario:
                             f"with {global_mb} microbatches split evenly over data parallelism")
     data = s.model_dump(mode="json")
     data["parallel"].update(dp=dp, microbatches=global_mb // dp)
-    data["schedule"] = "1f1b"
+    # ordinary training on the classes' speeds; fault ranks name FBD devices
+    data.update(schedule="1f1b", fbd=None, faults=[])
     return Scenario.model_validate(data)
 
 
@@ -241,8 +299,9 @@ def _colocated_plan(s: Scenario, name: str, slots: list[ClassSlot]) -> PlanResul
 
 
 def swapped(s: Scenario) -> Scenario:
-    fbd = s.fbd.model_copy(update={"forward_class": s.fbd.backward_class,
-                                   "backward_class": s.fbd.forward_class})
+    own = fbd_settings(s)
+    fbd = own.model_copy(update={"forward_class": own.backward_class,
+                                 "backward_class": own.forward_class})
     return s.model_copy(update={"fbd": fbd})
 
 

@@ -65,6 +65,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:
+    if "fbd" in summary:  # a decoupled (MegaFBD) run: devices, roles, throughput
+        from .fbd.run import summary_lines
+
+        print("\n".join(summary_lines(summary)))
+    else:
+        _print_pipeline_summary(summary)
+    for f in summary["faults"] or [{"kind": "none"}]:
+        detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
+        print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
+    print(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev), "
+          f"{out / 'ranks'}/, {out / 'summary.json'}")
+
+
+def _print_pipeline_summary(summary: dict[str, Any]) -> None:
     times = summary["iteration_times_s"]
     mean = sum(times) / len(times) if times else float("nan")
     sc = summary["scenario"]
@@ -75,11 +89,6 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     print(f"  iterations: {len(times)}, mean {mean * 1e3:.3f} ms "
           f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f})")
     print(f"  bubble fraction: {summary['bubble_fraction']:.3f}")
-    for f in summary["faults"] or [{"kind": "none"}]:
-        detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
-        print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
-    print(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev), "
-          f"{out / 'ranks'}/, {out / 'summary.json'}")
 
 
 # -------------------------------------------------------------- topology

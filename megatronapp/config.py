@@ -163,7 +163,7 @@ class Scenario(_Strict):
     model: Model = Model()
     cluster: Cluster = Cluster()
     costs: Costs = Costs()
-    fbd: Fbd = Fbd()
+    fbd: Fbd | None = None  # present: ``run`` trains decoupled (MegaFBD)
     faults: tuple[Fault, ...] = ()
     dpp: Dpp = Dpp()
 
@@ -180,11 +180,11 @@ class Scenario(_Strict):
 def check_consistency(s: Scenario) -> None:
     """Cross-field rules; raise ScenarioError naming the field."""
     p, m = s.parallel, s.model
-    world = p.world_size
+    world = device_count(s)  # fault ranks are physical devices
     if s.cluster.nodes is not None and s.cluster.nodes * s.cluster.gpus_per_node != world:
         raise ScenarioError(
-            "parallel", f"tp*pp*dp = {world} but cluster has "
-            f"{s.cluster.nodes}*{s.cluster.gpus_per_node} GPUs")
+            "parallel", f"{'MegaFBD needs' if s.fbd else 'tp*pp*dp ='} {world} devices but "
+            f"cluster has {s.cluster.nodes}*{s.cluster.gpus_per_node} GPUs")
     if m.layers % (p.pp * p.vpp):
         raise ScenarioError(
             "model.layers", f"{m.layers} is not divisible by pp*vpp = {p.pp * p.vpp}")
@@ -203,7 +203,8 @@ def check_consistency(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.microbatch_group_size", f"{p.group_size} is smaller than pp = {p.pp}")
     for i, fault in enumerate(s.faults):
-        _check_fault_ranks(f"faults[{i}]", fault, world)
+        _check_fault_ranks(f"faults[{i}]", fault, world,
+                           " (MegaFBD: a fault rank is a physical device)" if s.fbd else "")
     _check_fbd(s)
 
 
@@ -211,7 +212,7 @@ def _check_fbd(s: Scenario) -> None:
     names = [c.name for c in s.cluster.device_classes]
     if len(set(names)) != len(names):
         raise ScenarioError("cluster.device_classes", "device class names must be unique")
-    f = s.fbd
+    f = s.fbd or Fbd()
     if f.forward_tp is not None and s.parallel.tp % f.forward_tp:
         raise ScenarioError("fbd.forward_tp",
                             f"{f.forward_tp} does not divide the virtual tp = {s.parallel.tp}")
@@ -222,12 +223,24 @@ def _check_fbd(s: Scenario) -> None:
                                 f"(cluster.device_classes has {names or 'none'})")
 
 
-def _check_fault_ranks(where: str, fault: Any, world: int) -> None:
+def device_count(s: Scenario) -> int:
+    """Physical devices of the job: tp*pp*dp, or with an ``fbd`` section the
+    forward instance (physical tp ``forward_tp``) plus the backward instance."""
+    p = s.parallel
+    if s.fbd is None:
+        return p.world_size
+    forward_tp = s.fbd.forward_tp or p.tp
+    if p.tp % forward_tp:
+        return p.world_size  # reported as fbd.forward_tp by _check_fbd
+    return p.pp * p.dp * (forward_tp + p.tp)
+
+
+def _check_fault_ranks(where: str, fault: Any, world: int, note: str = "") -> None:
     ranks = fault.ranks if hasattr(fault, "ranks") else (fault.rank,)
     field = f"{where}.ranks" if hasattr(fault, "ranks") else f"{where}.rank"
     for r in ranks:
         if not 0 <= r < world:
-            raise ScenarioError(field, f"rank {r} out of range 0..{world - 1}")
+            raise ScenarioError(field, f"rank {r} out of range 0..{world - 1}{note}")
     if hasattr(fault, "ranks") and ranks[0] == ranks[1]:
         raise ScenarioError(field, "a link needs two different ranks")
     end = getattr(fault, "end_s", None)

@@ -38,7 +38,12 @@ def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
     clocks = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm}
               for r, c in sorted(result.clocks.items())}
     skewed = [f.rank for f in s.faults if isinstance(f, ClockSkew)]
-    return {"faults": faults, "clocks": clocks, "skewed_ranks": skewed}
+    truth = {"faults": faults, "clocks": clocks, "skewed_ranks": skewed}
+    if "fbd" in result.extra:  # trace pids are MegaFBD worker threads, fault ranks devices
+        device_of = result.extra["fbd"]["device_of_worker"]
+        truth.update(skewed_ranks=[int(w) for w, d in device_of.items() if d in skewed],
+                     skewed_devices=skewed, device_of_pid=device_of)
+    return truth
 
 
 def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
@@ -46,7 +51,8 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
                "schedule": s.schedule, **summarize(result.events),
                "faults": ground_truth(s, result)["faults"], **result.extra,
                "scenario": scenario_to_dict(s)}
-    summary["dpp"] = dpp_summary(s, result.events)  # pipeline windows and peak memory
+    if "fbd" not in result.extra:  # MegaFBD runs report their own memory and idle time
+        summary["dpp"] = dpp_summary(s, result.events)  # pipeline windows and peak memory
     return summary
 
 

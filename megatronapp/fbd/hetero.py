@@ -13,6 +13,8 @@ from megatronapp.costs import StageCosts, layer_forward_flops
 from megatronapp.summary import iteration_spans
 from megatronapp.tracer import Event
 
+from .ranks import FbdLayout, Worker
+
 
 def peak_outstanding(ups: Iterable[float], downs: Iterable[float]) -> int:
     """Most items alive at once: +1 at each ``up`` time, -1 at each ``down``
@@ -125,3 +127,20 @@ def format_table(rows: Sequence[tuple[str, Sequence[PlanResult]]]) -> str:
                          f"{(plan.flops_per_device / base - 1) * 100:+7.1f}% {peaks:<28} "
                          f"{'yes' if plan.fits else 'OOM'}")
     return "\n".join(lines)
+
+
+def fbd_device_peak_bytes(costs: StageCosts, layout: FbdLayout,
+                          events: Mapping[int, Sequence[Event]]) -> dict[int, float]:
+    """Modelled peak memory of every device of a decoupled run (its workers summed)."""
+    peaks: dict[int, float] = {}
+    for device, workers in layout.workers_by_device.items():
+        peak = 0.0
+        for w in workers:
+            worker = layout.worker(w)
+            if worker.phase == "F":
+                peak += forward_worker_bytes(costs)
+            else:
+                fwd = events[layout.worker_id(Worker("F", worker.vrank))]
+                peak += backward_worker_bytes(costs, fwd, events[w])
+        peaks[device] = peak
+    return peaks

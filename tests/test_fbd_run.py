@@ -1,0 +1,121 @@
+"""``megatronapp run`` of a scenario with an ``fbd`` section: a decoupled run
+directory on the simulator and on torch, faults acting on physical devices."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.sim import run_scenario
+from backends.sim_fbd import compare_plans
+from megatronapp.cli import main
+from megatronapp.config import load_scenario
+from megatronapp.runs import read_events
+
+SCENARIO = "scenarios/fbd_hetero.yaml"
+TWO_ITERATIONS = ["--set", "iterations=2"]
+
+
+def run_cli(out: Path, *extra: str) -> int:
+    return main(["run", SCENARIO, "--out", str(out), "--quiet", *TWO_ITERATIONS, *extra])
+
+
+@pytest.fixture(scope="module")
+def sim_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fbd") / "hetero"
+    assert run_cli(out, "--set", "faults=[{kind: clock_skew, rank: 5, offset_us: 1500}]") == 0
+    return out
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_sim_run_dir_describes_every_device(sim_dir: Path):
+    summary = summary_of(sim_dir)
+    fbd = summary["fbd"]
+    assert summary["backend"] == "sim" and summary["world_size"] == 8 == len(fbd["devices"])
+    assert [d["role"] for d in fbd["devices"]] == ["forward"] * 4 + ["backward"] * 4
+    assert [d["class"] for d in fbd["devices"]] == ["slow"] * 4 + ["fast"] * 4
+    assert fbd["stages"] == "analytic" and "dpp" not in summary
+    assert len(summary["iteration_times_s"]) == 2 and 0 < summary["bubble_fraction"] < 1
+    assert summary["scenario"]["fbd"]["forward_class"] == "slow"
+    for d in fbd["devices"]:
+        assert d["peak_memory_bytes"] > 0 and d["fits"]
+    # per-device useful FLOPs add up to the model's forward + backward
+    mean = sum(d["useful_tflops"] for d in fbd["devices"]) / len(fbd["devices"])
+    assert mean == pytest.approx(fbd["useful_tflops_per_device"], rel=1e-9)
+
+
+def test_trace_has_a_named_process_per_worker(sim_dir: Path):
+    trace = json.loads((sim_dir / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    assert len(names) == 8 == len(list((sim_dir / "ranks").glob("rank*.json")))
+    assert names[1].startswith("forward worker F1 · virtual rank 1") and "device 1 [slow]" in names[1]
+    assert names[4].startswith("backward worker B0 · virtual rank 0") and "device 4 [fast]" in names[4]
+    events = read_events(sim_dir / "trace.json")
+    assert {e.name for e in events[4]} >= {"recompute_forward", "backward", "optimizer"}
+
+
+def test_clock_skew_shifts_the_raw_file_of_the_skewed_device_only(sim_dir: Path):
+    truth = json.loads((sim_dir / "ground_truth.json").read_text())
+    assert truth["skewed_devices"] == [5] and truth["skewed_ranks"] == [5]
+    aligned = read_events(sim_dir / "trace.json")
+    for pid, shift in ((5, 1500e-6), (6, 0.0)):
+        local = read_events(sim_dir / "ranks" / f"rank{pid}.json")[pid]
+        assert local[0].start_s - aligned[pid][0].start_s == pytest.approx(shift, abs=1e-9)
+
+
+def test_iteration_time_equals_the_fbd_plan_of_fbd_compare(sim_dir: Path):
+    s = load_scenario(SCENARIO, ["iterations=2", "faults=[{kind: clock_skew, rank: 5}]"])
+    plan = next(p for p in compare_plans(s) if p.name == "FBD F->slow B->fast")
+    fbd = summary_of(sim_dir)["fbd"]
+    assert fbd["steady_iteration_s"] == pytest.approx(plan.iteration_s, rel=1e-12)
+    assert fbd["useful_tflops_per_device"] == pytest.approx(plan.flops_per_device / 1e12, rel=1e-9)
+
+
+def steady_s(*faults: str) -> float:
+    s = load_scenario(SCENARIO, ["iterations=2", f"faults=[{', '.join(faults)}]"])
+    return run_scenario(s).extra["fbd"]["steady_iteration_s"]
+
+
+def test_a_throttled_forward_device_lengthens_the_iteration():
+    healthy = steady_s()
+    assert steady_s("{kind: throttle, rank: 1, factor: 2}") > 1.2 * healthy
+    # a slower backward device lengthens it too, an idle one does not
+    assert steady_s("{kind: throttle, rank: 6, factor: 2}") > healthy
+    assert steady_s("{kind: throttle, rank: 3, factor: 2}") == pytest.approx(healthy)
+
+
+def test_a_slow_link_between_forward_devices_lengthens_the_iteration():
+    assert steady_s("{kind: slow_link, ranks: [1, 2], factor: 50}") > steady_s()
+
+
+@pytest.mark.parametrize("fault, field", [
+    ("{kind: throttle, rank: 8, factor: 2}", "faults[0].rank"),
+    ("{kind: slow_link, ranks: [0, 9], factor: 2}", "faults[0].ranks"),
+    ("{kind: clock_skew, rank: -1}", "faults[0].rank"),
+])
+def test_fault_ranks_beyond_the_devices_exit_2_naming_the_field(tmp_path, capsys, fault, field):
+    out = tmp_path / "bad"
+    assert run_cli(out, "--set", f"faults=[{fault}]") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and "Traceback" not in err[0]
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_fault_ranks_count_devices_not_virtual_ranks():
+    # tp 2 with forward tp 1: 2 forward + 4 backward devices for 4 virtual ranks
+    shape = ["parallel.tp=2", "parallel.pp=2", "fbd.forward_tp=1", "model.layers=4",
+             "cluster.device_classes.0.count=8", "cluster.device_classes.1.count=8"]
+    s = load_scenario(SCENARIO, [*shape, "faults=[{kind: throttle, rank: 5, factor: 2}]"])
+    assert run_scenario(s).extra["world_size"] == 6
+    with pytest.raises(Exception, match=r"faults\[0\]\.rank: rank 6 out of range 0\.\.5"):
+        load_scenario(SCENARIO, [*shape, "faults=[{kind: throttle, rank: 6, factor: 2}]"])
+
+
+def test_a_scenario_without_fbd_trains_co_located():
+    s = load_scenario(SCENARIO, ["iterations=1", "fbd=null"])
+    result = run_scenario(s)
+    assert "fbd" not in result.extra and result.topo.world_size == 4
