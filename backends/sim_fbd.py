@@ -24,8 +24,8 @@ from megatronapp.fbd.hetero import (DeviceStats, PlanResult, busy_fraction, colo
                                     fbd_device_peak_bytes, mean_iteration_s,
                                     useful_flops_per_iteration)
 from megatronapp.fbd.ranks import FbdLayout, collective_groups
-from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_settings, worker_clocks,
-                                 worker_labels)
+from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_settings,
+                                 gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.workers import worker_programs
 from megatronapp.jobs import topology_of
 from megatronapp.ops import AllReduce, ISend, Send
@@ -242,7 +242,7 @@ def run_fbd_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None
     peaks = fbd_device_peak_bytes(stage_costs(s), layout, run.events)
     devices = [DeviceInfo(sl.name, sl.memory_bytes, peaks[d]) for d, sl in enumerate(run.slots)]
     cluster_clocks = device_clocks(s, layout.num_devices)
-    extra = fbd_extra(s, layout, devices, run.events, stages="analytic",
+    extra = fbd_extra(s, layout, devices, run.events, "analytic", gpt_stage_flops(s),
                       coordinator_rounds=run.rounds, memory="modelled")
     return FbdRunResult("sim", topology_of(s), run.events, worker_clocks(layout, cluster_clocks),
                         extra, labels=worker_labels(layout, [sl.name for sl in run.slots]))

@@ -119,3 +119,39 @@ def test_a_scenario_without_fbd_trains_co_located():
     s = load_scenario(SCENARIO, ["iterations=1", "fbd=null"])
     result = run_scenario(s)
     assert "fbd" not in result.extra and result.topo.world_size == 4
+
+
+TINY = ["parallel.pp=2", "model.layers=4", "model.hidden=16", "model.heads=2", "model.seq_len=4",
+        "parallel.microbatches=3"]
+
+
+@pytest.mark.slow
+def test_torch_backend_writes_a_decoupled_run_dir(tmp_path, capsys):
+    out = tmp_path / "torch"
+    sets = [x for kv in TINY for x in ("--set", kv)]
+    throttle = "faults=[{kind: throttle, rank: 3, factor: 2}, {kind: clock_skew, rank: 1, offset_us: 900}]"
+    assert main(["run", SCENARIO, "--backend", "torch", "--out", str(out), "--quiet", *sets,
+                 "--set", throttle, *TWO_ITERATIONS]) == 0
+    assert "MegaFBD on 4 devices" in capsys.readouterr().out
+    summary = summary_of(out)
+    fbd = summary["fbd"]
+    assert summary["backend"] == "torch" and summary["world_size"] == 4
+    assert fbd["stages"] == "mlp" and fbd["coordinator_rounds"] > 0
+    assert [d["role"] for d in fbd["devices"]] == ["forward"] * 2 + ["backward"] * 2
+    assert all(d["peak_memory_bytes"] > 0 for d in fbd["devices"])
+    assert len(summary["loss_per_iteration"]) == 2 and len(summary["iteration_times_s"]) == 2
+    events = read_events(out / "trace.json")
+    assert sorted(events) == [0, 1, 2, 3]
+    assert {e.name for e in events[3]} >= {"recompute_forward", "backward", "optimizer",
+                                           "send_backward", "recv_input"}
+    assert any(e.name == "send_forward" and e.args["peer"] == 1 for e in events[0])
+    truth = json.loads((out / "ground_truth.json").read_text())
+    assert truth["skewed_ranks"] == [1] and truth["clocks"]["1"]["offset_us"] == 900
+    assert len(list((out / "ranks").glob("rank*.json"))) == 4
+
+
+def test_torch_runtime_refuses_tensor_parallel_workers_naming_the_field(tmp_path, capsys):
+    assert main(["run", SCENARIO, "--backend", "torch", "--out", str(tmp_path / "x"),
+                 "--set", "parallel.tp=2", "--set", "model.layers=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "parallel.tp" in err[0] and not (tmp_path / "x").exists()

@@ -15,7 +15,12 @@ from megatronapp.tracer import Event, RunResult
 def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = None,
                  **kw: Any) -> RunResult:
     """Run a scenario for real. ``kw``: ``optimizer`` ("adam" | "sgd"), ``lr``,
-    ``coalesce`` (hold sends for the next receive; default: on NCCL only)."""
+    ``coalesce`` (hold sends for the next receive; default: on NCCL only).
+    A scenario with an ``fbd`` section trains decoupled (``fbd_run``)."""
+    if s.fbd is not None:
+        from .fbd_run import run_fbd_scenario
+
+        return run_fbd_scenario(s, on_record)
     from .launch import spawn_run
     from .stages import TrainOptions
 

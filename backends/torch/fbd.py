@@ -9,10 +9,17 @@ tables of all processes with ``dist.all_reduce`` (``TorchTransport``), then
 runs the ready operations in ascending group order with blocking gloo/NCCL
 calls. All processes run the same ready list in the same order, so blocking
 send/recv pairs and collectives always meet.
+
+Optionally each worker's operations are recorded (``tracers``, times from
+``now``) and injected faults act on this device (``faults``, an
+``InjectedFaults`` over physical devices): a throttled compute sleeps the extra
+time its CPU work would take; the control thread sleeps what a slow link or a
+slow collective would add after it.
 """
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
@@ -23,7 +30,8 @@ import torch.distributed as dist
 from megatronapp.fbd.coordinator import Coordinator, GroupTable, Launch
 from megatronapp.fbd.ranks import FbdLayout, Worker
 from megatronapp.fbd.transport import Encoding, TorchTransport
-from megatronapp.ops import AllReduce, Compute, IRecv, ISend, RankProgram, Recv, Send, Wait
+from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send, Wait
+from megatronapp.tracer import Tracer
 
 IDLE_WAIT_S = 2e-3  # a control thread with nothing registered naps this long per round
 
@@ -43,6 +51,23 @@ def p2p_groups(layout: FbdLayout) -> tuple[tuple[int, int], ...]:
 
 def coordinator_table(layout: FbdLayout, collectives: tuple[tuple[int, ...], ...]) -> GroupTable:
     return GroupTable(tuple(p2p_groups(layout)) + collectives, layout.num_workers)
+
+
+def nbytes(tensor: Any) -> int:
+    return tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
+
+
+def op_args(op: Op, result: Any) -> dict[str, Any]:
+    """Trace args of a completed op: p2p ops name their peer, collectives their group."""
+    args: dict[str, Any] = dict(getattr(op, "meta", {}))
+    if isinstance(op, (ISend, Send)):
+        args.update(bytes=nbytes(op.tensor), peer=op.dst)
+    elif isinstance(op, (IRecv, Recv)):
+        value = result.value if isinstance(result, Done) else result
+        args.update(bytes=nbytes(value), peer=op.src)
+    elif isinstance(op, AllReduce):
+        args.update(bytes=nbytes(op.tensor), group=list(op.group))
+    return args
 
 
 @dataclass(eq=False)
@@ -84,8 +109,11 @@ class DeviceRuntime:
     """One process: its worker threads, its coordinator, its control thread."""
 
     def __init__(self, layout: FbdLayout, device: int, table: GroupTable,
-                 recv_like: Callable[[int, Hashable], torch.Tensor], encoding: Encoding = "bits"):
+                 recv_like: Callable[[int, Hashable], torch.Tensor], encoding: Encoding = "bits",
+                 tracers: dict[int, Tracer] | None = None, faults: Any = None,
+                 now: Callable[[], float] = time.perf_counter):
         self.layout, self.device, self.table = layout, device, table
+        self.tracers, self.faults, self.now = tracers or {}, faults, now
         self.workers = layout.workers_by_device[device]
         self.coordinator = Coordinator(table, self.workers)
         self.transport = TorchTransport(len(table), table.width, encoding)
@@ -134,13 +162,27 @@ class DeviceRuntime:
                     op = program.send(result)
                 except StopIteration:
                     return
-                result = self._op(worker, op)
+                result = self._timed(worker, op)
         except BaseException as err:  # surfaced by the launcher
             self.errors.append(err)
             raise
         finally:
             with self._lock:
                 self._active -= 1
+
+    def _timed(self, worker: int, op: Op) -> Any:
+        """Run an op; throttle a compute if this device is slowed; record it."""
+        if isinstance(op, Wait):  # sends complete before their handle exists
+            return self._op(worker, op)
+        start, cpu = self.now(), time.thread_time()
+        result = self._op(worker, op)
+        if isinstance(op, Compute) and self.faults is not None:
+            done = min(time.thread_time() - cpu, self.now() - start)  # CPU work, not waiting
+            time.sleep(max(0.0, self.faults.compute_extra_s(start, done)))
+        tracer = self.tracers.get(worker)
+        if tracer is not None:
+            tracer.record(op.name, start, self.now(), op_args(op, result))
+        return result
 
     def _op(self, worker: int, op: Any) -> Any:
         if isinstance(op, Compute):
@@ -201,6 +243,8 @@ class DeviceRuntime:
                 dist.send(req.tensor, dst=peer, tag=launch.group)
             else:
                 dist.recv(req.tensor, src=peer, tag=launch.group)
+                if self.faults is not None:  # the receiver waits out a slow link
+                    time.sleep(self.faults.transfer_extra_s(peer, self.device, nbytes(req.tensor)))
         for req in reqs:
             req.done.set()
 
@@ -209,6 +253,9 @@ class DeviceRuntime:
         for req in reqs[1:]:  # local members first, through shared memory
             total.add_(req.tensor)
         dist.all_reduce(total, group=self._device_groups[gid])
+        if self.faults is not None:
+            devices = self.layout.devices_of(self.table.groups[gid])
+            time.sleep(self.faults.allreduce_extra_s(devices, nbytes(total)))
         for req in reqs[1:]:
             req.tensor.copy_(total)
 

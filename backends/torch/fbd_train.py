@@ -9,9 +9,11 @@ trains the same model in one process with ordinary forward + backward.
 from __future__ import annotations
 
 import os
+import resource
+import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import torch
@@ -22,6 +24,7 @@ from megatronapp.costs import StageCosts
 from megatronapp.fbd.ranks import FbdLayout, collective_groups
 from megatronapp.fbd.workers import worker_programs
 from megatronapp.topology import Topology
+from megatronapp.tracer import Event, Tracer
 
 from .fbd import DeviceRuntime, coordinator_table
 from .launch import TorchRunError, free_port
@@ -152,17 +155,39 @@ class DeviceResult:
     device: int
     logs: dict[str, StageLog]  # "F3" / "B3" -> that worker's stage log
     rounds: int
+    events: dict[int, list[Event]] = field(default_factory=dict)  # worker id -> events (traced)
+    peak_rss_bytes: int = 0  # this process's peak resident memory
 
 
-def run_device(spec: MlpSpec, layout: FbdLayout, device: int, encoding: str) -> DeviceResult:
+FaultsFor = Callable[[int], Any]  # device -> InjectedFaults (picklable: spawned processes)
+
+
+def shared_origin_ns() -> int:
+    """Rank 0's monotonic clock after a barrier: CLOCK_MONOTONIC is host-wide
+    and the spawn launcher keeps every device process on one host."""
+    dist.barrier()
+    origin = [time.perf_counter_ns()]
+    dist.broadcast_object_list(origin, src=0)
+    return int(origin[0])
+
+
+def run_device(spec: MlpSpec, layout: FbdLayout, device: int, encoding: str,
+               faults_for: FaultsFor | None = None, trace: bool = False) -> DeviceResult:
     """This process's part; torch.distributed must be initialised."""
     table = coordinator_table(layout, collective_groups(layout))
     local = layout.workers_by_device[device]
     # Each worker gets its own copy of its stage: the forward copy is refreshed
     # by the weights the backward worker sends after every step.
     stages = {w: MlpDecoupledStage(spec, layout.worker(w).vrank) for w in local}
+    origin = shared_origin_ns()
+
+    def now() -> float:
+        return (time.perf_counter_ns() - origin) * 1e-9
+
+    tracers = {w: Tracer(w, now=now) for w in local} if trace else None
     runtime = DeviceRuntime(layout, device, table, lambda w, tag: stages[w].recv_like(tag),
-                            encoding)  # type: ignore[arg-type]
+                            encoding, tracers, faults_for(device) if faults_for else None,
+                            now)  # type: ignore[arg-type]
     programs = {}
     for w in local:
         worker = layout.worker(w)
@@ -170,17 +195,19 @@ def run_device(spec: MlpSpec, layout: FbdLayout, device: int, encoding: str) -> 
                                 lambda v, s=stages[w]: s)
         programs[w] = every[w]
     runtime.run(programs)
+    events = {w: tr.events for w, tr in tracers.items()} if tracers else {}
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return DeviceResult(device, {str(layout.worker(w)): stages[w].log for w in local},
-                        runtime.rounds)
+                        runtime.rounds, events, peak_rss)
 
 
 def _spawned(device: int, spec: MlpSpec, layout: FbdLayout, port: int, encoding: str,
-             out: Any) -> None:
+             out: Any, faults_for: FaultsFor | None = None, trace: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", rank=device, world_size=layout.num_devices)
-        out.put(("done", device, run_device(spec, layout, device, encoding)))
+        out.put(("done", device, run_device(spec, layout, device, encoding, faults_for, trace)))
     except BaseException:
         out.put(("error", device, traceback.format_exc()))
     finally:
@@ -189,14 +216,17 @@ def _spawned(device: int, spec: MlpSpec, layout: FbdLayout, port: int, encoding:
 
 
 def run_decoupled(spec: MlpSpec, layout: FbdLayout, encoding: str = "bits",
-                  timeout_s: float = 120.0) -> list[DeviceResult]:
-    """Spawn one process per device and gather their results."""
+                  timeout_s: float = 120.0, faults_for: FaultsFor | None = None,
+                  trace: bool = False) -> list[DeviceResult]:
+    """Spawn one process per device and gather their results (``trace``: with
+    every worker's events; ``faults_for``: injected faults per device)."""
     if layout.topo != spec.topo:
         raise ValueError("layout and spec disagree on the virtual topology")
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_spawned, args=(d, spec, layout, port, encoding, out))
+    procs = [ctx.Process(target=_spawned,
+                         args=(d, spec, layout, port, encoding, out, faults_for, trace))
              for d in range(layout.num_devices)]
     for p in procs:
         p.start()

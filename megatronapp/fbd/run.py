@@ -16,7 +16,6 @@ from megatronapp.costs import layer_forward_flops
 from megatronapp.jobs import topology_of
 from megatronapp.tracer import COMPUTE_NAMES, Event, RunResult
 
-from .hetero import useful_flops_per_iteration
 from .ranks import FbdLayout
 
 Events = Mapping[int, Sequence[Event]]
@@ -90,19 +89,27 @@ def steady_iteration_s(events: Events) -> float:
     return sum(periods[1:]) / (len(periods) - 1) if len(periods) > 1 else periods[0]
 
 
-def useful_flops_by_worker(s: Scenario, layout: FbdLayout, events: Events) -> dict[int, float]:
+def gpt_stage_flops(s: Scenario) -> list[float]:
+    """Forward FLOPs of one microbatch on one virtual rank, per pipeline stage
+    (the scenario's GPT: its layers, plus the logits on the last stage)."""
+    m, p = s.model, s.parallel
+    logits = 2 * m.micro_batch_size * m.seq_len * m.hidden * m.vocab
+    body = m.layers // p.pp * layer_forward_flops(s)
+    return [(body + (logits if r == p.pp - 1 else 0)) / p.tp for r in range(p.pp)]
+
+
+def useful_flops_by_worker(layout: FbdLayout, events: Events,
+                           stage_flops: Sequence[float]) -> dict[int, float]:
     """Model FLOPs each worker did over the run, recomputation excluded: a
     forward is 1x its stage's forward FLOPs, a backward 2x. The last stage has
     no forward worker compute; its backward worker's recompute is the model's
     forward there."""
-    m, p = s.model, s.parallel
-    logits = 2 * m.micro_batch_size * m.seq_len * m.hidden * m.vocab
-    body = m.layers // p.pp * layer_forward_flops(s)
+    pp = layout.topo.pp
     out: dict[int, float] = {}
     for wid, evs in events.items():
         worker = layout.worker(wid)
-        last = layout.topo.coord(worker.vrank).pp == p.pp - 1
-        stage = (body + (logits if last else 0)) / p.tp
+        stage_rank = layout.topo.coord(worker.vrank).pp
+        last, stage = stage_rank == pp - 1, stage_flops[stage_rank]
         names = [e.name for e in evs]
         if worker.phase == "F":
             out[wid] = names.count("forward") * stage
@@ -117,11 +124,11 @@ def _busy_s(events: Sequence[Event]) -> float:
 
 
 def device_rows(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo],
-                events: Events) -> list[dict[str, Any]]:
+                events: Events, stage_flops: Sequence[float]) -> list[dict[str, Any]]:
     """Per device: role, class, workers, useful TFLOPS, busy share, peak memory."""
     period = steady_iteration_s(events)
     span = sum(iteration_periods(events))
-    flops = useful_flops_by_worker(s, layout, events)
+    flops = useful_flops_by_worker(layout, events, stage_flops)
     rows = []
     for device, wids in layout.workers_by_device.items():
         info = devices[device]
@@ -138,11 +145,11 @@ def device_rows(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo],
 
 
 def fbd_extra(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo], events: Events,
-              stages: str, **more: Any) -> dict[str, Any]:
-    """The keys a decoupled run adds to (and overrides in) summary.json."""
-    rows = device_rows(s, layout, devices, events)
+              stages: str, stage_flops: Sequence[float], **more: Any) -> dict[str, Any]:
+    """The keys a decoupled run adds to (and overrides in) summary.json.
+    ``stages``: what ran ("analytic" GPT costs, or "mlp" on torch)."""
+    rows = device_rows(s, layout, devices, events, stage_flops)
     period = steady_iteration_s(events)
-    flops = useful_flops_per_iteration(s, s.parallel.microbatches * s.parallel.dp)
     return {
         "world_size": layout.num_devices,
         "iteration_times_s": iteration_periods(events),
@@ -151,8 +158,7 @@ def fbd_extra(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo], eve
         "fbd": {"stages": stages, "virtual": {"tp": s.parallel.tp, "pp": s.parallel.pp,
                                              "dp": s.parallel.dp},
                 "forward_tp": layout.forward_tp, "steady_iteration_s": period,
-                "useful_tflops_per_device": flops / period / layout.num_devices / 1e12
-                if period > 0 else 0.0,
+                "useful_tflops_per_device": sum(r["useful_tflops"] for r in rows) / len(rows),
                 "devices": rows,
                 "device_of_worker": {str(w): layout.device_of(layout.worker(w))
                                      for w in range(layout.num_workers)}, **more},
@@ -176,11 +182,11 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
              f"{fbd['stages']} stages",
              f"  iterations: {len(times)}, steady {fbd['steady_iteration_s'] * 1e3:.3f} ms "
              f"(first {times[0] * 1e3:.3f} ms, with the pipeline fill)",
-             f"  useful TFLOPS per device: {fbd['useful_tflops_per_device']:.1f}; "
+             f"  useful TFLOPS per device: {fbd['useful_tflops_per_device']:.4g}; "
              f"mean device idle fraction: {summary['bubble_fraction']:.3f}"]
     for d in fbd["devices"]:
         lines.append(f"  device {d['device']} {d['role']:<8} [{d['class']}] "
-                     f"{' '.join(d['workers']):<8} {d['useful_tflops']:7.1f} TFLOPS, busy "
+                     f"{' '.join(d['workers']):<8} {d['useful_tflops']:7.4g} TFLOPS, busy "
                      f"{d['busy_fraction']:.2f}, peak {d['peak_memory_bytes'] / 1e9:.2f} GB of "
                      f"{d['memory_bytes'] / 1e9:.0f}{'' if d['fits'] else ' (OOM)'}")
     return lines
