@@ -52,16 +52,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     scenario = load_scenario(args.scenario, args.set)
     run_backend = load_backend(args.backend)
+    backend_kw = _stall_option(args)
     out = Path(args.out or Path("runs") / scenario.name)
     bar, on_record = _progress(scenario.iterations, sys.stderr.isatty() and not args.quiet)
     with staged_dir(out) as tmp, bar:
-        result = run_backend(scenario, on_record=on_record)
+        result = run_backend(scenario, on_record=on_record, **backend_kw)
         summary = write_run(scenario, result, tmp)
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
     else:
         print_summary(summary, out)
     return 0
+
+
+def _stall_option(args: argparse.Namespace) -> dict[str, Any]:
+    """--stall-timeout: real ranks can hang; the simulator reports deadlocks exactly."""
+    if args.stall_timeout is None:
+        return {}
+    if args.backend != "torch":
+        raise CliError("--stall-timeout: only the torch backend takes it")
+    if not args.stall_timeout > 0:
+        raise CliError(f"--stall-timeout: must be > 0 seconds, got {args.stall_timeout:g}")
+    return {"stall_timeout_s": args.stall_timeout}
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:
@@ -148,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a scenario key, e.g. --set parallel.pp=4 (repeatable)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
+                     help="torch backend: stop and name each rank's blocked op when no rank "
+                          "makes progress for this long (default 300)")
     run.set_defaults(func=cmd_run)
 
     topo = sub.add_parser("topology", help="print rank groups in Megatron-core's order")

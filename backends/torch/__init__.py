@@ -15,15 +15,17 @@ from megatronapp.tracer import Event, RunResult
 def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = None,
                  **kw: Any) -> RunResult:
     """Run a scenario for real. ``kw``: ``optimizer`` ("adam" | "sgd"), ``lr``,
-    ``coalesce`` (hold sends for the next receive; default: on NCCL only).
+    ``coalesce`` (hold sends for the next receive; default: on NCCL only),
+    ``stall_timeout_s`` (fail when no rank makes progress for this long).
     A scenario with an ``fbd`` section trains decoupled (``fbd_run``)."""
     if s.fbd is not None:
         from .fbd_run import run_fbd_scenario
 
         return run_fbd_scenario(s, on_record)
-    from .launch import spawn_run
+    from .launch import STALL_TIMEOUT_S, spawn_run
     from .stages import TrainOptions
 
     options = TrainOptions(optimizer=kw.get("optimizer", "adam"), lr=kw.get("lr", 1e-3))
-    result, _ = spawn_run(s, options, kw.get("coalesce"), on_record)
+    result, _ = spawn_run(s, options, kw.get("coalesce"), on_record,
+                          stall_timeout_s=kw.get("stall_timeout_s", STALL_TIMEOUT_S))
     return result

@@ -15,6 +15,8 @@ from sim.cluster import build_cluster
 from sim.devices import Device
 from sim.network import Network
 
+LINK_FAULTS = ("slow_link", "link_jitter")
+
 
 @dataclass
 class InjectedFaults:
@@ -23,6 +25,7 @@ class InjectedFaults:
     device: Device
     faulty: Network
     nominal: Network
+    links: bool = True  # any slow or jittered link: False skips pricing every transfer
 
     def compute_extra_s(self, start_s: float, work_s: float) -> float:
         """Extra seconds a compute started at ``start_s`` that did ``work_s`` of
@@ -50,5 +53,6 @@ def _quiet(s: Scenario, keep_faults: bool) -> Scenario:
 
 def injected_faults(s: Scenario, rank: int) -> InjectedFaults:
     faulty = build_cluster(_quiet(s, keep_faults=True))
+    links = any(f.kind in LINK_FAULTS for f in s.faults)
     return InjectedFaults(faulty.devices[rank], faulty.network,
-                          build_cluster(_quiet(s, keep_faults=False)).network)
+                          build_cluster(_quiet(s, keep_faults=False)).network, links)

@@ -10,10 +10,18 @@ deadlock. With ``coalesce=True`` (the default on NCCL) a send is held back and
 posted together with the next receive in one ``dist.batch_isend_irecv`` (what
 Megatron's ``send_forward_recv_backward`` does); held sends are posted alone
 before any other operation, so a held send never waits on the local compute.
+In that mode *every* p2p op goes through ``batch_isend_irecv``, a lone one
+included: NCCL runs batched p2p on the group's communicator and single
+isend/irecv on a separate two-rank one, so a batched send never meets a
+single receive. NCCL also returns one work for a whole batch (gloo one per
+op); every handle of the batch then shares it.
 
 Timing stays off the critical path: each op records two clock marks
-(``perf_counter_ns`` on CPU, CUDA events on GPU) and the marks are turned into
-events only when the iteration's optimizer step has been issued.
+(``perf_counter_ns`` on CPU, pooled CUDA events on GPU). Marks become events
+when the iteration's optimizer step has been issued, and on GPU only those
+whose end event has already completed (``query()``, no synchronize); the rest
+wait for the next iteration or the end of the program. Nothing on the CPU path
+syncs, and fault pricing is skipped for a rank without faults.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ from megatronapp.topology import Group, Topology
 from megatronapp.tracer import Tracer
 
 from .faults import InjectedFaults
+from .watchdog import OpBeacon
 
 POLL_S = 20e-6  # WaitAny polling interval
 
@@ -51,6 +60,13 @@ class HostClock:
     def seconds(self, mark: Any) -> float:
         return (mark - self.origin_ns) * 1e-9
 
+    def ready(self, mark: Any) -> bool:
+        """Host marks are final when taken."""
+        return True
+
+    def release(self, mark: Any) -> None:
+        """Nothing to recycle."""
+
     def settle(self) -> None:
         """Nothing to wait for: host marks are final when taken."""
 
@@ -61,27 +77,37 @@ class HostClock:
 
 
 class CudaClock(HostClock):
-    """CUDA events, resolved against one origin event after the iteration."""
+    """CUDA events on the current stream, resolved against one origin event;
+    resolved events are recycled, so steady state allocates none."""
 
     def __init__(self, origin_ns: int, device: torch.device):
         super().__init__(origin_ns)
         self.device = device
+        self._free: list[Any] = []
         self.origin = torch.cuda.Event(enable_timing=True)
         self.origin.record()
+        torch.cuda.synchronize(device)  # once: the origin's host time is its GPU time
         self.origin_s = self.now_s()
 
     def mark(self) -> Any:
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
     def seconds(self, mark: Any) -> float:
         return self.origin_s + self.origin.elapsed_time(mark) * 1e-3
 
+    def ready(self, mark: Any) -> bool:
+        return bool(mark.query())
+
+    def release(self, mark: Any) -> None:
+        self._free.append(mark)
+
     def settle(self) -> None:
         torch.cuda.synchronize(self.device)
 
     def work_s(self) -> float:
+        """Only a throttled rank asks (it must know how long its kernels took)."""
         self.settle()
         return self.now_s()
 
@@ -169,17 +195,34 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def works_per_op(works: list[Any], ops: int) -> list[Any]:
+    """``batch_isend_irecv`` returns one work per op (gloo) or a single work
+    for the whole coalesced batch (NCCL): one work for each op either way."""
+    if len(works) == ops:
+        return list(works)
+    if len(works) == 1:
+        return list(works) * ops
+    raise RuntimeError(f"batch_isend_irecv returned {len(works)} works for {ops} ops")
+
+
+def _ignore(op: Op) -> None:
+    """No watchdog is listening."""
+
+
 class Interpreter:
     """Runs one rank program against torch.distributed."""
 
     def __init__(self, rank: int, groups: GroupCache, clock: HostClock, tracer: Tracer,
                  faults: InjectedFaults, recv_buffer: Callable[[], torch.Tensor],
-                 coalesce: bool = False):
+                 coalesce: bool = False, device: torch.device = torch.device("cpu"),
+                 beacon: OpBeacon | None = None):
         self.rank, self.groups, self.clock, self.tracer = rank, groups, clock, tracer
         self.faults, self.recv_buffer, self.coalesce = faults, recv_buffer, coalesce
+        self._enter = beacon.entered if beacon is not None else _ignore
         self._held: list[Handle] = []
         self.watch_completions = dist.get_backend() == "gloo"
         self._pending: list[Pending] = []
+        self._scratch = torch.zeros(1, device=device)  # for an AllReduce without a tensor
         self._handlers: dict[type, Callable[[Any], Any]] = {
             Compute: self._compute, ISend: self._isend, IRecv: self._irecv, Send: self._send,
             Recv: self._recv, Wait: self._wait, WaitAny: self._wait_any,
@@ -192,38 +235,54 @@ class Interpreter:
                 op = program.send(result)
             except StopIteration:
                 break
+            self._enter(op)
             if not isinstance(op, (IRecv, Recv)):
                 self._post_held()  # before blocking on anything, or computing
             result = self._handlers[type(op)](op)
         self._post_held()
-        self.flush()
+        self.flush(final=True)
 
     # --------------------------------------------------------------- trace
     def _note(self, name: str, start: Any, end: Any, args: dict[str, Any]) -> None:
         self._pending.append(Pending(name, start, end, args))
 
-    def flush(self) -> None:
-        """Resolve buffered marks into tracer events (after an iteration)."""
-        self.clock.settle()
+    def flush(self, final: bool = False) -> None:
+        """Resolve buffered marks into tracer events, in order: after an
+        iteration those already complete (never waiting on the GPU), at the
+        end all of them."""
+        if final:
+            self.clock.settle()
+        done = 0
         for p in self._pending:
+            if not self.clock.ready(p.end):
+                break
             self.tracer.record(p.name, self.clock.seconds(p.start), self.clock.seconds(p.end),
                                p.args)
-        self._pending.clear()
+            self.clock.release(p.start)
+            self.clock.release(p.end)
+            done += 1
+        del self._pending[:done]
 
     # ------------------------------------------------------------- compute
     def _compute(self, op: Compute) -> Any:
-        start_s, start, work = self.clock.now_s(), self.clock.mark(), self.clock.work_s()
-        result = op.run() if op.run is not None else None
-        self._throttle(start_s, work)
+        start = self.clock.mark()
+        if self.faults.device.windows:
+            result = self._throttled(op)
+        else:
+            result = op.run() if op.run is not None else None
         self._note(op.name, start, self.clock.mark(), dict(op.meta))
         if op.name == "optimizer":
             self.flush()
         return result
 
-    def _throttle(self, start_s: float, work_start: float) -> None:
-        if self.faults.device.windows:
-            done = min(self.clock.work_s() - work_start, self.clock.now_s() - start_s)
-            time.sleep(max(0.0, self.faults.compute_extra_s(start_s, done)))
+    def _throttled(self, op: Compute) -> Any:
+        """Run ``op`` and sleep as long as the throttled device would have
+        taken longer; the work measured is min(CPU, wall) time of the op."""
+        start_s, work_start = self.clock.now_s(), self.clock.work_s()
+        result = op.run() if op.run is not None else None
+        done = min(self.clock.work_s() - work_start, self.clock.now_s() - start_s)
+        time.sleep(max(0.0, self.faults.compute_extra_s(start_s, done)))
+        return result
 
     # ----------------------------------------------------------------- p2p
     def _isend(self, op: ISend | Send) -> Handle:
@@ -236,20 +295,22 @@ class Interpreter:
         return handle
 
     def _irecv(self, op: IRecv | Recv) -> Handle:
-        like = op.like if isinstance(op.like, torch.Tensor) else self.recv_buffer()
-        handle = Handle(op, op.src, torch.empty_like(like), self.clock.mark())  # type: ignore[arg-type]
-        if self._held:
+        # a fresh tensor per receive: the stage keeps it for its backward
+        tensor = (torch.empty_like(op.like) if isinstance(op.like, torch.Tensor)
+                  else self.recv_buffer())
+        handle = Handle(op, op.src, tensor, self.clock.mark())  # type: ignore[arg-type]
+        if self.coalesce:
             self._held.append(handle)
             self._post_held()
         else:
-            handle.work = dist.irecv(handle.tensor, op.src, tag=encode_tag(op.tag))
+            handle.work = dist.irecv(tensor, op.src, tag=encode_tag(op.tag))
         return handle
 
     def _post_held(self) -> None:
         """Post held sends (and a trailing receive) as one batch."""
         if self._held:
             works = dist.batch_isend_irecv([h.p2p_op() for h in self._held])
-            for h, work in zip(self._held, works):
+            for h, work in zip(self._held, works_per_op(works, len(self._held))):
                 h.work = work
             self._held = []
 
@@ -264,7 +325,7 @@ class Interpreter:
     def _finish(self, handle: Handle) -> torch.Tensor | None:
         if not handle.finished:
             handle.finished = True
-            if handle.is_recv:  # a slow link delivers later than the real one did
+            if handle.is_recv and self.faults.links:  # a slow link delivers later
                 time.sleep(self.faults.transfer_extra_s(handle.peer, self.rank,
                                                         _nbytes(handle.tensor)))
             self._note(handle.op.name, handle.start, self.clock.mark(),
@@ -292,10 +353,11 @@ class Interpreter:
 
     # ---------------------------------------------------------- collective
     def _allreduce(self, op: AllReduce) -> Any:
-        tensor = op.tensor if op.tensor is not None else torch.zeros(1)
+        tensor = op.tensor if op.tensor is not None else self._scratch
         group = tuple(sorted(op.group))
         start = self.clock.mark()
-        time.sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
+        if self.faults.links and len(group) > 1:
+            time.sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
         if len(group) > 1:
             dist.all_reduce(tensor, group=self.groups.get(group))
         self._note(op.name, start, self.clock.mark(),

@@ -2,14 +2,17 @@
 
 Workers stream their events back through a queue as they record them (so the
 caller's ``on_record`` sees progress live) and send their full result at the
-end. A failing rank's traceback is re-raised here and the other ranks are
-stopped.
+end. A failing rank's traceback is re-raised here. A hang never goes silent:
+a rank that dies, or a run in which no rank enters a new operation for
+``stall_timeout_s``, stops every rank and raises ``TorchDeadlock`` with one
+line naming each rank and the operation it is blocked in (see watchdog.py).
 """
 from __future__ import annotations
 
 import os
 import queue as queue_mod
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -17,17 +20,30 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from megatronapp.config import Scenario
+from megatronapp.cli import CliError
+from megatronapp.config import Scenario, ScenarioError
+from megatronapp.jobs import rank_programs
 from megatronapp.tracer import Event, RunResult
 
 from .stages import TrainOptions
-from .worker import WorkerResult, assemble, quiet_megatron_warnings, run_rank
+from .watchdog import STALL_TIMEOUT_S, OpBeacon, ProgressWatch, blocked_line
+from .worker import ProgramsFor, WorkerResult, assemble, quiet_megatron_warnings, run_rank
 
 POLL_S = 0.5
+REPORT_WAIT_S = 10.0  # how long blocked ranks get to say where they are
 
 
 class TorchRunError(RuntimeError):
     """A rank failed or died; carries its traceback."""
+
+
+class TorchDeadlock(TorchRunError, CliError):
+    """Ranks stopped making progress (or one died): one line, exit status 2
+    from the CLI; ``blocked`` maps rank -> the op it was blocked in."""
+
+    def __init__(self, head: str, blocked: dict[int, str]):
+        super().__init__(f"{head}; {blocked_line(blocked)}")
+        self.blocked = blocked
 
 
 def free_port() -> int:
@@ -37,15 +53,19 @@ def free_port() -> int:
 
 
 def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce: bool | None,
-             threads: int, out: Any) -> None:
+             threads: int, out: Any, counters: Any, stall_flag: Any,
+             programs: ProgramsFor) -> None:
     quiet_megatron_warnings()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    beacon = OpBeacon(counters, rank)
+    beacon.answer_when(stall_flag, lambda what: out.put(("blocked", rank, what)))
     try:
         dist.init_process_group(backend, rank=rank, world_size=s.world_size)
         result = run_rank(s, rank, rank, options, coalesce,
-                          on_record=lambda r, e: out.put(("event", r, e)))
+                          on_record=lambda r, e: out.put(("event", r, e)),
+                          beacon=beacon, programs=programs)
         out.put(("done", rank, result))
     except BaseException:
         out.put(("error", rank, traceback.format_exc()))
@@ -54,46 +74,103 @@ def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce:
             dist.destroy_process_group()
 
 
-def _collect(procs: list[Any], out: Any, world: int,
-             on_record: Callable[[int, Event], None] | None) -> list[WorkerResult]:
-    results: dict[int, WorkerResult] = {}
-    while len(results) < world:
-        try:
-            kind, rank, payload = out.get(timeout=POLL_S)
-        except queue_mod.Empty:
-            dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead:
-                raise TorchRunError(f"rank {dead[0]} died with exit code "
-                                    f"{procs[dead[0]].exitcode}") from None
-            continue
+class _Gatherer:
+    """Reads the workers' queue until every rank is done, or fails loudly."""
+
+    def __init__(self, procs: list[Any], out: Any, counters: Any, stall_flag: Any,
+                 stall_timeout_s: float, on_record: Callable[[int, Event], None] | None):
+        self.procs, self.out, self.counters, self.stall_flag = procs, out, counters, stall_flag
+        self.watch, self.on_record = ProgressWatch(stall_timeout_s), on_record
+        self.results: dict[int, WorkerResult] = {}
+        self.blocked: dict[int, str] = {}
+
+    def run(self) -> list[WorkerResult]:
+        while len(self.results) < len(self.procs):
+            try:
+                self._handle(*self.out.get(timeout=POLL_S))
+            except queue_mod.Empty:
+                self._check_deaths()  # only once the queue is drained: "done" may be in it
+            if self.watch.stalled(self.counters[:], time.monotonic()):
+                raise self._stuck(f"deadlock: no rank made progress for "
+                                  f"{self.watch.timeout_s:g} s")
+        return [self.results[r] for r in range(len(self.procs))]
+
+    def _handle(self, kind: str, rank: int, payload: Any) -> None:
         if kind == "error":
             raise TorchRunError(f"rank {rank} failed:\n{payload}")
-        if kind == "event" and on_record is not None:
-            on_record(rank, payload)
+        if kind == "event" and self.on_record is not None:
+            self.on_record(rank, payload)
         elif kind == "done":
-            results[rank] = payload
-    return [results[r] for r in range(world)]
+            self.results[rank] = payload
+        elif kind == "blocked":
+            self.blocked[rank] = payload
+
+    def _check_deaths(self) -> None:
+        for rank, p in enumerate(self.procs):
+            if p.exitcode is not None and rank not in self.results:
+                raise self._stuck(f"rank {rank} died with exit code {p.exitcode} after "
+                                  f"{self.counters[rank]} ops", dead=rank)
+
+    def _stuck(self, head: str, dead: int | None = None) -> TorchDeadlock:
+        """Ask every live, unfinished rank where it is blocked (for a while)."""
+        self.stall_flag.set()
+        waiting = {r for r, p in enumerate(self.procs)
+                   if p.exitcode is None and r not in self.results}
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while not waiting <= self.blocked.keys() and time.monotonic() < deadline:
+            try:
+                kind, rank, payload = self.out.get(timeout=POLL_S)
+            except queue_mod.Empty:
+                continue
+            if kind == "blocked":
+                self.blocked[rank] = payload
+        blocked = {r: self.blocked.get(r, "? (no answer)") for r in waiting}
+        return TorchDeadlock(head, {r: w for r, w in blocked.items() if r != dead})
+
+
+def _stop(procs: list[Any], failed: bool) -> None:
+    """Join finished ranks; terminate the rest at once after a failure."""
+    for p in procs:
+        if failed and p.is_alive():
+            p.terminate()
+        p.join(timeout=None if failed or p.exitcode is not None else 5)
+        if p.is_alive():
+            p.terminate()
+            p.join()
+
+
+def check_gpus(s: Scenario) -> None:
+    """NCCL needs a GPU of its own for every rank of this host."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and s.world_size > gpus:
+        raise ScenarioError("parallel", f"tp*pp*dp = {s.world_size} ranks but this host has "
+                            f"{gpus} GPU(s); NCCL needs one per rank")
 
 
 def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: bool | None = None,
-              on_record: Callable[[int, Event], None] | None = None,
+              on_record: Callable[[int, Event], None] | None = None, *,
+              stall_timeout_s: float = STALL_TIMEOUT_S, programs: ProgramsFor | None = None,
               ) -> tuple[RunResult, list[WorkerResult]]:
     """Run ``s`` on ``s.world_size`` fresh processes; the RunResult plus each
-    rank's raw result (losses, gradient norms, optional step capture)."""
+    rank's raw result (losses, gradient norms, optional step capture).
+    ``programs`` (default ``rank_programs``; a module-level function, since it
+    is pickled) builds the rank programs from the scenario and the stages."""
+    check_gpus(s)
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, stall_flag = ctx.Queue(), ctx.Event()
+    counters = ctx.RawArray("q", s.world_size)  # ops entered per rank
     threads = max(1, (os.cpu_count() or 1) // s.world_size)
     port = free_port()
-    procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out))
+    build = programs if programs is not None else rank_programs
+    procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out,
+                                                counters, stall_flag, build))
              for r in range(s.world_size)]
     for p in procs:
         p.start()
+    failed = True
     try:
-        results = _collect(procs, out, s.world_size, on_record)
+        results = _Gatherer(procs, out, counters, stall_flag, stall_timeout_s, on_record).run()
+        failed = False
     finally:
-        for p in procs:
-            p.join(timeout=5 if p.exitcode is None else None)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        _stop(procs, failed)
     return assemble(s, results), results

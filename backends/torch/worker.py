@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from megatronapp.config import Scenario, ScenarioError, load_scenario
-from megatronapp.jobs import rank_programs, topology_of
+from megatronapp.jobs import StagesFor, rank_programs, topology_of
+from megatronapp.ops import RankProgram
 from megatronapp.programs import NullStages
 from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import clocks_of
@@ -30,6 +31,10 @@ from . import megatron_compat
 from .faults import injected_faults
 from .interpreter import CudaClock, GroupCache, HostClock, Interpreter
 from .stages import MegatronStages, StepCapture, TrainOptions
+from .watchdog import OpBeacon
+
+# scenario, stages of each rank -> rank programs (``rank_programs`` unless a test swaps it)
+ProgramsFor = Callable[[Scenario, StagesFor], dict[int, RankProgram]]
 
 
 @dataclass(frozen=True)
@@ -51,18 +56,27 @@ def quiet_megatron_warnings() -> None:
 
 
 def device_for(local_rank: int) -> torch.device:
+    """One GPU per local rank: NCCL refuses two ranks of a communicator on one GPU."""
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        return torch.device("cuda", torch.cuda.current_device())
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"local rank {local_rank} has no GPU of its own "
+                               f"({torch.cuda.device_count()} on this host)")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def shared_origin_ns() -> int:
+def _barrier_device(device: torch.device) -> dict[str, Any]:
+    """NCCL barriers on this rank's own GPU (not one guessed from the rank)."""
+    return {"device_ids": [device.index]} if device.type == "cuda" else {}
+
+
+def shared_origin_ns(device: torch.device = torch.device("cpu")) -> int:
     """A common time origin: rank 0's monotonic clock when all ranks share a
     host (CLOCK_MONOTONIC is host-wide), else each rank's own after a barrier."""
     hosts: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
-    dist.barrier()
+    dist.barrier(**_barrier_device(device))
     origin = [time.perf_counter_ns()]
     if len(set(hosts)) == 1:
         dist.broadcast_object_list(origin, src=0)
@@ -81,7 +95,9 @@ def init_megatron(s: Scenario) -> None:
 
 def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
              coalesce: bool | None = None,
-             on_record: Callable[[int, Event], None] | None = None) -> WorkerResult:
+             on_record: Callable[[int, Event], None] | None = None,
+             beacon: OpBeacon | None = None,
+             programs: ProgramsFor = rank_programs) -> WorkerResult:
     """Run this rank's program; torch.distributed must already be initialised."""
     from megatron.core import parallel_state
 
@@ -90,15 +106,17 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
     try:
         groups = GroupCache(topology_of(s))
         stages = MegatronStages(s, rank, device, options)
-        program = rank_programs(s, lambda r: stages if r == rank else NullStages())[rank]
-        origin = shared_origin_ns()
+        program = programs(s, lambda r: stages if r == rank else NullStages())[rank]
+        origin = shared_origin_ns(device)
         clock = CudaClock(origin, device) if device.type == "cuda" else HostClock(origin)
         tracer = Tracer(rank, now=clock.now_s, on_record=on_record)
         backend = dist.get_backend()
         coalesce = backend == "nccl" if coalesce is None else coalesce
         Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
-                    stages.activation_buffer, coalesce).run(program)
-        dist.barrier()
+                    stages.activation_buffer, coalesce, device, beacon).run(program)
+        if beacon is not None:
+            beacon.finish()
+        dist.barrier(**_barrier_device(device))
     finally:
         parallel_state.destroy_model_parallel()
     return WorkerResult(rank, tracer.events, stages.log.losses, stages.log.grad_norms,

@@ -1,0 +1,89 @@
+"""A hung run fails with one line instead of waiting forever.
+
+Each rank counts the operations it enters in a shared-memory slot (one ctypes
+store per op, no message) and remembers the op it is in. The launcher watches
+the counters: once any rank has started its program, if no counter moves for
+``timeout_s`` it raises a flag; each rank answers from a thread (its main
+thread may be blocked inside a gloo/NCCL wait, which releases the GIL) with
+the op it is blocked in, and the launcher stops every rank and reports
+``deadlock: ... rank 0 on Recv(src=1, tag=...)`` the way the simulator's
+``SimDeadlock`` does.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from backends.sim import _describe as describe_op
+from megatronapp.ops import Compute, Op, Wait, WaitAny
+
+STALL_TIMEOUT_S = 300.0
+FINISHED = "finished"
+
+
+def describe_blocked(op: Op | None) -> str:
+    """What a rank waits in: a Wait names the transfer it waits for."""
+    if isinstance(op, Wait):
+        return f"Wait({describe_op(op.handle.op)})" if hasattr(op.handle, "op") else "Wait"
+    if isinstance(op, WaitAny):
+        pending = [describe_op(h.op) for h in op.handles
+                   if hasattr(h, "op") and not getattr(h, "finished", False)]
+        return f"WaitAny({', '.join(pending)})"
+    if op is None:
+        return "set-up"
+    return f"Compute({op.name})" if isinstance(op, Compute) else describe_op(op)
+
+
+class OpBeacon:
+    """One rank's progress as the launcher sees it."""
+
+    def __init__(self, counters: Any, rank: int):
+        self.counters, self.rank = counters, rank  # counters: shared ctypes array
+        self.current: Op | None = None
+        self.finished = False
+
+    def entered(self, op: Op) -> None:
+        self.current = op
+        self.counters[self.rank] += 1
+
+    def finish(self) -> None:
+        self.finished = True
+        self.counters[self.rank] += 1
+
+    def describe(self) -> str:
+        return FINISHED if self.finished else describe_blocked(self.current)
+
+    def answer_when(self, flag: Any, report: Callable[[str], None]) -> None:
+        """Report the blocked op once ``flag`` (an mp.Event) is set."""
+        def answer() -> None:
+            flag.wait()
+            report(self.describe())
+
+        threading.Thread(target=answer, daemon=True, name="stall-report").start()
+
+
+@dataclass
+class ProgressWatch:
+    """Stall policy: armed once any rank has entered an op (set-up, i.e.
+    imports and model building, is not timed); stalled when no counter has
+    moved for ``timeout_s``."""
+
+    timeout_s: float
+    _last: tuple[int, ...] = ()
+    _since_s: float = 0.0
+
+    def stalled(self, counters: Sequence[int], now_s: float) -> bool:
+        snapshot = tuple(counters)
+        if snapshot != self._last or not any(snapshot):
+            self._last, self._since_s = snapshot, now_s
+            return False
+        return now_s - self._since_s >= self.timeout_s
+
+
+def blocked_line(blocked: dict[int, str]) -> str:
+    """``N rank(s) blocked: rank 0 on Recv(...), ...`` (finished ranks left out)."""
+    waiting = {r: what for r, what in sorted(blocked.items()) if what != FINISHED}
+    shown = ", ".join(f"rank {r} on {what}" for r, what in list(waiting.items())[:8])
+    more = f" (+{len(waiting) - 8} more)" if len(waiting) > 8 else ""
+    return f"{len(waiting)} rank(s) blocked: {shown}{more}"
