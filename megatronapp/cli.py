@@ -69,10 +69,10 @@ def _stall_option(args: argparse.Namespace) -> dict[str, Any]:
     """--stall-timeout: real ranks can hang; the simulator reports deadlocks exactly."""
     if args.stall_timeout is None:
         return {}
-    if args.backend != "torch":
-        raise CliError("--stall-timeout: only the torch backend takes it")
     if not args.stall_timeout > 0:
         raise CliError(f"--stall-timeout: must be > 0 seconds, got {args.stall_timeout:g}")
+    if args.backend != "torch":
+        raise CliError("--stall-timeout: only the torch backend takes it")
     return {"stall_timeout_s": args.stall_timeout}
 
 

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,11 +17,15 @@ import torch
 import yaml
 
 from backends.sim import run_sim
-from backends.torch.launch import spawn_run
+from backends.torch import launch
+from backends.torch.faults import injected_faults
+from backends.torch.launch import TorchDeadlock, spawn_run
 from backends.torch.stages import TrainOptions, merge_tp_shards
 from backends.torch.worker import WorkerResult
+from megatronapp import cli
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.jobs import topology_of
+from megatronapp.ops import Compute, Recv
 from megatronapp.tracer import COMPUTE_NAMES, Event
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,3 +212,88 @@ def test_nccl_pipeline_runs_and_follows_the_sim_order():
     assert all(r.dist_backend == "nccl" and r.coalesce for r in results)
     assert_same_compute_order_as_sim(s, run.events)
     assert all(np.isfinite(run.extra["loss_per_iteration"]))
+
+
+# ------------------------------------------------------------- watchdog
+PAIR = {"pp": 2, "microbatches": 1}
+
+
+def both_receive_first(s: Scenario, stages_for: Any) -> dict[int, Any]:
+    """Each of two ranks waits for the other before sending: a deadlock."""
+    def program(rank: int):
+        yield Recv(src=1 - rank, tag=("fwd", 0, 0), nbytes=0)
+    return {r: program(r) for r in range(s.world_size)}
+
+
+def rank_one_dies(s: Scenario, stages_for: Any) -> dict[int, Any]:
+    """Rank 1 exits mid-program while rank 0 waits for its activation."""
+    def waiting():
+        yield Recv(src=1, tag=("fwd", 0, 0), nbytes=0)
+
+    def dying():
+        yield Compute("forward", 0.0, run=partial(os._exit, 3))
+    return {0: waiting(), 1: dying()}
+
+
+def test_deadlocked_pair_stops_with_each_rank_and_its_blocked_recv():
+    with pytest.raises(TorchDeadlock) as err:
+        spawn_run(scenario(PAIR), programs=both_receive_first, stall_timeout_s=1.0)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("deadlock: no rank made progress for 1 s")
+    assert err.value.blocked == {0: "Recv(src=1, tag=('fwd', 0, 0))",
+                                 1: "Recv(src=0, tag=('fwd', 0, 0))"}
+
+
+def test_dead_rank_stops_the_run_naming_what_its_peer_waits_for():
+    with pytest.raises(TorchDeadlock, match=r"^rank 1 died with exit code 3 after 1 ops; "
+                                            r"1 rank\(s\) blocked: rank 0 on Recv\(src=1"):
+        spawn_run(scenario(PAIR), programs=rank_one_dies)
+
+
+def test_cli_deadlock_exits_2_with_one_line_and_no_run_dir(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]):
+    monkeypatch.setattr(launch, "rank_programs", both_receive_first)
+    scenario_file = _write(tmp_path / "pair.yaml", {**SKEWED_PIPE, "parallel": PAIR})
+    code = cli.main(["run", str(scenario_file), "--backend", "torch", "--out",
+                     str(tmp_path / "run"), "--stall-timeout", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("megatronapp: deadlock: ") and "rank 1 on Recv(src=0" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pair.yaml"]  # nothing half-written
+
+
+# ------------------------------------------------------------ link faults
+LINK_COSTS = {"p2p_s": 0.05}
+FAULTY_PAIR = (1, 3)  # pp=2, dp=2: pipeline pairs (0, 2) and (1, 3)
+
+
+def _recv_events(events: dict[int, list[Event]], pair: tuple[int, int]) -> list[Event]:
+    return [e for r in pair for e in events[r]
+            if e.name.startswith("recv") and e.args["peer"] in pair]
+
+
+def _injected_s(s: Scenario, received: Sequence[Event], receiver_of: dict[int, int]) -> float:
+    """What the fault model adds to these receives, replayed from the seed
+    (per-direction streams, drawn in receive order as the ranks drew them)."""
+    faults = {r: injected_faults(s, r) for r in set(receiver_of.values())}
+    return sum(faults[receiver_of[e.args["peer"]]].transfer_extra_s(
+        e.args["peer"], receiver_of[e.args["peer"]], e.args["bytes"])
+        for e in sorted(received, key=lambda e: e.start_s))
+
+
+@pytest.mark.parametrize("fault", [{"kind": "slow_link", "factor": 3.0},
+                                   {"kind": "link_jitter", "sigma": 1.0}])
+def test_faulty_link_receives_take_longer_than_a_healthy_pairs(fault: dict[str, Any]):
+    s = scenario({"pp": 2, "dp": 2, "microbatches": 4}, costs=LINK_COSTS,
+                 faults=[{**fault, "ranks": list(FAULTY_PAIR)}])
+    run, _ = spawn_run(s)
+    faulty, healthy = _recv_events(run.events, FAULTY_PAIR), _recv_events(run.events, (0, 2))
+    assert len(faulty) == len(healthy) == 8
+    injected = _injected_s(s, faulty, {1: 3, 3: 1})
+    assert injected / len(faulty) > LINK_COSTS["p2p_s"]  # the seed's draws are not negligible
+    faulty_s, healthy_s = sum(e.dur_s for e in faulty), sum(e.dur_s for e in healthy)
+    assert faulty_s / healthy_s > 2.0
+    # none of the injected delay is lost (a receiver's delay can also lengthen
+    # its peer's next wait, so the excess may exceed it)
+    assert (faulty_s - healthy_s) / injected > 0.7

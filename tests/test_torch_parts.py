@@ -1,12 +1,18 @@
-"""The torch backend's in-process parts: CPU shim and fault pricing (no processes)."""
+"""The torch backend's in-process parts: CPU shim, fault pricing, watchdog policy (no processes)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from backends.torch import megatron_compat
 from backends.torch.faults import injected_faults
+from backends.torch.interpreter import works_per_op
+from backends.torch.watchdog import FINISHED, ProgressWatch, blocked_line, describe_blocked
+from megatronapp import cli
 from megatronapp.config import parse_scenario
+from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Wait, WaitAny
 
 
 def test_cpu_rng_fork_restores_the_outer_stream_and_continues_its_own():
@@ -77,3 +83,64 @@ def test_link_jitter_never_speeds_a_transfer_up():
                                          "sigma": 1.0}]), 2)
     extras = [faults.transfer_extra_s(0, 2, 1000) for _ in range(200)]
     assert min(extras) == 0.0 and max(extras) > 0.0
+
+
+# ------------------------------------------------------------- watchdog
+def test_progress_watch_is_armed_by_the_first_op_and_reset_by_any_progress():
+    watch = ProgressWatch(timeout_s=10.0)
+    assert not watch.stalled([0, 0], 0.0)
+    assert not watch.stalled([0, 0], 100.0)  # set-up (imports, model building) is not timed
+    assert not watch.stalled([1, 0], 100.0)
+    assert not watch.stalled([1, 0], 109.0)
+    assert watch.stalled([1, 0], 110.0)
+    assert not watch.stalled([1, 1], 111.0)  # one rank moving is progress
+    assert not watch.stalled([1, 1], 120.5) and watch.stalled([1, 1], 121.0)
+
+
+@dataclass
+class _Handle:  # what the interpreter's handles expose to a description
+    op: object
+    finished: bool = False
+
+
+def test_blocked_ops_are_described_like_the_simulators_deadlock():
+    recv = IRecv(src=1, tag=("bwd", 2, 0), nbytes=8)
+    send = ISend(dst=3, tag=("fwd", 2, 0), nbytes=8)
+    assert describe_blocked(Recv(src=1, tag=("fwd", 0, 0), nbytes=8)) == \
+        "Recv(src=1, tag=('fwd', 0, 0))"
+    assert describe_blocked(Wait(_Handle(recv))) == "Wait(IRecv(src=1, tag=('bwd', 2, 0)))"
+    assert describe_blocked(WaitAny((_Handle(recv, finished=True), _Handle(send)))) == \
+        "WaitAny(ISend(dst=3, tag=('fwd', 2, 0)))"
+    assert describe_blocked(AllReduce(group=(0, 2), nbytes=4)) == "AllReduce(group=[0, 2])"
+    assert describe_blocked(Compute("forward", 0.0)) == "Compute(forward)"
+    assert describe_blocked(None) == "set-up"
+
+
+def test_blocked_line_leaves_finished_ranks_out():
+    line = blocked_line({2: "Recv(src=0, tag=1)", 0: FINISHED, 1: "AllReduce(group=[1, 2])"})
+    assert line == "2 rank(s) blocked: rank 1 on AllReduce(group=[1, 2]), rank 2 on Recv(src=0, tag=1)"
+
+
+def test_a_coalesced_batchs_single_work_serves_every_op():
+    assert works_per_op(["w"], 3) == ["w", "w", "w"]  # NCCL: one work per batch
+    assert works_per_op(["a", "b"], 2) == ["a", "b"]  # gloo: one per op
+    with pytest.raises(RuntimeError):
+        works_per_op(["a", "b"], 3)
+
+
+def test_only_link_faults_make_transfers_priced():
+    assert not injected_faults(_scenario([{"kind": "throttle", "rank": 1, "factor": 2.0}]), 1).links
+    assert injected_faults(_scenario([{"kind": "link_jitter", "ranks": [0, 2],
+                                       "sigma": 0.5}]), 0).links
+
+
+@pytest.mark.parametrize("argv, field", [(["--stall-timeout", "0"], "must be > 0"),
+                                         (["--stall-timeout", "5", "--backend", "sim"],
+                                          "only the torch backend")])
+def test_bad_stall_timeout_exits_2_naming_the_option(argv, field, tmp_path, capsys):
+    scenario_file = tmp_path / "s.yaml"
+    scenario_file.write_text("parallel: {pp: 2}\nmodel: {layers: 2}\n")
+    code = cli.main(["run", str(scenario_file), "--out", str(tmp_path / "run"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"--stall-timeout: {field}" in err
+    assert not (tmp_path / "run").exists()

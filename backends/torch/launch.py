@@ -31,6 +31,7 @@ from .worker import ProgramsFor, WorkerResult, assemble, quiet_megatron_warnings
 
 POLL_S = 0.5
 REPORT_WAIT_S = 10.0  # how long blocked ranks get to say where they are
+DEATH_GRACE_S = 1.0  # a peer's failure may be the echo of a rank that died
 
 
 class TorchRunError(RuntimeError):
@@ -68,7 +69,7 @@ def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce:
                           beacon=beacon, programs=programs)
         out.put(("done", rank, result))
     except BaseException:
-        out.put(("error", rank, traceback.format_exc()))
+        out.put(("error", rank, (traceback.format_exc(), beacon.describe())))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -97,7 +98,9 @@ class _Gatherer:
 
     def _handle(self, kind: str, rank: int, payload: Any) -> None:
         if kind == "error":
-            raise TorchRunError(f"rank {rank} failed:\n{payload}")
+            trace, self.blocked[rank] = payload
+            self._echo_of_death(rank)
+            raise TorchRunError(f"rank {rank} failed:\n{trace}")
         if kind == "event" and self.on_record is not None:
             self.on_record(rank, payload)
         elif kind == "done":
@@ -105,26 +108,35 @@ class _Gatherer:
         elif kind == "blocked":
             self.blocked[rank] = payload
 
-    def _check_deaths(self) -> None:
+    def _check_deaths(self, exclude: int | None = None) -> None:
         for rank, p in enumerate(self.procs):
-            if p.exitcode is not None and rank not in self.results:
+            if p.exitcode is not None and rank not in self.results and rank != exclude:
                 raise self._stuck(f"rank {rank} died with exit code {p.exitcode} after "
                                   f"{self.counters[rank]} ops", dead=rank)
 
+    def _echo_of_death(self, failed: int) -> None:
+        """A rank whose peer died fails too (gloo: connection closed): report
+        the death, the cause, when some other rank exits without a result."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while time.monotonic() < deadline:
+            if any(p.exitcode not in (None, 0) for r, p in enumerate(self.procs) if r != failed):
+                self._check_deaths(exclude=failed)
+            time.sleep(0.05)
+
     def _stuck(self, head: str, dead: int | None = None) -> TorchDeadlock:
         """Ask every live, unfinished rank where it is blocked (for a while)."""
-        self.stall_flag.set()
+        self.stall_flag.value = 1
         waiting = {r for r, p in enumerate(self.procs)
-                   if p.exitcode is None and r not in self.results}
+                   if p.exitcode is None and r not in self.results} - self.blocked.keys()
         deadline = time.monotonic() + REPORT_WAIT_S
         while not waiting <= self.blocked.keys() and time.monotonic() < deadline:
             try:
                 kind, rank, payload = self.out.get(timeout=POLL_S)
             except queue_mod.Empty:
                 continue
-            if kind == "blocked":
-                self.blocked[rank] = payload
-        blocked = {r: self.blocked.get(r, "? (no answer)") for r in waiting}
+            if kind in ("blocked", "error"):  # a failed rank says where it failed
+                self.blocked[rank] = payload if kind == "blocked" else payload[1]
+        blocked = {**{r: "? (no answer)" for r in waiting}, **self.blocked}
         return TorchDeadlock(head, {r: w for r, w in blocked.items() if r != dead})
 
 
@@ -157,7 +169,7 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
     is pickled) builds the rank programs from the scenario and the stages."""
     check_gpus(s)
     ctx = mp.get_context("spawn")
-    out, stall_flag = ctx.Queue(), ctx.Event()
+    out, stall_flag = ctx.Queue(), ctx.RawValue("b", 0)
     counters = ctx.RawArray("q", s.world_size)  # ops entered per rank
     threads = max(1, (os.cpu_count() or 1) // s.world_size)
     port = free_port()

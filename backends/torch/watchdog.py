@@ -3,7 +3,7 @@
 Each rank counts the operations it enters in a shared-memory slot (one ctypes
 store per op, no message) and remembers the op it is in. The launcher watches
 the counters: once any rank has started its program, if no counter moves for
-``timeout_s`` it raises a flag; each rank answers from a thread (its main
+``timeout_s`` it raises a shared flag; each rank answers from a thread (its main
 thread may be blocked inside a gloo/NCCL wait, which releases the GIL) with
 the op it is blocked in, and the launcher stops every rank and reports
 ``deadlock: ... rank 0 on Recv(src=1, tag=...)`` the way the simulator's
@@ -12,6 +12,7 @@ the op it is blocked in, and the launcher stops every rank and reports
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -19,6 +20,7 @@ from backends.sim import _describe as describe_op
 from megatronapp.ops import Compute, Op, Wait, WaitAny
 
 STALL_TIMEOUT_S = 300.0
+FLAG_POLL_S = 0.2
 FINISHED = "finished"
 
 
@@ -55,9 +57,12 @@ class OpBeacon:
         return FINISHED if self.finished else describe_blocked(self.current)
 
     def answer_when(self, flag: Any, report: Callable[[str], None]) -> None:
-        """Report the blocked op once ``flag`` (an mp.Event) is set."""
+        """Report the blocked op once ``flag`` (a shared ctypes value) is set.
+        Polled, not an mp.Event: ``Event.set`` waits for every waiter to wake,
+        and a rank that died never does."""
         def answer() -> None:
-            flag.wait()
+            while not flag.value:
+                time.sleep(FLAG_POLL_S)
             report(self.describe())
 
         threading.Thread(target=answer, daemon=True, name="stall-report").start()
