@@ -131,6 +131,7 @@ class MegatronStages:
         self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._flat: torch.Tensor | None = None
         self._norm_sq: torch.Tensor | None = None
+        self._losses: dict[int, torch.Tensor] = {}  # this iteration's, by microbatch
 
     # -------------------------------------------------------------- layout
     def _is_first(self, chunk: int) -> bool:
@@ -174,7 +175,7 @@ class MegatronStages:
         out = model(tokens[:, :-1], self.positions, self.mask, labels=labels)
         if self._is_last(chunk):
             loss = out.float().mean()
-            self.log.losses.setdefault(self.iteration, {})[microbatch] = loss.item()
+            self._losses[microbatch] = loss.detach()  # read at the step: no sync per microbatch
             out = loss / self.shape.microbatches
         self._saved[(chunk, microbatch)] = (inp, out)
         return out.detach()
@@ -214,6 +215,7 @@ class MegatronStages:
         norm_sq = self._norm_sq if self._norm_sq is not None else self.grad_norm_sq()
         grad_norm = math.sqrt(float(norm_sq.item()))
         self.log.grad_norms[self.iteration] = grad_norm
+        self._log_losses()
         capture = self.options.capture_first_step and self.iteration == 0
         before = self._snapshot(lambda p: p) if capture else {}
         grads = self._snapshot(lambda p: p.grad) if capture else {}
@@ -223,6 +225,13 @@ class MegatronStages:
                 before, grads, self._snapshot(lambda p: p),
                 {n: partition_dim_of(p) for n, p in self.named}, grad_norm)
         return grad_norm
+
+    def _log_losses(self) -> None:
+        """This iteration's microbatch losses, read back in one transfer."""
+        if self._losses:
+            values = torch.stack(list(self._losses.values())).tolist()
+            self.log.losses[self.iteration] = dict(zip(self._losses, values))
+            self._losses = {}
 
     def _snapshot(self, pick: Any) -> dict[str, np.ndarray]:
         return {n: pick(p).detach().cpu().numpy().copy() for n, p in self.named}
