@@ -16,6 +16,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 import simpy
 
+from megatronapp.cli import CliError
 from megatronapp.config import Scenario
 from megatronapp.jobs import StagesFor, rank_programs
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
@@ -24,8 +25,9 @@ from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import Cluster, build_cluster
 
 
-class SimDeadlock(RuntimeError):
-    """Some rank programs can never finish; names each and what it waits for."""
+class SimDeadlock(CliError):
+    """Some rank programs can never finish; names each and what it waits for
+    (one line and exit status 2 from the CLI)."""
 
     def __init__(self, blocked: dict[int, str]):
         lines = ", ".join(f"rank {r} on {what}" for r, what in sorted(blocked.items())[:8])

@@ -77,3 +77,25 @@ def test_unknown_backend_is_rejected(tmp_path: Path) -> None:
                      "--out", str(tmp_path / "o"))
     assert result.returncode == 2 and "--backend" in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_simulated_deadlock_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import backends.sim
+    from megatronapp.cli import main
+    from megatronapp.ops import Recv
+
+    def receive_first(rank: int):
+        yield Recv(src=1 - rank, tag="x", nbytes=4)
+
+    def both_receive_first(s, stages_for=None):
+        return {r: receive_first(r) for r in range(2)}
+
+    monkeypatch.setattr(backends.sim, "rank_programs", both_receive_first)
+    out = tmp_path / "o"
+    code = main(["run", str(ROOT / "scenarios" / "throttle.yaml"), "--out", str(out), "--quiet",
+                 "--set", "parallel={tp: 1, pp: 1, dp: 2}", "--set", "faults=[]"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "rank 0 on Recv(src=1" in err[0] and "rank 1 on Recv(src=0" in err[0]
+    assert not out.exists()
