@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -54,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_backend = load_backend(args.backend)
     backend_kw = _stall_option(args)
     out = Path(args.out or Path("runs") / scenario.name)
+    check_out_dir(out)
     bar, on_record = _progress(scenario.iterations, sys.stderr.isatty() and not args.quiet)
     with staged_dir(out) as tmp, bar:
         result = run_backend(scenario, on_record=on_record, **backend_kw)
@@ -74,6 +76,18 @@ def _stall_option(args: argparse.Namespace) -> dict[str, Any]:
     if args.backend != "torch":
         raise CliError("--stall-timeout: only the torch backend takes it")
     return {"stall_timeout_s": args.stall_timeout}
+
+
+def check_out_dir(out: Path) -> None:
+    """Fail before running, not after: the output must be a creatable directory."""
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out: {out} exists and is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CliError(f"--out: cannot create {out.parent}: {err.strerror or err}") from None
+    if not os.access(out.parent, os.W_OK):
+        raise CliError(f"--out: {out.parent} is not writable")
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:

@@ -99,3 +99,14 @@ def test_simulated_deadlock_is_one_line_exit_2(tmp_path: Path, monkeypatch: pyte
     assert code == 2 and len(err) == 1
     assert "rank 0 on Recv(src=1" in err[0] and "rank 1 on Recv(src=0" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("make_out", [
+    lambda tmp: (tmp / "a_file").write_text("x") and tmp / "a_file",
+    lambda tmp: (tmp / "blocker").write_text("x") and tmp / "blocker" / "run",
+])
+def test_unusable_out_dir_is_rejected_before_running(tmp_path: Path, make_out) -> None:
+    out = make_out(tmp_path)
+    result = run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out", str(out))
+    assert result.returncode == 2 and "--out" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
