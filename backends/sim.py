@@ -131,7 +131,7 @@ class SimBackend:
     def _isend(self, rank: int, op: ISend | Send):
         start = self.env.now
         key = (rank, op.dst, op.tag)
-        delivered = self.cluster.network.transfer(rank, op.dst, op.nbytes)
+        delivered = self._transfer(rank, op.dst, op.nbytes)
         args = {**op.meta, "bytes": op.nbytes, "peer": op.dst}
 
         def on_delivered(_e: simpy.Event) -> None:
@@ -141,6 +141,10 @@ class SimBackend:
         delivered.callbacks.append(on_delivered)
         return delivered
         yield  # pragma: no cover - makes this a generator
+
+    def _transfer(self, src: int, dst: int, nbytes: int) -> simpy.Event:
+        """The network move behind a send (subclasses map ranks onto devices)."""
+        return self.cluster.network.transfer(src, dst, nbytes)
 
     def _irecv(self, rank: int, op: IRecv | Recv):
         start = self.env.now

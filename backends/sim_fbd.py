@@ -28,7 +28,7 @@ from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_settin
                                  gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.workers import worker_programs
 from megatronapp.jobs import topology_of
-from megatronapp.ops import AllReduce, ISend, Send
+from megatronapp.ops import AllReduce
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event, RankClock, Tracer
 from sim.cluster import Cluster, _link_faults
@@ -132,20 +132,11 @@ class FbdSimBackend(SimBackend):
         return op.run() if op.run is not None else None
 
     # ---------------------------------------------------------------- p2p
-    def _isend(self, rank: int, op: ISend | Send):
-        start = self.env.now
-        src, dst = self.device(rank), self.device(op.dst)
-        delivered = (self.cluster.network.transfer(src, dst, op.nbytes) if src != dst
-                     else self.env.timeout(0))  # shared device memory
-        args = {**op.meta, "bytes": op.nbytes, "peer": op.dst}
-
-        def on_delivered(_e: simpy.Event) -> None:
-            self.tracers[rank].record(op.name, start, self.env.now, args)
-            self.mailbox.put((rank, op.dst, op.tag), op.tensor)
-
-        delivered.callbacks.append(on_delivered)
-        return delivered
-        yield  # pragma: no cover - makes this a generator
+    def _transfer(self, src: int, dst: int, nbytes: int) -> simpy.Event:
+        src_dev, dst_dev = self.device(src), self.device(dst)
+        if src_dev == dst_dev:
+            return self.env.timeout(0)  # threads on one device share its memory
+        return self.cluster.network.transfer(src_dev, dst_dev, nbytes)
 
     # -------------------------------------------------------- collectives
     def _allreduce(self, rank: int, op: AllReduce):

@@ -5,7 +5,6 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

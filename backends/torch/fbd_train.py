@@ -189,8 +189,7 @@ def run_device(spec: MlpSpec, layout: FbdLayout, device: int, encoding: str,
                             encoding, tracers, faults_for(device) if faults_for else None,
                             now)  # type: ignore[arg-type]
     programs = {}
-    for w in local:
-        worker = layout.worker(w)
+    for w in local:  # each worker's program over its own stage copy (generators are lazy)
         every = worker_programs(layout, NO_COSTS, spec.microbatches, spec.iterations,
                                 lambda v, s=stages[w]: s)
         programs[w] = every[w]
