@@ -111,3 +111,12 @@ def test_set_override_is_validated(tmp_path: Path) -> None:
 def test_shipped_scenarios_are_valid() -> None:
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         load_scenario(path)
+
+
+def test_readme_scenario_example_is_valid() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", readme, re.S)
+    assert block is not None
+    assert parse_scenario(yaml.safe_load(block.group(1))).world_size == 16
