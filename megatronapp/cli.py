@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import ScenarioError, load_scenario
+from .scan.load import TraceError
 from .topology import Topology
 
 BACKENDS = ("sim", "torch")
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ScenarioError as err:
         print(f"megatronapp: scenario error: {err}", file=sys.stderr)
-    except CliError as err:
+    except (CliError, TraceError) as err:
         print(f"megatronapp: {err}", file=sys.stderr)
     except KeyboardInterrupt:
         print("megatronapp: interrupted", file=sys.stderr)

@@ -65,15 +65,7 @@ def write_run(s: Scenario, result: RunResult, out_dir: Path) -> dict[str, Any]:
 
 
 def read_events(path: Path) -> dict[int, list[Event]]:
-    """Complete events of one of our trace files (merged or per rank), in seconds."""
-    with open(path) as fh:
-        data = json.load(fh)
-    raw = data["traceEvents"] if isinstance(data, dict) else data
-    events: dict[int, list[Event]] = {}
-    for e in raw:
-        if e.get("ph") == "X":
-            events.setdefault(int(e["pid"]), []).append(
-                Event(e["name"], e["ts"] * 1e-6, e["dur"] * 1e-6, e.get("args", {})))
-    for rank_events in events.values():
-        rank_events.sort(key=lambda ev: ev.start_s)
-    return events
+    """Events of one of our trace files (merged or per rank), in seconds, sorted."""
+    from .scan.load import load_chrome_file
+
+    return load_chrome_file(path)

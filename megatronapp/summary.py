@@ -53,16 +53,12 @@ def summarize(events: Mapping[int, Iterable[Event]]) -> dict[str, Any]:
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length covered by possibly overlapping intervals."""
-    total, cur_lo, cur_hi = 0.0, None, None
+    total, end = 0.0, float("-inf")
     for lo, hi in sorted(intervals):
-        if cur_hi is None or lo > cur_hi:
-            if cur_hi is not None:
-                total += cur_hi - cur_lo
-            cur_lo, cur_hi = lo, hi
-        else:
-            cur_hi = max(cur_hi, hi)
-    if cur_hi is not None:
-        total += cur_hi - cur_lo
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
     return total
 
 

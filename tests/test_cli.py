@@ -110,3 +110,11 @@ def test_unusable_out_dir_is_rejected_before_running(tmp_path: Path, make_out) -
     result = run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out", str(out))
     assert result.returncode == 2 and "--out" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_plot_of_corrupt_trace_is_a_one_line_error(tmp_path: Path) -> None:
+    (tmp_path / "trace.json").write_text("{not json")
+    result = run_cli("plot", str(tmp_path))
+    assert result.returncode == 2 and "not valid JSON" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "timeline.png").exists()

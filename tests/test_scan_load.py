@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatronapp.scan.analyze import analyze, union_length
+from megatronapp.scan.analyze import analyze
+from megatronapp.summary import union_length
 from megatronapp.scan.load import TraceError, events_from_chrome, load_trace
 
 

@@ -9,25 +9,12 @@ communication is what compute does not hide, idle is everything else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
-from megatronapp.summary import bubble_fraction, iteration_times
+from megatronapp.summary import bubble_fraction, iteration_times, union_length
 
 from .kinds import kind_of
 from .load import RankEvents
-
-Interval = tuple[float, float]
-
-
-def union_length(intervals: Iterable[Interval]) -> float:
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(intervals):
-        if hi <= end:
-            continue
-        total += hi - max(lo, end)
-        end = hi
-    return total
-
 
 @dataclass(frozen=True)
 class RankTime:
