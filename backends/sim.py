@@ -16,16 +16,16 @@ from typing import Any, Callable, Hashable, Iterator
 
 import simpy
 
-from megatronapp.cli import CliError
 from megatronapp.config import Scenario
+from megatronapp.errors import UserError
 from megatronapp.jobs import StagesFor, rank_programs
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
-                             Wait, WaitAny)
+                             Wait, WaitAny, describe)
 from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import Cluster, build_cluster
 
 
-class SimDeadlock(CliError):
+class SimDeadlock(UserError):
     """Some rank programs can never finish; names each and what it waits for
     (one line and exit status 2 from the CLI)."""
 
@@ -107,7 +107,7 @@ class SimBackend:
         with paused_gc():
             self.env.run()
         if self._blocked_on:
-            raise SimDeadlock({r: _describe(op) for r, op in self._blocked_on.items()})
+            raise SimDeadlock({r: describe(op) for r, op in self._blocked_on.items()})
         return {r: t.events for r, t in self.tracers.items()}
 
     def _drive(self, rank: int, program: RankProgram):
@@ -197,18 +197,6 @@ class SimBackend:
         self.tracers[rank].record(op.name, start, self.env.now,
                                   {**op.meta, "bytes": op.nbytes, "group": list(group)})
         return op.tensor
-
-
-def _describe(op: Op | None) -> str:
-    if op is None:
-        return "start"
-    name = type(op).__name__
-    for attr in ("dst", "src"):
-        if hasattr(op, attr):
-            return f"{name}({attr}={getattr(op, attr)}, tag={op.tag})"  # type: ignore[union-attr]
-    if isinstance(op, AllReduce):
-        return f"{name}(group={list(op.group)})"
-    return name
 
 
 def run_sim(s: Scenario, stages_for: StagesFor | None = None,

@@ -27,7 +27,7 @@ from megatronapp.fbd.ranks import FbdLayout, collective_groups
 from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_settings,
                                  gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.workers import worker_programs
-from megatronapp.jobs import topology_of
+from megatronapp.layout import topology_of
 from megatronapp.ops import AllReduce
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event, RankClock, Tracer

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import ScenarioError, load_scenario
+from .errors import UserError
 from .scan.load import TraceError
 from .topology import Topology
 
@@ -22,13 +23,9 @@ BACKENDS = ("sim", "torch")
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli")
 
 
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
-
-
 def load_backend(name: str) -> Callable[..., Any]:
     if name not in BACKENDS:
-        raise CliError(f"--backend: unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
+        raise UserError(f"--backend: unknown backend {name!r} (choose from {', '.join(BACKENDS)})")
     return importlib.import_module(f"backends.{name}").run_scenario
 
 
@@ -73,22 +70,22 @@ def _stall_option(args: argparse.Namespace) -> dict[str, Any]:
     if args.stall_timeout is None:
         return {}
     if not args.stall_timeout > 0:
-        raise CliError(f"--stall-timeout: must be > 0 seconds, got {args.stall_timeout:g}")
+        raise UserError(f"--stall-timeout: must be > 0 seconds, got {args.stall_timeout:g}")
     if args.backend != "torch":
-        raise CliError("--stall-timeout: only the torch backend takes it")
+        raise UserError("--stall-timeout: only the torch backend takes it")
     return {"stall_timeout_s": args.stall_timeout}
 
 
 def check_out_dir(out: Path) -> None:
     """Fail before running, not after: the output must be a creatable directory."""
     if out.exists() and not out.is_dir():
-        raise CliError(f"--out: {out} exists and is not a directory")
+        raise UserError(f"--out: {out} exists and is not a directory")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CliError(f"--out: cannot create {out.parent}: {err.strerror or err}") from None
+        raise UserError(f"--out: cannot create {out.parent}: {err.strerror or err}") from None
     if not os.access(out.parent, os.W_OK):
-        raise CliError(f"--out: {out.parent} is not writable")
+        raise UserError(f"--out: {out.parent} is not writable")
 
 
 def print_summary(summary: dict[str, Any], out: Path) -> None:
@@ -98,6 +95,9 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         print("\n".join(summary_lines(summary)))
     else:
         _print_pipeline_summary(summary)
+    losses = summary.get("loss_per_iteration")
+    if losses:  # a real run trains: say whether it learns
+        print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))
     for f in summary["faults"] or [{"kind": "none"}]:
         detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
         print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
@@ -122,7 +122,7 @@ def _print_pipeline_summary(summary: dict[str, Any]) -> None:
 def cmd_topology(args: argparse.Namespace) -> int:
     for name in ("tp", "pp", "dp"):
         if getattr(args, name) < 1:
-            raise CliError(f"--{name}: must be >= 1")
+            raise UserError(f"--{name}: must be >= 1")
     topo = Topology(tp=args.tp, pp=args.pp, dp=args.dp)
     if args.fbd:  # MegaFBD's virtual -> physical rank mapping
         from .fbd.cli import print_layout
@@ -147,7 +147,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     trace = run_dir / "trace.json"
     if not trace.is_file():
-        raise CliError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
+        raise UserError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
     events = read_events(trace)
     path = plot_timeline(events, run_dir / "timeline.png", title=run_dir.name)
     print(f"wrote {path}")
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ScenarioError as err:
         print(f"megatronapp: scenario error: {err}", file=sys.stderr)
-    except (CliError, TraceError) as err:
+    except (UserError, TraceError) as err:
         print(f"megatronapp: {err}", file=sys.stderr)
     except KeyboardInterrupt:
         print("megatronapp: interrupted", file=sys.stderr)

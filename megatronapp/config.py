@@ -154,6 +154,13 @@ class Dpp(_Strict):
     max_pending_sends: PositiveInt = 2  # a link with this many messages in flight is congested
 
 
+class Data(_Strict):
+    """What the torch backend trains on (the simulator only needs sizes)."""
+
+    kind: Literal["text", "random"] = "text"  # text: character-level windows of ``path``
+    path: str | None = None  # a UTF-8 text file; default CPython's pydoc_data/topics.py
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     seed: int = 0
@@ -166,6 +173,7 @@ class Scenario(_Strict):
     fbd: Fbd | None = None  # present: ``run`` trains decoupled (MegaFBD)
     faults: tuple[Fault, ...] = ()
     dpp: Dpp = Dpp()
+    data: Data = Data()
 
     @property
     def world_size(self) -> int:

@@ -5,21 +5,12 @@ from typing import Callable
 
 from .config import Scenario
 from .costs import stage_costs
+from .layout import pipe_shape, topology_of
 from .ops import RankProgram
 from .programs import NullStages, PipelineContext, StageModel, pipeline_rank
-from .schedules import Order, PipeShape, static_order
-from .topology import Topology
+from .schedules import Order, static_order
 
 StagesFor = Callable[[int], StageModel]
-
-
-def topology_of(s: Scenario) -> Topology:
-    p = s.parallel
-    return Topology(tp=p.tp, pp=p.pp, dp=p.dp, gpus_per_node=s.cluster.gpus_per_node)
-
-
-def pipe_shape(s: Scenario) -> PipeShape:
-    return PipeShape(pp=s.parallel.pp, vpp=s.parallel.vpp, microbatches=s.parallel.microbatches)
 
 
 def static_orders(s: Scenario) -> dict[int, Order]:

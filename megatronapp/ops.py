@@ -93,3 +93,16 @@ P2P_OPS = (Send, Recv, ISend, IRecv)
 def encode_tag(tag: Hashable) -> int:
     """A process-independent non-negative int for a tag (backends needing ints)."""
     return zlib.crc32(repr(tag).encode()) & 0x7FFFFFFF
+
+
+def describe(op: Op | None) -> str:
+    """A one-line description of an operation (deadlock and stall reports)."""
+    if op is None:
+        return "start"
+    name = type(op).__name__
+    for attr in ("dst", "src"):
+        if hasattr(op, attr):
+            return f"{name}({attr}={getattr(op, attr)}, tag={op.tag})"  # type: ignore[union-attr]
+    if isinstance(op, AllReduce):
+        return f"{name}(group={list(op.group)})"
+    return name

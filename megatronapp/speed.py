@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import simpy
 
 from .config import Scenario, parse_scenario
+from .tracer import RunScenario
 
 JOB_1024 = {"name": "gpt-1024gpu", "schedule": "1f1b", "iterations": 1,
             "parallel": {"tp": 8, "pp": 8, "dp": 16, "microbatches": 32},
@@ -38,11 +39,10 @@ class SimSpeed:
         return self.ops / self.wall_s
 
 
-def simulate_speed(s: Scenario) -> SimSpeed:
-    from backends.sim import run_sim  # the CLI layer may pick a backend
-
+def simulate_speed(s: Scenario, run: RunScenario) -> SimSpeed:
+    """Time ``run(s)`` (a backend's run function, handed in by the caller)."""
     start = time.perf_counter()
-    result = run_sim(s)
+    result = run(s)
     wall = time.perf_counter() - start
     return SimSpeed(sum(len(v) for v in result.events.values()), wall)
 

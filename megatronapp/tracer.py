@@ -119,6 +119,10 @@ class RunResult:
         return self.topo.label(rank)
 
 
+# A backend's entry point as harnesses receive it (validation, speed, sweeps).
+RunScenario = Callable[[Any], RunResult]
+
+
 def write_traces(result: RunResult, out_dir: Path) -> None:
     """``ranks/rank{g}.json`` in local clocks; ``trace.json`` aligned."""
     ranks_dir = out_dir / "ranks"

@@ -5,6 +5,7 @@ wall time to simulate one iteration of a 1024-GPU job (tp 8, pp 8, dp 16, 32 mb)
 """
 from __future__ import annotations
 
+from backends.sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.speed import JOB_1024, bare_simpy_events_per_s, job_1024, simulate_speed
 
@@ -13,8 +14,8 @@ SMALL = {**JOB_1024, "name": "gpt-64gpu", "parallel": {"tp": 2, "pp": 4, "dp": 8
 
 def main() -> None:
     bare = bare_simpy_events_per_s()
-    small = simulate_speed(parse_scenario(SMALL))
-    big = simulate_speed(job_1024())
+    small = simulate_speed(parse_scenario(SMALL), run_sim)
+    big = simulate_speed(job_1024(), run_sim)
     print("| measurement | value |")
     print("|---|---|")
     print(f"| bare SimPy loop | {bare / 1e3:.0f} k timeouts/s |")

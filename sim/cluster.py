@@ -8,7 +8,7 @@ import numpy as np
 import simpy
 
 from megatronapp.config import ClockSkew, LinkJitter, Scenario, SlowLink, Throttle
-from megatronapp.jobs import topology_of
+from megatronapp.layout import topology_of
 from megatronapp.topology import Topology
 from megatronapp.tracer import RankClock
 

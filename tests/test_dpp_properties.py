@@ -11,7 +11,7 @@ from backends.sim import run_sim
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.costs import stage_costs
 from megatronapp.dpp.memory import MemoryModel, trace_peak_slots
-from megatronapp.jobs import pipe_shape, topology_of
+from megatronapp.layout import pipe_shape, topology_of
 from megatronapp.tracer import Event
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from backends.sim import SimBackend, SimDeadlock, run_sim
 from megatronapp.config import Scenario, parse_scenario
-from megatronapp.jobs import pipe_shape, topology_of
+from megatronapp.layout import pipe_shape, topology_of
 from megatronapp.ops import AllReduce, ISend, Recv, Wait
 from megatronapp.summary import iteration_spans, summarize, time_breakdown
 from megatronapp.tracer import COMPUTE_NAMES, Event

@@ -24,7 +24,7 @@ from backends.torch.stages import TrainOptions, merge_tp_shards
 from backends.torch.worker import WorkerResult
 from megatronapp import cli
 from megatronapp.config import Scenario, parse_scenario
-from megatronapp.jobs import topology_of
+from megatronapp.layout import topology_of
 from megatronapp.ops import Compute, Recv
 from megatronapp.tracer import COMPUTE_NAMES, Event
 
@@ -297,3 +297,19 @@ def test_faulty_link_receives_take_longer_than_a_healthy_pairs(fault: dict[str, 
     # none of the injected delay is lost (a receiver's delay can also lengthen
     # its peer's next wait, so the excess may exceed it)
     assert (faulty_s - healthy_s) / injected > 0.7
+
+
+@pytest.mark.slow
+def test_training_on_text_lowers_the_loss_and_random_tokens_do_not() -> None:
+    """The default data is a real text: a tiny GPT learns it (character level);
+    uniform random tokens leave the loss at log(vocab) (nothing to learn)."""
+    data = {"seed": 1, "iterations": 30, "schedule": "1f1b",
+            "parallel": {"pp": 2, "microbatches": 4}, "model": {"layers": 2, **TINY_MODEL}}
+    options = TrainOptions(optimizer="adam", lr=1e-2)
+    text_run, _ = spawn_run(parse_scenario(data), options)
+    random_run, _ = spawn_run(parse_scenario({**data, "data": {"kind": "random"}}), options)
+    text_loss = text_run.extra["loss_per_iteration"]
+    random_loss = random_run.extra["loss_per_iteration"]
+    assert len(text_loss) == len(random_loss) == 30
+    assert np.mean(text_loss[-5:]) < np.mean(text_loss[:3]) - 0.5
+    assert np.mean(random_loss[-5:]) > np.log(TINY_MODEL["vocab"]) - 0.15

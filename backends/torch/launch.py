@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from megatronapp.cli import CliError
+from megatronapp.errors import UserError
 from megatronapp.config import Scenario, ScenarioError
 from megatronapp.jobs import rank_programs
 from megatronapp.tracer import Event, RunResult
@@ -38,7 +38,7 @@ class TorchRunError(RuntimeError):
     """A rank failed or died; carries its traceback."""
 
 
-class TorchDeadlock(TorchRunError, CliError):
+class TorchDeadlock(TorchRunError, UserError):
     """Ranks stopped making progress (or one died): one line, exit status 2
     from the CLI; ``blocked`` maps rank -> the op it was blocked in."""
 

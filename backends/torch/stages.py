@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from megatronapp.config import Scenario
+from megatronapp.data import TextData, random_tokens
 
 from . import megatron_compat
 
@@ -48,13 +49,6 @@ class StepLog:
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # iteration -> mb -> loss
     grad_norms: dict[int, float] = field(default_factory=dict)
     capture: StepCapture | None = None
-
-
-def synthetic_tokens(seed: int, iteration: int, sample: int, batch: int, seq_len: int,
-                     vocab: int) -> torch.Tensor:
-    """Deterministic (batch, seq_len + 1) token ids for one global sample index."""
-    rng = np.random.default_rng([seed, 11, iteration, sample])
-    return torch.from_numpy(rng.integers(0, vocab, size=(batch, seq_len + 1)))
 
 
 def transformer_config(s: Scenario) -> Any:
@@ -99,7 +93,7 @@ class MegatronStages:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        from megatronapp.jobs import pipe_shape, topology_of
+        from megatronapp.layout import pipe_shape, topology_of
 
         self.s, self.device, self.options = s, device, options
         self.topo, self.shape = topology_of(s), pipe_shape(s)
@@ -126,6 +120,7 @@ class MegatronStages:
         self.mask = megatron_compat.causal_mask(s.model.seq_len, device)
         self.positions = torch.arange(s.model.seq_len, device=device).expand(
             s.model.micro_batch_size, -1)
+        self.text = TextData.load(s.data, s.model.vocab) if s.data.kind == "text" else None
         self.log = StepLog()
         self.iteration = 0
         self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
@@ -160,10 +155,12 @@ class MegatronStages:
         self._flat, self._norm_sq = None, None
 
     def _tokens(self, microbatch: int) -> torch.Tensor:
+        """(batch, seq_len + 1) ids of one global sample: inputs and shifted labels."""
         m = self.s.model
         sample = self.coord.dp * self.shape.microbatches + microbatch
-        return synthetic_tokens(self.s.seed, self.iteration, sample, m.micro_batch_size,
-                                m.seq_len, m.vocab).to(self.device)
+        key = (self.s.seed, self.iteration, sample, m.micro_batch_size, m.seq_len + 1)
+        ids = self.text.window(*key) if self.text else random_tokens(*key, m.vocab)
+        return torch.from_numpy(ids).to(self.device)
 
     def forward(self, chunk: int, microbatch: int, x: Any) -> torch.Tensor:
         model, tokens = self.models[chunk], self._tokens(microbatch)

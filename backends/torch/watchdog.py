@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from backends.sim import _describe as describe_op
 from megatronapp.ops import Compute, Op, Wait, WaitAny
+from megatronapp.ops import describe as describe_op
 
 STALL_TIMEOUT_S = 300.0
 FLAG_POLL_S = 0.2

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from megatronapp.config import Scenario, ScenarioError, load_scenario
-from megatronapp.jobs import StagesFor, rank_programs, topology_of
+from megatronapp.jobs import StagesFor, rank_programs
+from megatronapp.layout import topology_of
 from megatronapp.ops import RankProgram
 from megatronapp.programs import NullStages
 from megatronapp.tracer import Event, RunResult, Tracer

@@ -70,12 +70,12 @@ def format_table(rows: dict[str, dict[str, float] | str], title: str = "") -> st
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..cli import CliError
+    from ..errors import UserError
 
     schedules = [x for x in args.schedules.split(",") if x]
     for schedule in schedules:
         if schedule not in SCHEDULES:
-            raise CliError(f"--schedules: unknown schedule {schedule!r}")
+            raise UserError(f"--schedules: unknown schedule {schedule!r}")
     data = read_scenario_data(args.scenario)
     data.setdefault("name", Path(args.scenario).stem)
     rows = compare(data, schedules, args.set, progress=not args.json)
@@ -84,14 +84,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_windows(args: argparse.Namespace) -> int:
-    from ..cli import CliError
-    from ..runs import read_events
+    from ..errors import UserError
+    from ..scan.load import load_chrome_file
     from .windows import window_metrics
 
     trace = Path(args.run_dir) / "trace.json"
     if not trace.is_file():
-        raise CliError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
-    metrics = window_metrics(read_events(trace)).as_dict()
+        raise UserError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
+    metrics = window_metrics(load_chrome_file(trace)).as_dict()
     for key, value in metrics.items():
         print(f"{key:<28}{value:.6g}")
     return 0

@@ -196,7 +196,7 @@ def _no_static_order(_iteration: int) -> Order:
 
 
 def adaptive_contexts(s: Scenario, stages_for: Any = None) -> dict[int, DppContext]:
-    from ..jobs import pipe_shape, topology_of
+    from ..layout import pipe_shape, topology_of
     from ..programs import NullStages
 
     topo, shape, costs = topology_of(s), pipe_shape(s), stage_costs(s)

@@ -127,7 +127,7 @@ def window_metrics(events: Events) -> WindowMetrics:
 def dpp_summary(s: "Scenario", events: Events) -> dict[str, object]:
     """The ``dpp`` section of summary.json: windows and peak memory in bytes."""
     from ..costs import stage_costs
-    from ..jobs import pipe_shape
+    from ..layout import pipe_shape
     from .memory import MemoryModel
 
     memory = MemoryModel.of(s, stage_costs(s), pipe_shape(s))

@@ -11,11 +11,11 @@ from .ranks import FbdLayout, collective_groups
 
 
 def build_layout(topo: Topology, forward_tp: int | None) -> FbdLayout:
-    from megatronapp.cli import CliError
+    from megatronapp.errors import UserError
 
     degree = topo.tp if forward_tp is None else forward_tp
     if degree < 1 or topo.tp % degree:
-        raise CliError(f"--forward-tp: {degree} must be >= 1 and divide --tp = {topo.tp}")
+        raise UserError(f"--forward-tp: {degree} must be >= 1 and divide --tp = {topo.tp}")
     return FbdLayout(topo, forward_tp=degree, backward_tp=topo.tp)
 
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from megatronapp.config import Fbd, Scenario
 from megatronapp.costs import layer_forward_flops
-from megatronapp.jobs import topology_of
+from megatronapp.layout import topology_of
 from megatronapp.tracer import COMPUTE_NAMES, Event, RunResult
 
 from .ranks import FbdLayout

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from megatronapp.cli import CliError
+from megatronapp.errors import UserError
 
 TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a Chrome trace file"
 
@@ -19,7 +19,7 @@ def _scan_input(target: str) -> Any:
     try:
         return prepare_loaded(load_trace(target))
     except TraceError as err:
-        raise CliError(f"RUN_DIR_OR_TRACE: {err}") from None
+        raise UserError(f"RUN_DIR_OR_TRACE: {err}") from None
 
 
 # ---------------------------------------------------------------- detect
@@ -27,7 +27,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
     from .validate import METHODS
 
     if args.method not in METHODS:
-        raise CliError(f"--method: unknown method {args.method!r} (choose from {', '.join(METHODS)})")
+        raise UserError(f"--method: unknown method {args.method!r} (choose from {', '.join(METHODS)})")
     diagnosis = METHODS[args.method](_scan_input(args.target))
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
@@ -88,7 +88,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     try:
         names, rows = run_query(annotate(scan.events, list(scan.ops)), args.sql)
     except duckdb.Error as err:
-        raise CliError(f"SQL: {str(err).splitlines()[0]}") from None
+        raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
     if args.json:
         print(json.dumps([dict(zip(names, r)) for r in rows], default=str))
     else:
@@ -136,17 +136,19 @@ def cmd_align(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from backends.sim import run_sim
+
     from .validate import alignment_summary, markdown_table, run_trials, summarize, write_csv
 
     for name in ("trials", "jobs"):
         if getattr(args, name) < 1:
-            raise CliError(f"--{name}: must be >= 1")
+            raise UserError(f"--{name}: must be >= 1")
     bar = Progress(TextColumn("[bold]trials"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TimeElapsedColumn(), transient=True, disable=not sys.stderr.isatty())
     outcomes, alignment = [], []
     with bar:
         task = bar.add_task("trials", total=args.trials)
-        for trial_outcomes, align in run_trials(args.seed, args.trials, args.jobs,
+        for trial_outcomes, align in run_trials(args.seed, args.trials, args.jobs, run_sim,
                                                 lambda: bar.advance(task)):
             outcomes += trial_outcomes
             alignment.append(align)

@@ -14,7 +14,7 @@ import numpy as np
 
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.topology import Topology
-from megatronapp.tracer import RunResult, chrome_events
+from megatronapp.tracer import RunResult, RunScenario, chrome_events
 
 from .align import score_against_truth
 from .baselines import hta_latest_arrival, megatronapp_original, nvidia_relative, slowest_mean
@@ -125,12 +125,11 @@ def scan_of_result(result: RunResult, name: str = "<sim>") -> ScanInput:
     return prepare(events_from_chrome(raw, name), aligned=False, ref=0)
 
 
-def run_trial(seed: int, index: int) -> tuple[list[Outcome], dict[str, float]]:
-    """Simulate one trial and score every method on it, plus the clock alignment."""
-    from backends.sim import run_sim
-
+def run_trial(seed: int, index: int, run: RunScenario) -> tuple[list[Outcome], dict[str, float]]:
+    """Run one trial with ``run`` (a backend's run function) and score every
+    method on it, plus the clock alignment."""
     trial = make_trial(seed, index)
-    result = run_sim(trial.scenario)
+    result = run(trial.scenario)
     scan = scan_of_result(result, trial.scenario.name)
     truth = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm} for r, c in result.clocks.items()}
     alignment = score_against_truth(scan.clocks, truth, ref=0)
@@ -207,23 +206,25 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def run_trials(seed: int, trials: int, jobs: int,
+def run_trials(seed: int, trials: int, jobs: int, run: RunScenario,
                on_done: Callable[[], None] = lambda: None) -> Iterator[tuple[list[Outcome], dict]]:
-    """Every trial's outcomes, in completion order, on ``jobs`` processes."""
+    """Every trial's outcomes, in completion order, on ``jobs`` processes
+    (``run`` must be a module-level function: it is pickled)."""
     if jobs <= 1:
         for i in range(trials):
-            yield run_trial(seed, i)
+            yield run_trial(seed, i, run)
             on_done()
         return
     import multiprocessing as mp
 
+    args = [(seed, i, run) for i in range(trials)]
     with mp.get_context("spawn").Pool(jobs) as pool:
-        for res in pool.imap_unordered(_run_trial_star, [(seed, i) for i in range(trials)], chunksize=2):
+        for res in pool.imap_unordered(_run_trial_star, args, chunksize=2):
             yield res
             on_done()
 
 
-def _run_trial_star(args: tuple[int, int]) -> tuple[list[Outcome], dict]:
+def _run_trial_star(args: tuple[int, int, RunScenario]) -> tuple[list[Outcome], dict]:
     return run_trial(*args)
 
 
