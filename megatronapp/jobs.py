@@ -1,16 +1,12 @@
 """From a scenario to one rank program per global rank (backend-agnostic)."""
 from __future__ import annotations
 
-from typing import Callable
-
 from .config import Scenario
 from .costs import stage_costs
 from .layout import pipe_shape, topology_of
 from .ops import RankProgram
-from .programs import NullStages, PipelineContext, StageModel, pipeline_rank
+from .programs import OrderFor, StagesFor, pipeline_contexts, pipeline_rank
 from .schedules import Order, static_order
-
-StagesFor = Callable[[int], StageModel]
 
 
 def static_orders(s: Scenario) -> dict[int, Order]:
@@ -19,17 +15,8 @@ def static_orders(s: Scenario) -> dict[int, Order]:
     return {r: static_order(s.schedule, r, shape, s.parallel.group_size) for r in range(shape.pp)}
 
 
-def pipeline_contexts(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, PipelineContext]:
-    topo, shape, costs = topology_of(s), pipe_shape(s), stage_costs(s)
-    orders = static_orders(s)
-    contexts = {}
-    for rank in range(topo.world_size):
-        order = orders[topo.coord(rank).pp]
-        contexts[rank] = PipelineContext(
-            rank=rank, topo=topo, shape=shape, costs=costs, iterations=s.iterations,
-            order_for=lambda _it, order=order: order,
-            stages=stages_for(rank) if stages_for else NullStages())
-    return contexts
+def _every_iteration(order: Order) -> OrderFor:
+    return lambda _iteration: order
 
 
 def check_memory(s: Scenario) -> None:
@@ -48,4 +35,6 @@ def rank_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int,
 
         return adaptive_programs(s, stages_for)
     check_memory(s)
-    return {r: pipeline_rank(ctx) for r, ctx in pipeline_contexts(s, stages_for).items()}
+    orders = static_orders(s)
+    contexts = pipeline_contexts(s, lambda pp: _every_iteration(orders[pp]), stages_for)
+    return {r: pipeline_rank(ctx) for r, ctx in contexts.items()}

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Protocol, Sequence
 
-from .costs import StageCosts
+from .config import Scenario
+from .costs import StageCosts, stage_costs
+from .layout import pipe_shape, topology_of
 from .ops import AllReduce, Compute, ISend, Recv, RankProgram, Wait
 from .schedules import Order, PipeShape, Task
 from .topology import Topology
@@ -61,7 +63,7 @@ class PipelineContext:
     shape: PipeShape
     costs: StageCosts
     iterations: int
-    order_for: Callable[[int], Order]  # iteration -> this rank's order
+    order_for: OrderFor
     stages: StageModel = field(default_factory=NullStages)
 
     @property
@@ -72,6 +74,22 @@ class PipelineContext:
         """Global rank holding ``virtual_stage`` in this rank's dp/tp slice."""
         pp_rank, _ = self.shape.locate(virtual_stage)
         return self.topo.pp_neighbor(self.rank, pp_rank - self.pp_rank)
+
+
+StagesFor = Callable[[int], StageModel]  # global rank -> its stages
+OrderFor = Callable[[int], Order]  # iteration -> a rank's task order
+
+
+def pipeline_contexts(s: Scenario, order_for_stage: Callable[[int], OrderFor],
+                      stages_for: StagesFor | None = None) -> dict[int, PipelineContext]:
+    """One context per global rank; ``order_for_stage(pp_rank)`` orders its tasks."""
+    topo, shape, costs = topology_of(s), pipe_shape(s), stage_costs(s)
+    orders = {pp: order_for_stage(pp) for pp in range(shape.pp)}
+    return {rank: PipelineContext(
+        rank=rank, topo=topo, shape=shape, costs=costs, iterations=s.iterations,
+        order_for=orders[topo.coord(rank).pp],
+        stages=stages_for(rank) if stages_for else NullStages())
+        for rank in range(topo.world_size)}
 
 
 def task_meta(iteration: int, task: Task) -> dict[str, Any]:

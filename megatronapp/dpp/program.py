@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Scenario
-from ..costs import stage_costs
 from ..ops import IRecv, RankProgram, Wait, WaitAny
-from ..programs import (PipelineContext, compute_and_send, finish_iteration, task_meta)
+from ..programs import (PipelineContext, StagesFor, compute_and_send, finish_iteration,
+                        pipeline_contexts, task_meta)
 from ..schedules import Order, PipeShape, Task
 from .memory import MemoryExceeded, MemoryModel
 from .policies import AdaptiveGreedy, RankView
@@ -195,21 +195,17 @@ def _no_static_order(_iteration: int) -> Order:
     raise ValueError("the adaptive schedule has no static order; it picks tasks at run time")
 
 
-def adaptive_contexts(s: Scenario, stages_for: Any = None) -> dict[int, DppContext]:
-    from ..layout import pipe_shape, topology_of
-    from ..programs import NullStages
-
-    topo, shape, costs = topology_of(s), pipe_shape(s), stage_costs(s)
-    memory = MemoryModel.of(s, costs, shape)
+def adaptive_contexts(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, DppContext]:
+    pipes = pipeline_contexts(s, lambda _pp: _no_static_order, stages_for)
+    shape = pipes[0].shape
+    memory = MemoryModel.of(s, pipes[0].costs, shape)
     if memory.slot_cap < shape.vpp:  # the oldest microbatch must fit on every chunk
         raise MemoryExceeded("adaptive", 0, 0, memory.bytes_for(shape.vpp), memory.capacity_bytes)
     policies = {r: AdaptiveGreedy.planned(s.dpp.traversal, r, shape, s.dpp.max_pending_sends)
                 for r in range(shape.pp)}
-    return {rank: DppContext(PipelineContext(
-        rank=rank, topo=topo, shape=shape, costs=costs, iterations=s.iterations,
-        order_for=_no_static_order, stages=stages_for(rank) if stages_for else NullStages()),
-        policies[topo.coord(rank).pp], memory.slot_cap) for rank in range(topo.world_size)}
+    return {rank: DppContext(pipe, policies[pipe.pp_rank], memory.slot_cap)
+            for rank, pipe in pipes.items()}
 
 
-def adaptive_programs(s: Scenario, stages_for: Any = None) -> dict[int, RankProgram]:
+def adaptive_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, RankProgram]:
     return {rank: adaptive_rank(ctx) for rank, ctx in adaptive_contexts(s, stages_for).items()}
