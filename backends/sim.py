@@ -8,19 +8,18 @@ recorded in true simulated time; the rank clocks keep the injected skew.
 """
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable
 
 import simpy
 
 from megatronapp.config import Scenario
 from megatronapp.errors import UserError
+from megatronapp.gc_pause import paused_gc
 from megatronapp.jobs import StagesFor, rank_programs
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
-                             Wait, WaitAny, describe)
+                             Wait, WaitAny, describe, trace_args)
 from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import Cluster, build_cluster
 
@@ -36,19 +35,6 @@ class SimDeadlock(UserError):
 
 
 MailKey = tuple[int, int, Hashable]  # (src, dst, tag)
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector for one simulation: with a million
-    live events its repeated full scans cost as much as the simulation itself."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @dataclass
@@ -125,14 +111,14 @@ class SimBackend:
     def _compute(self, rank: int, op: Compute):
         start = self.env.now
         yield self.env.timeout(self.cluster.devices[rank].duration(start, op.cost_s))
-        self.tracers[rank].record(op.name, start, self.env.now, op.meta)
+        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))
         return op.run() if op.run is not None else None
 
     def _isend(self, rank: int, op: ISend | Send):
         start = self.env.now
         key = (rank, op.dst, op.tag)
         delivered = self._transfer(rank, op.dst, op.nbytes)
-        args = {**op.meta, "bytes": op.nbytes, "peer": op.dst}
+        args = trace_args(op)
 
         def on_delivered(_e: simpy.Event) -> None:
             self.tracers[rank].record(op.name, start, self.env.now, args)
@@ -149,7 +135,7 @@ class SimBackend:
     def _irecv(self, rank: int, op: IRecv | Recv):
         start = self.env.now
         arrived = self.mailbox.get((op.src, rank, op.tag))
-        args = {**op.meta, "bytes": op.nbytes, "peer": op.src}
+        args = trace_args(op)
         arrived.callbacks.append(
             lambda _e: self.tracers[rank].record(op.name, start, self.env.now, args))
         return arrived
@@ -194,8 +180,7 @@ class SimBackend:
             self.env.timeout(cost).callbacks.append(lambda _e: rv.event.succeed())
         start = self.env.now
         yield rv.event
-        self.tracers[rank].record(op.name, start, self.env.now,
-                                  {**op.meta, "bytes": op.nbytes, "group": list(group)})
+        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))
         return op.tensor
 
 

@@ -2,21 +2,28 @@
 
 A rank program is a generator: it yields one of these frozen dataclasses and is
 resumed with the operation's result (a tensor, a handle, an index, or None).
-Nothing here does I/O. ``meta`` carries trace arguments (iteration,
-microbatch, chunk); the backend adds bytes, peer and group when it records.
+Nothing here does I/O. Each operation class carries its ``kind`` (compute,
+p2p or collective) as data; ``trace_args`` is the one definition of what a
+backend records with it: ``meta`` (iteration, microbatch, chunk) plus the
+kind, bytes, and the peer or group.
 """
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Hashable, Mapping, Union
+from typing import Any, Callable, ClassVar, Generator, Hashable, Literal, Mapping, Union
 
 Meta = Mapping[str, Any]
+OpKind = Literal["compute", "p2p", "collective"]
+P2PRole = Literal["send", "recv"]
+OP_KINDS: tuple[OpKind, ...] = ("compute", "p2p", "collective")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Compute:
     """Local work of ``cost_s`` simulated seconds; ``run`` does it for real."""
+
+    kind: ClassVar[OpKind] = "compute"
 
     name: str
     cost_s: float
@@ -27,6 +34,9 @@ class Compute:
 @dataclass(frozen=True, slots=True, eq=False)
 class ISend:
     """Non-blocking send: resumes at once with a handle for Wait/WaitAny."""
+
+    kind: ClassVar[OpKind] = "p2p"
+    role: ClassVar[P2PRole] = "send"
 
     dst: int
     tag: Hashable
@@ -44,6 +54,9 @@ class Send(ISend):
 @dataclass(frozen=True, slots=True, eq=False)
 class IRecv:
     """Non-blocking receive: resumes at once with a handle; Wait gives the tensor."""
+
+    kind: ClassVar[OpKind] = "p2p"
+    role: ClassVar[P2PRole] = "recv"
 
     src: int
     tag: Hashable
@@ -78,6 +91,8 @@ class AllReduce:
     """Sum-all-reduce over ``group`` (global ranks, sorted); every member must
     issue the same sequence of collectives on a group."""
 
+    kind: ClassVar[OpKind] = "collective"
+
     group: tuple[int, ...]
     nbytes: int
     tensor: Any = None
@@ -93,6 +108,24 @@ P2P_OPS = (Send, Recv, ISend, IRecv)
 def encode_tag(tag: Hashable) -> int:
     """A process-independent non-negative int for a tag (backends needing ints)."""
     return zlib.crc32(repr(tag).encode()) & 0x7FFFFFFF
+
+
+def trace_args(op: Compute | ISend | IRecv | AllReduce, nbytes: int | None = None
+               ) -> dict[str, Any]:
+    """What a backend records with ``op``'s event: its meta, its kind and, for
+    communication, bytes (``nbytes`` when the backend knows the real size)
+    and the group, or the peer, the role (send | recv) and the encoded tag
+    that pairs a send with its receive."""
+    args: dict[str, Any] = {**op.meta, "kind": op.kind}
+    if isinstance(op, Compute):
+        return args
+    args["bytes"] = op.nbytes if nbytes is None else nbytes
+    if isinstance(op, AllReduce):
+        args["group"] = list(op.group)
+    else:
+        args.update(peer=op.dst if isinstance(op, ISend) else op.src, role=op.role,
+                    tag=encode_tag(op.tag))
+    return args
 
 
 def describe(op: Op | None) -> str:

@@ -10,7 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from .tracer import Event, category  # noqa: E402
+from .kinds import event_kind  # noqa: E402
+from .tracer import Event  # noqa: E402
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
            "p2p": "#8C8C8C", "collective": "#C44E52", "other": "#937860"}
@@ -19,7 +20,7 @@ COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
 def colour_of(e: Event) -> str:
     if e.name in COLOURS:
         return COLOURS[e.name]
-    cat = category(e.name, e.args)
+    cat = event_kind(e.name, e.args)
     return COLOURS.get(cat, COLOURS["other"])
 
 
@@ -31,7 +32,7 @@ def plot_timeline(events: Mapping[int, Sequence[Event]], path: Path, title: str 
     fig, ax = plt.subplots(figsize=(14, 0.45 * len(ranks) + 1.5))
     for row, rank in enumerate(ranks):
         for e in events[rank]:
-            comm = category(e.name, e.args) != "compute"
+            comm = event_kind(e.name, e.args) != "compute"
             y = row + (0.0 if comm else 0.45)
             ax.broken_barh([(e.start_s - t0, max(e.dur_s, 1e-9))], (y, 0.4),
                            facecolors=colour_of(e), linewidth=0)

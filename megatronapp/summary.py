@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
-from .tracer import COMPUTE_NAMES, Event
+from .kinds import event_kind
+from .tracer import Event
 
 
 def iteration_spans(events: Mapping[int, Iterable[Event]]) -> dict[int, tuple[float, float]]:
@@ -24,11 +25,11 @@ def iteration_times(events: Mapping[int, Iterable[Event]]) -> list[float]:
     return [hi - lo for lo, hi in iteration_spans(events).values()]
 
 
-def compute_busy(events: Iterable[Event], names: frozenset[str] = COMPUTE_NAMES) -> dict[int, float]:
+def compute_busy(events: Iterable[Event]) -> dict[int, float]:
     """iteration -> seconds of compute (forward/backward/optimizer) on one rank."""
     busy: dict[int, float] = defaultdict(float)
     for e in events:
-        if e.name in names and "iteration" in e.args:
+        if "iteration" in e.args and event_kind(e.name, e.args) == "compute":
             busy[e.args["iteration"]] += e.dur_s
     return busy
 
@@ -61,13 +62,3 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
         end = hi
     return total
 
-
-def time_breakdown(events: Iterable[Event], span: tuple[float, float]) -> dict[str, float]:
-    """Split a rank's wall time over ``span`` into compute, communication-only and idle."""
-    lo, hi = span
-    clip = [(max(e.start_s, lo), min(e.end_s, hi), e) for e in events]
-    clip = [(a, b, e) for a, b, e in clip if b > a]
-    compute = union_length((a, b) for a, b, e in clip if e.name in COMPUTE_NAMES)
-    busy_any = union_length((a, b) for a, b, _ in clip)
-    return {"wall_s": hi - lo, "compute_s": compute, "comm_s": busy_any - compute,
-            "idle_s": (hi - lo) - busy_any}

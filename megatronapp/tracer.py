@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
+from .kinds import event_kind
 from .topology import Topology
 
-COMPUTE_NAMES = frozenset({"forward", "backward", "optimizer", "recompute_forward"})
-# Chrome "tid" lanes so Perfetto draws compute, p2p and collectives apart.
+# Chrome "tid" lanes so Perfetto draws compute, p2p and collectives apart
+# (annotations of other kinds share the compute lane).
 LANES = {"compute": 0, "p2p": 1, "collective": 2}
 
 
@@ -44,17 +44,9 @@ class Event:
         return self.start_s + self.dur_s
 
 
-def category(name: str, args: Mapping[str, Any]) -> str:
-    if "group" in args:
-        return "collective"
-    if "peer" in args:
-        return "p2p"
-    return "compute"
-
-
 @dataclass
 class Tracer:
-    """Buffers one rank's events; ``scope`` times a block with ``now``."""
+    """Buffers one rank's events (``now`` is the backend's clock)."""
 
     rank: int
     now: Callable[[], float] = time.perf_counter
@@ -66,14 +58,6 @@ class Tracer:
         self.events.append(event)
         if self.on_record is not None:
             self.on_record(self.rank, event)
-
-    @contextmanager
-    def scope(self, name: str, **args: Any) -> Iterator[None]:
-        start = self.now()
-        try:
-            yield
-        finally:
-            self.record(name, start, self.now(), args)
 
 
 # ------------------------------------------------------------------ output
@@ -92,8 +76,8 @@ def chrome_events(rank: int, label: str, events: list[Event],
                     "args": {"name": lane}})
     for e in events:
         start = to_time(e.start_s)
-        cat = category(e.name, e.args)
-        out.append({"ph": "X", "name": e.name, "cat": cat, "pid": rank, "tid": LANES[cat],
+        cat = event_kind(e.name, e.args)
+        out.append({"ph": "X", "name": e.name, "cat": cat, "pid": rank, "tid": LANES.get(cat, 0),
                     "ts": round(start * 1e6, 3),
                     "dur": round((to_time(e.end_s) - start) * 1e6, 3),
                     "args": dict(e.args)})

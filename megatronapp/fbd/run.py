@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 from megatronapp.config import Fbd, Scenario
 from megatronapp.costs import layer_forward_flops
 from megatronapp.layout import topology_of
-from megatronapp.tracer import COMPUTE_NAMES, Event, RunResult
+from megatronapp.kinds import COMPUTE_NAMES
+from megatronapp.tracer import Event, RunResult
 
 from .ranks import FbdLayout
 

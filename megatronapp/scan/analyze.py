@@ -1,20 +1,23 @@
-"""Per-rank compute / communication / idle time, bubble fraction, iteration times.
+"""Per-rank compute / communication / idle time, bubble fraction, iteration
+times, and the critical path through the ranks.
 
-Works on our traces and on foreign ones: ops named forward/backward/optimizer
-or like a GPU kernel count as compute, send/recv/collective names as
-communication. Times are unions of intervals over the trace's window (first
-start to last end over all ranks), so the three parts add up to the window:
-communication is what compute does not hide, idle is everything else.
+Works on our traces (each event's recorded kind) and on foreign ones (kinds
+from names, ``megatronapp.kinds``). Times are unions of intervals over the
+trace's window (first start to last end over all ranks): communication is what
+compute does not hide, idle is everything else.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Sequence
 
+from megatronapp.kinds import event_kind, is_comm
 from megatronapp.summary import bubble_fraction, iteration_times, union_length
 
-from .kinds import kind_of
+from .critical import critical_path
+from .deps import SyncOp, reconstruct
 from .load import RankEvents
+
 
 @dataclass(frozen=True)
 class RankTime:
@@ -28,8 +31,9 @@ def rank_times(events: RankEvents) -> dict[int, RankTime]:
     window = (max(e.end_s for ev in events.values() for e in ev) - min(starts)) if starts else 0.0
     out = {}
     for rank, evs in events.items():
-        compute = [(e.start_s, e.end_s) for e in evs if kind_of(e.name, e.args) == "compute"]
-        comm = [(e.start_s, e.end_s) for e in evs if kind_of(e.name, e.args) == "comm"]
+        kinds = [event_kind(e.name, e.args) for e in evs]
+        compute = [(e.start_s, e.end_s) for e, k in zip(evs, kinds) if k == "compute"]
+        comm = [(e.start_s, e.end_s) for e, k in zip(evs, kinds) if is_comm(k)]
         busy = union_length(compute)
         both = union_length(compute + comm)
         out[rank] = RankTime(busy, both - busy, max(window - both, 0.0))
@@ -40,8 +44,8 @@ def _has_iterations(events: RankEvents) -> bool:
     return any("iteration" in e.args for ev in events.values() for e in ev[:50])
 
 
-def analyze(events: RankEvents) -> dict[str, Any]:
-    """The JSON of ``megatronapp analyze``."""
+def analyze(events: RankEvents, ops: Sequence[SyncOp] | None = None) -> dict[str, Any]:
+    """The JSON of ``megatronapp analyze`` (``ops``: the trace's linked sync ops)."""
     times = rank_times(events)
     if _has_iterations(events):
         bubble, iters = bubble_fraction(events), iteration_times(events)
@@ -52,7 +56,9 @@ def analyze(events: RankEvents) -> dict[str, Any]:
         iters = [max(window)] if window else []
     return {"ranks": {str(r): {"compute_s": t.compute_s, "comm_s": t.comm_s, "idle_s": t.idle_s}
                       for r, t in sorted(times.items())},
-            "bubble_fraction": bubble, "iteration_times_s": iters}
+            "bubble_fraction": bubble, "iteration_times_s": iters,
+            "critical_path": critical_path(events, reconstruct(events) if ops is None else ops
+                                           ).to_json()}
 
 
 def format_analysis(result: dict[str, Any], max_ranks: int = 32) -> str:
@@ -66,4 +72,30 @@ def format_analysis(result: dict[str, Any], max_ranks: int = 32) -> str:
     iters = ", ".join(f"{t * 1e3:.3f}" for t in result["iteration_times_s"])
     lines.append(f"bubble fraction: {result['bubble_fraction']:.3f}")
     lines.append(f"iteration times (ms): {iters or '-'}")
-    return "\n".join(lines)
+    return "\n".join(lines + list(format_critical_path(result["critical_path"])))
+
+
+def _shares(totals: dict[str, float], window: float, limit: int, label: str = "") -> str:
+    items = list(totals.items())
+    shown = ", ".join(f"{label}{key} {100 * t / window:.1f}%" for key, t in items[:limit])
+    return shown + (f", ... {len(items) - limit} more" if len(items) > limit else "")
+
+
+WHERE = {"iteration": "it", "microbatch": "mb", "chunk": "ch"}
+
+
+def format_critical_path(path: dict[str, Any], max_ops: int = 12) -> Iterator[str]:
+    """Where the critical path spends the trace's window, and its first ops."""
+    window, ops = path["window_s"], path["ops"]
+    if window <= 0:
+        return
+    yield (f"critical path: {path['length_s'] * 1e3:.3f} ms of the {window * 1e3:.3f} ms window "
+           f"({100 * path['length_s'] / window:.1f}%), {len(ops)} ops")
+    yield "  by kind: " + _shares(path["by_kind"], window, 4)
+    yield "  by rank: " + _shares(path["by_rank"], window, 8, "rank ")
+    for op in ops[:max_ops]:
+        where = " ".join(f"{short}{op[key]}" for key, short in WHERE.items() if key in op)
+        yield (f"  at {(op['start_s'] - path['window_start_s']) * 1e3:9.3f} ms  rank "
+               f"{op['rank']:<5} {op['name']:<20} {op['seconds'] * 1e3:9.3f} ms  {where}")
+    if len(ops) > max_ops:
+        yield f"  ... {len(ops) - max_ops} more ops (--json for all)"

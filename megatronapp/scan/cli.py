@@ -72,7 +72,8 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from .analyze import analyze, format_analysis
 
-    result = analyze(_scan_input(args.target).events)
+    scan = _scan_input(args.target)
+    result = analyze(scan.events, scan.ops)
     print(json.dumps(result, indent=2) if args.json else format_analysis(result))
     return 0
 
@@ -175,7 +176,8 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     detect.add_argument("--method", default="megascan", help="megascan (default) or a baseline")
     detect.set_defaults(func=cmd_detect)
 
-    analyze = subparsers.add_parser("analyze", help="per-rank compute/comm/idle time, bubbles")
+    analyze = subparsers.add_parser(
+        "analyze", help="per-rank compute/comm/idle time, bubbles, the critical path")
     analyze.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     analyze.add_argument("--json", action="store_true")
     analyze.set_defaults(func=cmd_analyze)

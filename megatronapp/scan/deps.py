@@ -2,17 +2,19 @@
 
 Collectives are matched by group and by sequence number within that group (the
 n-th call a rank makes on a group is the n-th call of every member, as in
-NCCL). Point-to-point transfers are matched per (sender, receiver, direction)
-in (iteration, microbatch) order, falling back to issue order. Every linked
-event gets ``related_sync_op`` (the op's id) in its args.
+NCCL). Point-to-point transfers are matched per (sender, receiver, stream) in
+(iteration, microbatch) order, falling back to issue order; the stream is the
+recorded tag (``kinds.p2p_side``). Every linked event gets ``related_sync_op``
+(the op's id) in its args.
 """
 from __future__ import annotations
 
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
+from megatronapp.kinds import Stream, event_kind, p2p_side
 from megatronapp.tracer import Event
 
 from .load import RankEvents
@@ -35,22 +37,11 @@ class SyncOp:
         return tuple(r for r, _ in self.members)
 
 
-def _group_of(args: Mapping[str, Any]) -> tuple[int, ...] | None:
-    group = args.get("group")
-    if isinstance(group, (list, tuple)) and len(group) > 0:
+def _group_of(e: Event) -> tuple[int, ...] | None:
+    group = e.args.get("group")
+    if (event_kind(e.name, e.args) == "collective" and isinstance(group, (list, tuple))
+            and len(group) > 0):
         return tuple(sorted(int(g) for g in group))
-    return None
-
-
-def p2p_role(name: str, args: Mapping[str, Any]) -> tuple[str, str] | None:
-    """('send' | 'recv', direction) for point-to-point events, else None."""
-    if "peer" not in args:
-        return None
-    lowered = name.lower()
-    for role in ("send", "recv"):
-        if role in lowered:
-            direction = lowered.replace(role, "", 1).strip("_")
-            return role, direction
     return None
 
 
@@ -60,7 +51,7 @@ def _collectives(events: RankEvents) -> list[SyncOp]:
     for rank in sorted(events):
         seq: dict[tuple[int, ...], int] = defaultdict(int)
         for index, e in enumerate(events[rank]):
-            group = _group_of(e.args)
+            group = _group_of(e)
             if group is None:
                 continue
             key = (group, seq[group])
@@ -82,25 +73,26 @@ def _p2p_sort_key(e: Event, issue: int) -> tuple[Any, ...]:
 
 
 def _p2p(events: RankEvents) -> list[SyncOp]:
-    sides: dict[tuple[str, int, int, str], list[tuple[tuple[Any, ...], Member]]] = defaultdict(list)
+    sides: dict[tuple[str, int, int, Stream], list[tuple[tuple[Any, ...], Member]]] = (
+        defaultdict(list))
     for rank, rank_events in events.items():
         for index, e in enumerate(rank_events):
-            role = p2p_role(e.name, e.args)
-            if role is None:
+            side = p2p_side(e.name, e.args)
+            if side is None:
                 continue
-            kind, direction = role
+            role, stream = side
             peer = int(e.args["peer"])
-            src, dst = (rank, peer) if kind == "send" else (peer, rank)
-            sides[(kind, src, dst, direction)].append((_p2p_sort_key(e, index), (rank, index)))
+            src, dst = (rank, peer) if role == "send" else (peer, rank)
+            sides[(role, src, dst, stream)].append((_p2p_sort_key(e, index), (rank, index)))
     ops = []
-    for (kind, src, dst, direction), sends in sides.items():
-        if kind != "send":
+    for (role, src, dst, stream), sends in sides.items():
+        if role != "send":
             continue
-        recvs = sorted(sides.get(("recv", src, dst, direction), []))
+        recvs = sorted(sides.get(("recv", src, dst, stream), []))
         for n, ((_, send), (_, recv)) in enumerate(zip(sorted(sends), recvs)):
             e = events[send[0]][send[1]]
-            ops.append(SyncOp(f"p2p[{src}->{dst}:{direction}]#{n}", "p2p", e.name, (send, recv),
-                              float(e.args.get("bytes", 0) or 0)))
+            ops.append(SyncOp(f"p2p[{src}->{dst}:{stream[1]}]#{n}", "p2p", e.name,
+                              (send, recv), float(e.args.get("bytes", 0) or 0)))
     return ops
 
 

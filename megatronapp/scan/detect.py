@@ -19,11 +19,11 @@ from typing import Any, Hashable, Iterable
 
 import numpy as np
 
+from megatronapp.kinds import event_kind
 from megatronapp.tracer import Event
 
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import ScanInput, stage_peers
-from .kinds import kind_of
 
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median = 1.2533·σ/√n for normal data
@@ -59,7 +59,7 @@ def compute_table(events: Iterable[Event]) -> dict[tuple[Hashable, ...], float]:
     seen: dict[tuple[Hashable, ...], int] = defaultdict(int)
     table: dict[tuple[Hashable, ...], float] = {}
     for e in events:
-        if e.dur_s <= 0 or kind_of(e.name, e.args) != "compute":
+        if e.dur_s <= 0 or event_kind(e.name, e.args) != "compute":
             continue
         base = (e.name, e.args.get("iteration"), e.args.get("microbatch"), e.args.get("chunk"))
         table[base + (seen[base],)] = e.dur_s

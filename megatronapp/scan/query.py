@@ -1,6 +1,6 @@
 """SQL over trace events with DuckDB (the paper used Perfetto SQL for this).
 
-One table, ``events``: rank, name, kind (compute | comm | other), start_us,
+One table, ``events``: rank, name, kind (compute | p2p | collective | other), start_us,
 dur_us, end_us, iteration, microbatch, chunk, bytes, peer, group_ranks (text),
 related_sync_op, args (JSON text).
 """
@@ -14,7 +14,8 @@ from typing import Any
 
 import duckdb
 
-from .kinds import kind_of
+from megatronapp.kinds import event_kind
+
 from .load import RankEvents
 
 COLUMNS = {"rank": "INTEGER", "name": "VARCHAR", "kind": "VARCHAR", "start_us": "DOUBLE",
@@ -26,7 +27,7 @@ COLUMNS = {"rank": "INTEGER", "name": "VARCHAR", "kind": "VARCHAR", "start_us": 
 def _row(rank: int, e: Any) -> list[Any]:
     a = e.args
     group = a.get("group")
-    return [rank, e.name, kind_of(e.name, a), e.start_s * 1e6, e.dur_s * 1e6, e.end_s * 1e6,
+    return [rank, e.name, event_kind(e.name, a), e.start_s * 1e6, e.dur_s * 1e6, e.end_s * 1e6,
             a.get("iteration"), a.get("microbatch"), a.get("chunk"), a.get("bytes"), a.get("peer"),
             ",".join(map(str, group)) if isinstance(group, list) else None,
             a.get("related_sync_op"), json.dumps(dict(a), default=str)]
