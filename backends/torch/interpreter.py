@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send, Wait,
-                             WaitAny, encode_tag)
+                             WaitAny, encode_tag, trace_args)
 from megatronapp.topology import Group, Topology
 from megatronapp.tracer import Tracer
 
@@ -42,6 +42,17 @@ from .faults import InjectedFaults
 from .watchdog import OpBeacon
 
 POLL_S = 20e-6  # WaitAny polling interval
+# Trace arg of an op on a rank with faults: the seconds the fault model added
+# (slept inside the op), so a trace says what was injected where.
+INJECTED = "injected_s"
+
+
+def _sleep(seconds: float) -> float:
+    """Sleep ``seconds`` (none if not positive); returns the seconds asked for."""
+    seconds = max(0.0, seconds)
+    if seconds > 0:
+        time.sleep(seconds)
+    return seconds
 
 
 # ------------------------------------------------------------------ clocks
@@ -266,23 +277,24 @@ class Interpreter:
     # ------------------------------------------------------------- compute
     def _compute(self, op: Compute) -> Any:
         start = self.clock.mark()
+        args = trace_args(op)
         if self.faults.device.windows:
-            result = self._throttled(op)
+            result, args[INJECTED] = self._throttled(op)
         else:
             result = op.run() if op.run is not None else None
-        self._note(op.name, start, self.clock.mark(), dict(op.meta))
+        self._note(op.name, start, self.clock.mark(), args)
         if op.name == "optimizer":
             self.flush()
         return result
 
-    def _throttled(self, op: Compute) -> Any:
+    def _throttled(self, op: Compute) -> tuple[Any, float]:
         """Run ``op`` and sleep as long as the throttled device would have
-        taken longer; the work measured is min(CPU, wall) time of the op."""
+        taken longer (the work measured is min(CPU, wall) time of the op);
+        returns the result and the seconds slept."""
         start_s, work_start = self.clock.now_s(), self.clock.work_s()
         result = op.run() if op.run is not None else None
         done = min(self.clock.work_s() - work_start, self.clock.now_s() - start_s)
-        time.sleep(max(0.0, self.faults.compute_extra_s(start_s, done)))
-        return result
+        return result, _sleep(self.faults.compute_extra_s(start_s, done))
 
     # ----------------------------------------------------------------- p2p
     def _isend(self, op: ISend | Send) -> Handle:
@@ -325,11 +337,11 @@ class Interpreter:
     def _finish(self, handle: Handle) -> torch.Tensor | None:
         if not handle.finished:
             handle.finished = True
+            args = trace_args(handle.op, _nbytes(handle.tensor))
             if handle.is_recv and self.faults.links:  # a slow link delivers later
-                time.sleep(self.faults.transfer_extra_s(handle.peer, self.rank,
-                                                        _nbytes(handle.tensor)))
-            self._note(handle.op.name, handle.start, self.clock.mark(),
-                       {**handle.op.meta, "bytes": _nbytes(handle.tensor), "peer": handle.peer})
+                args[INJECTED] = _sleep(self.faults.transfer_extra_s(
+                    handle.peer, self.rank, _nbytes(handle.tensor)))
+            self._note(handle.op.name, handle.start, self.clock.mark(), args)
         return handle.tensor if handle.is_recv else None
 
     def _wait(self, op: Wait) -> torch.Tensor | None:
@@ -356,10 +368,10 @@ class Interpreter:
         tensor = op.tensor if op.tensor is not None else self._scratch
         group = tuple(sorted(op.group))
         start = self.clock.mark()
+        args = trace_args(op, _nbytes(tensor))
         if self.faults.links and len(group) > 1:
-            time.sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
+            args[INJECTED] = _sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
         if len(group) > 1:
             dist.all_reduce(tensor, group=self.groups.get(group))
-        self._note(op.name, start, self.clock.mark(),
-                   {**op.meta, "bytes": _nbytes(tensor), "group": list(op.group)})
+        self._note(op.name, start, self.clock.mark(), args)
         return op.tensor
