@@ -87,17 +87,30 @@ def test_union_length_counts_overlaps_once():
     assert union_length([]) == 0.0
 
 
-def test_analyze_parts_add_up_to_the_window(tmp_path):
+def test_analyze_splits_each_rank_microsecond_by_microsecond(tmp_path):
+    """Random overlapping ops on whole microseconds: each microsecond of the
+    window is compute if a compute covers it, else communication if a send or
+    an all-reduce does, else idle; analyze's unions agree with that count."""
     rng = random.Random(4)
     raw = []
     for pid in range(3):
         for _ in range(20):
-            t = rng.uniform(0, 1000)
             raw.append({"ph": "X", "name": rng.choice(["forward", "send_forward", "dp_allreduce"]),
-                        "pid": pid, "ts": t, "dur": rng.uniform(1, 50)})
+                        "pid": pid, "ts": rng.randrange(0, 1000), "dur": rng.randrange(1, 50)})
     path = tmp_path / "t.json"
     path.write_text(json.dumps(raw))
     result = analyze(load_trace(path).events)
-    window = max(e["ts"] + e["dur"] for e in raw) - min(e["ts"] for e in raw)
-    for t in result["ranks"].values():
-        assert t["compute_s"] + t["comm_s"] + t["idle_s"] == pytest.approx(window * 1e-6)
+    lo, hi = min(e["ts"] for e in raw), max(e["ts"] + e["dur"] for e in raw)
+    for pid in range(3):
+        mine = [e for e in raw if e["pid"] == pid]
+
+        def covered(t: int, names: tuple[str, ...]) -> bool:
+            return any(e["name"] in names and e["ts"] <= t < e["ts"] + e["dur"] for e in mine)
+
+        compute = [t for t in range(lo, hi) if covered(t, ("forward",))]
+        comm = [t for t in range(lo, hi) if t not in compute
+                and covered(t, ("send_forward", "dp_allreduce"))]
+        got = result["ranks"][str(pid)]
+        assert got["compute_s"] == pytest.approx(len(compute) * 1e-6)
+        assert got["comm_s"] == pytest.approx(len(comm) * 1e-6)
+        assert got["idle_s"] == pytest.approx((hi - lo - len(compute) - len(comm)) * 1e-6)
