@@ -1,8 +1,10 @@
 """Shared fixtures: scenario builders and a CLI runner."""
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
-import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,12 @@ def fixed_cost_scenario(**overrides: Any) -> Scenario:
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the real console entry point in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "megatronapp.cli", *args], capture_output=True,
-                          text=True, cwd=cwd or ROOT, timeout=600)
+    """The console entry point's ``main`` run in this process (nothing is
+    spawned): its exit status, stdout and stderr. tests/test_entry_point.py
+    runs the installed command itself."""
+    from megatronapp.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd or ROOT), redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["megatronapp", *args], code, out.getvalue(), err.getvalue())

@@ -1,4 +1,4 @@
-"""End to end through the real console entry point."""
+"""End to end through the console entry point's main (in process)."""
 from __future__ import annotations
 
 import json
@@ -60,6 +60,7 @@ def test_raw_files_keep_local_clocks(run_dir: Path) -> None:
     assert truth["9"]["offset_us"] == 1500.0
 
 
+@pytest.mark.slow
 def test_plot_writes_png(run_dir: Path) -> None:
     result = run_cli("plot", str(run_dir))
     assert result.returncode == 0, result.stderr

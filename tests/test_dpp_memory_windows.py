@@ -59,6 +59,7 @@ def test_windows_match_a_hand_computed_1f1b_timeline() -> None:
     assert m.p2p_send_window_s == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_summary_json_carries_windows_and_peak_memory(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_cli("run", "scenarios/dpp_healthy.yaml", "--set", "iterations=1", "--out", str(out),

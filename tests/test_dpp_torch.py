@@ -9,6 +9,8 @@ from backends.torch.launch import spawn_run
 
 from .test_torch_backend import SGD, compute_sequence, full_model, sample_losses, scenario
 
+pytestmark = pytest.mark.slow  # every test spawns torch ranks
+
 
 @pytest.mark.parametrize("parallel,static", [({"pp": 2, "microbatches": 4}, "1f1b"),
                                              ({"pp": 2, "vpp": 2, "microbatches": 4},

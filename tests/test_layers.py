@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # import-linter runs in a fresh interpreter
 ROOT = Path(__file__).resolve().parents[1]
 
 
