@@ -17,6 +17,7 @@ import simpy
 from megatronapp.config import Scenario
 from megatronapp.errors import UserError
 from megatronapp.gc_pause import paused_gc
+from megatronapp.progress import Say, quiet
 from megatronapp.jobs import StagesFor, rank_programs
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
                              Wait, WaitAny, describe, trace_args)
@@ -111,8 +112,9 @@ class SimBackend:
     def _compute(self, rank: int, op: Compute):
         start = self.env.now
         yield self.env.timeout(self.cluster.devices[rank].duration(start, op.cost_s))
-        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))
-        return op.run() if op.run is not None else None
+        result = op.run() if op.run is not None else None
+        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op, result=result))
+        return result
 
     def _isend(self, rank: int, op: ISend | Send):
         start = self.env.now
@@ -194,8 +196,10 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
 
 
 def run_scenario(s: Scenario, stages_for: StagesFor | None = None,
-                 on_record: Callable[[int, Event], None] | None = None) -> RunResult:
+                 on_record: Callable[[int, Event], None] | None = None,
+                 on_phase: Say = quiet) -> RunResult:
     """``megatronapp run``: a scenario with an ``fbd`` section trains decoupled."""
+    on_phase(f"simulating {s.world_size} ranks")
     if s.fbd is not None:
         from .sim_fbd import run_fbd_scenario
 

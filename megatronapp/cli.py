@@ -2,6 +2,8 @@
 
 Bad input exits with status 2 and one line on stderr naming the field; no
 traceback, and no output directory that could pass for a result.
+Heavy modules (pydantic, numpy, matplotlib, torch, duckdb) are imported
+inside the commands that use them, so ``--help`` and usage errors stay fast.
 """
 from __future__ import annotations
 
@@ -11,12 +13,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
-from .config import ScenarioError, load_scenario
 from .errors import UserError
-from .scan.load import TraceError
-from .topology import Topology
 
 BACKENDS = ("sim", "torch")
 # Each module contributes its own subcommands through ``register(subparsers)``.
@@ -30,23 +29,9 @@ def load_backend(name: str) -> Callable[..., Any]:
 
 
 # ------------------------------------------------------------------- run
-def _progress(total: int, enabled: bool):
-    """A rich progress bar over iterations; returns (context, on_record hook)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("[bold]simulating"), BarColumn(), TextColumn("{task.completed}/"
-                   "{task.total} iterations"), TimeElapsedColumn(), transient=True,
-                   disable=not enabled)
-    task = bar.add_task("run", total=total)
-
-    def on_record(rank: int, event: Any) -> None:
-        if rank == 0 and event.name == "optimizer":
-            bar.advance(task)
-
-    return bar, on_record
-
-
 def cmd_run(args: argparse.Namespace) -> int:
+    from .config import load_scenario
+    from .progress import RunProgress
     from .runs import staged_dir, write_run
 
     scenario = load_scenario(args.scenario, args.set)
@@ -54,9 +39,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     backend_kw = _stall_option(args)
     out = Path(args.out or Path("runs") / scenario.name)
     check_out_dir(out)
-    bar, on_record = _progress(scenario.iterations, sys.stderr.isatty() and not args.quiet)
-    with staged_dir(out) as tmp, bar:
-        result = run_backend(scenario, on_record=on_record, **backend_kw)
+    with staged_dir(out) as tmp, RunProgress(scenario.iterations,
+                                             False if args.quiet else None) as progress:
+        result = run_backend(scenario, on_record=progress.record, on_phase=progress.phase,
+                             **backend_kw)
+        progress.phase(f"writing {out}")
         summary = write_run(scenario, result, tmp)
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
@@ -120,6 +107,8 @@ def _print_pipeline_summary(summary: dict[str, Any]) -> None:
 
 # -------------------------------------------------------------- topology
 def cmd_topology(args: argparse.Namespace) -> int:
+    from .topology import Topology
+
     for name in ("tp", "pp", "dp"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}: must be >= 1")
@@ -161,29 +150,71 @@ PlotHook = Callable[[Path, dict], list[Path]]
 
 
 # ---------------------------------------------------------------- parser
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless it has none or its help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action) or text
+
+
+class Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser: defaults in the help, and a usage error is
+    one line on stderr (``megatronapp: --tp: invalid int value: 'x'``), exit 2."""
+
+    def __init__(self, **kw: Any):
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(**kw)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"megatronapp: {message.removeprefix('argument ')}\n")
+
+
+class Version(argparse.Action):
+    """``--version``: the installed package's version, looked up only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kw: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("megatronapp")
+        except PackageNotFoundError:
+            found = "(not installed)"
+        print(f"megatronapp {found}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="megatronapp",
         description="Simulate, trace, diagnose and schedule distributed LLM training.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=Version)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a scenario on a backend")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("--backend", default="sim", help="sim (default) or torch")
+    run.add_argument("--backend", default="sim", choices=BACKENDS,
+                     help="sim: the SimPy cluster model; torch: real torch.distributed ranks")
     run.add_argument("--out", help="output directory (default runs/<scenario name>)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set parallel.pp=4 (repeatable)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
     run.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
                      help="torch backend: stop and name each rank's blocked op when no rank "
                           "makes progress for this long (default 300)")
     run.set_defaults(func=cmd_run)
 
     topo = sub.add_parser("topology", help="print rank groups in Megatron-core's order")
-    for name in ("tp", "pp", "dp"):
-        topo.add_argument(f"--{name}", type=int, default=1)
-    topo.add_argument("--json", action="store_true")
+    for name, what in (("tp", "tensor"), ("pp", "pipeline"), ("dp", "data")):
+        topo.add_argument(f"--{name}", type=int, default=1, help=f"{what}-parallel size")
+    topo.add_argument("--json", action="store_true", help="print the groups as JSON")
     topo.add_argument("--fbd", action="store_true",
                       help="print MegaFBD's worker threads (virtual ranks) per device")
     topo.add_argument("--forward-tp", type=int, default=None,
@@ -192,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot_hooks: list[PlotHook] = []  # each module may add its own plots
     plot = sub.add_parser("plot", help="plot a run directory (timeline.png and more)")
-    plot.add_argument("run_dir")
+    plot.add_argument("run_dir", help="a directory written by 'megatronapp run'")
     plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)
 
     for module in MODULE_CLIS:
@@ -202,7 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version and usage errors (already printed)
+        return stop.code if isinstance(stop.code, int) else 2
+    from .config import ScenarioError  # after parsing: --help and usage errors stay fast
+    from .scan.load import TraceError
+
     try:
         return int(args.func(args) or 0)
     except ScenarioError as err:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "dfc", "bfc", "adaptive")
+from .schedules import SCHEDULES
 
 
 class ScenarioError(ValueError):

@@ -100,6 +100,14 @@ class AllReduce:
     meta: Meta = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a Compute's ``run`` may return to add values to its trace event
+    (the optimizer step reports the loss and the gradient norm)."""
+
+    values: Mapping[str, float]
+
+
 Op = Union[Compute, Send, Recv, ISend, IRecv, Wait, WaitAny, AllReduce]
 RankProgram = Generator[Op, Any, None]
 P2P_OPS = (Send, Recv, ISend, IRecv)
@@ -110,14 +118,17 @@ def encode_tag(tag: Hashable) -> int:
     return zlib.crc32(repr(tag).encode()) & 0x7FFFFFFF
 
 
-def trace_args(op: Compute | ISend | IRecv | AllReduce, nbytes: int | None = None
-               ) -> dict[str, Any]:
+def trace_args(op: Compute | ISend | IRecv | AllReduce, nbytes: int | None = None,
+               result: Any = None) -> dict[str, Any]:
     """What a backend records with ``op``'s event: its meta, its kind and, for
     communication, bytes (``nbytes`` when the backend knows the real size)
     and the group, or the peer, the role (send | recv) and the encoded tag
-    that pairs a send with its receive."""
+    that pairs a send with its receive; a compute adds what its ``result``
+    reports (a ``Report``)."""
     args: dict[str, Any] = {**op.meta, "kind": op.kind}
     if isinstance(op, Compute):
+        if isinstance(result, Report):
+            args.update(result.values)
         return args
     args["bytes"] = op.nbytes if nbytes is None else nbytes
     if isinstance(op, AllReduce):

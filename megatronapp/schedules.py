@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+# Every schedule a scenario may name ("adaptive" picks tasks at run time: dpp/).
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dfc", "bfc", "adaptive")
 Phase = Literal["F", "B"]
 
 

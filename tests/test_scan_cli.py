@@ -10,7 +10,8 @@ from backends.sim import run_sim
 from megatronapp.cli import main
 from megatronapp.config import parse_scenario
 from megatronapp.runs import read_events, write_run
-from megatronapp.scan.plots import mean_durations, pipeline_of, plot_hook
+from megatronapp.scan.cli import plot_hook
+from megatronapp.scan.plots import mean_durations, pipeline_of
 
 SCENARIO = {
     "name": "cli", "seed": 2, "iterations": 2,

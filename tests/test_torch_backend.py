@@ -102,8 +102,10 @@ def compute_sequence(events: Sequence[Event]) -> list[tuple[Any, ...]]:
 
 
 def recorded_args(events: Sequence[Event]) -> Counter[tuple[Any, ...]]:
-    """Each event's name and trace args but its size (real tensors vs the cost model)."""
-    return Counter((e.name, *sorted((k, repr(v)) for k, v in e.args.items() if k != "bytes"))
+    """Each event's name and trace args but its size (real tensors vs the cost
+    model) and what a real step reports (loss, gradient norm)."""
+    return Counter((e.name, *sorted((k, repr(v)) for k, v in e.args.items()
+                                    if k not in ("bytes", "loss", "grad_norm")))
                    for e in events)
 
 
@@ -139,6 +141,10 @@ def test_pp2_dp2_step_equals_single_process_reference(pp2_dp2):
     dp_bytes = {e.args["bytes"] for ev in run.events.values() for e in ev
                 if e.name == "dp_allreduce"}
     assert dp_bytes and 0 not in dp_bytes
+    # the last stages' optimizer events carry their replica's mean loss
+    losses = {e.args["loss"] for r in (2, 3) for e in run.events[r] if e.name == "optimizer"}
+    assert len(losses) == 2 and np.mean(list(losses)) == pytest.approx(
+        run.extra["loss_per_iteration"][0], rel=1e-6)
 
 
 def test_pp2_dp2_compute_order_equals_sim(pp2_dp2):
@@ -165,10 +171,13 @@ def _injected(events: Sequence[Event], kind: str) -> list[tuple[Event, float]]:
 def test_throttled_rank_sleeps_what_the_device_model_adds():
     """dp=2, rank 1 throttled 4x: each of its computes sleeps 3x the work it
     measured, inside the op, and its healthy dp peer sleeps nothing. (Wall-time
-    ratios under load are measured by paper_figs/torch_fault_timing.py.)"""
+    ratios under load are measured by paper_figs/torch_fault_timing.py.) The
+    launcher says what it is doing while the ranks start."""
     s = scenario({"dp": 2, "microbatches": 8}, faults=[{"kind": "throttle", "rank": 1,
                                                         "factor": 4.0}])
-    run, _ = spawn_run(s)
+    phases: list[str] = []
+    run, _ = spawn_run(s, on_phase=phases.append)
+    assert phases == ["spawning 2 ranks", "building stages", "iteration 1/1"]
     computes = [e for e in run.events[1] if e.args["kind"] == "compute"]
     throttled = _injected(run.events[1], "compute")
     assert len(throttled) == len(computes) == 2 * 8 + 1

@@ -16,16 +16,20 @@ def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = N
                  **kw: Any) -> RunResult:
     """Run a scenario for real. ``kw``: ``optimizer`` ("adam" | "sgd"), ``lr``,
     ``coalesce`` (hold sends for the next receive; default: on NCCL only),
-    ``stall_timeout_s`` (fail when no rank makes progress for this long).
+    ``stall_timeout_s`` (fail when no rank makes progress for this long),
+    ``on_phase`` (told what the run is doing: spawning, building stages).
     A scenario with an ``fbd`` section trains decoupled (``fbd_run``)."""
     if s.fbd is not None:
         from .fbd_run import run_fbd_scenario
 
         return run_fbd_scenario(s, on_record)
+    from megatronapp.progress import quiet
+
     from .launch import STALL_TIMEOUT_S, spawn_run
     from .stages import TrainOptions
 
     options = TrainOptions(optimizer=kw.get("optimizer", "adam"), lr=kw.get("lr", 1e-3))
     result, _ = spawn_run(s, options, kw.get("coalesce"), on_record,
-                          stall_timeout_s=kw.get("stall_timeout_s", STALL_TIMEOUT_S))
+                          stall_timeout_s=kw.get("stall_timeout_s", STALL_TIMEOUT_S),
+                          on_phase=kw.get("on_phase", quiet))
     return result

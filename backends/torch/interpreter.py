@@ -277,12 +277,12 @@ class Interpreter:
     # ------------------------------------------------------------- compute
     def _compute(self, op: Compute) -> Any:
         start = self.clock.mark()
-        args = trace_args(op)
+        injected: dict[str, float] = {}
         if self.faults.device.windows:
-            result, args[INJECTED] = self._throttled(op)
+            result, injected[INJECTED] = self._throttled(op)
         else:
             result = op.run() if op.run is not None else None
-        self._note(op.name, start, self.clock.mark(), args)
+        self._note(op.name, start, self.clock.mark(), {**trace_args(op, result=result), **injected})
         if op.name == "optimizer":
             self.flush()
         return result

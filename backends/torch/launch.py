@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from megatronapp.errors import UserError
 from megatronapp.config import Scenario, ScenarioError
 from megatronapp.jobs import rank_programs
+from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, RunResult
 
 from .stages import TrainOptions
@@ -66,7 +67,8 @@ def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce:
         dist.init_process_group(backend, rank=rank, world_size=s.world_size)
         result = run_rank(s, rank, rank, options, coalesce,
                           on_record=lambda r, e: out.put(("event", r, e)),
-                          beacon=beacon, programs=programs)
+                          beacon=beacon, programs=programs,
+                          on_phase=lambda text: out.put(("phase", rank, text)))
         out.put(("done", rank, result))
     except BaseException:
         out.put(("error", rank, (traceback.format_exc(), beacon.describe())))
@@ -79,9 +81,10 @@ class _Gatherer:
     """Reads the workers' queue until every rank is done, or fails loudly."""
 
     def __init__(self, procs: list[Any], out: Any, counters: Any, stall_flag: Any,
-                 stall_timeout_s: float, on_record: Callable[[int, Event], None] | None):
+                 stall_timeout_s: float, on_record: Callable[[int, Event], None] | None,
+                 on_phase: Say = quiet):
         self.procs, self.out, self.counters, self.stall_flag = procs, out, counters, stall_flag
-        self.watch, self.on_record = ProgressWatch(stall_timeout_s), on_record
+        self.watch, self.on_record, self.on_phase = ProgressWatch(stall_timeout_s), on_record, on_phase
         self.results: dict[int, WorkerResult] = {}
         self.blocked: dict[int, str] = {}
 
@@ -103,6 +106,8 @@ class _Gatherer:
             raise TorchRunError(f"rank {rank} failed:\n{trace}")
         if kind == "event" and self.on_record is not None:
             self.on_record(rank, payload)
+        elif kind == "phase":
+            self.on_phase(payload)
         elif kind == "done":
             self.results[rank] = payload
         elif kind == "blocked":
@@ -162,7 +167,7 @@ def check_gpus(s: Scenario) -> None:
 def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: bool | None = None,
               on_record: Callable[[int, Event], None] | None = None, *,
               stall_timeout_s: float = STALL_TIMEOUT_S, programs: ProgramsFor | None = None,
-              ) -> tuple[RunResult, list[WorkerResult]]:
+              on_phase: Say = quiet) -> tuple[RunResult, list[WorkerResult]]:
     """Run ``s`` on ``s.world_size`` fresh processes; the RunResult plus each
     rank's raw result (losses, gradient norms, optional step capture).
     ``programs`` (default ``rank_programs``; a module-level function, since it
@@ -177,11 +182,13 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
     procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out,
                                                 counters, stall_flag, build))
              for r in range(s.world_size)]
+    on_phase(f"spawning {s.world_size} ranks")
     for p in procs:
         p.start()
     failed = True
     try:
-        results = _Gatherer(procs, out, counters, stall_flag, stall_timeout_s, on_record).run()
+        results = _Gatherer(procs, out, counters, stall_flag, stall_timeout_s, on_record,
+                            on_phase).run()
         failed = False
     finally:
         _stop(procs, failed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from statistics import fmean
 from typing import Any, Mapping
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 
 from megatronapp.config import Scenario
 from megatronapp.data import TextData, random_tokens
+from megatronapp.ops import Report
 
 from . import megatron_compat
 
@@ -208,11 +210,14 @@ class MegatronStages:
         self._norm_sq = total
         return total
 
-    def optimizer_step(self) -> float:
+    def optimizer_step(self) -> Report:
+        """Step; reports the gradient norm and, on the last stage, the mean loss."""
         norm_sq = self._norm_sq if self._norm_sq is not None else self.grad_norm_sq()
         grad_norm = math.sqrt(float(norm_sq.item()))
         self.log.grad_norms[self.iteration] = grad_norm
         self._log_losses()
+        losses = self.log.losses.get(self.iteration)
+        report = {"grad_norm": grad_norm, **({"loss": fmean(losses.values())} if losses else {})}
         capture = self.options.capture_first_step and self.iteration == 0
         before = self._snapshot(lambda p: p) if capture else {}
         grads = self._snapshot(lambda p: p.grad) if capture else {}
@@ -221,7 +226,7 @@ class MegatronStages:
             self.log.capture = StepCapture(
                 before, grads, self._snapshot(lambda p: p),
                 {n: partition_dim_of(p) for n, p in self.named}, grad_norm)
-        return grad_norm
+        return Report(report)
 
     def _log_losses(self) -> None:
         """This iteration's microbatch losses, read back in one transfer."""

@@ -25,6 +25,7 @@ from megatronapp.jobs import StagesFor, rank_programs
 from megatronapp.layout import topology_of
 from megatronapp.ops import RankProgram
 from megatronapp.programs import NullStages
+from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import clocks_of
 
@@ -98,11 +99,14 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
              coalesce: bool | None = None,
              on_record: Callable[[int, Event], None] | None = None,
              beacon: OpBeacon | None = None,
-             programs: ProgramsFor = rank_programs) -> WorkerResult:
-    """Run this rank's program; torch.distributed must already be initialised."""
+             programs: ProgramsFor = rank_programs, on_phase: Say = quiet) -> WorkerResult:
+    """Run this rank's program; torch.distributed must already be initialised.
+    Rank 0 tells ``on_phase`` when it builds its stages and when it trains."""
     from megatron.core import parallel_state
 
+    say = on_phase if rank == 0 else quiet
     device = device_for(local_rank)
+    say("building stages")
     init_megatron(s)
     try:
         groups = GroupCache(topology_of(s))
@@ -113,6 +117,7 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
         tracer = Tracer(rank, now=clock.now_s, on_record=on_record)
         backend = dist.get_backend()
         coalesce = backend == "nccl" if coalesce is None else coalesce
+        say(f"iteration 1/{s.iterations}")
         Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
                     stages.activation_buffer, coalesce, device, beacon).run(program)
         if beacon is not None:

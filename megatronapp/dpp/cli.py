@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from ..config import SCHEDULES, Scenario, ScenarioError, apply_overrides, parse_scenario
-from ..config import read_scenario_data
-from ..summary import iteration_times
+from ..schedules import SCHEDULES
+
+if TYPE_CHECKING:
+    from ..config import Scenario
 
 COMPARED = ("1f1b", "interleaved", "dfc", "bfc", "adaptive")
 COLUMNS = ("iteration_ms", "p2p_send_window_ms", "allreduce_window_ms", "compute_ratio",
@@ -17,6 +18,8 @@ COLUMNS = ("iteration_ms", "p2p_send_window_ms", "allreduce_window_ms", "compute
 
 def scenario_for(data: dict[str, Any], schedule: str, overrides: Sequence[str] = ()) -> Scenario:
     """One scenario file run under another schedule (1F1B has no chunks)."""
+    from ..config import apply_overrides, parse_scenario
+
     sets = [f"schedule={schedule}", *overrides]
     if schedule in ("gpipe", "1f1b"):
         sets.append("parallel.vpp=1")
@@ -27,6 +30,7 @@ def compare_row(s: Scenario) -> dict[str, float]:
     """Simulate one scenario; its iteration time, windows and peak memory."""
     from backends.sim import run_sim
 
+    from ..summary import iteration_times
     from .windows import dpp_summary
 
     events = run_sim(s).events
@@ -43,18 +47,20 @@ def compare_row(s: Scenario) -> dict[str, float]:
 def compare(data: dict[str, Any], schedules: Sequence[str], overrides: Sequence[str] = (),
             progress: bool = False) -> dict[str, dict[str, float] | str]:
     """schedule -> its row, or the one-line reason it cannot run (memory)."""
-    from rich.progress import track
+    from ..config import ScenarioError
+    from ..progress import status
 
     rows: dict[str, dict[str, float] | str] = {}
-    for schedule in track(schedules, description="simulating", disable=not progress,
-                          transient=True):
-        s = scenario_for(data, schedule, overrides)
-        try:
-            rows[schedule] = compare_row(s)
-        except ScenarioError as err:
-            if err.field != "cluster.gpu.memory_gb":
-                raise
-            rows[schedule] = f"does not fit: {err.reason}"
+    with status("simulating", None if progress else False) as say:
+        for schedule in schedules:
+            say(f"simulating {schedule} ({len(rows) + 1}/{len(schedules)})")
+            s = scenario_for(data, schedule, overrides)
+            try:
+                rows[schedule] = compare_row(s)
+            except ScenarioError as err:
+                if err.field != "cluster.gpu.memory_gb":
+                    raise
+                rows[schedule] = f"does not fit: {err.reason}"
     return rows
 
 
@@ -70,6 +76,7 @@ def format_table(rows: dict[str, dict[str, float] | str], title: str = "") -> st
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from ..config import read_scenario_data
     from ..errors import UserError
 
     schedules = [x for x in args.schedules.split(",") if x]
@@ -110,11 +117,12 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     comp = sub.add_parser("compare", help="simulate one scenario under several schedules")
     comp.add_argument("scenario", help="scenario YAML file")
     comp.add_argument("--schedules", default=",".join(COMPARED),
-                      help=f"comma-separated (default {','.join(COMPARED)})")
-    comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    comp.add_argument("--json", action="store_true")
+                      help=f"comma-separated, from {', '.join(SCHEDULES)}")
+    comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a scenario key (repeatable)")
+    comp.add_argument("--json", action="store_true", help="print the rows as JSON")
     comp.set_defaults(func=cmd_compare)
     win = sub.add_parser("windows", help="window metrics of a run directory")
-    win.add_argument("run_dir")
+    win.add_argument("run_dir", help="a directory written by 'megatronapp run'")
     win.set_defaults(func=cmd_windows)
     plot_hooks.append(plot_hook)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from megatronapp.kinds import event_kind, is_comm
+from megatronapp.progress import Say, quiet
 from megatronapp.summary import bubble_fraction, iteration_times, union_length
 
 from .critical import critical_path
@@ -44,8 +45,10 @@ def _has_iterations(events: RankEvents) -> bool:
     return any("iteration" in e.args for ev in events.values() for e in ev[:50])
 
 
-def analyze(events: RankEvents, ops: Sequence[SyncOp] | None = None) -> dict[str, Any]:
+def analyze(events: RankEvents, ops: Sequence[SyncOp] | None = None,
+            say: Say = quiet) -> dict[str, Any]:
     """The JSON of ``megatronapp analyze`` (``ops``: the trace's linked sync ops)."""
+    say("splitting each rank's time")
     times = rank_times(events)
     if _has_iterations(events):
         bubble, iters = bubble_fraction(events), iteration_times(events)
@@ -54,11 +57,12 @@ def analyze(events: RankEvents, ops: Sequence[SyncOp] | None = None) -> dict[str
         bubble = (sum(1 - t.compute_s / w for t, w in zip(times.values(), window) if w > 0)
                   / len(times)) if times else 0.0
         iters = [max(window)] if window else []
+    say(f"finding the critical path through {sum(map(len, events.values()))} events")
+    path = critical_path(events, reconstruct(events) if ops is None else ops)
     return {"ranks": {str(r): {"compute_s": t.compute_s, "comm_s": t.comm_s, "idle_s": t.idle_s}
                       for r, t in sorted(times.items())},
             "bubble_fraction": bubble, "iteration_times_s": iters,
-            "critical_path": critical_path(events, reconstruct(events) if ops is None else ops
-                                           ).to_json()}
+            "critical_path": path.to_json()}
 
 
 def format_analysis(result: dict[str, Any], max_ranks: int = 32) -> str:

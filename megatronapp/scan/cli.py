@@ -3,32 +3,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 from megatronapp.errors import UserError
+from megatronapp.progress import Say, status
+
+from .methods import DETECTORS
 
 TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a Chrome trace file"
+JSON_HELP = "print JSON instead of text"
 
 
-def _scan_input(target: str) -> Any:
-    from .inputs import prepare_loaded
-    from .load import TraceError, load_trace
+def _scan_input(target: str, say: Say) -> Any:
+    from .inputs import load_scan_input
+    from .load import TraceError
 
     try:
-        return prepare_loaded(load_trace(target))
+        return load_scan_input(target, say)
     except TraceError as err:
         raise UserError(f"RUN_DIR_OR_TRACE: {err}") from None
 
 
 # ---------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
-    from .validate import METHODS
+    from .methods import detector
 
-    if args.method not in METHODS:
-        raise UserError(f"--method: unknown method {args.method!r} (choose from {', '.join(METHODS)})")
-    diagnosis = METHODS[args.method](_scan_input(args.target))
+    with status("reading the trace") as say:
+        scan = _scan_input(args.target, say)
+        say(f"detecting ({args.method})")
+        diagnosis = detector(args.method)(scan)
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:
@@ -72,8 +76,9 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from .analyze import analyze, format_analysis
 
-    scan = _scan_input(args.target)
-    result = analyze(scan.events, scan.ops)
+    with status("reading the trace") as say:
+        scan = _scan_input(args.target, say)
+        result = analyze(scan.events, scan.ops, say)
     print(json.dumps(result, indent=2) if args.json else format_analysis(result))
     return 0
 
@@ -85,11 +90,13 @@ def cmd_query(args: argparse.Namespace) -> int:
     from .deps import annotate
     from .query import format_rows, run_query
 
-    scan = _scan_input(args.target)
-    try:
-        names, rows = run_query(annotate(scan.events, list(scan.ops)), args.sql)
-    except duckdb.Error as err:
-        raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
+    with status("reading the trace") as say:
+        scan = _scan_input(args.target, say)
+        say("running the query")
+        try:
+            names, rows = run_query(annotate(scan.events, list(scan.ops)), args.sql)
+        except duckdb.Error as err:
+            raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
     if args.json:
         print(json.dumps([dict(zip(names, r)) for r in rows], default=str))
     else:
@@ -104,14 +111,18 @@ def cmd_align(args: argparse.Namespace) -> int:
     from .align import score_against_truth
     from .deps import annotate
 
-    scan = _scan_input(args.target)
     run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
     out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
-    events = annotate(scan.events, list(scan.ops))
-    merged = [ev for r in sorted(events) for ev in chrome_events(r, f"rank {r}", events[r], lambda t: t)]
-    tmp = out.with_name(f".{out.name}.partial")
-    write_json(tmp, {"traceEvents": merged, "displayTimeUnit": "ms", "metadata": {"clock": "aligned"}})
-    tmp.replace(out)
+    with status("reading the trace") as say:
+        scan = _scan_input(args.target, say)
+        say(f"writing {out}")
+        events = annotate(scan.events, list(scan.ops))
+        merged = [ev for r in sorted(events)
+                  for ev in chrome_events(r, f"rank {r}", events[r], lambda t: t)]
+        tmp = out.with_name(f".{out.name}.partial")
+        write_json(tmp, {"traceEvents": merged, "displayTimeUnit": "ms",
+                         "metadata": {"clock": "aligned"}})
+        tmp.replace(out)
     report: dict[str, Any] = {"wrote": str(out), "sync_ops": len(scan.ops),
                               "clocks": {str(r): {"offset_us": f.offset_us, "drift_ppm": f.drift_ppm,
                                                   "anchors": f.anchors} for r, f in scan.clocks.items()}}
@@ -135,22 +146,18 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------- validate-detector
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from backends.sim import run_sim
+    from megatronapp.progress import counter
 
     from .validate import alignment_summary, markdown_table, run_trials, summarize, write_csv
 
     for name in ("trials", "jobs"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}: must be >= 1")
-    bar = Progress(TextColumn("[bold]trials"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn(), transient=True, disable=not sys.stderr.isatty())
     outcomes, alignment = [], []
-    with bar:
-        task = bar.add_task("trials", total=args.trials)
+    with counter("simulating and scoring trials", args.trials) as advance:
         for trial_outcomes, align in run_trials(args.seed, args.trials, args.jobs, run_sim,
-                                                lambda: bar.advance(task)):
+                                                advance):
             outcomes += trial_outcomes
             alignment.append(align)
     rows = summarize(outcomes)
@@ -165,38 +172,44 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------- register
+def plot_hook(run_dir: Path, events: dict) -> list[Path]:
+    """``megatronapp plot`` adds MegaScan's heat map and Marey graph."""
+    from .plots import plot_hook as draw
+
+    return draw(run_dir, events)
+
+
 def register(subparsers: Any, plot_hooks: list) -> None:
     """Add this module's subcommands; ``plot_hooks`` gets extra plotters."""
-    from .plots import plot_hook
-
     plot_hooks.append(plot_hook)
     detect = subparsers.add_parser("detect", help="name the root-cause slow rank or link")
     detect.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
-    detect.add_argument("--json", action="store_true")
-    detect.add_argument("--method", default="megascan", help="megascan (default) or a baseline")
+    detect.add_argument("--json", action="store_true", help=JSON_HELP)
+    detect.add_argument("--method", default="megascan", choices=DETECTORS,
+                        help="MegaScan's detector or a baseline to compare it with")
     detect.set_defaults(func=cmd_detect)
 
     analyze = subparsers.add_parser(
         "analyze", help="per-rank compute/comm/idle time, bubbles, the critical path")
     analyze.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
-    analyze.add_argument("--json", action="store_true")
+    analyze.add_argument("--json", action="store_true", help=JSON_HELP)
     analyze.set_defaults(func=cmd_analyze)
 
     query = subparsers.add_parser("query", help="SQL over the trace's events table (DuckDB)")
     query.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     query.add_argument("sql", help='e.g. "SELECT rank, sum(dur_us) FROM events GROUP BY rank"')
-    query.add_argument("--json", action="store_true")
+    query.add_argument("--json", action="store_true", help=JSON_HELP)
     query.set_defaults(func=cmd_query)
 
     align = subparsers.add_parser("align", help="align per-rank clocks, link sync ops, write trace")
     align.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     align.add_argument("--out", help="output trace (default RUN_DIR/aligned_trace.json)")
-    align.add_argument("--json", action="store_true")
+    align.add_argument("--json", action="store_true", help=JSON_HELP)
     align.set_defaults(func=cmd_align)
 
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
-    val.add_argument("--trials", type=int, default=500)
-    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--trials", type=int, default=500, help="simulated jobs with a known fault")
+    val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")
     val.add_argument("--jobs", type=int, default=1, help="parallel processes")
     val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
     val.set_defaults(func=cmd_validate)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megatronapp.progress import Say, quiet
+
 from .align import ClockFit, apply_clocks, fit_clocks
 from .deps import SyncOp, reconstruct
 from .load import LoadedTrace, RankEvents, load_trace
@@ -59,18 +61,20 @@ def _gpus_per_node(run_dir: Path | None) -> int:
 
 
 def prepare(events: RankEvents, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-            ref: int | None = None) -> ScanInput:
+            ref: int | None = None, say: Say = quiet) -> ScanInput:
     """Link sync ops and, unless already aligned, align every clock to ``ref``."""
+    say("linking sync ops")
     ops = reconstruct(events)
     if aligned:
         return ScanInput(events, tuple(ops), gpus_per_node)
+    say(f"aligning {len(events)} clocks")
     fits = fit_clocks(events, ops, ref)
     return ScanInput(apply_clocks(events, fits), tuple(ops), gpus_per_node, fits)
 
 
-def prepare_loaded(trace: LoadedTrace) -> ScanInput:
-    return prepare(trace.events, trace.aligned, _gpus_per_node(trace.run_dir))
+def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
+    return prepare(trace.events, trace.aligned, _gpus_per_node(trace.run_dir), say=say)
 
 
-def load_scan_input(target: str | Path) -> ScanInput:
-    return prepare_loaded(load_trace(target))
+def load_scan_input(target: str | Path, say: Say = quiet) -> ScanInput:
+    return prepare_loaded(load_trace(target, say=say), say)

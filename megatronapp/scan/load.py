@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event
 
 RankEvents = dict[int, list[Event]]
@@ -179,7 +180,7 @@ def _rank_files(ranks_dir: Path) -> list[Path]:
     return sorted(ranks_dir.glob("rank*.json"), key=rank_number)
 
 
-def load_trace(target: str | Path, raw_clocks: bool = True) -> LoadedTrace:
+def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) -> LoadedTrace:
     """A run directory (its per-rank local-clock files) or a single trace file.
 
     With ``raw_clocks`` a run directory is read from ``ranks/`` (unaligned, as
@@ -190,13 +191,16 @@ def load_trace(target: str | Path, raw_clocks: bool = True) -> LoadedTrace:
     if path.is_dir():
         files = _rank_files(path / "ranks")
         if raw_clocks and files:
+            say(f"loading {len(files)} rank files")
             return LoadedTrace(merge_rank_files(files), False, str(path), path)
         merged = path / "trace.json"
         if not merged.is_file():
             raise TraceError(str(path), "no ranks/rank*.json or trace.json in this directory")
+        say(f"loading {merged}")
         return LoadedTrace(load_chrome_file(merged), True, str(merged), path)
     if not path.is_file():
         raise TraceError(str(path), "no such file or directory")
+    say(f"loading {path}")
     data = read_json(path)
     meta = data.get("metadata", {}) if isinstance(data, dict) else {}
     aligned = not isinstance(meta, dict) or meta.get("clock", "aligned") != "local"

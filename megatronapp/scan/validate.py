@@ -17,15 +17,12 @@ from megatronapp.topology import Topology
 from megatronapp.tracer import RunResult, RunScenario, chrome_events
 
 from .align import score_against_truth
-from .baselines import hta_latest_arrival, megatronapp_original, nvidia_relative, slowest_mean
-from .detect import megascan
 from .diagnosis import Detector, Diagnosis, RootCause
 from .inputs import ScanInput, prepare
 from .load import events_from_chrome
+from .methods import DETECTORS, detector
 
-METHODS: dict[str, Detector] = {
-    "megascan": megascan, "slowest-mean": slowest_mean, "nvidia-0.75": nvidia_relative,
-    "hta-latest": hta_latest_arrival, "megatronapp-orig": megatronapp_original}
+METHODS: dict[str, Detector] = {name: detector(name) for name in DETECTORS}
 # Severity bands drawn with equal probability; controls have no performance fault.
 BANDS = ("throttle 1.05-1.1", "throttle 1.1-1.2", "throttle 1.2-2", "slow_link 1.5-4",
          "link_jitter 0.3-1", "clock_skew only", "healthy")
