@@ -23,6 +23,7 @@ from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, 
                              Wait, WaitAny, describe, trace_args)
 from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import Cluster, build_cluster
+from sim.network import succeeds
 
 
 class SimDeadlock(UserError):
@@ -179,7 +180,7 @@ class SimBackend:
         if rv.arrived == len(group):
             del self._collectives[key]
             cost = self.cluster.network.ring_allreduce_s(group, op.nbytes)
-            self.env.timeout(cost).callbacks.append(lambda _e: rv.event.succeed())
+            self.env.timeout(cost).callbacks.append(succeeds(rv.event))
         start = self.env.now
         yield rv.event
         self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))

@@ -249,7 +249,7 @@ def _check_fault_ranks(where: str, fault: Any, world: int, note: str = "") -> No
     for r in ranks:
         if not 0 <= r < world:
             raise ScenarioError(field, f"rank {r} out of range 0..{world - 1}{note}")
-    if hasattr(fault, "ranks") and ranks[0] == ranks[1]:
+    if hasattr(fault, "ranks") and len(set(ranks)) < len(ranks):
         raise ScenarioError(field, "a link needs two different ranks")
     end = getattr(fault, "end_s", None)
     if end is not None and end <= fault.start_s:

@@ -9,7 +9,7 @@ classified by name.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, get_args
+from typing import Any, Literal, Mapping, cast, get_args
 
 from .ops import OP_KINDS, P2PRole
 
@@ -34,7 +34,7 @@ def event_kind(name: str, args: Mapping[str, Any], cat: str | None = None) -> Ev
     """The recorded kind; else the legacy args test; else the name."""
     recorded = args.get("kind")
     if recorded in OP_KINDS:
-        return recorded  # type: ignore[no-any-return]
+        return cast(EventKind, recorded)
     if "group" in args:
         return "collective"
     if "peer" in args:
@@ -69,7 +69,7 @@ def p2p_side(name: str, args: Mapping[str, Any]) -> tuple[P2PRole, Stream] | Non
         return None
     role = args.get("role")
     if role in get_args(P2PRole):
-        return role, ("tag", args.get("tag"))
+        return cast(P2PRole, role), ("tag", args.get("tag"))
     lowered = name.lower()
     for word in get_args(P2PRole):
         if word in lowered:

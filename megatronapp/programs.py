@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Generator, Protocol, Sequence
 
 from .config import Scenario
 from .costs import StageCosts, stage_costs
 from .layout import pipe_shape, topology_of
-from .ops import AllReduce, Compute, ISend, Recv, RankProgram, Wait
+from .ops import AllReduce, Compute, ISend, Op, Recv, RankProgram, Wait
 from .schedules import Order, PipeShape, Task
 from .topology import Topology
 
@@ -125,7 +125,8 @@ def run_task(ctx: PipelineContext, iteration: int, task: Task, sends: list[Any])
         sends.append(handle)
 
 
-def compute_and_send(ctx: PipelineContext, iteration: int, task: Task, data: Any) -> RankProgram:
+def compute_and_send(ctx: PipelineContext, iteration: int, task: Task, data: Any
+                     ) -> Generator[Op, Any, Any]:
     """Compute a task on its (already received) input and post its output;
     returns the send handle, or None at the ends of the pipeline."""
     shape, vs = ctx.shape, ctx.shape.virtual_stage(ctx.pp_rank, task.chunk)

@@ -148,7 +148,8 @@ def check_order(order: Order, shape: PipeShape) -> None:
         if t.phase == "B" and Task("F", t.microbatch, t.chunk) not in seen:
             raise ValueError(f"task {t} runs before its forward")
         seen.add(t)
-    expected = {Task(ph, mb, c) for ph in "FB" for mb in range(shape.microbatches)
+    phases: tuple[Phase, ...] = ("F", "B")
+    expected = {Task(ph, mb, c) for ph in phases for mb in range(shape.microbatches)
                 for c in range(shape.vpp)}
     if seen != expected:
         raise ValueError(f"order misses tasks {sorted(expected - seen)[:5]}")

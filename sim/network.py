@@ -48,6 +48,13 @@ class LinkFaults:
     jitter: dict[Pair, float] = field(default_factory=dict)
 
 
+def succeeds(event: simpy.Event) -> Callable[[simpy.Event], None]:
+    """A callback that succeeds ``event`` (for another event's ``callbacks``)."""
+    def callback(_fired: simpy.Event) -> None:
+        event.succeed()
+    return callback
+
+
 def pair(a: int, b: int) -> Pair:
     return (a, b) if a < b else (b, a)
 
@@ -103,14 +110,14 @@ class Network:
         done = self.env.event()
         slow = self.slowdown(src, dst)
         if self.fixed_p2p_s is not None:
-            self.env.timeout(self.fixed_p2p_s * slow).callbacks.append(lambda _e: done.succeed())
+            self.env.timeout(self.fixed_p2p_s * slow).callbacks.append(succeeds(done))
             return done
         kind = "nvlink" if self.topo.same_node(src, dst) else "nic"
         bw = self.bandwidth(src, dst)
         ports = (self._port(kind + "_out", src, bw), self._port(kind + "_in", dst, bw))
 
         def delivered() -> None:
-            self.env.timeout(self.latency_s).callbacks.append(lambda _e: done.succeed())
+            self.env.timeout(self.latency_s).callbacks.append(succeeds(done))
 
         if nbytes <= 0:
             delivered()
@@ -132,8 +139,10 @@ class Network:
             f.rate = min(p.bandwidth / len(p.flows) for p in f.ports)
             f.version += 1
             eta = max(f.remaining, 0.0) / f.rate
-            self.env.timeout(eta).callbacks.append(
-                lambda _e, f=f, v=f.version: self._finish(f, v))
+            self.env.timeout(eta).callbacks.append(self._finisher(f, f.version))
+
+    def _finisher(self, flow: Flow, version: int) -> Callable[[simpy.Event], None]:
+        return lambda _fired: self._finish(flow, version)
 
     def _start(self, flow: Flow) -> None:
         flow.last_s = self.env.now

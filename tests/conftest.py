@@ -1,8 +1,8 @@
 """Shared fixtures: scenario builders and a CLI runner."""
 from __future__ import annotations
 
-import contextlib
 import io
+import os
 import subprocess
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -49,6 +49,11 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     from megatronapp.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(cwd or ROOT), redirect_stdout(out), redirect_stderr(err):
-        code = main(list(args))
+    here = os.getcwd()
+    os.chdir(cwd or ROOT)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
     return subprocess.CompletedProcess(["megatronapp", *args], code, out.getvalue(), err.getvalue())

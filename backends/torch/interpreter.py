@@ -326,12 +326,12 @@ class Interpreter:
                 h.work = work
             self._held = []
 
-    def _send(self, op: Send) -> None:
+    def _send(self, op: Send) -> torch.Tensor | None:
         handle = self._isend(op)
         self._post_held()
         return self._wait(Wait(handle))
 
-    def _recv(self, op: Recv) -> torch.Tensor:
+    def _recv(self, op: Recv) -> torch.Tensor | None:
         return self._wait(Wait(self._irecv(op)))
 
     def _finish(self, handle: Handle) -> torch.Tensor | None:

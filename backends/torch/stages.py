@@ -77,7 +77,10 @@ def global_name(local: str, virtual_stage: int, layers_per_chunk: int) -> str:
 
 
 def partition_dim_of(param: torch.nn.Parameter) -> int | None:
-    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+    if not getattr(param, "tensor_model_parallel", False):
+        return None
+    dim: int = getattr(param, "partition_dim")  # set by megatron-core's TP layers
+    return dim
 
 
 def merge_tp_shards(shards: list[np.ndarray], partition_dim: int | None) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import fmean
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..summary import compute_busy, iteration_spans
 from ..tracer import Event
@@ -81,6 +81,8 @@ def allreduce_windows(events: Iterable[Event]) -> list[float]:
     optimizer: dict[int, float] = {}
     for e in events:
         it = e.args.get("iteration")
+        if it is None:
+            continue
         if e.name == "backward":
             key = (it, e.args["chunk"])
             last_bwd[key] = max(last_bwd.get(key, e.end_s), e.end_s)
@@ -124,7 +126,7 @@ def window_metrics(events: Events) -> WindowMetrics:
         peak_live_slots=max((trace_peak_slots(ev) for ev in events.values()), default=0))
 
 
-def dpp_summary(s: "Scenario", events: Events) -> dict[str, object]:
+def dpp_summary(s: "Scenario", events: Events) -> dict[str, Any]:
     """The ``dpp`` section of summary.json: windows and peak memory in bytes."""
     from ..costs import stage_costs
     from ..layout import pipe_shape

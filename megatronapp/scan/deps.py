@@ -85,8 +85,8 @@ def _p2p(events: RankEvents) -> list[SyncOp]:
             src, dst = (rank, peer) if role == "send" else (peer, rank)
             sides[(role, src, dst, stream)].append((_p2p_sort_key(e, index), (rank, index)))
     ops = []
-    for (role, src, dst, stream), sends in sides.items():
-        if role != "send":
+    for (kind, src, dst, stream), sends in sides.items():
+        if kind != "send":
             continue
         recvs = sorted(sides.get(("recv", src, dst, stream), []))
         for n, ((_, send), (_, recv)) in enumerate(zip(sorted(sends), recvs)):

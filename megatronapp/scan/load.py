@@ -65,7 +65,8 @@ def _raw_events(data: Any, source: str) -> list[Any]:
 def events_from_chrome(data: Any, source: str = "<trace>") -> RankEvents:
     """Parse Chrome trace JSON (already decoded) into events per rank, sorted by start."""
     events: RankEvents = defaultdict(list)
-    lanes: dict[tuple[int, Any], list[tuple[float, int, int, Mapping[str, Any]]]] = defaultdict(list)
+    lanes: dict[tuple[int, Any], list[tuple[float, bool, int, Mapping[str, Any]]]] = (
+        defaultdict(list))
     for index, raw in enumerate(_raw_events(data, source)):
         if not isinstance(raw, dict):
             raise TraceError(source, "not a JSON object", index)

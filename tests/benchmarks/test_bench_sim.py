@@ -3,6 +3,8 @@
 The ratio to a bare SimPy loop is measured in the same test, so machine noise
 affects both sides alike; it is reported in extra_info, not asserted.
 """
+import pytest
+
 from backends.sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.speed import JOB_1024, bare_simpy_events_per_s, job_1024, simulate_speed
@@ -17,6 +19,7 @@ def test_simulated_ops_per_second_vs_bare_simpy(benchmark) -> None:
     assert speed.ops > 0
 
 
+@pytest.mark.slow
 def test_one_iteration_of_1024_gpu_job(benchmark) -> None:
     speed = benchmark.pedantic(simulate_speed, args=(job_1024(), run_sim), rounds=1, iterations=1)
     benchmark.extra_info.update(ops=speed.ops, wall_s=speed.wall_s)
