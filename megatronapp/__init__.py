@@ -1,2 +1,4 @@
-"""megatronapp: a simulation-first testbed for managing distributed LLM training."""
-__version__ = "0.1.0"
+"""megatronapp: a simulation-first testbed for managing distributed LLM training.
+
+The version is the installed package's (``megatronapp --version``).
+"""

@@ -110,7 +110,6 @@ class Report:
 
 Op = Union[Compute, Send, Recv, ISend, IRecv, Wait, WaitAny, AllReduce]
 RankProgram = Generator[Op, Any, None]
-P2P_OPS = (Send, Recv, ISend, IRecv)
 
 
 def encode_tag(tag: Hashable) -> int:

@@ -7,13 +7,10 @@ whole-run throttle window of the ordinary ``Device``). Without
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from megatronapp.config import DeviceClass, Scenario, ScenarioError
-
-from .devices import Device, ThrottleWindow
 
 
 @dataclass(frozen=True)
@@ -36,14 +33,6 @@ def slot(s: Scenario, cls: DeviceClass) -> ClassSlot:
     return ClassSlot(cls.name, s.cluster.gpu.tflops / cls.tflops, cls.memory_gb * 1e9)
 
 
-def slots_in_order(s: Scenario, count: int) -> list[ClassSlot]:
-    """``count`` devices taken from the classes in the order they are listed."""
-    out = [slot(s, c) for c in device_classes(s, count) for _ in range(c.count)]
-    if len(out) < count:
-        raise ScenarioError("cluster.device_classes", f"{len(out)} devices, {count} needed")
-    return out[:count]
-
-
 def slots_by_class(s: Scenario, demands: Sequence[tuple[str | None, int]]) -> list[ClassSlot]:
     """Devices for consecutive demands (class name or None = first class, count)."""
     classes = {c.name: c for c in device_classes(s, sum(n for _, n in demands))}
@@ -57,8 +46,3 @@ def slots_by_class(s: Scenario, demands: Sequence[tuple[str | None, int]]) -> li
         left[name] -= n
         out += [slot(s, classes[name])] * n
     return out
-
-
-def class_devices(slots: Sequence[ClassSlot]) -> dict[int, Device]:
-    return {d: Device(d, (ThrottleWindow(0.0, math.inf, sl.slowdown),) if sl.slowdown != 1
-                      else ()) for d, sl in enumerate(slots)}

@@ -38,10 +38,6 @@ class Trial:
     truth_rank: int | None  # the throttled rank
     truth_pair: tuple[int, int] | None  # the faulty link
 
-    @property
-    def is_control(self) -> bool:
-        return self.band in CONTROLS
-
 
 def _shape(rng: np.random.Generator, needs_links: bool) -> tuple[int, int, int]:
     while True:
