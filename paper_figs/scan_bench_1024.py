@@ -4,7 +4,8 @@
 
 Generates RUN_DIR (default runs/scan_1024) from scenarios/scan_1024.yaml if it
 is missing, then times each stage of detection (load the 1024 raw per-rank
-files, link sync ops, align clocks, detect) and prints a table.
+files, link sync ops, align clocks, detect), and the critical path that
+``megatronapp analyze`` adds, and prints a table.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def main() -> None:
                         "--quiet"], check=True)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    from megatronapp.scan.critical import critical_path
     from megatronapp.scan.deps import reconstruct
     from megatronapp.scan.detect import megascan
     from megatronapp.scan.inputs import ScanInput, _gpus_per_node
@@ -45,9 +47,12 @@ def main() -> None:
     aligned = timed("apply clocks", apply_clocks, trace.events, fits)
     scan = ScanInput(aligned, tuple(ops), _gpus_per_node(run_dir), fits)
     diagnosis = timed("detect", megascan, scan)
+    path = timed("critical path (analyze)", critical_path, aligned, ops)
     events = sum(len(v) for v in trace.events.values())
     print(f"{len(trace.events)} ranks, {events} events, {len(ops)} sync ops; "
-          f"root causes {[c.rank for c in diagnosis.root_causes]}")
+          f"root causes {[c.rank for c in diagnosis.root_causes]}; critical path "
+          f"{100 * path.length_s / path.window_s:.1f}% of the window, "
+          f"top rank {next(iter(path.by_rank()))}")
     print("| stage | wall s | cpu s |\n|---|---:|---:|")
     for name, wall, cpu in stages:
         print(f"| {name} | {wall:.2f} | {cpu:.2f} |")

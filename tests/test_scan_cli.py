@@ -126,3 +126,12 @@ def test_bad_input_exits_2_with_one_line(run_dir, tmp_path, capsys, argv, field)
     code, out, err = _run(capsys, *argv)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and field in err and "Traceback" not in err
+
+
+def test_reading_a_run_says_what_it_does(run_dir):
+    from megatronapp.scan.inputs import load_scan_input
+
+    phases: list[str] = []
+    scan = load_scan_input(run_dir, phases.append)
+    assert phases == ["loading 8 rank files", "linking sync ops", "aligning 8 clocks"]
+    assert len(scan.clocks) == 8

@@ -59,12 +59,15 @@ def test_hand_built_trace_has_the_known_critical_path(raw: list[dict[str, Any]])
 def test_graph_links_ranks_only_through_sync_ops() -> None:
     events = events_from_chrome(HAND_BUILT)
     graph = dependency_graph(events, reconstruct(events))
+    ids = graph.graph["ids"]
     assert nx.is_directed_acyclic_graph(graph)
     # rank 0's backward does not wait for anything on another rank
-    ancestors = nx.ancestors(graph, ("start", 0, 2))
-    assert {n[1] for n in ancestors if n[0] in ("start", "end")} == {0}
+    ancestors = nx.ancestors(graph, ids.start(0, 2))
+    assert {ids.of(n)[0] for n in ancestors if n >= 0} == {0}
     # rank 1's forward waits for rank 0's send through the receive
-    assert ("start", 0, 1) in nx.ancestors(graph, ("start", 1, 1))
+    assert ids.start(0, 1) in nx.ancestors(graph, ids.start(1, 1))
+    # and rank 2's step for rank 1's forward, through the all-reduce
+    assert ids.end(1, 1) in nx.ancestors(graph, ids.start(2, 2))
 
 
 def test_a_misaligned_send_after_its_receive_adds_no_edge_back_in_time() -> None:

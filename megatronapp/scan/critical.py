@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import networkx as nx
 
@@ -38,7 +38,7 @@ from .deps import SyncOp
 from .load import RankEvents
 
 TOLERANCE_S = 1e-9  # timestamps are written in µs with 3 decimals
-Node = Hashable
+Node = int  # see Nodes
 
 
 @dataclass(frozen=True)
@@ -89,15 +89,29 @@ def _totals(pairs: Iterable[tuple[Any, float]]) -> dict[Any, float]:
 Edge = tuple[Node, Node, dict[str, Any]]
 
 
-def _start(rank: int, index: int) -> Node:
-    return ("start", rank, index)
+class Nodes:
+    """Integer node ids (cheap to hash): event ``g`` (counted over the ranks
+    in order) starts at ``2g`` and ends at ``2g + 1``; collectives are negative."""
+
+    def __init__(self, events: RankEvents):
+        self.base: dict[int, int] = {}
+        self.event: list[tuple[int, int]] = []  # g -> (rank, index)
+        for rank, rank_events in events.items():
+            self.base[rank] = len(self.event)
+            self.event += [(rank, i) for i in range(len(rank_events))]
+
+    def start(self, rank: int, index: int) -> int:
+        return 2 * (self.base[rank] + index)
+
+    def end(self, rank: int, index: int) -> int:
+        return 2 * (self.base[rank] + index) + 1
+
+    def of(self, node: int) -> tuple[int, int]:
+        """(rank, index) of an event's start or end node."""
+        return self.event[node // 2]
 
 
-def _end(rank: int, index: int) -> Node:
-    return ("end", rank, index)
-
-
-def _program_order(rank: int, events: Sequence[Event]) -> Iterator[Edge]:
+def _program_order(ids: Nodes, rank: int, events: Sequence[Event]) -> Iterator[Edge]:
     """Each event waits for the latest event that ended before it started."""
     ended: list[tuple[float, int]] = []  # heap of (end, index) not yet known to precede
     latest: tuple[float, int] | None = None
@@ -107,7 +121,7 @@ def _program_order(rank: int, events: Sequence[Event]) -> Iterator[Edge]:
             done = heapq.heappop(ended)
             latest = done if latest is None or done[0] > latest[0] else latest
         if latest is not None:  # a tie within the tolerance never adds time
-            yield (_end(rank, latest[1]), _start(rank, index),
+            yield (ids.end(rank, latest[1]), ids.start(rank, index),
                    {"weight": min(0.0, e.start_s - latest[0])})
         heapq.heappush(ended, (e.end_s, index))
 
@@ -117,56 +131,67 @@ def _cross(src: Node, dst: Node, seconds: float) -> Iterator[Edge]:
         yield src, dst, {"weight": seconds, "cross": True}
 
 
-def _sync_edges(events: RankEvents, ops: Iterable[SyncOp], linked: set[tuple[int, int]]
-                ) -> Iterator[Edge]:
+def _sync_edges(ids: Nodes, events: RankEvents, ops: Iterable[SyncOp],
+                linked: set[tuple[int, int]]) -> Iterator[Edge]:
     """Send -> receive and collective edges; adds the members they explain to ``linked``."""
+    collectives = 0
     for op in ops:
         if op.kind == "p2p":
             (s, si), (r, ri) = op.members
             send, recv = events[s][si], events[r][ri]
-            yield from _cross(_start(s, si), _end(r, ri), min(send.end_s, recv.end_s) - send.start_s)
+            yield from _cross(ids.start(s, si), ids.end(r, ri),
+                              min(send.end_s, recv.end_s) - send.start_s)
             linked.add((r, ri))
         elif len(op.members) > 1:
             last = max(events[r][i].start_s for r, i in op.members)
-            node = ("collective", op.op_id)
+            collectives += 1
             for r, i in op.members:
-                yield _start(r, i), node, {"weight": 0.0, "cross": True}
-                yield from _cross(node, _end(r, i), events[r][i].end_s - last)
+                yield ids.start(r, i), -collectives, {"weight": 0.0, "cross": True}
+                yield from _cross(-collectives, ids.end(r, i), events[r][i].end_s - last)
                 linked.add((r, i))
 
 
-def _work_edges(rank: int, events: Sequence[Event], linked: set[tuple[int, int]]
+def _work_edges(ids: Nodes, rank: int, events: Sequence[Event], linked: set[tuple[int, int]]
                 ) -> Iterator[Edge]:
     for index, e in enumerate(events):
         explained = (rank, index) in linked or event_kind(e.name, e.args) == "other"
-        yield _start(rank, index), _end(rank, index), {"weight": 0.0 if explained else e.dur_s}
+        yield (ids.start(rank, index), ids.end(rank, index),
+               {"weight": 0.0 if explained else e.dur_s})
 
 
 def dependency_graph(events: RankEvents, ops: Iterable[SyncOp]) -> nx.DiGraph:
-    """The graph described in this module's docstring (acyclic)."""
-    graph = nx.DiGraph()
+    """The graph described in this module's docstring (acyclic); its ``ids``
+    (``Nodes``) and a topological ``order`` are in ``graph.graph``."""
+    ids = Nodes(events)
+    graph = nx.DiGraph(ids=ids)
     linked: set[tuple[int, int]] = set()
     with paused_gc():
-        graph.add_edges_from(list(_sync_edges(events, ops, linked)))
+        graph.add_edges_from(list(_sync_edges(ids, events, ops, linked)))
         for rank, rank_events in events.items():
-            graph.add_edges_from(_work_edges(rank, rank_events, linked))
-            graph.add_edges_from(_program_order(rank, rank_events))
-        _break_cycles(graph)
+            graph.add_edges_from(_work_edges(ids, rank, rank_events, linked))
+            graph.add_edges_from(_program_order(ids, rank, rank_events))
+        graph.graph["order"] = _acyclic_order(graph)
     return graph
 
 
-def _break_cycles(graph: nx.DiGraph) -> None:
-    while not nx.is_directed_acyclic_graph(graph):
-        cycle = nx.find_cycle(graph)
-        src, dst = next(((u, v) for u, v in cycle if graph.edges[u, v].get("cross")), cycle[0])
-        graph.remove_edge(src, dst)
+def _acyclic_order(graph: nx.DiGraph) -> list[Node]:
+    """A topological order, after breaking each cycle (clock misalignment
+    left it) at one of its cross-rank edges."""
+    while True:
+        try:
+            return list(nx.topological_sort(graph))
+        except nx.NetworkXUnfeasible:
+            cycle = nx.find_cycle(graph)
+            src, dst = next(((u, v) for u, v in cycle if graph.edges[u, v].get("cross")),
+                            cycle[0])
+            graph.remove_edge(src, dst)
 
 
 # ------------------------------------------------------------------ path
-def _step(events: RankEvents, src: Any, dst: Any, seconds: float) -> PathStep:
+def _step(events: RankEvents, ids: Nodes, src: int, dst: int, seconds: float) -> PathStep:
     """The event a weighted edge of the path stands for: the event (or send)
     it starts from, or for a collective the member it ends."""
-    _, rank, index = dst if src[0] == "collective" else src
+    rank, index = ids.of(dst if src < 0 else src)
     e = events[rank][index]
     return PathStep(rank, e.name, event_kind(e.name, e.args), e.start_s, seconds, e.args)
 
@@ -180,7 +205,8 @@ def critical_path(events: RankEvents, ops: Iterable[SyncOp]) -> CriticalPath:
     window = max(e.end_s for ev in events.values() for e in ev) - first
     graph = dependency_graph(events, ops)
     with paused_gc():
-        path = nx.dag_longest_path(graph, weight="weight", default_weight=0.0)
+        path = nx.dag_longest_path(graph, weight="weight", default_weight=0.0,
+                                   topo_order=graph.graph["order"])
     weights = [(u, v, graph.edges[u, v]["weight"]) for u, v in zip(path, path[1:])]
-    steps = tuple(_step(events, u, v, w) for u, v, w in weights if w > 0)
+    steps = tuple(_step(events, graph.graph["ids"], u, v, w) for u, v, w in weights if w > 0)
     return CriticalPath(steps, sum(w for _, _, w in weights), first, window)

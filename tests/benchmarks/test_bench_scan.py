@@ -8,6 +8,7 @@ import pytest
 
 from backends.sim import run_sim
 from megatronapp.config import parse_scenario
+from megatronapp.scan.critical import critical_path
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.validate import scan_of_result
 
@@ -25,6 +26,12 @@ def result_64():
 def test_bench_align_64_ranks(benchmark, result_64):
     scan = benchmark(scan_of_result, result_64)
     assert len(scan.clocks) == 64
+
+
+def test_bench_critical_path_64_ranks(benchmark, result_64):
+    scan = scan_of_result(result_64)
+    path = benchmark(critical_path, scan.events, scan.ops)
+    assert path.length_s > 0.99 * path.window_s  # aligned clocks: all but rounding explained
 
 
 def test_bench_detect_64_ranks(benchmark, result_64):
