@@ -129,19 +129,25 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ plot
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .plots import plot_timeline
+    from .progress import status
     from .runs import read_events
 
     run_dir = Path(args.run_dir)
     trace = run_dir / "trace.json"
     if not trace.is_file():
         raise UserError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
-    events = read_events(trace)
-    path = plot_timeline(events, run_dir / "timeline.png", title=run_dir.name)
-    print(f"wrote {path}")
-    for extra in args.plot_hooks:
-        for p in extra(run_dir, events):
-            print(f"wrote {p}")
+    written = []
+    with status(f"loading {trace}") as say:
+        events = read_events(trace)
+        say("drawing the timeline")
+        from .plots import plot_timeline  # matplotlib loads here, under the spinner
+
+        written.append(plot_timeline(events, run_dir / "timeline.png", title=run_dir.name))
+        for extra in args.plot_hooks:
+            say("drawing each module's plots")
+            written += extra(run_dir, events)
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 
