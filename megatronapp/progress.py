@@ -40,7 +40,8 @@ def status(first: str, enabled: bool | None = None) -> Iterator[Say]:
 
 
 @contextmanager
-def counter(description: str, total: int, enabled: bool | None = None) -> Iterator[Callable[[], None]]:
+def counter(description: str, total: int,
+            enabled: bool | None = None) -> Iterator[Callable[[], None]]:
     """A bar counting ``total`` steps; yields what advances it by one."""
     if not shown(enabled):
         yield lambda: None

@@ -37,7 +37,8 @@ def scenario(parallel: dict[str, int], fault: dict[str, Any]) -> Scenario:
                            "model": TINY, "costs": {"p2p_s": 0.05}, "faults": [fault]})
 
 
-def op_seconds(events: dict[int, list[Event]], ranks: tuple[int, ...], kind: str) -> tuple[float, float]:
+def op_seconds(events: dict[int, list[Event]], ranks: tuple[int, ...],
+               kind: str) -> tuple[float, float]:
     """(wall seconds, injected seconds) of ``kind`` ops on ``ranks`` (receives for p2p)."""
     ops = [e for r in ranks for e in events[r] if e.args["kind"] == kind
            and e.args.get("role", "recv") == "recv"]
@@ -50,7 +51,8 @@ def children_cpu_s() -> float:
 
 
 def main() -> None:
-    print("| fault | faulty ops s | healthy ops s | ratio | injected s | run wall s | ranks' CPU s |")
+    print("| fault | faulty ops s | healthy ops s | ratio | injected s | run wall s "
+          "| ranks' CPU s |")
     print("|---|---|---|---|---|---|---|")
     for label, parallel, fault, faulty, healthy, kind in CASES:
         cpu0, wall0 = children_cpu_s(), time.perf_counter()

@@ -84,7 +84,8 @@ class _Gatherer:
                  stall_timeout_s: float, on_record: Callable[[int, Event], None] | None,
                  on_phase: Say = quiet):
         self.procs, self.out, self.counters, self.stall_flag = procs, out, counters, stall_flag
-        self.watch, self.on_record, self.on_phase = ProgressWatch(stall_timeout_s), on_record, on_phase
+        self.watch, self.on_record = ProgressWatch(stall_timeout_s), on_record
+        self.on_phase = on_phase
         self.results: dict[int, WorkerResult] = {}
         self.blocked: dict[int, str] = {}
 
