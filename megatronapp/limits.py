@@ -29,18 +29,20 @@ DEFAULT_MAX_SECONDS = 3600.0  # an hour of estimated work: beyond it, say so fir
 
 @dataclass(frozen=True)
 class CostModel:
-    """Costs of ``megatronapp run`` on the simulator, measured on a 2-core CPU
-    machine (``/usr/bin/time -f "%e s %M KB" megatronapp run ...`` on scenarios
-    of growing microbatches, dp and pp; see docs/limits.md)."""
+    """Costs of ``megatronapp run`` on the simulator, in CPU time and peak RSS,
+    measured on this 2-core CPU machine with ``paper_figs/limits_calibration.py``
+    (slopes between runs that differ in microbatches, or in dp): 54-61 us and
+    ~900 B per event, 0.7 us and ~9 B per group member, 317 B of disk per event.
+    Rounded up here; see docs/robustness.md."""
 
     base_bytes: float = 100e6  # interpreter, numpy, simpy, pydantic
     base_seconds: float = 1.0
     bytes_per_event: float = 1000.0  # Event objects + JSON dicts while writing
-    seconds_per_event: float = 50e-6  # simulate, summarise and write one event
-    bytes_per_group_entry: float = 25.0  # a collective event lists its group's ranks
-    seconds_per_group_entry: float = 5e-6
+    seconds_per_event: float = 60e-6  # simulate, summarise and write one event
+    bytes_per_group_entry: float = 12.0  # a collective event lists its group's ranks
+    seconds_per_group_entry: float = 1e-6
     disk_bytes_per_event: float = 320.0  # rank file + merged trace
-    disk_bytes_per_group_entry: float = 12.0
+    disk_bytes_per_group_entry: float = 10.0
     bytes_per_fault: float = 6000.0  # YAML, validation, summary and ground truth
     seconds_per_fault: float = 300e-6
     # A compute op scans its rank's throttle windows at each window edge it
