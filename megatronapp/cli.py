@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a scenario key, e.g. --set parallel.pp=4 (repeatable)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
+    run.add_argument("--stall-timeout", type=limits.positive_seconds, default=None,
+                     metavar="SECONDS",
                      help="torch backend: stop and name each rank's blocked op when no rank "
                           "makes progress for this long (default 300)")
     limits.add_options(run)

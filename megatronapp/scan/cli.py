@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -173,6 +174,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for name in ("trials", "jobs"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}: must be >= 1")
+    most = 4 * (os.cpu_count() or 1)
+    if args.jobs > most:
+        raise UserError(f"--jobs: {args.jobs} processes is more than this machine runs "
+                        f"usefully (at most {most})")
     check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
     outcomes, alignment = [], []
     with counter("simulating and scoring trials", args.trials) as advance:
