@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import simpy
 
+from megatronapp import seeds
 from megatronapp.config import ClockSkew, Scenario, ScenarioError, Throttle
 from megatronapp.costs import stage_costs
 from megatronapp.fbd.coordinator import Coordinator, GroupTable, or_tables
@@ -63,7 +63,7 @@ def fbd_devices(s: Scenario, slots: list[ClassSlot], jitter: bool = True) -> dic
             windows[f.rank].append(ThrottleWindow(f.start_s, end, f.factor))
     sigma = s.cluster.jitter.compute_sigma if jitter else 0.0
     return {d: Device(d, tuple(ws), sigma,
-                      np.random.default_rng([s.seed, 3, d]) if sigma > 0 else None)
+                      seeds.rng(s.seed, 3, d) if sigma > 0 else None)
             for d, ws in windows.items()}
 
 

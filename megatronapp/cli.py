@@ -10,14 +10,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
+from . import limits  # light: the size model imports the scenario schema only when used
 from .errors import UserError
 
 BACKENDS = ("sim", "torch")
+MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli")
 
@@ -30,16 +31,18 @@ def load_backend(name: str) -> Callable[..., Any]:
 # ------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     from .config import load_scenario
+    from .outdirs import check_output, staged_dir
     from .progress import RunProgress
-    from .runs import staged_dir, write_run
+    from .runs import write_run
 
     scenario = load_scenario(args.scenario, args.set)
     run_backend = load_backend(args.backend)
     backend_kw = _stall_option(args)
     out = Path(args.out or Path("runs") / scenario.name)
-    check_out_dir(out)
-    with staged_dir(out) as tmp, RunProgress(scenario.iterations,
-                                             False if args.quiet else None) as progress:
+    check_output(out, args.force, protect=[Path(args.scenario)])
+    limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
+    with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
+                                                         False if args.quiet else None) as progress:
         result = run_backend(scenario, on_record=progress.record, on_phase=progress.phase,
                              **backend_kw)
         progress.phase(f"writing {out}")
@@ -62,18 +65,6 @@ def _stall_option(args: argparse.Namespace) -> dict[str, Any]:
     return {"stall_timeout_s": args.stall_timeout}
 
 
-def check_out_dir(out: Path) -> None:
-    """Fail before running, not after: the output must be a creatable directory."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: {out} exists and is not a directory")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--out: cannot create {out.parent}: {err.strerror or err}") from None
-    if not os.access(out.parent, os.W_OK):
-        raise UserError(f"--out: {out.parent} is not writable")
-
-
 def print_summary(summary: dict[str, Any], out: Path) -> None:
     if "fbd" in summary:  # a decoupled (MegaFBD) run: devices, roles, throughput
         from .fbd.run import summary_lines
@@ -84,9 +75,12 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     losses = summary.get("loss_per_iteration")
     if losses:  # a real run trains: say whether it learns
         print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))
-    for f in summary["faults"] or [{"kind": "none"}]:
+    faults = summary["faults"] or [{"kind": "none"}]
+    for f in faults[:MAX_FAULT_LINES]:
         detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
         print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
+    if len(faults) > MAX_FAULT_LINES:
+        print(f"  ... and {len(faults) - MAX_FAULT_LINES} more faults (see summary.json)")
     print(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev), "
           f"{out / 'ranks'}/, {out / 'summary.json'}")
 
@@ -111,6 +105,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
     for name in ("tp", "pp", "dp"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}: must be >= 1")
+    limits.enforce(args, limits.estimate_topology(args.tp * args.pp * args.dp),
+                   what="this topology")
     topo = Topology(tp=args.tp, pp=args.pp, dp=args.dp)
     if args.fbd:  # MegaFBD's virtual -> physical rank mapping
         from .fbd.cli import print_layout
@@ -129,6 +125,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ plot
 def cmd_plot(args: argparse.Namespace) -> int:
+    from .files import staged_outputs
+    from .outdirs import record_outputs
     from .progress import status
     from .runs import read_events
 
@@ -137,16 +135,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if not trace.is_file():
         raise UserError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
     written = []
-    with status(f"loading {trace}") as say:
-        events = read_events(trace)
+    with status(f"loading {trace}") as say, staged_outputs(run_dir, "run_dir") as stage:
+        events = read_events(trace)  # every plot below is written, or none
         say("drawing the timeline")
         from .plots import plot_timeline  # matplotlib loads here, under the spinner
 
-        written.append(plot_timeline(events, run_dir / "timeline.png", title=run_dir.name))
+        written.append(plot_timeline(events, stage / "timeline.png", title=run_dir.name))
         for extra in args.plot_hooks:
             say("drawing each module's plots")
-            written += extra(run_dir, events)
-    for path in written:
+            written += extra(stage, events)
+    paths = [run_dir / Path(p).name for p in written]
+    record_outputs(run_dir, paths)
+    for path in paths:
         print(f"wrote {path}")
     return 0
 
@@ -206,14 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--backend", default="sim", choices=BACKENDS,
                      help="sim: the SimPy cluster model; torch: real torch.distributed ranks")
-    run.add_argument("--out", help="output directory (default runs/<scenario name>)")
+    run.add_argument("--out", help="output directory (default runs/<scenario name>); a new "
+                     "or empty directory, or a previous result with --force")
+    run.add_argument("--force", action="store_true",
+                     help="replace a previous result in --out (only the files it wrote)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set parallel.pp=4 (repeatable)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.add_argument("--quiet", action="store_true", help="no progress display")
-    run.add_argument("--stall-timeout", type=float, default=None, metavar="SECONDS",
+    run.add_argument("--stall-timeout", type=limits.positive_seconds, default=None,
+                     metavar="SECONDS",
                      help="torch backend: stop and name each rank's blocked op when no rank "
                           "makes progress for this long (default 300)")
+    limits.add_options(run)
     run.set_defaults(func=cmd_run)
 
     topo = sub.add_parser("topology", help="print rank groups in Megatron-core's order")
@@ -224,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print MegaFBD's worker threads (virtual ranks) per device")
     topo.add_argument("--forward-tp", type=int, default=None,
                       help="with --fbd: physical TP degree of the forward instance (default tp)")
+    limits.add_options(topo)
     topo.set_defaults(func=cmd_topology, topology_parser=topo)
 
     plot_hooks: list[PlotHook] = []  # each module may add its own plots

@@ -7,10 +7,12 @@ exit with status 2.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
+                      model_validator)
+
+from .textio import TextError, check_depth, load_yaml, read_text
 
 from .schedules import SCHEDULES
 
@@ -24,11 +26,71 @@ class ScenarioError(ValueError):
         self.reason = reason
 
 
+# Sanity bounds: far beyond any real job, small enough that sums and products
+# of them stay finite floats (what fits this machine is limits.py's business).
+MAX_COUNT = 2**31 - 1  # ranks, microbatches, layers, sizes
+MAX_SECONDS = 1e9  # durations and times (about 32 years)
+MAX_RATE = 1e9  # TFLOPS, GB, Gbit/s
+MAX_FACTOR = 1e6  # slowdowns and speedups (1/MAX_FACTOR), also combined
+MAX_OFFSET_US = 1e12  # clock offset (about 11 days)
+MAX_DRIFT_PPM = 1e5  # clock drift (10%)
+
+
+def _mentions_bool(annotation: Any) -> bool:
+    return annotation is bool or any(_mentions_bool(a) for a in get_args(annotation))
+
+
+class _NotANumber:
+    """Stands in for a YAML true/false given where a number is expected, so that
+    validation fails at that field (``iterations: true`` is a mistake, not 1)."""
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return str(self.value).lower()
+
+
+def _unbool(value: Any) -> Any:
+    if isinstance(value, bool):
+        return _NotANumber(value)
+    if isinstance(value, list):
+        return [_NotANumber(v) if isinstance(v, bool) else v for v in value]
+    return value
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v if k not in fields or _mentions_bool(fields[k].annotation) else _unbool(v)
+                for k, v in data.items()}
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Rank = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+Rate = Annotated[float, Field(ge=1 / MAX_RATE, le=MAX_RATE)]
+Factor = Annotated[float, Field(ge=1 / MAX_FACTOR, le=MAX_FACTOR)]
+NAME_MAX = 100
+
+
+def _safe_name(name: str) -> str:
+    """The scenario name becomes a directory name: one plain path component."""
+    if not name or name in (".", "..") or name.startswith("."):
+        raise ValueError(f"{name!r} cannot be a directory name (empty, '.', '..' or hidden)")
+    if any(c in name for c in "/\\") or not name.isprintable() or len(name) > NAME_MAX:
+        raise ValueError(f"{name[:40]!r} must be one printable file name of at most "
+                         f"{NAME_MAX} characters, without '/' or '\\'")
+    return name
+
+
+SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
 class Parallel(_Strict):
@@ -63,15 +125,15 @@ class Model(_Strict):
 
 
 class Gpu(_Strict):
-    tflops: float = Field(400.0, gt=0)
-    memory_gb: float = Field(80.0, gt=0)
+    tflops: Rate = 400.0
+    memory_gb: Rate = 80.0
     efficiency: float = Field(0.5, gt=0, le=1)  # achieved share of peak FLOPs
 
 
 class Links(_Strict):
-    intra_node_gbps: float = Field(2400.0, gt=0)  # GB/s·8, i.e. Gbit/s
-    inter_node_gbps: float = Field(400.0, gt=0)
-    latency_us: float = Field(5.0, ge=0)
+    intra_node_gbps: Rate = 2400.0  # GB/s·8, i.e. Gbit/s
+    inter_node_gbps: Rate = 400.0
+    latency_us: float = Field(5.0, ge=0, le=MAX_SECONDS)
 
 
 class Jitter(_Strict):
@@ -86,8 +148,8 @@ class DeviceClass(_Strict):
 
     name: str
     count: PositiveInt
-    tflops: float = Field(gt=0)
-    memory_gb: float = Field(gt=0)
+    tflops: Rate
+    memory_gb: Rate
 
 
 class Fbd(_Strict):
@@ -110,38 +172,38 @@ class Cluster(_Strict):
 class Costs(_Strict):
     """Fixed durations replacing the analytical cost model (calibration, exact tests)."""
 
-    forward_s: float | None = Field(None, ge=0)
-    backward_s: float | None = Field(None, ge=0)
-    p2p_s: float | None = Field(None, ge=0)
-    allreduce_s: float | None = Field(None, ge=0)
-    optimizer_s: float | None = Field(None, ge=0)
+    forward_s: Seconds | None = None
+    backward_s: Seconds | None = None
+    p2p_s: Seconds | None = None
+    allreduce_s: Seconds | None = None
+    optimizer_s: Seconds | None = None
 
 
 class Throttle(_Strict):
     kind: Literal["throttle"]
-    rank: int = Field(ge=0)
-    factor: float = Field(gt=0)
-    start_s: float = Field(0.0, ge=0)
-    end_s: float | None = Field(None, ge=0)
+    rank: Rank
+    factor: Factor
+    start_s: Seconds = 0.0
+    end_s: Seconds | None = None
 
 
 class SlowLink(_Strict):
     kind: Literal["slow_link"]
-    ranks: tuple[int, int]
-    factor: float = Field(gt=0)
+    ranks: tuple[Rank, Rank]
+    factor: Factor
 
 
 class LinkJitter(_Strict):
     kind: Literal["link_jitter"]
-    ranks: tuple[int, int]
+    ranks: tuple[Rank, Rank]
     sigma: float = Field(gt=0, le=2)
 
 
 class ClockSkew(_Strict):
     kind: Literal["clock_skew"]
-    rank: int = Field(ge=0)
-    offset_us: float = 0.0
-    drift_ppm: float = 0.0
+    rank: Rank
+    offset_us: float = Field(0.0, ge=-MAX_OFFSET_US, le=MAX_OFFSET_US)
+    drift_ppm: float = Field(0.0, ge=-MAX_DRIFT_PPM, le=MAX_DRIFT_PPM)
 
 
 Fault = Annotated[Union[Throttle, SlowLink, LinkJitter, ClockSkew], Field(discriminator="kind")]
@@ -162,8 +224,8 @@ class Data(_Strict):
 
 
 class Scenario(_Strict):
-    name: str = "scenario"
-    seed: int = 0
+    name: SafeName = "scenario"
+    seed: int = 0  # any integer (megatronapp.seeds maps it for numpy and torch)
     iterations: PositiveInt = 1
     schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
     parallel: Parallel = Parallel()
@@ -213,7 +275,34 @@ def check_consistency(s: Scenario) -> None:
     for i, fault in enumerate(s.faults):
         _check_fault_ranks(f"faults[{i}]", fault, world,
                            " (MegaFBD: a fault rank is a physical device)" if s.fbd else "")
+    _check_combined_factors(s.faults)
     _check_fbd(s)
+
+
+def _check_combined_factors(faults: tuple[Any, ...]) -> None:
+    """Faults that act at once multiply (slow links on one link, throttles whose
+    windows overlap on one rank): keep each product within the sane range."""
+    links: dict[tuple[int, ...], float] = {}
+    edges: dict[int, list[tuple[float, int, int]]] = {}  # rank -> (time, +1 start/-1 end, i)
+    for i, f in enumerate(faults):
+        if isinstance(f, SlowLink):
+            key = tuple(sorted(f.ranks))
+            links[key] = links.get(key, 1.0) * f.factor
+            _check_product(i, f"slow_link factors on link {key}", links[key])
+        elif isinstance(f, Throttle):
+            end = MAX_SECONDS * 2 if f.end_s is None else f.end_s
+            edges.setdefault(f.rank, []).extend([(f.start_s, 1, i), (end, -1, i)])
+    for rank, rank_edges in edges.items():
+        product = 1.0
+        for _, sign, i in sorted(rank_edges):  # ends sort before starts at one instant
+            product = product * faults[i].factor if sign > 0 else product / faults[i].factor
+            _check_product(i, f"overlapping throttle factors on rank {rank}", product)
+
+
+def _check_product(index: int, what: str, product: float) -> None:
+    if not 1 / MAX_FACTOR <= product <= MAX_FACTOR:
+        raise ScenarioError(f"faults[{index}].factor", f"{what} multiply to {product:.3g}, "
+                            f"outside [{1 / MAX_FACTOR:g}, {MAX_FACTOR:g}]")
 
 
 def _check_fbd(s: Scenario) -> None:
@@ -277,7 +366,9 @@ def _error_from_validation(err: ValidationError) -> ScenarioError:
     if isinstance(ctx_error, ScenarioError):
         return ctx_error
     field = _format_loc(tuple(first["loc"]))
-    reason = first["msg"]
+    reason = first["msg"].removeprefix("Value error, ")
+    if isinstance(first.get("input"), _NotANumber):
+        reason = f"true/false is not allowed here (got {first['input']!r})"
     if first["type"] == "extra_forbidden":
         reason = "unknown key"
     elif first["type"] == "union_tag_invalid":
@@ -291,6 +382,10 @@ def parse_scenario(data: Any) -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError("scenario", "top level must be a mapping")
     try:
+        check_depth(data, "the scenario")  # also what --set built
+    except TextError as err:
+        raise ScenarioError("scenario", str(err)) from None
+    try:
         return Scenario.model_validate(data)
     except ValidationError as err:
         raise _error_from_validation(err) from None
@@ -301,9 +396,11 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ScenarioError("--set", f"expected dotted.key=value, got {text!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+        value = load_yaml(raw, "value") if raw.strip() else None
+    except TextError as err:
+        if "nested" in str(err) or "duplicate" in str(err):
+            raise ScenarioError(f"--set {key.strip()}", str(err)) from None
+        value = raw  # not YAML: take it as text
     return key.strip().split("."), value
 
 
@@ -311,7 +408,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Return a copy of ``data`` with each ``dotted.key=value`` applied."""
     import copy
 
-    out = copy.deepcopy(data)
+    out = copy.deepcopy(data)  # read_scenario_data bounded its depth
     for text in overrides:
         path, value = _parse_override(text)
         node: Any = out
@@ -350,27 +447,31 @@ def _index(part: str, where: str, size: int) -> int:
 
 
 def read_scenario_data(path: str | Path) -> dict[str, Any]:
+    """The mapping in a UTF-8 YAML file; an empty file is an error, not the defaults."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ScenarioError("scenario", f"cannot read {path}: {err.strerror or err}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError("scenario", f"{path} is not valid YAML{where}") from None
+        data = load_yaml(read_text(path, str(path)), str(path))
+    except TextError as err:
+        raise ScenarioError("scenario", str(err)) from None
     if data is None:
-        data = {}
+        raise ScenarioError("scenario", f"{path} is empty (an empty scenario would silently "
+                            "run the defaults; write at least a name)")
     if not isinstance(data, dict):
         raise ScenarioError("scenario", f"{path} must hold a mapping at the top level")
     return data
 
 
+def default_name(path: str | Path) -> str:
+    """The file's stem, when it makes a safe directory name."""
+    try:
+        return _safe_name(Path(path).stem)
+    except ValueError:
+        return "scenario"
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     data = read_scenario_data(path)
-    data.setdefault("name", Path(path).stem)
+    data.setdefault("name", default_name(path))
     return parse_scenario(apply_overrides(data, overrides or []))
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import seeds
 from .config import Data, ScenarioError
 
 UNKNOWN_ID = 0  # every character outside the vocabulary
@@ -90,7 +91,7 @@ class TextData:
         if len(self.ids) <= length:
             raise ScenarioError("model.seq_len", f"{length} does not fit in a text of "
                                 f"{len(self.ids)} characters")
-        rng = np.random.default_rng([seed, 11, iteration, sample])
+        rng = seeds.rng(seed, 11, iteration, sample)
         starts = rng.integers(0, len(self.ids) - length, size=batch)
         return np.stack([self.ids[s:s + length] for s in starts])
 
@@ -98,5 +99,5 @@ class TextData:
 def random_tokens(seed: int, iteration: int, sample: int, batch: int, length: int,
                   vocab: int) -> np.ndarray:
     """Uniform random ids (``data.kind: random``): nothing to learn, a load test."""
-    rng = np.random.default_rng([seed, 11, iteration, sample])
+    rng = seeds.rng(seed, 11, iteration, sample)
     return rng.integers(0, vocab, size=(batch, length))

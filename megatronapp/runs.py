@@ -1,35 +1,20 @@
-"""Run directories: staged writing, summary.json, ground truth, reading back."""
+"""Run directories: summary.json, ground truth, writing a run, reading back.
+
+Where a run may be written, and how it is published, is ``outdirs``.
+"""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from contextlib import contextmanager
+import math
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .config import ClockSkew, Scenario, scenario_to_dict
 from .dpp.windows import dpp_summary
+from .errors import UserError
+from .outdirs import staged_dir  # noqa: F401 (runs are written through it)
 from .summary import summarize
 from .tracer import Event, RunResult, write_json, write_traces
-
-
-@contextmanager
-def staged_dir(out: Path) -> Iterator[Path]:
-    """Write into a hidden sibling; it replaces ``out`` only if all went well."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
 
 
 def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
@@ -56,11 +41,27 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     return summary
 
 
+def finite_json(data: Any) -> Any:
+    """``data`` with every NaN or infinity replaced by null: JSON has no such
+    numbers (an empty run's mean is undefined, not an invalid file)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite_json(v) for v in data]
+    return data
+
+
 def write_run(s: Scenario, result: RunResult, out_dir: Path) -> dict[str, Any]:
-    write_traces(result, out_dir)
-    summary = build_summary(s, result)
-    write_json(out_dir / "ground_truth.json", ground_truth(s, result))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    """Traces, ground truth and summary.json; an OSError (a full disk) is one line."""
+    summary = finite_json(build_summary(s, result))
+    try:
+        write_traces(result, out_dir)
+        write_json(out_dir / "ground_truth.json", finite_json(ground_truth(s, result)))
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    except OSError as err:
+        raise UserError(f"--out: cannot write the result: {err.strerror or err}") from None
     return summary
 
 

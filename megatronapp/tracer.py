@@ -86,7 +86,7 @@ def chrome_events(rank: int, label: str, events: list[Event],
 
 def write_json(path: Path, data: Any) -> None:
     with open(path, "w") as fh:
-        json.dump(data, fh, separators=(",", ":"))
+        json.dump(data, fh, separators=(",", ":"), allow_nan=False)  # always valid JSON
 
 
 @dataclass

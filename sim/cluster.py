@@ -4,9 +4,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import simpy
 
+from megatronapp import seeds
 from megatronapp.config import ClockSkew, LinkJitter, Scenario, SlowLink, Throttle
 from megatronapp.layout import topology_of
 from megatronapp.topology import Topology
@@ -33,7 +33,7 @@ def _devices(s: Scenario) -> dict[int, Device]:
             windows.setdefault(f.rank, []).append(ThrottleWindow(f.start_s, end, f.factor))
     sigma = s.cluster.jitter.compute_sigma
     return {r: Device(r, tuple(windows.get(r, ())), sigma,
-                      np.random.default_rng([s.seed, 3, r]) if sigma > 0 else None)
+                      seeds.rng(s.seed, 3, r) if sigma > 0 else None)
             for r in range(s.world_size)}
 
 

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from megatronapp import seeds
 from megatronapp.topology import Topology
 
 Pair = tuple[int, int]
@@ -83,7 +84,7 @@ class Network:
         # group): draws follow that stream's own program order, so timing
         # changes elsewhere never reshuffle them.
         if stream not in self._rngs:
-            self._rngs[stream] = np.random.default_rng([self.seed, 7, *stream])
+            self._rngs[stream] = seeds.rng(self.seed, 7, *stream)
         return self._rngs[stream]
 
     def slowdown(self, a: int, b: int, stream: tuple[int, ...] | None = None) -> float:

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from megatronapp.costs import StageCosts
 from megatronapp.fbd.ranks import FbdLayout, collective_groups
 from megatronapp.fbd.workers import worker_programs
+from megatronapp.seeds import torch_seed
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event, Tracer
 
@@ -48,7 +49,7 @@ class MlpSpec:
 
 
 def build_stage(spec: MlpSpec, pp_rank: int) -> torch.nn.Sequential:
-    torch.manual_seed(spec.seed * 1000 + pp_rank)
+    torch.manual_seed(torch_seed(spec.seed * 1000 + pp_rank))
     layers: list[torch.nn.Module] = []
     for _ in range(spec.layers_per_stage):
         layers += [torch.nn.Linear(spec.hidden, spec.hidden, dtype=torch.float64), torch.nn.Tanh()]

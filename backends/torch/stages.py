@@ -21,6 +21,7 @@ import torch
 from megatronapp.config import Scenario
 from megatronapp.data import TextData, random_tokens
 from megatronapp.ops import Report
+from megatronapp.seeds import torch_seed
 
 from . import megatron_compat
 
@@ -103,8 +104,8 @@ class MegatronStages:
         self.s, self.device, self.options = s, device, options
         self.topo, self.shape = topology_of(s), pipe_shape(s)
         self.coord = self.topo.coord(rank)
-        torch.manual_seed(s.seed)
-        megatron_compat.seed_model_parallel_rng(s.seed, self.coord.tp)
+        torch.manual_seed(torch_seed(s.seed))
+        megatron_compat.seed_model_parallel_rng(torch_seed(s.seed), self.coord.tp)
         config = transformer_config(s)
         self.layers_per_chunk = s.model.layers // self.shape.num_virtual_stages
         self.models = [GPTModel(config, get_gpt_layer_local_spec(), vocab_size=s.model.vocab,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .. import limits
 from ..schedules import SCHEDULES
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def format_table(rows: dict[str, dict[str, float] | str], title: str = "") -> st
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..config import read_scenario_data
+    from ..config import default_name, read_scenario_data
     from ..errors import UserError
 
     schedules = [x for x in args.schedules.split(",") if x]
@@ -84,7 +85,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if schedule not in SCHEDULES:
             raise UserError(f"--schedules: unknown schedule {schedule!r}")
     data = read_scenario_data(args.scenario)
-    data.setdefault("name", Path(args.scenario).stem)
+    data.setdefault("name", default_name(args.scenario))
+    limits.enforce(args, limits.estimate_runs(scenario_for(data, schedule, args.set)
+                                              for schedule in schedules),
+                   what=f"comparing {len(schedules)} schedules")
     rows = compare(data, schedules, args.set, progress=not args.json)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows, data["name"]))
     return 0
@@ -121,6 +125,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     comp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a scenario key (repeatable)")
     comp.add_argument("--json", action="store_true", help="print the rows as JSON")
+    limits.add_options(comp)
     comp.set_defaults(func=cmd_compare)
     win = sub.add_parser("windows", help="window metrics of a run directory")
     win.add_argument("run_dir", help="a directory written by 'megatronapp run'")

@@ -39,6 +39,14 @@ class SendWindow:
     transfer_s: float
 
 
+TASK_ARGS = ("iteration", "microbatch", "chunk")  # what pairs a message with its task
+
+
+def _tagged(e: Event, *keys: str) -> bool:
+    """Whether ``e`` carries our trace arguments (foreign traces may not)."""
+    return all(e.args.get(k) is not None for k in keys)
+
+
 def _key(e: Event, rank_a: int, rank_b: int) -> tuple:
     return (rank_a, rank_b, PHASE_OF[e.name], e.args["iteration"], e.args["microbatch"])
 
@@ -55,11 +63,13 @@ def send_windows(events: Events) -> list[SendWindow]:
     starts: dict[tuple, float] = {}
     for rank, rank_events in events.items():
         for e in rank_events:
+            if e.name in PHASE_OF and not _tagged(e, "peer", *TASK_ARGS):
+                continue
             if e.name.startswith("send_") and e.name in PHASE_OF:
                 sends[_key(e, rank, e.args["peer"])].append(e)
             elif e.name.startswith("recv_") and e.name in PHASE_OF:
                 recvs[_key(e, e.args["peer"], rank)].append(e)
-            elif e.name in ("forward", "backward") and "microbatch" in e.args:
+            elif e.name in ("forward", "backward") and _tagged(e, *TASK_ARGS):
                 starts[(rank, e.name, e.args["iteration"], e.args["microbatch"],
                         e.args["chunk"])] = e.start_s
     out = []
@@ -84,7 +94,7 @@ def allreduce_windows(events: Iterable[Event]) -> list[float]:
         if it is None:
             continue
         if e.name == "backward":
-            key = (it, e.args["chunk"])
+            key = (it, e.args.get("chunk", 0))
             last_bwd[key] = max(last_bwd.get(key, e.end_s), e.end_s)
         elif e.name == "optimizer":
             optimizer[it] = e.start_s

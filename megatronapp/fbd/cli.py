@@ -5,6 +5,7 @@ import argparse
 import json
 from typing import Any
 
+from megatronapp import limits
 from megatronapp.topology import Topology
 
 from .ranks import FbdLayout, collective_groups
@@ -38,6 +39,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .hetero import format_table
 
     scenario = load_scenario(args.scenario, args.set)
+    plans = 4  # co-located twice, MegaFBD as configured and with classes swapped
+    limits.enforce(args, limits.estimate_runs([scenario] * plans), what="comparing plans")
     print(format_table([(scenario.name, compare_plans(scenario))]))
     return 0
 
@@ -49,4 +52,5 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     cmp.add_argument("scenario", help="scenario YAML file with cluster.device_classes and fbd")
     cmp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key (repeatable)")
+    limits.add_options(cmp)
     cmp.set_defaults(func=cmd_compare)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from megatronapp.errors import UserError
 from megatronapp.progress import Say, status
@@ -17,10 +18,16 @@ JSON_HELP = "print JSON instead of text"
 
 def _scan_input(target: str, say: Say) -> Any:
     from .inputs import load_scan_input
+
+    return _side_file(lambda t: load_scan_input(t, say), target)
+
+
+def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
+    """``read(target)``, its TraceError as one line naming the argument."""
     from .load import TraceError
 
     try:
-        return load_scan_input(target, say)
+        return read(target)
     except TraceError as err:
         raise UserError(f"RUN_DIR_OR_TRACE: {err}") from None
 
@@ -88,13 +95,18 @@ def cmd_query(args: argparse.Namespace) -> int:
     import duckdb
 
     from .deps import annotate
-    from .query import format_rows, run_query
+    from .query import QueryLimits, format_rows, run_query
 
+    if not args.sql.strip():
+        raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
+                        "rank\")")
     with status("reading the trace") as say:
         scan = _scan_input(args.target, say)
         say("running the query")
         try:
-            names, rows = run_query(annotate(scan.events, list(scan.ops)), args.sql)
+            names, rows = run_query(annotate(scan.events, list(scan.ops)), args.sql,
+                                    QueryLimits(external_access=args.allow_external_access,
+                                                memory_limit=args.memory_limit))
         except duckdb.Error as err:
             raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
     if args.json:
@@ -106,30 +118,37 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------- align
 def cmd_align(args: argparse.Namespace) -> int:
+    from megatronapp.files import atomic_file, check_file_target
+    from megatronapp.outdirs import record_outputs
     from megatronapp.tracer import chrome_events, write_json
 
     from .align import score_against_truth
     from .deps import annotate
+    from .load import read_truth_clocks
 
     run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
     out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
+    check_file_target(out, "--out")  # before the work, not after
     with status("reading the trace") as say:
         scan = _scan_input(args.target, say)
+        truth = run_dir / "ground_truth.json"
+        truth_clocks = (_side_file(read_truth_clocks, truth)
+                        if scan.clocks and truth.is_file() else None)
         say(f"writing {out}")
         events = annotate(scan.events, list(scan.ops))
         merged = [ev for r in sorted(events)
                   for ev in chrome_events(r, f"rank {r}", events[r], lambda t: t)]
-        tmp = out.with_name(f".{out.name}.partial")
-        write_json(tmp, {"traceEvents": merged, "displayTimeUnit": "ms",
-                         "metadata": {"clock": "aligned"}})
-        tmp.replace(out)
+        with atomic_file(out, "--out") as tmp:
+            write_json(tmp, {"traceEvents": merged, "displayTimeUnit": "ms",
+                             "metadata": {"clock": "aligned"}})
+    if args.out is None:
+        record_outputs(run_dir, [out])
     report: dict[str, Any] = {"wrote": str(out), "sync_ops": len(scan.ops),
                               "clocks": {str(r): {"offset_us": f.offset_us, "drift_ppm": f.drift_ppm,
                                                   "anchors": f.anchors} for r, f in scan.clocks.items()}}
-    truth = run_dir / "ground_truth.json"
-    if scan.clocks and truth.is_file():
+    if truth_clocks is not None:
         report["error_vs_ground_truth"] = score_against_truth(
-            scan.clocks, json.loads(truth.read_text())["clocks"], ref=min(scan.clocks))
+            scan.clocks, truth_clocks, ref=min(scan.clocks))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -147,6 +166,7 @@ def cmd_align(args: argparse.Namespace) -> int:
 # ---------------------------------------------------- validate-detector
 def cmd_validate(args: argparse.Namespace) -> int:
     from backends.sim import run_sim
+    from megatronapp.files import check_file_target
     from megatronapp.progress import counter
 
     from .validate import alignment_summary, markdown_table, run_trials, summarize, write_csv
@@ -154,6 +174,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for name in ("trials", "jobs"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name}: must be >= 1")
+    most = 4 * (os.cpu_count() or 1)
+    if args.jobs > most:
+        raise UserError(f"--jobs: {args.jobs} processes is more than this machine runs "
+                        f"usefully (at most {most})")
+    check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
     outcomes, alignment = [], []
     with counter("simulating and scoring trials", args.trials) as advance:
         for trial_outcomes, align in run_trials(args.seed, args.trials, args.jobs, run_sim,
@@ -199,6 +224,12 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     query.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     query.add_argument("sql", help='e.g. "SELECT rank, sum(dur_us) FROM events GROUP BY rank"')
     query.add_argument("--json", action="store_true", help=JSON_HELP)
+    query.add_argument("--allow-external-access", action="store_true",
+                       help="let the SQL read and write files, attach databases and load "
+                            "extensions (off by default: the query sees only the events table)")
+    query.add_argument("--memory-limit", default=None, metavar="SIZE",
+                       help="DuckDB memory limit, e.g. 2GB (default: a quarter of the memory "
+                            "available, at most 4GB)")
     query.set_defaults(func=cmd_query)
 
     align = subparsers.add_parser("align", help="align per-rank clocks, link sync ops, write trace")

@@ -1,16 +1,14 @@
 """What every detector (ours and the baselines) gets: one aligned trace, linked."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from megatronapp.progress import Say, quiet
 
 from .align import ClockFit, apply_clocks, fit_clocks
 from .deps import SyncOp, reconstruct
-from .load import LoadedTrace, RankEvents, load_trace
+from .load import LoadedTrace, RankEvents, TraceError, dig, load_trace, read_object
 
 DEFAULT_GPUS_PER_NODE = 8
 STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
@@ -55,9 +53,13 @@ def _gpus_per_node(run_dir: Path | None) -> int:
     summary = run_dir / "summary.json" if run_dir else None
     if summary is None or not summary.is_file():
         return DEFAULT_GPUS_PER_NODE
-    data: Any = json.loads(summary.read_text())
-    return int(data.get("scenario", {}).get("cluster", {}).get("gpus_per_node",
-                                                                 DEFAULT_GPUS_PER_NODE))
+    value = dig(read_object(summary), "scenario.cluster.gpus_per_node", summary)
+    if value is None:
+        return DEFAULT_GPUS_PER_NODE
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TraceError(str(summary), "scenario.cluster.gpus_per_node must be an integer "
+                         f">= 1, got {value!r:.40}")
+    return value
 
 
 def prepare(events: RankEvents, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,

@@ -8,13 +8,14 @@ so a malformed trace never turns into a silently wrong answer.
 """
 from __future__ import annotations
 
-import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from megatronapp.progress import Say, quiet
+from megatronapp.textio import MAX_DEPTH, TextError, load_json_bytes, structure_size
 from megatronapp.tracer import Event
 
 RankEvents = dict[int, list[Event]]
@@ -40,19 +41,38 @@ class LoadedTrace:
     run_dir: Path | None = None
 
 
+# Arguments our analyses read, and what each must hold when present.
+INT_ARGS = ("iteration", "microbatch", "chunk", "peer")
+ANALYSED_ARGS = (*INT_ARGS, "group", "bytes")
+
+
 def _number(raw: Mapping[str, Any], key: str, source: str, index: int) -> float:
     value = raw.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TraceError(source, f"{key!r} must be a number, got {value!r}", index)
+        raise TraceError(source, f"{key!r} must be a number, got {_short(value)}", index)
+    if not math.isfinite(value):
+        raise TraceError(source, f"{key!r} must be a finite number, got {value!r}", index)
     return float(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _rank_of(raw: Mapping[str, Any], source: str, index: int) -> int:
     pid = raw.get("pid")
-    try:
-        return int(pid)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise TraceError(source, f"'pid' must be an integer rank, got {pid!r}", index) from None
+    if isinstance(pid, float) and pid.is_integer():
+        pid = int(pid)
+    elif isinstance(pid, str) and pid.strip().lstrip("-").isdigit():
+        pid = int(pid)
+    if not _is_int(pid):
+        raise TraceError(source, f"'pid' must be an integer rank, got {_short(pid)}", index)
+    return int(pid)  # type: ignore[arg-type]
 
 
 def _raw_events(data: Any, source: str) -> list[Any]:
@@ -71,14 +91,17 @@ def events_from_chrome(data: Any, source: str = "<trace>") -> RankEvents:
         if not isinstance(raw, dict):
             raise TraceError(source, "not a JSON object", index)
         ph = raw.get("ph")
-        if ph in (None, "M", "C", "s", "t", "f", "b", "e", "n"):
+        if not isinstance(ph, str):
+            raise TraceError(source, f"'ph' (the event's phase) must be a string, got "
+                             f"{_short(ph)}", index)
+        if ph in ("M", "C", "s", "t", "f", "b", "e", "n"):
             continue  # metadata, counters and flows carry no duration
         rank = _rank_of(raw, source, index)
         if ph == "X":
             events[rank].append(_complete(raw, source, index))
         elif ph in ("i", "I"):
             events[rank].append(Event(_name(raw, source, index), _number(raw, "ts", source, index)
-                                      * 1e-6, 0.0, raw.get("args") or {}))
+                                      * 1e-6, 0.0, _args(raw, source, index)))
         elif ph in ("B", "E"):
             # Unsorted input: order each lane by time, ends before begins at a tie.
             lanes[(rank, raw.get("tid"))].append(
@@ -87,6 +110,9 @@ def events_from_chrome(data: Any, source: str = "<trace>") -> RankEvents:
             raise TraceError(source, f"unsupported phase {ph!r}", index)
     for (rank, tid), lane in lanes.items():
         events[rank] += _spans(sorted(lane, key=lambda x: x[:3]), f"rank {rank}, tid {tid}", source)
+    if not events:
+        raise TraceError(source, "no events with a duration ('X', 'B'/'E' or 'i'): nothing to "
+                         "analyse")
     for rank_events in events.values():
         rank_events.sort(key=lambda e: (e.start_s, -e.dur_s))
     return dict(events)
@@ -100,9 +126,28 @@ def _name(raw: Mapping[str, Any], source: str, index: int) -> str:
 
 
 def _args(raw: Mapping[str, Any], source: str, index: int) -> Mapping[str, Any]:
+    """The event's arguments; those our analyses read must have their types."""
     args = raw.get("args") or {}
     if not isinstance(args, dict):
         raise TraceError(source, "'args' must be an object", index)
+    for key in INT_ARGS:
+        if args.get(key) is not None and not _is_int(args[key]):
+            raise TraceError(source, f"args.{key} must be an integer, got {_short(args[key])}",
+                             index)
+    group = args.get("group")
+    if group is not None and not (isinstance(group, list) and all(map(_is_int, group))):
+        raise TraceError(source, f"args.group must be a list of integer ranks, got "
+                         f"{_short(group)}", index)
+    size = args.get("bytes")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float))
+                             or not math.isfinite(size) or size < 0):
+        raise TraceError(source, f"args.bytes must be a finite number >= 0, got {_short(size)}",
+                         index)
+    if any(isinstance(v, (dict, list)) for v in args.values()) and structure_size(
+            args)[0] > MAX_DEPTH:
+        raise TraceError(source, f"args nested more than {MAX_DEPTH} levels deep", index)
+    if any(k in args and args[k] is None for k in ANALYSED_ARGS):  # null: as if absent
+        return {k: v for k, v in args.items() if v is not None or k not in ANALYSED_ARGS}
     return args
 
 
@@ -149,13 +194,58 @@ def _close(stack: list[tuple[int, Mapping[str, Any]]], end: Mapping[str, Any], s
 
 
 def read_json(path: Path) -> Any:
+    """A UTF-8 JSON file; anything else (binary, UTF-16, too deep) is one line."""
     try:
-        with open(path) as fh:
-            return json.load(fh)
+        raw = Path(path).read_bytes()
     except OSError as err:
         raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise TraceError(str(path), f"not valid JSON (line {err.lineno}: {err.msg})") from None
+    try:
+        return load_json_bytes(raw, "the file")
+    except TextError as err:
+        raise TraceError(str(path), str(err).removeprefix("the file is ")) from None
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """A run directory's side file (summary.json, ground_truth.json): a JSON object."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise TraceError(str(path), f"must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def dig(data: Mapping[str, Any], path: str, source: Path) -> Any:
+    """``data["a"]["b"]`` for ``path`` "a.b", or None where a level is missing;
+    a level that is there but not an object is an error naming the file."""
+    node: Any = data
+    for part in path.split("."):
+        if node is None:
+            return None
+        if not isinstance(node, dict):
+            raise TraceError(str(source), f"{path}: expected an object at {part!r}")
+        node = node.get(part)
+    return node
+
+
+def read_truth_clocks(path: Path) -> dict[str, dict[str, float]]:
+    """The injected clocks of ground_truth.json: rank -> {offset_us, drift_ppm}."""
+    clocks = dig(read_object(path), "clocks", path)
+    if not isinstance(clocks, dict):
+        raise TraceError(str(path), "'clocks' must map ranks to {offset_us, drift_ppm}")
+    out: dict[str, dict[str, float]] = {}
+    for rank, clock in clocks.items():
+        if not isinstance(clock, dict):
+            raise TraceError(str(path), f"clocks.{rank} must be an object")
+        out[rank] = {key: _finite_field(clock, key, f"clocks.{rank}", path)
+                     for key in ("offset_us", "drift_ppm")}
+    return out
+
+
+def _finite_field(obj: Mapping[str, Any], key: str, where: str, path: Path) -> float:
+    value = obj.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value):
+        raise TraceError(str(path), f"{where}.{key} must be a finite number, got {_short(value)}")
+    return float(value)
 
 
 def load_chrome_file(path: Path) -> RankEvents:

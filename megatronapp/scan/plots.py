@@ -61,7 +61,7 @@ def pipeline_of(events: RankEvents, start: int | None = None) -> list[int]:
     receivers: set[int] = set()
     for rank, evs in events.items():
         for e in evs:
-            if e.name == "send_forward" and "peer" in e.args:
+            if e.name == "send_forward" and e.args.get("peer") in events:  # a rank we have
                 nxt.setdefault(rank, int(e.args["peer"]))
                 receivers.add(int(e.args["peer"]))
     first = start if start is not None else min((r for r in events if r not in receivers),

@@ -12,7 +12,9 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from megatronapp import seeds
 from megatronapp.config import Scenario, parse_scenario
+from megatronapp.files import atomic_file
 from megatronapp.topology import Topology
 from megatronapp.tracer import RunResult, RunScenario, chrome_events
 
@@ -74,7 +76,7 @@ def _clock_skews(rng: np.random.Generator, world: int, count: int) -> list[dict]
 
 
 def make_trial(seed: int, index: int) -> Trial:
-    rng = np.random.default_rng([seed, index])
+    rng = seeds.rng(seed, index)
     band = BANDS[int(rng.integers(len(BANDS)))]
     tp, pp, dp = _shape(rng, band.startswith(("slow_link", "link_jitter")))
     topo = Topology(tp=tp, pp=pp, dp=dp)
@@ -179,16 +181,14 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def write_csv(rows: list[Row], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", newline="") as fh:
+def write_csv(rows: list[Row], path: Path, option: str = "--csv") -> None:
+    """The accuracy table, written whole (a temporary renamed into place) or not at all."""
+    with atomic_file(path, option, make_parent=True) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["method", "band", "trials", "top1", "precision", "recall", "fpr"])
         for r in rows:
             w.writerow([r.method, r.band, r.trials] + ["" if v is None else f"{v:.4f}" for v in
                                                          (r.top1, r.precision, r.recall, r.fpr)])
-    tmp.replace(path)
 
 
 def markdown_table(rows: list[Row]) -> str:

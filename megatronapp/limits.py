@@ -1,0 +1,288 @@
+"""What a job will cost, estimated before any work, against what this machine has.
+
+A scenario's size is cheap to compute in closed form (ranks, events, the
+collective group members those events list, faults), and the simulator's cost
+per event is measured. Every measured constant lives in ``CostModel`` so that
+a faster simulator updates one place. A job that cannot fit in memory, on disk
+or in ``max_seconds`` is refused with one line saying the estimate and the
+limit; ``--no-limits`` (an explicit choice) skips the check.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import shutil
+from dataclasses import dataclass, replace
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from .errors import UserError
+
+if TYPE_CHECKING:  # the schema (pydantic) loads only when a scenario is estimated
+    from .config import Scenario
+
+DEFAULT_MAX_SECONDS = 3600.0  # an hour of estimated work: beyond it, say so first
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Costs of ``megatronapp run`` on the simulator, in CPU time and peak RSS,
+    measured on this 2-core CPU machine with ``paper_figs/limits_calibration.py``
+    (slopes between runs that differ in microbatches, or in dp): 54-61 us and
+    ~900 B per event, 0.7 us and ~9 B per group member, 317 B of disk per event.
+    Rounded up here; see docs/robustness.md."""
+
+    base_bytes: float = 100e6  # interpreter, numpy, simpy, pydantic
+    base_seconds: float = 1.0
+    bytes_per_event: float = 1000.0  # Event objects + JSON dicts while writing
+    seconds_per_event: float = 60e-6  # simulate, summarise and write one event
+    bytes_per_group_entry: float = 12.0  # a collective event lists its group's ranks
+    seconds_per_group_entry: float = 1e-6
+    disk_bytes_per_event: float = 320.0  # rank file + merged trace
+    disk_bytes_per_group_entry: float = 10.0
+    bytes_per_fault: float = 6000.0  # YAML, validation, summary and ground truth
+    seconds_per_fault: float = 300e-6
+    # A compute op scans its rank's throttle windows at each window edge it
+    # crosses: about w * (compute ops + w) scans for w windows on a rank.
+    seconds_per_throttle_scan: float = 30e-9
+    topology_bytes_per_rank: float = 400.0  # ``megatronapp topology`` labels and groups
+    topology_seconds_per_rank: float = 15e-6
+    # The torch backend runs a process per rank (or device): on a CPU, more than
+    # a few per core only thrash; below 64 the backend's own checks speak first.
+    torch_processes_per_cpu: int = 8
+    torch_min_processes: int = 64
+
+
+COSTS = CostModel()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A job's size and what it will need."""
+
+    ranks: int
+    events: int
+    group_entries: int
+    faults: int
+    memory_bytes: float
+    disk_bytes: float
+    seconds: float
+
+    def describe(self) -> str:
+        size = [f"{self.ranks:,} ranks"]
+        size += [f"{self.events:,} trace events"] if self.events else []
+        size += [f"{self.faults:,} faults"] if self.faults else []
+        need = [f"{_gb(self.memory_bytes)} memory"]
+        need += [f"{_gb(self.disk_bytes)} disk"] if self.disk_bytes else []
+        return f"{', '.join(size)}: about {', '.join(need)}, {_duration(self.seconds)}"
+
+    def then(self, other: "Estimate") -> "Estimate":
+        """This job followed by ``other`` in the same process: times add, the
+        memory peak is the larger one."""
+        return Estimate(max(self.ranks, other.ranks), self.events + other.events,
+                        self.group_entries + other.group_entries, self.faults + other.faults,
+                        max(self.memory_bytes, other.memory_bytes),
+                        self.disk_bytes + other.disk_bytes, self.seconds + other.seconds)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What this machine offers a job now."""
+
+    memory_bytes: float
+    disk_bytes: float | None  # free space where the result goes (None: not writing)
+    max_seconds: float
+    max_torch_ranks: int
+
+
+def _gb(n: float) -> str:
+    """Bytes in the largest unit that keeps the number readable."""
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:,.3g} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:,.3g} min"
+    return f"{seconds / 3600:,.3g} h"
+
+
+# ---------------------------------------------------------------- sizes
+def _per_rank_iteration(s: Scenario) -> tuple[int, int, int]:
+    """(events, group entries, compute ops) one rank records in one iteration:
+    per task a compute op, a receive and a send between stages, a TP all-reduce;
+    per iteration the DP gradient all-reduce, the grad-norm all-reduce, the step."""
+    p = s.parallel
+    tasks = 2 * p.microbatches * p.vpp
+    tp, pp, dp = p.tp, p.pp, p.dp
+    per_task = 1 + (2 if pp > 1 else 0) + (1 if tp > 1 else 0)
+    events = tasks * per_task + 1 + (dp > 1) + (tp * pp > 1)
+    groups = tasks * tp * (tp > 1) + dp * (dp > 1) + tp * pp * (tp * pp > 1)
+    return events, groups, tasks + 1
+
+
+def estimate_run(s: Scenario) -> Estimate:
+    """What one run of ``s`` on the simulator will cost (closed form)."""
+    from .config import Throttle, device_count
+
+    c = COSTS
+    ranks = device_count(s)
+    events_ri, groups_ri, compute_ri = _per_rank_iteration(s)
+    workers = ranks * (2 if s.fbd is not None else 1)  # MegaFBD: forward + backward threads
+    events = s.iterations * workers * events_ri
+    groups = s.iterations * workers * groups_ri
+    throttles: dict[int, int] = {}
+    for f in s.faults:
+        if isinstance(f, Throttle):
+            throttles[f.rank] = throttles.get(f.rank, 0) + 1
+    scans = sum(w * (s.iterations * compute_ri + w) for w in throttles.values())
+    faults = len(s.faults)
+    return Estimate(
+        ranks=ranks, events=events, group_entries=groups, faults=faults,
+        memory_bytes=(c.base_bytes + events * c.bytes_per_event
+                      + groups * c.bytes_per_group_entry + faults * c.bytes_per_fault),
+        disk_bytes=events * c.disk_bytes_per_event + groups * c.disk_bytes_per_group_entry,
+        seconds=(c.base_seconds + events * c.seconds_per_event
+                 + groups * c.seconds_per_group_entry + faults * c.seconds_per_fault
+                 + scans * c.seconds_per_throttle_scan))
+
+
+def estimate_runs(scenarios: Iterable[Scenario]) -> Estimate:
+    """Several simulations, one after the other (schedule and plan comparisons);
+    nothing is written, so no disk."""
+    runs = [estimate_run(s) for s in scenarios]
+    total = reduce(Estimate.then, runs)
+    return replace(total, disk_bytes=0.0)
+
+
+def estimate_topology(world: int) -> Estimate:
+    c = COSTS
+    return Estimate(ranks=world, events=0, group_entries=3 * world, faults=0,
+                    memory_bytes=c.base_bytes + world * c.topology_bytes_per_rank,
+                    disk_bytes=0.0, seconds=c.base_seconds + world * c.topology_seconds_per_rank)
+
+
+# ----------------------------------------------------------- the machine
+def _meminfo_available() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_headroom() -> float | None:
+    """cgroup v2 memory.max - memory.current, when this process is capped."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+    except OSError:
+        return None
+    return None if limit == "max" else float(limit) - float(used)
+
+
+def _rlimit_headroom() -> float | None:
+    """An address-space cap (ulimit -v) minus what this process already maps."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pages = 0
+    return float(soft) - pages * resource.getpagesize()
+
+
+def available_memory() -> float:
+    """Bytes this process can still use: the tightest of RAM, cgroup and ulimit."""
+    candidates = [m for m in (_meminfo_available(), _cgroup_headroom(), _rlimit_headroom())
+                  if m is not None]
+    if not candidates:
+        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
+        candidates = [float(pages * resource.getpagesize())]
+    return max(0.0, min(candidates))
+
+
+def free_disk(directory: Path) -> float | None:
+    """Free bytes on the filesystem that would hold ``directory``."""
+    for candidate in (directory, *directory.parents):
+        if candidate.exists():
+            try:
+                return float(shutil.disk_usage(candidate).free)
+            except OSError:
+                return None
+    return None
+
+
+def machine_limits(out_dir: Path | None = None,
+                   max_seconds: float = DEFAULT_MAX_SECONDS) -> Limits:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return Limits(memory_bytes=available_memory(),
+                  disk_bytes=free_disk(out_dir.absolute()) if out_dir is not None else None,
+                  max_seconds=max_seconds,
+                  max_torch_ranks=max(COSTS.torch_min_processes,
+                                      COSTS.torch_processes_per_cpu * (cpus or 1)))
+
+
+# ---------------------------------------------------------------- checks
+OVERRIDE = "pass --no-limits to try anyway"
+
+
+def check(estimate: Estimate, limits: Limits, what: str = "this run",
+          backend: str = "sim") -> None:
+    """Raise one line naming the first limit ``estimate`` exceeds. The memory
+    and time model is the simulator's; a real (torch) run is bounded by ranks."""
+    if backend != "sim" and estimate.ranks > limits.max_torch_ranks:
+        raise UserError(f"limits: {what} needs {estimate.ranks:,} processes on the {backend} "
+                        f"backend; this machine takes at most {limits.max_torch_ranks} "
+                        f"({OVERRIDE})")
+    if backend == "sim" and estimate.memory_bytes > limits.memory_bytes:
+        raise UserError(f"limits: {what} is too large for this machine's memory: "
+                        f"{estimate.describe()}; {_gb(limits.memory_bytes)} available "
+                        f"({OVERRIDE})")
+    if limits.disk_bytes is not None and estimate.disk_bytes > limits.disk_bytes:
+        raise UserError(f"limits: {what} would write about {_gb(estimate.disk_bytes)} but "
+                        f"only {_gb(limits.disk_bytes)} is free there ({OVERRIDE})")
+    if backend == "sim" and estimate.seconds > limits.max_seconds:
+        raise UserError(f"limits: {what} would take too long: {estimate.describe()}; the "
+                        f"limit is {_duration(limits.max_seconds)} (raise it with "
+                        f"--max-seconds, or {OVERRIDE})")
+
+
+# ------------------------------------------------------ command options
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (no nan, no inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """``--no-limits`` and ``--max-seconds`` for a command that runs simulations."""
+    parser.add_argument("--no-limits", action="store_true",
+                        help="skip the size check against this machine's memory, disk and "
+                             "--max-seconds")
+    parser.add_argument("--max-seconds", type=positive_seconds, default=DEFAULT_MAX_SECONDS,
+                        metavar="S", help="refuse work estimated to take longer than S "
+                                          f"seconds (default {DEFAULT_MAX_SECONDS:g})")
+
+
+def enforce(args: argparse.Namespace, estimate: Estimate, out_dir: Path | None = None,
+            what: str = "this run", backend: str = "sim") -> None:
+    """Check ``estimate`` unless the command line said ``--no-limits``."""
+    if not args.no_limits:
+        check(estimate, machine_limits(out_dir, args.max_seconds), what, backend)

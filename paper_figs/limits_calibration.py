@@ -1,0 +1,87 @@
+"""Measure what ``megatronapp run`` costs per trace event and per collective group
+member, beside the constants ``megatronapp.limits.CostModel`` uses to refuse
+jobs up front. Rerun after making the simulator faster and update the model.
+
+    .venv/bin/python paper_figs/limits_calibration.py
+
+Each row is one ``megatronapp run --no-limits`` in a subprocess: peak RSS and
+CPU time from ``getrusage`` (wall time beside it: on a loaded machine CPU
+time is the better measure), events and group members counted in its trace.
+Slopes are taken between rows that differ in one dimension.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from megatronapp.limits import COSTS  # noqa: E402
+
+BASE = {"iterations": 2, "model": {"layers": 8, "hidden": 256, "heads": 4, "seq_len": 256,
+                                    "vocab": 1024}}
+SHAPES = {  # name -> parallel section; pairs differ in events (m) or in group members (dp)
+    "m16": {"tp": 2, "pp": 4, "dp": 4, "microbatches": 16},
+    "m128": {"tp": 2, "pp": 4, "dp": 4, "microbatches": 128},
+    "dp128": {"pp": 2, "dp": 128, "microbatches": 1},
+    "dp1024": {"pp": 2, "dp": 1024, "microbatches": 1},
+}
+# A fresh parent per run, so that its children's peak RSS is this run's alone.
+TIMED = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, "
+         "stdout=subprocess.DEVNULL); r = resource.getrusage(resource.RUSAGE_CHILDREN); "
+         "print(r.ru_utime + r.ru_stime, r.ru_maxrss * 1024)")
+
+
+def measure(name: str, parallel: dict, work: Path) -> dict[str, float]:
+    scenario = work / f"{name}.yaml"
+    scenario.write_text(json.dumps({**BASE, "name": name, "parallel": parallel}))
+    out = work / name
+    start = time.perf_counter()
+    timed = subprocess.run([sys.executable, "-c", TIMED, sys.executable, "-m", "megatronapp.cli",
+                            "run", str(scenario), "--out", str(out), "--quiet", "--no-limits"],
+                           check=True, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    cpu, rss = map(float, timed.stdout.split())
+    events = [e for e in json.loads((out / "trace.json").read_text())["traceEvents"]
+              if e["ph"] == "X"]
+    disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    return {"events": len(events), "group": sum(len(e["args"].get("group", ())) for e in events),
+            "cpu_s": cpu, "wall_s": wall, "rss": rss, "disk": float(disk)}
+
+
+def slope(a: dict, b: dict, key: str, per: str, minus: float = 0.0) -> float:
+    """d key / d per between two runs, after ``minus`` per event of the difference."""
+    rest = (b[key] - a[key]) - minus * (b["events"] - a["events"])
+    return rest / max(1.0, b[per] - a[per])
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = {name: measure(name, p, Path(tmp)) for name, p in SHAPES.items()}
+    print(f"{'run':<8}{'events':>10}{'group members':>15}{'cpu s':>9}{'wall s':>9}"
+          f"{'peak RSS MB':>13}{'disk MB':>9}")
+    for name, r in rows.items():
+        print(f"{name:<8}{r['events']:>10}{r['group']:>15}{r['cpu_s']:>9.2f}{r['wall_s']:>9.2f}"
+              f"{r['rss'] / 1e6:>13.0f}{r['disk'] / 1e6:>9.1f}")
+    ev, gr = (rows["m16"], rows["m128"]), (rows["dp128"], rows["dp1024"])
+    print("\nmeasured slope (CPU) vs limits.CostModel")
+    print(f"  seconds per event        {slope(*ev, 'cpu_s', 'events') * 1e6:8.1f} us   "
+          f"model {COSTS.seconds_per_event * 1e6:.1f} us")
+    print(f"  bytes per event          {slope(*ev, 'rss', 'events'):8.0f} B    "
+          f"model {COSTS.bytes_per_event:.0f} B (peak RSS, a conservative bound)")
+    print(f"  disk bytes per event     {slope(*ev, 'disk', 'events'):8.0f} B    "
+          f"model {COSTS.disk_bytes_per_event:.0f} B")
+    per_event_s, per_event_b = slope(*ev, "cpu_s", "events"), slope(*ev, "rss", "events")
+    print(f"  seconds per group member {slope(*gr, 'cpu_s', 'group', per_event_s) * 1e6:8.2f} us"
+          f"   model {COSTS.seconds_per_group_entry * 1e6:.2f} us")
+    print(f"  bytes per group member   {slope(*gr, 'rss', 'group', per_event_b):8.1f} B    "
+          f"model {COSTS.bytes_per_group_entry:.1f} B")
+
+
+if __name__ == "__main__":
+    main()
