@@ -4,18 +4,28 @@ Bad input exits with status 2 and one line on stderr naming the field; no
 traceback, and no output directory that could pass for a result.
 Heavy modules (pydantic, numpy, matplotlib, torch, duckdb) are imported
 inside the commands that use them, so ``--help`` and usage errors stay fast.
+SIGINT, SIGTERM and SIGHUP stop a command in order (worker processes
+stopped, staged output removed) and print one line, exit status 128 + the
+signal's number; only the standard library is imported before ``main``
+installs the handlers, so an early Ctrl-C is one line too.
+``MEGATRONAPP_DEBUG=1`` prints the full traceback (a failed rank's included)
+before the line of an error.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
+import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from . import limits  # light: the size model imports the scenario schema only when used
 from .errors import UserError
+from .interrupts import Interrupted, stop_on_signals
 
 BACKENDS = ("sim", "torch")
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
@@ -243,6 +253,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        with stop_on_signals():
+            return _main(argv)
+    except KeyboardInterrupt:  # Python's own SIGINT handling (not the main thread)
+        stop = Interrupted(signal.SIGINT)
+    except Interrupted as interrupted:
+        stop = interrupted
+    _report(stop.line(), stop)
+    return stop.exit_status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -254,13 +276,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ScenarioError as err:
-        print(f"megatronapp: scenario error: {err}", file=sys.stderr)
+        _report(f"scenario error: {err}", err)
     except (UserError, TraceError) as err:
-        print(f"megatronapp: {err}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("megatronapp: interrupted", file=sys.stderr)
-        return 130
+        _report(str(err), err)
     return 2
+
+
+def _report(line: str, err: BaseException) -> None:
+    """One line on stderr; the traceback first only with MEGATRONAPP_DEBUG=1."""
+    if os.environ.get("MEGATRONAPP_DEBUG", "") not in ("", "0"):
+        traceback.print_exception(err, file=sys.stderr)
+    print(f"megatronapp: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":
