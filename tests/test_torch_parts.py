@@ -1,6 +1,7 @@
 """The torch backend's in-process parts: CPU shim, fault pricing, watchdog policy (no processes)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -9,7 +10,9 @@ import torch
 from backends.torch import megatron_compat
 from backends.torch.faults import injected_faults
 from backends.torch.interpreter import works_per_op
-from backends.torch.watchdog import FINISHED, ProgressWatch, blocked_line, describe_blocked
+from backends.torch.lifetime import is_stopped, process_state
+from backends.torch.watchdog import (FINISHED, ProgressWatch, blocked_line, death_line,
+                                     describe_blocked, describe_failure, short_path)
 from megatronapp import cli
 from megatronapp.config import parse_scenario
 from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Wait, WaitAny
@@ -144,3 +147,57 @@ def test_bad_stall_timeout_exits_2_naming_the_option(argv, field, tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"--stall-timeout: {field}" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_vocab_not_divisible_by_tp_is_refused_before_any_rank_starts(tmp_path, capsys):
+    scenario_file = tmp_path / "s.yaml"
+    scenario_file.write_text("parallel: {tp: 2, microbatches: 2}\n"
+                             "model: {layers: 2, hidden: 32, heads: 4, seq_len: 8, vocab: 127}\n")
+    argv = ["run", str(scenario_file), "--out", str(tmp_path / "run"), "--quiet"]
+    code = cli.main([*argv, "--backend", "torch"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("megatronapp: scenario error: model.vocab: 127 is not divisible "
+                                 "by parallel.tp = 2 (megatron-core splits the vocabulary over "
+                                 "the TP ranks)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+    assert cli.main([*argv, "--backend", "sim"]) == 0  # the simulator has no vocabulary split
+
+
+# ------------------------------------------------- failed, dead and stopped ranks
+def _raise_in_megatron_like_code() -> None:
+    raise AssertionError("127 is not divisible by 2\nsecond line")
+
+
+def test_a_failure_is_its_type_first_message_line_and_innermost_frame():
+    try:
+        _raise_in_megatron_like_code()
+    except AssertionError as err:
+        failure = describe_failure(err)
+    line = _raise_in_megatron_like_code.__code__.co_firstlineno + 1
+    assert failure.line == ("AssertionError: 127 is not divisible by 2 "
+                            f"(tests/test_torch_parts.py:{line})")
+    assert "Traceback" in failure.traceback and "second line" in failure.traceback
+    try:
+        raise KeyError
+    except KeyError as err:
+        assert describe_failure(err).line.startswith("KeyError (tests/test_torch_parts.py:")
+
+
+def test_short_path_is_relative_to_the_longest_sys_path_entry_holding_it():
+    roots = ["/venv/lib/site-packages", "/venv", "/repo"]
+    assert short_path("/venv/lib/site-packages/megatron/core/utils.py", roots) == \
+        "megatron/core/utils.py"
+    assert short_path("/repo/backends/torch/stages.py", roots) == "backends/torch/stages.py"
+    assert short_path("/elsewhere/x.py", roots) == "/elsewhere/x.py"
+    assert short_path("/repository/x.py", roots) == "/repository/x.py"  # not under /repo
+
+
+def test_a_death_names_the_exit_code_or_the_signal():
+    assert death_line(1, 3, 7) == "rank 1 died with exit code 3 after 7 ops"
+    assert death_line(2, -9, 0) == "rank 2 was killed by SIGKILL after 0 ops"
+    assert death_line(0, -15, 4) == "rank 0 was killed by SIGTERM after 4 ops"
+
+
+def test_process_state_reads_proc_and_is_unknown_for_no_process():
+    assert process_state(os.getpid()) == "R"  # this process, reading its own stat
+    assert process_state(None) == "?" and not is_stopped(None)

@@ -2,10 +2,15 @@
 
 Workers stream their events back through a queue as they record them (so the
 caller's ``on_record`` sees progress live) and send their full result at the
-end. A failing rank's traceback is re-raised here. A hang never goes silent:
-a rank that dies, or a run in which no rank enters a new operation for
-``stall_timeout_s``, stops every rank and raises ``TorchDeadlock`` with one
-line naming each rank and the operation it is blocked in (see watchdog.py).
+end. A failing rank raises ``TorchRankFailed``: one line naming the rank, the
+exception and where it was raised, the worker's traceback chained as its
+cause. A hang never goes silent: a rank that dies, a rank that is stopped
+(SIGSTOP) for ``stall_timeout_s``, or a run in which no rank enters a new
+operation for ``stall_timeout_s``, stops every rank and raises
+``TorchDeadlock`` with one line naming each rank and the operation it is
+blocked in (see watchdog.py). Workers die with the launcher and every stop is
+bounded (see lifetime.py); an exception or signal that ends the run early
+(``megatronapp.interrupts.Interrupted``) carries the note ``stopped N ranks``.
 """
 from __future__ import annotations
 
@@ -13,7 +18,6 @@ import os
 import queue as queue_mod
 import socket
 import time
-import traceback
 from typing import Any, Callable
 
 import torch
@@ -26,22 +30,41 @@ from megatronapp.jobs import rank_programs
 from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, RunResult
 
+from .lifetime import (die_with_parent, ignore_terminal_signals, is_stopped, join_or_stop,
+                       stop_processes, terminal_signals_held)
 from .stages import TrainOptions
-from .watchdog import STALL_TIMEOUT_S, OpBeacon, ProgressWatch, blocked_line
+from .watchdog import (STALL_TIMEOUT_S, Failure, OpBeacon, ProgressWatch, blocked_line,
+                       death_line, describe_failure)
 from .worker import ProgramsFor, WorkerResult, assemble, quiet_megatron_warnings, run_rank
 
 POLL_S = 0.5
-REPORT_WAIT_S = 10.0  # how long blocked ranks get to say where they are
+REPORT_WAIT_S = 5.0  # how long blocked ranks get to say where they are
 DEATH_GRACE_S = 1.0  # a peer's failure may be the echo of a rank that died
+EXIT_WAIT_S = 5.0  # finished ranks get this long to exit on their own
 
 
-class TorchRunError(RuntimeError):
-    """A rank failed or died; carries its traceback."""
+class TorchRunError(UserError):
+    """A rank failed, died or hung: one line, exit status 2 from the CLI."""
 
 
-class TorchDeadlock(TorchRunError, UserError):
-    """Ranks stopped making progress (or one died): one line, exit status 2
-    from the CLI; ``blocked`` maps rank -> the op it was blocked in."""
+class RemoteTraceback(Exception):
+    """A worker's formatted traceback, chained as the cause of ``TorchRankFailed``."""
+
+    def __str__(self) -> str:
+        return f"\n{self.args[0]}"
+
+
+class TorchRankFailed(TorchRunError):
+    """A rank raised: ``rank 1 failed: AssertionError: ... (megatron/core/utils.py:468)``."""
+
+    def __init__(self, rank: int, failure: Failure):
+        super().__init__(f"rank {rank} failed: {failure.line}")
+        self.rank, self.failure = rank, failure
+
+
+class TorchDeadlock(TorchRunError):
+    """Ranks stopped making progress (or one died or was stopped); ``blocked``
+    maps rank -> the op it was blocked in."""
 
     def __init__(self, head: str, blocked: dict[int, str]):
         super().__init__(f"{head}; {blocked_line(blocked)}")
@@ -56,7 +79,9 @@ def free_port() -> int:
 
 def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce: bool | None,
              threads: int, out: Any, counters: Any, stall_flag: Any,
-             programs: ProgramsFor) -> None:
+             programs: ProgramsFor, launcher_pid: int) -> None:
+    die_with_parent(launcher_pid)
+    ignore_terminal_signals()  # the launcher owns the stop
     quiet_megatron_warnings()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
@@ -70,8 +95,8 @@ def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce:
                           beacon=beacon, programs=programs,
                           on_phase=lambda text: out.put(("phase", rank, text)))
         out.put(("done", rank, result))
-    except BaseException:
-        out.put(("error", rank, (traceback.format_exc(), beacon.describe())))
+    except BaseException as err:
+        out.put(("error", rank, (describe_failure(err), beacon.describe())))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -88,6 +113,8 @@ class _Gatherer:
         self.on_phase = on_phase
         self.results: dict[int, WorkerResult] = {}
         self.blocked: dict[int, str] = {}
+        self.stopped_since: dict[int, float] = {}  # rank -> when first seen stopped
+        self.next_state_check = 0.0
 
     def run(self) -> list[WorkerResult]:
         while len(self.results) < len(self.procs):
@@ -95,16 +122,26 @@ class _Gatherer:
                 self._handle(*self.out.get(timeout=POLL_S))
             except queue_mod.Empty:
                 self._check_deaths()  # only once the queue is drained: "done" may be in it
-            if self.watch.stalled(self.counters[:], time.monotonic()):
-                raise self._stuck(f"deadlock: no rank made progress for "
-                                  f"{self.watch.timeout_s:g} s")
+            now = time.monotonic()
+            if self.watch.stalled(self.counters[:], now) or self._stopped_too_long(now):
+                raise self._stuck()
         return [self.results[r] for r in range(len(self.procs))]
+
+    def _stopped_too_long(self, now: float) -> bool:
+        """A rank stopped (SIGSTOP) during set-up, before the progress watch is
+        armed, must not hang the run either (checked every ``POLL_S``)."""
+        if now < self.next_state_check:
+            return False
+        self.next_state_check = now + POLL_S
+        stopped = {r for r, p in enumerate(self.procs) if is_stopped(p.pid)}
+        self.stopped_since = {r: self.stopped_since.get(r, now) for r in stopped}
+        return any(now - t >= self.watch.timeout_s for t in self.stopped_since.values())
 
     def _handle(self, kind: str, rank: int, payload: Any) -> None:
         if kind == "error":
-            trace, self.blocked[rank] = payload
+            failure, self.blocked[rank] = payload
             self._echo_of_death(rank)
-            raise TorchRunError(f"rank {rank} failed:\n{trace}")
+            raise TorchRankFailed(rank, failure) from RemoteTraceback(failure.traceback)
         if kind == "event" and self.on_record is not None:
             self.on_record(rank, payload)
         elif kind == "phase":
@@ -117,8 +154,7 @@ class _Gatherer:
     def _check_deaths(self, exclude: int | None = None) -> None:
         for rank, p in enumerate(self.procs):
             if p.exitcode is not None and rank not in self.results and rank != exclude:
-                raise self._stuck(f"rank {rank} died with exit code {p.exitcode} after "
-                                  f"{self.counters[rank]} ops", dead=rank)
+                raise self._stuck(death_line(rank, p.exitcode, self.counters[rank]), dead=rank)
 
     def _echo_of_death(self, failed: int) -> None:
         """A rank whose peer died fails too (gloo: connection closed): report
@@ -129,13 +165,24 @@ class _Gatherer:
                 self._check_deaths(exclude=failed)
             time.sleep(0.05)
 
-    def _stuck(self, head: str, dead: int | None = None) -> TorchDeadlock:
-        """Ask every live, unfinished rank where it is blocked (for a while)."""
+    def _stuck(self, head: str | None = None, dead: int | None = None) -> TorchDeadlock:
+        """Ask every live, unfinished rank where it is blocked (for a while); a
+        stopped rank cannot answer and is named first instead. ``head``: what
+        ended the run (default: the stall)."""
         self.stall_flag.value = 1
-        waiting = {r for r, p in enumerate(self.procs)
-                   if p.exitcode is None and r not in self.results} - self.blocked.keys()
+        live = {r for r, p in enumerate(self.procs) if p.exitcode is None and r not in self.results}
+        stopped = sorted(r for r in live if is_stopped(self.procs[r].pid))
+        head = head or f"no rank made progress for {self.watch.timeout_s:g} s"
+        if stopped:
+            names = ", ".join(str(r) for r in stopped)
+            head = (f"rank{'s' if len(stopped) > 1 else ''} {names} stopped (process state T: "
+                    f"SIGSTOP or a debugger); {head}")
+        elif dead is None:
+            head = f"deadlock: {head}"
+        waiting = live - self.blocked.keys() - set(stopped)
         deadline = time.monotonic() + REPORT_WAIT_S
         while not waiting <= self.blocked.keys() and time.monotonic() < deadline:
+            waiting = {r for r in waiting if self.procs[r].exitcode is None}  # the dead say nothing
             try:
                 kind, rank, payload = self.out.get(timeout=POLL_S)
             except queue_mod.Empty:
@@ -143,18 +190,8 @@ class _Gatherer:
             if kind in ("blocked", "error"):  # a failed rank says where it failed
                 self.blocked[rank] = payload if kind == "blocked" else payload[1]
         blocked = {**{r: "? (no answer)" for r in waiting}, **self.blocked}
-        return TorchDeadlock(head, {r: w for r, w in blocked.items() if r != dead})
-
-
-def _stop(procs: list[Any], failed: bool) -> None:
-    """Join finished ranks; terminate the rest at once after a failure."""
-    for p in procs:
-        if failed and p.is_alive():
-            p.terminate()
-        p.join(timeout=None if failed or p.exitcode is not None else 5)
-        if p.is_alive():
-            p.terminate()
-            p.join()
+        return TorchDeadlock(head, {r: w for r, w in blocked.items()
+                                    if r != dead and r not in stopped})
 
 
 def check_gpus(s: Scenario) -> None:
@@ -163,6 +200,14 @@ def check_gpus(s: Scenario) -> None:
     if gpus and s.world_size > gpus:
         raise ScenarioError("parallel", f"tp*pp*dp = {s.world_size} ranks but this host has "
                             f"{gpus} GPU(s); NCCL needs one per rank")
+
+
+def check_megatron(s: Scenario) -> None:
+    """What megatron-core asserts inside every rank, said before any is spawned."""
+    vocab, tp = s.model.vocab, s.parallel.tp
+    if vocab % tp:
+        raise ScenarioError("model.vocab", f"{vocab} is not divisible by parallel.tp = {tp} "
+                            "(megatron-core splits the vocabulary over the TP ranks)")
 
 
 def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: bool | None = None,
@@ -174,6 +219,7 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
     ``programs`` (default ``rank_programs``; a module-level function, since it
     is pickled) builds the rank programs from the scenario and the stages."""
     check_gpus(s)
+    check_megatron(s)
     ctx = mp.get_context("spawn")
     out, stall_flag = ctx.Queue(), ctx.RawValue("b", 0)
     counters = ctx.RawArray("q", s.world_size)  # ops entered per rank
@@ -181,16 +227,19 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
     port = free_port()
     build = programs if programs is not None else rank_programs
     procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out,
-                                                counters, stall_flag, build))
+                                                counters, stall_flag, build, os.getpid()))
              for r in range(s.world_size)]
     on_phase(f"spawning {s.world_size} ranks")
-    for p in procs:
-        p.start()
-    failed = True
     try:
+        with terminal_signals_held():
+            for p in procs:
+                p.start()
         results = _Gatherer(procs, out, counters, stall_flag, stall_timeout_s, on_record,
                             on_phase).run()
-        failed = False
-    finally:
-        _stop(procs, failed)
+        join_or_stop(procs, EXIT_WAIT_S)
+    except BaseException as err:  # a failure, or Interrupted by a signal: stop every rank
+        stopped = stop_processes([p for p in procs if p.pid is not None])
+        if stopped:
+            err.add_note(f"stopped {stopped} rank{'s' if stopped > 1 else ''}")
+        raise
     return assemble(s, results), results

@@ -8,11 +8,19 @@ thread may be blocked inside a gloo/NCCL wait, which releases the GIL) with
 the op it is blocked in, and the launcher stops every rank and reports
 ``deadlock: ... rank 0 on Recv(src=1, tag=...)`` the way the simulator's
 ``SimDeadlock`` does.
+
+A rank that raises or dies is one line too: ``describe_failure`` sums up an
+exception as its type, first message line and the innermost frame (the full
+traceback travels beside it), ``death_line`` names an exit code or signal.
 """
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -22,6 +30,7 @@ from megatronapp.ops import describe as describe_op
 STALL_TIMEOUT_S = 300.0
 FLAG_POLL_S = 0.2
 FINISHED = "finished"
+MESSAGE_CHARS = 300  # of an exception's message, in the one line
 
 
 def describe_blocked(op: Op | None) -> str:
@@ -89,6 +98,46 @@ class ProgressWatch:
 def blocked_line(blocked: dict[int, str]) -> str:
     """``N rank(s) blocked: rank 0 on Recv(...), ...`` (finished ranks left out)."""
     waiting = {r: what for r, what in sorted(blocked.items()) if what != FINISHED}
+    if not waiting:
+        return "no other rank blocked"
     shown = ", ".join(f"rank {r} on {what}" for r, what in list(waiting.items())[:8])
     more = f" (+{len(waiting) - 8} more)" if len(waiting) > 8 else ""
     return f"{len(waiting)} rank(s) blocked: {shown}{more}"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A worker's exception as the launcher reports it."""
+
+    line: str  # ``AssertionError: 127 is not divisible by 2 (megatron/core/utils.py:468)``
+    traceback: str
+
+
+def short_path(filename: str, roots: Sequence[str] | None = None) -> str:
+    """A source file relative to the longest ``sys.path`` entry holding it
+    (``megatron/core/utils.py`` rather than the virtualenv's full path)."""
+    holders = [r for r in (sys.path if roots is None else roots)
+               if r and filename.startswith(os.path.join(r, ""))]
+    return os.path.relpath(filename, max(holders, key=len)) if holders else filename
+
+
+def describe_failure(err: BaseException) -> Failure:
+    """``Type: first line of the message (file:line)`` of where it was raised."""
+    message = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {message[0][:MESSAGE_CHARS]}" if message else type(err).__name__
+    frames = traceback.extract_tb(err.__traceback__)
+    if frames:
+        text += f" ({short_path(frames[-1].filename)}:{frames[-1].lineno})"
+    return Failure(text, "".join(traceback.format_exception(err)))
+
+
+def death_line(rank: int, exitcode: int, ops: int) -> str:
+    """``rank 1 died with exit code 3`` or ``rank 1 was killed by SIGKILL``, after N ops."""
+    if exitcode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-exitcode}"
+    else:
+        how = f"died with exit code {exitcode}"
+    return f"rank {rank} {how} after {ops} ops"
