@@ -137,7 +137,7 @@ def test_only_link_faults_make_transfers_priced():
                                        "sigma": 0.5}]), 0).links
 
 
-@pytest.mark.parametrize("argv, field", [(["--stall-timeout", "0"], "must be > 0"),
+@pytest.mark.parametrize("argv, field", [(["--stall-timeout", "0"], "must be a finite number > 0"),
                                          (["--stall-timeout", "5", "--backend", "sim"],
                                           "only the torch backend")])
 def test_bad_stall_timeout_exits_2_naming_the_option(argv, field, tmp_path, capsys):
