@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .draws import NormalStream
+
 
 @dataclass(frozen=True)
 class ThrottleWindow:
@@ -24,10 +26,13 @@ class Device:
     jitter_sigma: float = 0.0
     rng: np.random.Generator | None = None
     _breaks: list[float] = field(init=False, default_factory=list)
+    _noise: NormalStream | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         points = {w.start_s for w in self.windows} | {w.end_s for w in self.windows}
         self._breaks = sorted(p for p in points if math.isfinite(p))
+        if self.jitter_sigma > 0 and self.rng is not None:
+            self._noise = NormalStream(self.rng)
 
     def slowdown_at(self, t: float) -> float:
         factor = 1.0
@@ -37,9 +42,9 @@ class Device:
         return factor
 
     def noisy(self, work_s: float) -> float:
-        if self.jitter_sigma <= 0 or self.rng is None:
+        if self._noise is None:
             return work_s
-        return work_s * math.exp(self.rng.normal(0.0, self.jitter_sigma))
+        return work_s * math.exp(self.jitter_sigma * self._noise.draw())
 
     def duration(self, start_s: float, work_s: float) -> float:
         """Elapsed time for ``work_s`` of nominal work starting at ``start_s``."""

@@ -18,6 +18,8 @@ import simpy
 from megatronapp import seeds
 from megatronapp.topology import Topology
 
+from .draws import NormalStream
+
 Pair = tuple[int, int]
 
 
@@ -25,20 +27,70 @@ def gbps_to_bytes_per_s(gbps: float) -> float:
     return gbps * 1e9 / 8
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Port:
     bandwidth: float  # bytes/s
     flows: set["Flow"] = field(default_factory=set)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow:
     remaining: float  # bytes, already scaled by the pair's slowdown
     ports: tuple[Port, Port]
-    on_done: Callable[[], None]
+    on_done: Callable[[], None] | None = None
     rate: float = 0.0
     last_s: float = 0.0
     version: int = 0
+
+
+class FluidPorts:
+    """Max-min-free fair sharing of ports, without a scheduler: ``start`` and
+    ``finish`` return the flows whose completion must be (re)scheduled at
+    ``now + flow.eta`` for ``flow.version`` (older versions are stale). Both
+    simulation engines drive this one piece of arithmetic."""
+
+    @staticmethod
+    def _settle(flows: set[Flow], now: float) -> None:
+        for f in flows:
+            f.remaining -= f.rate * (now - f.last_s)
+            f.last_s = now
+
+    @staticmethod
+    def _rates(flows: set[Flow]) -> list[tuple[Flow, float]]:
+        out = []
+        for f in flows:
+            f.rate = min(p.bandwidth / len(p.flows) for p in f.ports)
+            f.version += 1
+            out.append((f, max(f.remaining, 0.0) / f.rate))
+        return out
+
+    def start(self, flow: Flow, now: float) -> list[tuple[Flow, float]]:
+        """Add ``flow``; returns (flow, seconds to completion) to schedule."""
+        a, b = flow.ports
+        flow.last_s = now
+        if not a.flows and not b.flows:  # alone on both ports: no one to settle
+            a.flows.add(flow)
+            b.flows.add(flow)
+            flow.rate = min(a.bandwidth, b.bandwidth)
+            flow.version += 1
+            return [(flow, max(flow.remaining, 0.0) / flow.rate)]
+        self._settle(a.flows | b.flows, now)
+        a.flows.add(flow)
+        b.flows.add(flow)
+        return self._rates(a.flows | b.flows)
+
+    def finish(self, flow: Flow, version: int, now: float) -> list[tuple[Flow, float]] | None:
+        """Remove a completed flow; None if this wake-up is stale."""
+        if version != flow.version:
+            return None
+        a, b = flow.ports
+        a.flows.discard(flow)
+        b.flows.discard(flow)
+        if not a.flows and not b.flows:
+            return []
+        others = a.flows | b.flows
+        self._settle(others, now)
+        return self._rates(others)
 
 
 @dataclass
@@ -60,6 +112,62 @@ def pair(a: int, b: int) -> Pair:
     return (a, b) if a < b else (b, a)
 
 
+class Link:
+    """One direction of a rank pair: its ports, bandwidth and slowdown."""
+
+    __slots__ = ("ports", "bandwidth", "factor", "sigma", "noise")
+
+    def __init__(self, ports: tuple[Port, Port], bandwidth: float, factor: float, sigma: float,
+                 noise: NormalStream | None):
+        self.ports = ports
+        self.bandwidth = bandwidth
+        self.factor = factor  # slow_link faults
+        self.sigma = sigma  # lognormal jitter: the pair's fault and the background
+        self.noise = noise
+
+    def slowdown(self) -> float:
+        """Time multiplier of one use: the fault factor times this use's jitter."""
+        if self.noise is None:
+            return self.factor
+        return self.factor * math.exp(self.sigma * self.noise.draw())
+
+
+class Ring:
+    """A collective group's ring: the α-β cost over its slowest edge."""
+
+    __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s")
+
+    def __init__(self, n: int, min_bandwidth: float, edges: list[tuple[float, float]],
+                 noise: NormalStream | None, latency_s: float, fixed_s: float | None):
+        self.n = n
+        self.min_bandwidth = min_bandwidth
+        # (factor, sigma) per edge; every edge with jitter draws from the group's stream
+        self.edges = [(f, s, noise if s > 0 else None) for f, s in edges]
+        self.latency_s = latency_s
+        self.fixed_s = fixed_s
+
+    def seconds(self, nbytes: int) -> float:
+        """2(n-1)/n·S/B + 2(n-1)·α over the ring's slowest edge."""
+        n = self.n
+        if n == 1:
+            return 0.0
+        worst = max(f if z is None else f * math.exp(s * z.draw()) for f, s, z in self.edges)
+        if self.fixed_s is not None:
+            return self.fixed_s * worst
+        bw = self.min_bandwidth / worst
+        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * self.latency_s
+
+    @property
+    def random(self) -> bool:
+        return any(z is not None for _f, _s, z in self.edges)
+
+    def signature(self) -> tuple[int, float, float] | None:
+        """What the cost depends on, or None when it draws jitter."""
+        if self.random:
+            return None
+        return (self.n, self.min_bandwidth, max((f for f, _s, _z in self.edges), default=1.0))
+
+
 class Network:
     def __init__(self, env: simpy.Environment, topo: Topology, intra_gbps: float,
                  inter_gbps: float, latency_s: float, faults: LinkFaults,
@@ -76,25 +184,43 @@ class Network:
         self.fixed_p2p_s = fixed_p2p_s
         self.fixed_allreduce_s = fixed_allreduce_s
         self._ports: dict[tuple[str, int], Port] = {}
-        self._rngs: dict[tuple[int, ...], np.random.Generator] = {}
+        self._streams: dict[tuple[int, ...], NormalStream] = {}
+        self._links: dict[Pair, Link] = {}
+        self._rings: dict[tuple[int, ...], Ring] = {}
+        self.fluid = FluidPorts()
 
     # ----------------------------------------------------------- pair factors
-    def _rng(self, stream: tuple[int, ...]) -> np.random.Generator:
+    def stream(self, stream: tuple[int, ...]) -> NormalStream:
         # One random stream per sender->receiver direction (and per collective
         # group): draws follow that stream's own program order, so timing
         # changes elsewhere never reshuffle them.
-        if stream not in self._rngs:
-            self._rngs[stream] = seeds.rng(self.seed, 7, *stream)
-        return self._rngs[stream]
+        if stream not in self._streams:
+            self._streams[stream] = NormalStream(seeds.rng(self.seed, 7, *stream))
+        return self._streams[stream]
+
+    def factor_and_sigma(self, a: int, b: int) -> tuple[float, float]:
+        """The a-b pair's slow-link factor and jitter sigma (fault and background)."""
+        p = pair(a, b)
+        return (self.faults.slow.get(p, 1.0),
+                math.hypot(self.faults.jitter.get(p, 0.0), self.background_sigma))
 
     def slowdown(self, a: int, b: int, stream: tuple[int, ...] | None = None) -> float:
         """Time multiplier of one use of the a-b link: fault factor x jitter."""
-        p = pair(a, b)
-        factor = self.faults.slow.get(p, 1.0)
-        sigma = math.hypot(self.faults.jitter.get(p, 0.0), self.background_sigma)
-        if sigma > 0:
-            factor *= math.exp(self._rng(stream or (a, b)).normal(0.0, sigma))
-        return factor
+        if stream is None:
+            return self.link(a, b).slowdown()
+        factor, sigma = self.factor_and_sigma(a, b)
+        return factor * math.exp(sigma * self.stream(stream).draw()) if sigma > 0 else factor
+
+    def link(self, src: int, dst: int) -> Link:
+        """The src -> dst direction (its own jitter stream), cached."""
+        key = (src, dst)
+        link = self._links.get(key)
+        if link is None:
+            factor, sigma = self.factor_and_sigma(src, dst)
+            link = self._links[key] = Link(self.ports(src, dst), self.bandwidth(src, dst),
+                                           factor, sigma,
+                                           self.stream(key) if sigma > 0 else None)
+        return link
 
     def bandwidth(self, a: int, b: int) -> float:
         return self.intra_bw if self.topo.same_node(a, b) else self.inter_bw
@@ -105,17 +231,21 @@ class Network:
             self._ports[key] = Port(bandwidth)
         return self._ports[key]
 
+    def ports(self, src: int, dst: int) -> tuple[Port, Port]:
+        """The sender's egress and the receiver's ingress port of a transfer."""
+        kind = "nvlink" if self.topo.same_node(src, dst) else "nic"
+        bw = self.bandwidth(src, dst)
+        return self._port(kind + "_out", src, bw), self._port(kind + "_in", dst, bw)
+
     # ------------------------------------------------------------- transfers
     def transfer(self, src: int, dst: int, nbytes: int) -> simpy.Event:
         """An event that fires when ``nbytes`` from src have reached dst."""
         done = self.env.event()
-        slow = self.slowdown(src, dst)
+        link = self.link(src, dst)
+        slow = link.slowdown()
         if self.fixed_p2p_s is not None:
             self.env.timeout(self.fixed_p2p_s * slow).callbacks.append(succeeds(done))
             return done
-        kind = "nvlink" if self.topo.same_node(src, dst) else "nic"
-        bw = self.bandwidth(src, dst)
-        ports = (self._port(kind + "_out", src, bw), self._port(kind + "_in", dst, bw))
 
         def delivered() -> None:
             self.env.timeout(self.latency_s).callbacks.append(succeeds(done))
@@ -123,55 +253,39 @@ class Network:
         if nbytes <= 0:
             delivered()
             return done
-        self._start(Flow(remaining=nbytes * slow, ports=ports, on_done=delivered))
+        self._schedule(self.fluid.start(Flow(nbytes * slow, link.ports, delivered), self.env.now))
         return done
 
-    def _neighbours(self, flow: Flow) -> set[Flow]:
-        return flow.ports[0].flows | flow.ports[1].flows
-
-    def _settle(self, flows: set[Flow]) -> None:
-        now = self.env.now
-        for f in flows:
-            f.remaining -= f.rate * (now - f.last_s)
-            f.last_s = now
-
-    def _reschedule(self, flows: set[Flow]) -> None:
-        for f in flows:
-            f.rate = min(p.bandwidth / len(p.flows) for p in f.ports)
-            f.version += 1
-            eta = max(f.remaining, 0.0) / f.rate
+    def _schedule(self, etas: list[tuple[Flow, float]]) -> None:
+        for f, eta in etas:
             self.env.timeout(eta).callbacks.append(self._finisher(f, f.version))
 
     def _finisher(self, flow: Flow, version: int) -> Callable[[simpy.Event], None]:
         return lambda _fired: self._finish(flow, version)
 
-    def _start(self, flow: Flow) -> None:
-        flow.last_s = self.env.now
-        self._settle(self._neighbours(flow))
-        for p in flow.ports:
-            p.flows.add(flow)
-        self._reschedule(self._neighbours(flow))
-
     def _finish(self, flow: Flow, version: int) -> None:
-        if version != flow.version:
+        etas = self.fluid.finish(flow, version, self.env.now)
+        if etas is None:
             return  # a stale wake-up: the flow's rate changed since
-        others = self._neighbours(flow) - {flow}
-        self._settle(others)
-        for p in flow.ports:
-            p.flows.discard(flow)
-        self._reschedule(others)
+        self._schedule(etas)
+        assert flow.on_done is not None
         flow.on_done()
 
     # ------------------------------------------------------------ collectives
+    def ring(self, group: tuple[int, ...]) -> Ring:
+        """The ring of a collective group (edges in group order), cached."""
+        ring = self._rings.get(group)
+        if ring is None:
+            n = len(group)
+            edges = [(group[i], group[(i + 1) % n]) for i in range(n)]
+            fs = [self.factor_and_sigma(a, b) for a, b in edges]
+            noisy = any(s > 0 for _f, s in fs)
+            ring = self._rings[group] = Ring(
+                n, min((self.bandwidth(a, b) for a, b in edges), default=math.inf), fs,
+                self.stream((n, *group)) if noisy else None, self.latency_s,
+                self.fixed_allreduce_s)
+        return ring
+
     def ring_allreduce_s(self, group: tuple[int, ...], nbytes: int) -> float:
         """2(n-1)/n·S/B + 2(n-1)·α over the ring's slowest edge."""
-        n = len(group)
-        if n == 1:
-            return 0.0
-        edges = [(group[i], group[(i + 1) % n]) for i in range(n)]
-        stream = (len(group), *group)
-        worst = max(self.slowdown(a, b, stream) for a, b in edges)
-        if self.fixed_allreduce_s is not None:
-            return self.fixed_allreduce_s * worst
-        bw = min(self.bandwidth(a, b) for a, b in edges) / worst
-        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * self.latency_s
+        return self.ring(group).seconds(nbytes)
