@@ -14,16 +14,20 @@ from typing import Any, Callable, Hashable
 
 import simpy
 
+from megatronapp.columns import RankEventsView
 from megatronapp.config import Scenario
 from megatronapp.errors import UserError
 from megatronapp.gc_pause import paused_gc
 from megatronapp.progress import Say, quiet
-from megatronapp.jobs import StagesFor, rank_programs
+from megatronapp.jobs import StagesFor, compile_static, rank_programs
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
                              Wait, WaitAny, describe, trace_args)
 from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import Cluster, build_cluster
 from sim.network import succeeds
+from sim.symmetry import identity_classes, pipe_classes
+
+from .sim_fast import CompiledDeadlock, run_compiled
 
 
 class SimDeadlock(UserError):
@@ -188,9 +192,26 @@ class SimBackend:
 
 
 def run_sim(s: Scenario, stages_for: StagesFor | None = None,
-            on_record: Callable[[int, Event], None] | None = None) -> RunResult:
-    """Simulate a scenario end to end."""
+            on_record: Callable[[int, Event], None] | None = None,
+            progress: Callable[[int, int], None] | None = None, engine: str = "auto",
+            reduce: bool = True) -> RunResult:
+    """Simulate a scenario end to end.
+
+    ``engine``: "auto" runs static schedules (with placeholder stages and no
+    per-event hook) on the compiled engine, anything else on the SimPy
+    generator path; "generator" forces the latter. ``reduce`` simulates one
+    pipeline per class of identical ones (exact; see ``sim.symmetry``).
+    """
     cluster = build_cluster(s)
+    program = compile_static(s) if (engine == "auto" and stages_for is None
+                                    and on_record is None) else None
+    if program is not None:
+        classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)
+        try:
+            run = run_compiled(cluster, program, classes, progress)
+        except CompiledDeadlock as err:
+            raise SimDeadlock(err.blocked) from None
+        return RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks, source=run)
     backend = SimBackend(cluster, on_record)
     events = backend.run(rank_programs(s, stages_for))
     return RunResult("sim", cluster.topo, events, cluster.clocks)

@@ -1,6 +1,9 @@
 """From a scenario to one rank program per global rank (backend-agnostic)."""
 from __future__ import annotations
 
+from typing import Callable
+
+from .compiled import NotStatic, PipeProgram, compile_pipe, pipe_ranks
 from .config import Scenario
 from .costs import stage_costs
 from .layout import pipe_shape, topology_of
@@ -27,6 +30,20 @@ def check_memory(s: Scenario) -> None:
     first_rank = {topo.coord(r).pp: r for r in reversed(range(topo.world_size))}
     check_static_memory(s.schedule, static_orders(s),
                         MemoryModel.of(s, stage_costs(s), shape), first_rank)
+
+
+def compile_static(s: Scenario) -> PipeProgram | None:
+    """The rank programs of pipeline 0 compiled (every pipeline compiles to the
+    same program), or None when they are dynamic and keep the generator path."""
+    if s.schedule == "adaptive":
+        return None
+    programs = rank_programs(s)
+    topo = topology_of(s)
+    ranks = pipe_ranks(topo, 0)
+    try:
+        return compile_pipe([programs[r] for r in ranks], ranks, topo)
+    except NotStatic:
+        return None
 
 
 def rank_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, RankProgram]:

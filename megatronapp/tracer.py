@@ -91,13 +91,18 @@ def write_json(path: Path, data: Any) -> None:
 
 @dataclass
 class RunResult:
-    """What a backend hands back: events in true time plus what it knows."""
+    """What a backend hands back: events in true time plus what it knows.
+
+    ``source`` (when set) holds the events as columns, possibly compact (one
+    simulated pipeline per class of identical ones); ``events`` is then a
+    view that builds ``Event`` objects rank by rank on demand."""
 
     backend: str
     topo: Topology
-    events: dict[int, list[Event]]
+    events: Mapping[int, list[Event]]
     clocks: dict[int, RankClock]
     extra: dict[str, Any] = field(default_factory=dict)
+    source: Any = None  # megatronapp.columns.EventSource
 
     def label(self, rank: int) -> str:
         return self.topo.label(rank)

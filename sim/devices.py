@@ -34,6 +34,10 @@ class Device:
         if self.jitter_sigma > 0 and self.rng is not None:
             self._noise = NormalStream(self.rng)
 
+    @property
+    def is_noisy(self) -> bool:
+        return self._noise is not None
+
     def slowdown_at(self, t: float) -> float:
         factor = 1.0
         for w in self.windows:

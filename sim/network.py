@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import simpy
@@ -38,6 +38,7 @@ class Flow:
     remaining: float  # bytes, already scaled by the pair's slowdown
     ports: tuple[Port, Port]
     on_done: Callable[[], None] | None = None
+    tag: Any = None  # the scheduler's own note (the compiled engine's message)
     rate: float = 0.0
     last_s: float = 0.0
     version: int = 0
@@ -151,7 +152,11 @@ class Ring:
         n = self.n
         if n == 1:
             return 0.0
-        worst = max(f if z is None else f * math.exp(s * z.draw()) for f, s, z in self.edges)
+        worst = 0.0
+        for f, s, z in self.edges:  # every edge's draw, in ring order
+            use = f if z is None else f * math.exp(s * z.draw())
+            if use > worst:
+                worst = use
         if self.fixed_s is not None:
             return self.fixed_s * worst
         bw = self.min_bandwidth / worst

@@ -1,0 +1,322 @@
+"""Static rank programs compiled into flat operation arrays, per pipeline stage.
+
+The rank programs (generators) stay the one source of truth: compiling runs
+each program of one pipeline (one dp/tp slice) against a recording
+interpreter that answers every operation at once. A program whose operations
+do not depend on what it is answered (every static schedule) yields the same
+sequence on any backend, so that sequence *is* the program. ``WaitAny`` (a
+dynamic policy choosing by what has completed), point-to-point traffic that
+leaves the pipeline, or collectives on groups other than the rank's own TP,
+DP or model-parallel group make a program not static (``NotStatic``): it keeps
+the generator path.
+
+The compiled form names no global rank: peers are pipeline stages, groups are
+kinds (tp, dp, mp), messages are indices into the pipeline's message table.
+Every pipeline of a job therefore compiles to the same ``PipeProgram``
+(tested over random jobs), and one compiled pipeline stands for all of them.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Hashable, Iterator, Sequence
+
+import numpy as np
+
+from .columns import EventColumns, concat_same
+from .ops import AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send, Wait, WaitAny
+from .topology import Group, Topology
+
+# Operation codes of the flat arrays.
+COMPUTE, SEND, RECV, WAIT, COLLECTIVE, RECV_WAIT = range(6)
+GROUP_KINDS = ("tp", "dp", "mp")
+META_KEYS = ("iteration", "microbatch", "chunk")
+
+
+class NotStatic(Exception):
+    """A rank program that cannot be compiled; it runs on the generator path."""
+
+
+@dataclass(frozen=True)
+class _Handle:
+    op_index: int
+
+
+@dataclass(frozen=True)
+class StageProgram:
+    """One stage's operations and the static fields of the events they record.
+
+    ops: (COMPUTE, event, cost_s) | (SEND, event, message, nbytes) |
+    (RECV, event, message) | (WAIT, message) | (RECV_WAIT, event, message) |
+    (COLLECTIVE, event, group kind, nbytes, n-th collective of that kind).
+    A RECV only posts the receive (IRecv); a WAIT on its message blocks;
+    RECV_WAIT is both at once (Recv).
+    """
+
+    ops: tuple[tuple[Any, ...], ...]
+    names: tuple[str, ...]  # per event
+    iteration: tuple[int, ...]  # per event, -1 if absent (same for the next fields)
+    microbatch: tuple[int, ...]
+    chunk: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    peer_stage: tuple[int, ...]
+    group_kind: tuple[int, ...]
+
+    @property
+    def events(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class PipeProgram:
+    stages: tuple[StageProgram, ...]
+    messages: tuple[tuple[int, int], ...]  # message -> (sender stage, receiver stage)
+
+    @property
+    def events_per_pipe(self) -> int:
+        return sum(st.events for st in self.stages)
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n for st in self.stages for n in st.names))
+
+    @cached_property
+    def static_fields(self) -> list[dict[str, np.ndarray]]:
+        """Per stage, the event fields as arrays (names as codes, kinds derived)."""
+        code = {n: i for i, n in enumerate(self.names)}
+        out = []
+        for st in self.stages:
+            peer = np.asarray(st.peer_stage, np.int64)
+            kind = np.asarray(st.group_kind, np.int64)
+            out.append({"name": np.asarray([code[n] for n in st.names], np.int16),
+                        "kind": np.where(kind >= 0, 2, np.where(peer >= 0, 1, 0)).astype(np.int8),
+                        "iteration": np.asarray(st.iteration, np.int32),
+                        "microbatch": np.asarray(st.microbatch, np.int32),
+                        "chunk": np.asarray(st.chunk, np.int32),
+                        "nbytes": np.asarray(st.nbytes, np.int64), "peer_stage": peer,
+                        "group_kind": kind})
+        return out
+
+
+def record(program: RankProgram) -> list[Op]:
+    """Every operation of a program that never looks at what it is answered."""
+    ops: list[Op] = []
+    answer: Any = None
+    while True:
+        try:
+            op = program.send(answer)
+        except StopIteration:
+            return ops
+        if isinstance(op, WaitAny):
+            program.close()
+            raise NotStatic("WaitAny: the program chooses by what has completed")
+        ops.append(op)
+        answer = _Handle(len(ops) - 1) if type(op) in (ISend, IRecv) else None
+
+
+def group_kind(topo: Topology, rank: int, group: Group) -> int:
+    own = (topo.tp_group(rank), topo.dp_group(rank), topo.model_parallel_group(rank))
+    for kind, candidate in enumerate(own):
+        if tuple(group) == candidate:
+            return kind
+    raise NotStatic(f"rank {rank}: collective on {list(group)} is not one of its own groups")
+
+
+def kind_group(topo: Topology, kind: int, rank: int) -> Group:
+    if kind == 0:
+        return topo.tp_group(rank)
+    return topo.dp_group(rank) if kind == 1 else topo.model_parallel_group(rank)
+
+
+def _meta(op: Any) -> tuple[int, int, int]:
+    extra = set(op.meta) - set(META_KEYS)
+    if extra:
+        raise NotStatic(f"trace arguments {sorted(extra)} have no column")
+    return tuple(int(op.meta.get(k, -1)) for k in META_KEYS)  # type: ignore[return-value]
+
+
+class _StageBuilder:
+    def __init__(self) -> None:
+        self.ops: list[tuple[Any, ...]] = []
+        self.fields: dict[str, list[Any]] = defaultdict(list)
+
+    def event(self, name: str, op: Any, nbytes: int = -1, peer: int = -1, kind: int = -1) -> int:
+        it, mb, chunk = _meta(op)
+        for key, value in (("names", name), ("iteration", it), ("microbatch", mb),
+                           ("chunk", chunk), ("nbytes", nbytes), ("peer_stage", peer),
+                           ("group_kind", kind)):
+            self.fields[key].append(value)
+        return len(self.fields["names"]) - 1
+
+    def build(self) -> StageProgram:
+        return StageProgram(tuple(self.ops), **{k: tuple(self.fields[k]) for k in (
+            "names", "iteration", "microbatch", "chunk", "nbytes", "peer_stage", "group_kind")})
+
+
+def _messages(recorded: Sequence[list[Op]], ranks: Sequence[int]) -> dict[tuple[int, int], int]:
+    """(stage, op index) of every send and receive -> message number; the n-th
+    send on (src, dst, tag) meets the n-th receive on it, as in the mailbox."""
+    stage_of = {r: s for s, r in enumerate(ranks)}
+    sides: dict[tuple[int, int, Hashable], list[list[tuple[int, int]]]] = defaultdict(
+        lambda: [[], []])
+    for stage, ops in enumerate(recorded):
+        for i, op in enumerate(ops):
+            if isinstance(op, ISend):
+                if op.dst not in stage_of:
+                    raise NotStatic(f"rank {ranks[stage]} sends outside its pipeline")
+                sides[(ranks[stage], op.dst, op.tag)][0].append((stage, i))
+            elif isinstance(op, IRecv):
+                if op.src not in stage_of:
+                    raise NotStatic(f"rank {ranks[stage]} receives from outside its pipeline")
+                sides[(op.src, ranks[stage], op.tag)][1].append((stage, i))
+    number: dict[tuple[int, int], int] = {}
+    for sends, recvs in sides.values():
+        if len(sends) != len(recvs):
+            raise NotStatic("a send without its receive (or the reverse)")
+        for send, recv in zip(sends, recvs):
+            number[send] = number[recv] = len(number) // 2
+    return number
+
+
+def compile_pipe(programs: Sequence[RankProgram], ranks: Sequence[int], topo: Topology) -> PipeProgram:
+    """Compile the programs of one pipeline, ``programs[stage]`` run by ``ranks[stage]``."""
+    recorded = [record(p) for p in programs]
+    message = _messages(recorded, ranks)
+    senders: dict[int, tuple[int, int]] = {}
+    stages = []
+    for stage, ops in enumerate(recorded):
+        b = _StageBuilder()
+        seen: dict[int, int] = defaultdict(int)  # collectives so far, per group kind
+        for i, op in enumerate(ops):
+            _compile_op(b, op, message.get((stage, i)), ops, message, stage, ranks, topo, seen)
+            if isinstance(op, ISend):
+                senders[message[(stage, i)]] = (stage, ranks.index(op.dst))
+        stages.append(b.build())
+    return PipeProgram(tuple(stages), tuple(senders[m] for m in range(len(senders))))
+
+
+def _compile_op(b: _StageBuilder, op: Op, msg: int | None, ops: list[Op],
+                message: dict[tuple[int, int], int], stage: int, ranks: Sequence[int],
+                topo: Topology, seen: dict[int, int]) -> None:
+    rank = ranks[stage]
+    if isinstance(op, Compute):
+        b.ops.append((COMPUTE, b.event(op.name, op), float(op.cost_s)))
+    elif isinstance(op, ISend):
+        ev = b.event(op.name, op, op.nbytes, peer=ranks.index(op.dst))
+        b.ops.append((SEND, ev, msg, int(op.nbytes)))
+        if isinstance(op, Send):
+            b.ops.append((WAIT, msg))
+    elif isinstance(op, IRecv):
+        ev = b.event(op.name, op, op.nbytes, peer=ranks.index(op.src))
+        b.ops.append((RECV_WAIT if isinstance(op, Recv) else RECV, ev, msg))
+    elif isinstance(op, Wait):
+        handle = op.handle
+        if not isinstance(handle, _Handle):
+            raise NotStatic("Wait on something that is not a send or receive handle")
+        b.ops.append((WAIT, message[(stage, handle.op_index)]))
+    elif isinstance(op, AllReduce):
+        kind = group_kind(topo, rank, op.group)
+        ev = b.event(op.name, op, op.nbytes, kind=kind)
+        b.ops.append((COLLECTIVE, ev, kind, int(op.nbytes), seen[kind]))
+        seen[kind] += 1
+    else:
+        raise NotStatic(f"no compiled form for {type(op).__name__}")
+
+
+def pipe_ranks(topo: Topology, pipe: int) -> tuple[int, ...]:
+    """Global ranks of pipeline ``pipe`` (= dp·tp_size + tp) by stage."""
+    return topo.pp_groups[pipe]
+
+
+def pipe_of(topo: Topology, rank: int) -> int:
+    c = topo.coord(rank)
+    return c.dp * topo.tp + c.tp
+
+
+# ---------------------------------------------------------- recorded times
+@dataclass(frozen=True)
+class CompiledRun:
+    """A simulated job in compact form: per class of identical pipelines, the
+    times its representative recorded (per stage, one start and end per event),
+    and the pipelines that class stands for. Rows are produced on demand."""
+
+    program: PipeProgram
+    topo: Topology
+    classes: tuple[tuple[int, ...], ...]
+    starts: tuple[tuple[np.ndarray, ...], ...]  # [class][stage]
+    ends: tuple[tuple[np.ndarray, ...], ...]
+
+    @property
+    def pipes(self) -> int:
+        return self.topo.dp * self.topo.tp
+
+    @property
+    def events(self) -> int:
+        return self.pipes * self.program.events_per_pipe
+
+    def class_of_pipe(self) -> np.ndarray:
+        out = np.zeros(self.pipes, np.int64)
+        for i, members in enumerate(self.classes):
+            out[list(members)] = i
+        return out
+
+    @cached_property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Group ids: every TP group, then every DP group, then every model-parallel group."""
+        t = self.topo
+        return tuple(t.tp_groups) + tuple(t.dp_groups) + tuple(t.model_parallel_groups)
+
+    def rows(self, stage: int, pipes: np.ndarray, cls: np.ndarray | None = None) -> EventColumns:
+        """Events of ``stage`` on each of ``pipes`` (in that order): the ranks
+        ``stage·dp·tp + pipe``, each row copied from its class's representative."""
+        t, st = self.topo, self.program.stages[stage]
+        cls = self.class_of_pipe()[pipes] if cls is None else cls
+        events, count = st.events, len(pipes)
+        static = self.program.static_fields[stage]
+        rank = (stage * t.dp * t.tp + pipes).astype(np.int32)
+        dp, tp = (pipes // t.tp)[:, None], (pipes % t.tp)[:, None]
+        peer_stage, kind = static["peer_stage"], static["group_kind"]
+        peer = np.where(peer_stage >= 0, tp + t.tp * (dp + t.dp * peer_stage), -1)
+        tp_id = stage * t.dp + dp
+        dp_id = t.pp * t.dp + stage * t.tp + tp
+        mp_id = t.pp * t.dp + t.pp * t.tp + dp
+        gid = np.where(kind == 0, tp_id, np.where(kind == 1, dp_id, np.where(kind == 2, mp_id, -1)))
+        start = np.stack([self.starts[c][stage] for c in range(len(self.classes))])
+        end = np.stack([self.ends[c][stage] for c in range(len(self.classes))])
+        start, end = start[cls], end[cls]
+        return EventColumns(
+            rank=np.repeat(rank, events), name=np.tile(static["name"], count),
+            kind=np.tile(static["kind"], count), start_s=start.ravel(),
+            dur_s=(end - start).ravel(), iteration=np.tile(static["iteration"], count),
+            microbatch=np.tile(static["microbatch"], count), chunk=np.tile(static["chunk"], count),
+            nbytes=np.tile(static["nbytes"], count), peer=peer.astype(np.int32).ravel(),
+            group=gid.astype(np.int32).ravel(), names=self.program.names, groups=self.groups)
+
+    def batches(self, max_rows: int = 1 << 20) -> Iterator[EventColumns]:
+        """Every event, ranks in ascending order, at most about ``max_rows`` at a time."""
+        cls_all = self.class_of_pipe()
+        for stage, st in enumerate(self.program.stages):
+            step = max(1, max_rows // max(st.events, 1))
+            for lo in range(0, self.pipes, step):
+                pipes = np.arange(lo, min(lo + step, self.pipes))
+                yield self.rows(stage, pipes, cls_all[pipes])
+
+    def ranks(self) -> Sequence[int]:
+        return range(self.topo.world_size)
+
+    def rank_rows(self, rank: int) -> EventColumns:
+        c = self.topo.coord(rank)
+        return self.rows(c.pp, np.array([c.dp * self.topo.tp + c.tp]))
+
+    def columns(self) -> EventColumns:
+        return concat_same(list(self.batches()))
+
+    def compact(self) -> tuple[EventColumns, np.ndarray]:
+        """The representatives' events and how many ranks each row stands for."""
+        reps = np.array([c[0] for c in self.classes])
+        size = np.array([len(c) for c in self.classes], np.int64)
+        parts = [self.rows(stage, reps, np.arange(len(reps))) for stage in range(self.topo.pp)]
+        weights = [np.repeat(size, st.events) for st in self.program.stages]
+        return concat_same(parts), np.concatenate(weights)
+
