@@ -134,19 +134,27 @@ class Engine:
             self.advance(i)
         self.drain()
         heap, pop, push, seq = self.heap, heapq.heappop, heapq.heappush, self.seq
-        fluid, latency = self.fluid, self.latency
+        fluid, latency, deliver = self.fluid, self.latency, self.deliver
         while heap:
             now, _, flow, version = pop(heap)
+            a, b = flow.ports
             if version < 0:  # a posted flow starts now
-                for f, eta in fluid.start(flow, now):
-                    push(heap, (now + eta, next(seq), f, f.version))
+                if a.flows or b.flows:
+                    for f, eta in fluid.start(flow, now):
+                        push(heap, (now + eta, next(seq), f, f.version))
+                else:
+                    eta = fluid.start_alone(flow, now)
+                    push(heap, (now + eta, next(seq), flow, flow.version))
                 continue
-            etas = fluid.finish(flow, version, now)
-            if etas is None:
+            if version != flow.version:
                 continue  # stale: the flow's rate changed since
-            for f, eta in etas:
-                push(heap, (now + eta, next(seq), f, f.version))
-            self.deliver(flow.tag, now + latency)
+            if len(a.flows) == 1 and len(b.flows) == 1:  # it was alone: nothing to reschedule
+                a.flows.clear()
+                b.flows.clear()
+            else:
+                for f, eta in fluid.finish(flow, version, now) or ():
+                    push(heap, (now + eta, next(seq), f, f.version))
+            deliver(flow.tag, now + latency)
             self.drain()
         blocked = {self.ranks[i]: self._describe(i) for i in range(len(self.ranks))
                    if self.pc[i] < len(self.ops[i])}

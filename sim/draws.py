@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-BLOCK = 256
+BLOCK = 64
 
 
 class NormalStream:

@@ -65,16 +65,23 @@ class FluidPorts:
             out.append((f, max(f.remaining, 0.0) / f.rate))
         return out
 
+    @staticmethod
+    def start_alone(flow: Flow, now: float) -> float:
+        """``start`` for a flow alone on its ports: its seconds to completion."""
+        a, b = flow.ports
+        flow.last_s = now
+        a.flows.add(flow)
+        b.flows.add(flow)
+        flow.rate = min(a.bandwidth, b.bandwidth)
+        flow.version += 1
+        return max(flow.remaining, 0.0) / flow.rate
+
     def start(self, flow: Flow, now: float) -> list[tuple[Flow, float]]:
         """Add ``flow``; returns (flow, seconds to completion) to schedule."""
         a, b = flow.ports
+        if not a.flows and not b.flows:  # no one to settle or slow down
+            return [(flow, self.start_alone(flow, now))]
         flow.last_s = now
-        if not a.flows and not b.flows:  # alone on both ports: no one to settle
-            a.flows.add(flow)
-            b.flows.add(flow)
-            flow.rate = min(a.bandwidth, b.bandwidth)
-            flow.version += 1
-            return [(flow, max(flow.remaining, 0.0) / flow.rate)]
         self._settle(a.flows | b.flows, now)
         a.flows.add(flow)
         b.flows.add(flow)
