@@ -98,11 +98,11 @@ class Engine:
                         for d in self.device]
 
     def _links(self, cluster: Cluster, p_count: int) -> None:
-        """Per simulated rank, the link to each stage of its pipeline."""
+        """Per simulated rank, the link to each stage of its pipeline (itself too:
+        with one stage, interleaved chunks pass activations to their own rank)."""
         net = cluster.network
         self.link_row = [[net.link(self.ranks[i], self.ranks[i - self.stage[i] + d])
-                          if d != self.stage[i] else None for d in range(p_count)]
-                         for i in range(len(self.ranks))]
+                          for d in range(p_count)] for i in range(len(self.ranks))]
         self.latency = net.latency_s
         self.fixed_p2p = net.fixed_p2p_s
         self.fluid = net.fluid
