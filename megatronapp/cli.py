@@ -30,7 +30,8 @@ from .interrupts import Interrupted, stop_on_signals
 BACKENDS = ("sim", "torch")
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 # Each module contributes its own subcommands through ``register(subparsers)``.
-MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli")
+MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
+               "megatronapp.sweep.cli")
 
 
 def load_backend(name: str) -> Callable[..., Any]:

@@ -85,7 +85,7 @@ class PipeProgram:
     def static_fields(self) -> list[dict[str, np.ndarray]]:
         """Per stage, the event fields as arrays (names as codes, kinds derived)."""
         code = {n: i for i, n in enumerate(self.names)}
-        out = []
+        out: list[dict[str, np.ndarray]] = []
         for st in self.stages:
             peer = np.asarray(st.peer_stage, np.int64)
             kind = np.asarray(st.group_kind, np.int64)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -171,17 +170,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from .validate import alignment_summary, markdown_table, run_trials, summarize, write_csv
 
-    for name in ("trials", "jobs"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name}: must be >= 1")
-    most = 4 * (os.cpu_count() or 1)
-    if args.jobs > most:
-        raise UserError(f"--jobs: {args.jobs} processes is more than this machine runs "
-                        f"usefully (at most {most})")
+    from megatronapp.executors import where_from
+
+    if args.trials < 1:
+        raise UserError("--trials: must be >= 1")
+    where = where_from(args)
     check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
     outcomes, alignment = [], []
     with counter("simulating and scoring trials", args.trials) as advance:
-        for trial_outcomes, align in run_trials(args.seed, args.trials, args.jobs, run_sim,
+        for trial_outcomes, align in run_trials(args.seed, args.trials, where, run_sim,
                                                 advance):
             outcomes += trial_outcomes
             alignment.append(align)
@@ -206,6 +203,8 @@ def plot_hook(run_dir: Path, events: dict) -> list[Path]:
 
 def register(subparsers: Any, plot_hooks: list) -> None:
     """Add this module's subcommands; ``plot_hooks`` gets extra plotters."""
+    from megatronapp.executors import add_where_options
+
     plot_hooks.append(plot_hook)
     detect = subparsers.add_parser("detect", help="name the root-cause slow rank or link")
     detect.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
@@ -241,6 +240,6 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
     val.add_argument("--trials", type=int, default=500, help="simulated jobs with a known fault")
     val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")
-    val.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    add_where_options(val)
     val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
     val.set_defaults(func=cmd_validate)

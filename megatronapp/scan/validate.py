@@ -14,6 +14,7 @@ import numpy as np
 
 from megatronapp import seeds
 from megatronapp.config import Scenario, parse_scenario
+from megatronapp.executors import Where, map_unordered
 from megatronapp.files import atomic_file
 from megatronapp.topology import Topology
 from megatronapp.tracer import RunResult, RunScenario, chrome_events
@@ -199,22 +200,12 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def run_trials(seed: int, trials: int, jobs: int, run: RunScenario,
+def run_trials(seed: int, trials: int, where: Where, run: RunScenario,
                on_done: Callable[[], None] = lambda: None) -> Iterator[tuple[list[Outcome], dict]]:
-    """Every trial's outcomes, in completion order, on ``jobs`` processes
+    """Every trial's outcomes, in completion order, wherever ``where`` says
     (``run`` must be a module-level function: it is pickled)."""
-    if jobs <= 1:
-        for i in range(trials):
-            yield run_trial(seed, i, run)
-            on_done()
-        return
-    import multiprocessing as mp
-
-    args = [(seed, i, run) for i in range(trials)]
-    with mp.get_context("spawn").Pool(jobs) as pool:
-        for res in pool.imap_unordered(_run_trial_star, args, chunksize=2):
-            yield res
-            on_done()
+    tasks = [(seed, i, run) for i in range(trials)]
+    yield from map_unordered(_run_trial_star, tasks, where, on_done)
 
 
 def _run_trial_star(args: tuple[int, int, RunScenario]) -> tuple[list[Outcome], dict]:

@@ -1,0 +1,1 @@
+"""Sweeps: many scenarios from one spec, run anywhere, one result table."""

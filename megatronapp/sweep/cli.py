@@ -1,0 +1,50 @@
+"""``megatronapp sweep SPEC``: a grid or random draws over scenario keys and seeds."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from megatronapp.errors import UserError
+from megatronapp.executors import add_where_options, where_from
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from backends.sim import run_scenario
+
+    from .run import run_sweep, write_table
+    from .spec import load_spec
+
+    spec = load_spec(args.spec, args.set)
+    where = where_from(args)
+    out = Path(args.out or Path("runs") / f"sweep-{spec.name}.parquet")
+    if out.suffix not in (".parquet", ".csv"):
+        raise UserError(f"--out: {out} must end in .parquet or .csv")
+    total = len(spec.points())
+    bar = Progress(TextColumn(f"[bold]sweep {spec.name}"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn(),
+                   transient=True, disable=not sys.stderr.isatty())
+    print(f"sweep {spec.name}: {total} runs on {where.describe()}", file=sys.stderr)
+    with bar:
+        task = bar.add_task("runs", total=total)
+        rows = list(run_sweep(spec, run_scenario, where, lambda: bar.advance(task)))
+    write_table(rows, out)
+    failed = sum(1 for r in rows if r.get("error"))
+    print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"
+                                              if failed else ")"))
+    return 0
+
+
+def register(subparsers: Any, plot_hooks: list) -> None:
+    sweep = subparsers.add_parser("sweep", help="run a grid or random draws of scenarios, "
+                                                "locally or on a Ray cluster")
+    sweep.add_argument("spec", metavar="SPEC", help="sweep spec YAML (see docs/sweeps.md)")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a key of the base scenario (repeatable)")
+    sweep.add_argument("--out", help="result table, .parquet or .csv "
+                                     "(default runs/sweep-<spec name>.parquet)")
+    add_where_options(sweep)
+    sweep.set_defaults(func=cmd_sweep)

@@ -1,0 +1,79 @@
+"""Running a sweep: one task per point, anywhere, one table of results."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..config import ScenarioError, parse_scenario
+from ..errors import UserError
+from ..executors import Where, map_unordered
+from ..summary import summarize
+from ..tracer import RunScenario
+from .spec import Point, SweepSpec
+
+
+@dataclass(frozen=True)
+class Task:
+    point: Point
+    run: RunScenario  # a backend's module-level run function
+    detect: bool
+
+
+def run_point(task: Task) -> dict[str, Any]:
+    """One row: the point's values, its seed and what the run measured."""
+    p = task.point
+    row: dict[str, Any] = {"point": p.index, "seed": p.seed, **p.values}
+    start = time.perf_counter()
+    try:
+        result = task.run(parse_scenario(p.scenario))
+    except (ScenarioError, UserError) as err:  # e.g. a point whose memory does not fit
+        return {**row, "error": str(err)}
+    row["run_wall_s"] = time.perf_counter() - start
+    summary = summarize(result.events)
+    times = summary["iteration_times_s"]
+    row.update(iteration_time_s=sum(times) / len(times) if times else None,
+               bubble_fraction=summary["bubble_fraction"],
+               events=sum(len(v) for v in result.events.values()), error=None)
+    if task.detect:
+        row.update(_detection(result))
+    return row
+
+
+def _detection(result: Any) -> dict[str, Any]:
+    from ..scan.detect import megascan
+    from ..scan.validate import scan_of_result
+
+    diagnosis = megascan(scan_of_result(result))
+    causes = [f"{c.kind}:{c.rank}" + (f"-{c.peer}" if c.peer is not None else "")
+              for c in diagnosis.root_causes]
+    return {"healthy": diagnosis.healthy, "root_causes": " ".join(causes)}
+
+
+def run_sweep(spec: SweepSpec, run: RunScenario, where: Where,
+              on_done: Callable[[], None] = lambda: None) -> Iterator[dict[str, Any]]:
+    """Every point's row, in completion order."""
+    tasks = [Task(p, run, spec.model.detect) for p in spec.points()]
+    yield from map_unordered(run_point, tasks, where, on_done)
+
+
+def write_table(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Rows sorted by point, as Parquet (``.parquet``) or CSV (``.csv``), atomically."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if path.suffix not in (".parquet", ".csv"):
+        raise UserError(f"--out: {path} must end in .parquet or .csv")
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    table = pa.Table.from_pylist([{c: r.get(c) for c in columns}
+                                  for r in sorted(rows, key=lambda r: r["point"])])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    if path.suffix == ".csv":
+        pacsv.write_csv(table, tmp)
+    else:
+        pq.write_table(table, tmp)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,135 @@
+"""Sweeps: spec points, one-line errors, local processes and a real local Ray cluster."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from megatronapp.config import ScenarioError
+from megatronapp.sweep.spec import load_spec
+
+from .conftest import ROOT, run_cli
+
+BASE = ROOT / "scenarios" / "throttle.yaml"
+
+
+def _spec(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(f"scenario: {BASE}\n{body}")
+    return path
+
+
+def test_points_are_grid_times_draws_times_seeds_each_a_valid_scenario(tmp_path: Path) -> None:
+    spec = load_spec(_spec(tmp_path, """seeds: [3, 4]
+grid:
+  faults.0.factor: [1.1, 1.5]
+  parallel.microbatches: [8, 16]
+random:
+  draws: 3
+  seed: 9
+  keys:
+    cluster.jitter.compute_sigma: {uniform: [0.0, 0.05]}
+    parallel.dp: {choice: [2, 4]}
+"""))
+    points = spec.points()
+    assert len(points) == 2 * 2 * 3 * 2
+    first = points[0]
+    assert first.scenario["faults"][0]["factor"] == first.values["faults.0.factor"] == 1.1
+    assert first.scenario["parallel"]["dp"] == first.values["parallel.dp"]
+    assert [p.seed for p in points[:2]] == [3, 4] and points[1].scenario["seed"] == 4
+    sigmas = {p.values["cluster.jitter.compute_sigma"] for p in points}
+    assert len(sigmas) == 3 and all(0.0 <= s <= 0.05 for s in sigmas)
+    again = load_spec(_spec(tmp_path, spec_text(tmp_path))).points()
+    assert [p.values for p in again] == [p.values for p in points]  # draws come from the seed
+
+
+def spec_text(tmp_path: Path) -> str:
+    return (tmp_path / "spec.yaml").read_text().split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("body,field", [
+    ("grid: {faults.0.factor: 2}\n", "sweep grid"),
+    ("bogus: 1\n", "sweep bogus"),
+    ("grid: {model.layers: [7]}\n", "point 0 (model.layers=7)"),
+    ("random: {draws: 1, keys: {parallel.pp: {loguniform: [0, 2]}}}\n", "sweep random.keys"),
+])
+def test_a_bad_spec_is_one_line_naming_the_field(tmp_path: Path, body: str, field: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        load_spec(_spec(tmp_path, body)).points()
+    assert str(err.value).startswith(field)
+    proc = run_cli("sweep", str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "x.csv"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.slow
+def test_sweep_on_local_processes_writes_one_table(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "seeds: 2\ngrid: {faults.0.factor: [1.0, 2.0]}\ndetect: true\n")
+    out = tmp_path / "table.parquet"
+    proc = run_cli("sweep", str(spec), "--out", str(out), "--jobs", "2",
+                   "--set", "iterations=2")
+    assert proc.returncode == 0, proc.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert [r["point"] for r in rows] == [0, 1, 2, 3]
+    slow = [r for r in rows if r["faults.0.factor"] == 2.0]
+    fast = [r for r in rows if r["faults.0.factor"] == 1.0]
+    assert min(r["iteration_time_s"] for r in slow) > max(r["iteration_time_s"] for r in fast)
+    assert all("compute:5" in r["root_causes"] for r in slow)  # throttle.yaml slows rank 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def ray_head():
+    """A one-CPU Ray head on 127.0.0.1, started here and stopped here (its process group)."""
+    pytest.importorskip("ray")
+    port = _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    ray = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen([ray, "start", "--head", "--block", "--port", str(port),
+                             "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        yield f"127.0.0.1:{port}", env
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        deadline = time.time() + 15
+        while head.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # what --block left behind
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+def test_sweep_and_validation_on_a_local_ray_cluster(tmp_path: Path, ray_head) -> None:
+    address, env = ray_head
+    spec = _spec(tmp_path, "seeds: 2\ngrid: {faults.0.factor: [1.5]}\n")
+    out = tmp_path / "table.csv"
+    proc = subprocess.run([sys.executable, "-m", "megatronapp.cli", "sweep", str(spec), "--out",
+                           str(out), "--ray", address], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = out.read_text().splitlines()
+    assert len(lines) == 3 and lines[0].startswith('"point","seed"')
+    assert f"on Ray cluster at {address}" in proc.stderr
+    csv = tmp_path / "val.csv"
+    proc = subprocess.run([sys.executable, "-m", "megatronapp.cli", "validate-detector",
+                           "--trials", "2", "--csv", str(csv), "--ray", address],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| megascan |" in proc.stdout and csv.is_file()
