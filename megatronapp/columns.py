@@ -196,6 +196,7 @@ class EventSource(Protocol):
     def ranks(self) -> Sequence[int]: ...
     def batches(self, max_rows: int = ...) -> Iterator[EventColumns]: ...
     def compact(self) -> tuple[EventColumns, np.ndarray]: ...
+    def stand_ins(self) -> dict[int, tuple[int, ...]]: ...
     def rank_rows(self, rank: int) -> EventColumns: ...
 
 
@@ -218,7 +219,10 @@ class TableSource:
             yield self.table.take(slice(lo, lo + max_rows))
 
     def compact(self) -> tuple[EventColumns, np.ndarray]:
-        return self.table, np.ones(len(self.table), np.int64)
+        return self.table, np.ones(len(self.table))
+
+    def stand_ins(self) -> dict[int, tuple[int, ...]]:
+        return {r: (r,) for r in self._bounds}
 
     def rank_rows(self, rank: int) -> EventColumns:
         lo, hi = self._bounds[rank]

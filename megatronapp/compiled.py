@@ -318,5 +318,14 @@ class CompiledRun:
         size = np.array([len(c) for c in self.classes], np.int64)
         parts = [self.rows(stage, reps, np.arange(len(reps))) for stage in range(self.topo.pp)]
         weights = [np.repeat(size, st.events) for st in self.program.stages]
-        return concat_same(parts), np.concatenate(weights)
+        return concat_same(parts), np.concatenate(weights).astype(float)
+
+    def stand_ins(self) -> dict[int, tuple[int, ...]]:
+        """Each simulated rank -> the ranks (same stage) of every pipeline of its class."""
+        out = {}
+        for members in self.classes:
+            for stage in range(self.topo.pp):
+                out[pipe_ranks(self.topo, members[0])[stage]] = tuple(
+                    pipe_ranks(self.topo, p)[stage] for p in members)
+        return out
 

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import ClockSkew, Scenario, scenario_to_dict
-from .dpp.windows import dpp_summary
+from .columns import source_of
+from .dpp.windows import dpp_summary_source
 from .errors import UserError
 from .outdirs import staged_dir  # noqa: F401 (runs are written through it)
-from .summary import summarize
+from .summary import summarize_source
 from .tracer import Event, RunResult, write_json, write_traces
 
 
@@ -32,12 +33,14 @@ def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
 
 
 def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
+    """One vectorised pass over the run's columns (compact for symmetric runs)."""
+    source = source_of(result)
     summary = {"backend": result.backend, "world_size": result.topo.world_size,
-               "schedule": s.schedule, **summarize(result.events),
+               "schedule": s.schedule, **summarize_source(source),
                "faults": ground_truth(s, result)["faults"], **result.extra,
                "scenario": scenario_to_dict(s)}
     if "fbd" not in result.extra:  # MegaFBD runs report their own memory and idle time
-        summary["dpp"] = dpp_summary(s, result.events)  # pipeline windows and peak memory
+        summary["dpp"] = dpp_summary_source(s, source)  # pipeline windows and peak memory
     return summary
 
 

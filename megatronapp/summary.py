@@ -1,55 +1,43 @@
-"""Run summaries computed from events in aligned (true) time."""
+"""Run summaries computed from events in aligned (true) time.
+
+The work is done over columns in one vectorised pass (``metrics``); these
+functions accept the per-rank ``Event`` lists of small runs and foreign traces.
+"""
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
-from .kinds import event_kind
+from . import metrics
+from .columns import EventSource, columns_from_events
 from .tracer import Event
 
 
 def iteration_spans(events: Mapping[int, Iterable[Event]]) -> dict[int, tuple[float, float]]:
     """iteration -> (first start, last end) over all ranks."""
-    spans: dict[int, tuple[float, float]] = {}
-    for rank_events in events.values():
-        for e in rank_events:
-            it = e.args.get("iteration")
-            if it is None:
-                continue
-            lo, hi = spans.get(it, (e.start_s, e.end_s))
-            spans[it] = (min(lo, e.start_s), max(hi, e.end_s))
-    return dict(sorted(spans.items()))
+    return metrics.iteration_spans(columns_from_events(_lists(events)))
 
 
 def iteration_times(events: Mapping[int, Iterable[Event]]) -> list[float]:
     return [hi - lo for lo, hi in iteration_spans(events).values()]
 
 
-def compute_busy(events: Iterable[Event]) -> dict[int, float]:
-    """iteration -> seconds of compute (forward/backward/optimizer) on one rank."""
-    busy: dict[int, float] = defaultdict(float)
-    for e in events:
-        if "iteration" in e.args and event_kind(e.name, e.args) == "compute":
-            busy[e.args["iteration"]] += e.dur_s
-    return busy
-
-
 def bubble_fraction(events: Mapping[int, Iterable[Event]]) -> float:
     """Mean over ranks and iterations of idle / iteration time."""
-    spans = iteration_spans(events)
-    fractions = []
-    for rank_events in events.values():
-        busy = compute_busy(rank_events)
-        for it, (lo, hi) in spans.items():
-            if hi > lo:
-                fractions.append(1.0 - busy.get(it, 0.0) / (hi - lo))
-    return sum(fractions) / len(fractions) if fractions else 0.0
+    return float(summarize(events)["bubble_fraction"])  # type: ignore[arg-type]
 
 
 def summarize(events: Mapping[int, Iterable[Event]]) -> dict[str, Any]:
-    events = {r: list(ev) for r, ev in events.items()}
-    return {"iteration_times_s": iteration_times(events),
-            "bubble_fraction": bubble_fraction(events)}
+    cols = columns_from_events(_lists(events))
+    return metrics.summarize_columns(cols, metrics.unit_weights(cols))
+
+
+def summarize_source(source: EventSource) -> dict[str, Any]:
+    """``summarize`` of a run's event source (compact for symmetric runs)."""
+    return metrics.summarize_columns(*source.compact())
+
+
+def _lists(events: Mapping[int, Iterable[Event]]) -> dict[int, list[Event]]:
+    return {r: list(ev) for r, ev in events.items()}
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:

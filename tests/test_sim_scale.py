@@ -160,3 +160,25 @@ def test_event_views_are_built_per_rank_from_the_compact_run() -> None:
     assert run.source.events == sum(len(v) for v in run.events.values())
     first: Event = run.events[40][0]
     assert first.args["iteration"] == 0 and first.start_s >= 0.0
+
+
+def test_the_compact_summary_equals_the_summary_of_every_rank() -> None:
+    from megatronapp.columns import source_of
+    from megatronapp.dpp.windows import dpp_summary, dpp_summary_source
+    from megatronapp.summary import summarize, summarize_source
+
+    s = parse_scenario({**HEALTHY, "schedule": "interleaved",
+                        "parallel": {"tp": 2, "pp": 4, "dp": 8, "vpp": 2, "microbatches": 8},
+                        "faults": [{"kind": "throttle", "rank": 2, "factor": 2},
+                                   {"kind": "slow_link", "ranks": [3, 19], "factor": 3}]})
+    run = run_sim(s)
+    assert len(run.source.classes) < 16
+    full = {r: list(run.events[r]) for r in run.events}
+    compact, every = summarize_source(source_of(run)), summarize(full)
+    assert compact["iteration_times_s"] == every["iteration_times_s"]
+    assert compact["bubble_fraction"] == pytest.approx(every["bubble_fraction"], rel=1e-12)
+    dpp_compact, dpp_every = dpp_summary_source(s, source_of(run)), dpp_summary(s, full)
+    assert dpp_compact.keys() == dpp_every.keys()
+    for key, value in dpp_every.items():
+        assert dpp_compact[key] == (pytest.approx(value, rel=1e-12)
+                                    if isinstance(value, float) else value), key

@@ -98,4 +98,7 @@ def trace_live_slots(events: Iterable[Event]) -> list[tuple[float, int]]:
 
 
 def trace_peak_slots(events: Sequence[Event]) -> int:
-    return max((live for _t, live in trace_live_slots(events)), default=0)
+    from ..columns import columns_from_events
+    from ..metrics import live_slot_peaks
+
+    return live_slot_peaks(columns_from_events({0: list(events)})).get(0, 0)

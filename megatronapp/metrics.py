@@ -1,0 +1,214 @@
+"""Run metrics over event columns, vectorised.
+
+Every function takes ``EventColumns`` and a ``weight`` per row: how many ranks
+that row stands for (1 for a plain table; a class's size for the compact form
+of a symmetric run, where one simulated pipeline stands for many identical
+ones). Means over ranks, messages or windows are weighted accordingly, so a
+compact run and its full expansion give the same numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .columns import KINDS, EventColumns
+
+COMPUTE = KINDS.index("compute")
+
+
+def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """A dense id per distinct tuple of ``keys`` (row-aligned integer arrays)."""
+    if not len(keys[0]):
+        return np.zeros(0, np.int64), 0
+    stacked = np.stack([np.asarray(k, np.int64) for k in keys], axis=1)
+    _, ids = np.unique(stacked, axis=0, return_inverse=True)
+    ids = ids.reshape(-1)
+    return ids, int(ids.max()) + 1
+
+
+def unit_weights(cols: EventColumns) -> np.ndarray:
+    return np.ones(len(cols))
+
+
+def weighted_mean(values: np.ndarray, weight: np.ndarray) -> float:
+    total = float(weight.sum())
+    return float((values * weight).sum() / total) if total > 0 else 0.0
+
+
+# ------------------------------------------------------------- iterations
+def iteration_spans(cols: EventColumns) -> dict[int, tuple[float, float]]:
+    """iteration -> (first start, last end) over all ranks."""
+    has = cols.iteration >= 0
+    its, start, end = cols.iteration[has], cols.start_s[has], cols.end_s[has]
+    out = {}
+    for it in np.unique(its):
+        mine = its == it
+        out[int(it)] = (float(start[mine].min()), float(end[mine].max()))
+    return out
+
+
+def busy_fractions(cols: EventColumns, weight: np.ndarray,
+                   spans: dict[int, tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per (rank, iteration) with a non-empty span: compute busy time / span, and
+    the rank's weight. Ranks without compute in an iteration count as idle."""
+    if not spans or not len(cols):
+        return np.zeros(0), np.zeros(0)
+    ranks, rank_of_row = np.unique(cols.rank, return_inverse=True)
+    rank_weight = np.zeros(len(ranks))
+    rank_weight[rank_of_row] = weight
+    its = np.array(sorted(spans), np.int64)
+    width = np.array([spans[int(i)][1] - spans[int(i)][0] for i in its])
+    it_index = np.searchsorted(its, cols.iteration)
+    counted = (cols.kind == COMPUTE) & (cols.iteration >= 0)
+    busy = np.bincount(rank_of_row[counted] * len(its) + it_index[counted],
+                       weights=cols.dur_s[counted], minlength=len(ranks) * len(its))
+    busy = busy.reshape(len(ranks), len(its))
+    keep = width > 0
+    fractions = busy[:, keep] / width[keep]
+    return fractions.ravel(), np.repeat(rank_weight, int(keep.sum()))
+
+
+def summarize_columns(cols: EventColumns, weight: np.ndarray) -> dict[str, object]:
+    """Iteration times and the bubble fraction (mean idle share of ranks x iterations)."""
+    spans = iteration_spans(cols)
+    fractions, w = busy_fractions(cols, weight, spans)
+    return {"iteration_times_s": [hi - lo for lo, hi in spans.values()],
+            "bubble_fraction": 1.0 - weighted_mean(fractions, w) if len(w) else 0.0}
+
+
+# ------------------------------------------------------------------ memory
+def live_slot_peaks(cols: EventColumns) -> dict[int, int]:
+    """rank -> most activations stored at once: a forward takes a slot at its
+    start, its backward frees it at its end (at equal times, to 10 ns, a
+    release counts first)."""
+    fwd, bwd = cols.name_code("forward"), cols.name_code("backward")
+    f, b = cols.name == fwd, cols.name == bwd
+    rank = np.concatenate([cols.rank[f], cols.rank[b]]).astype(np.int64)
+    when = np.round(np.concatenate([cols.start_s[f], cols.end_s[b]]), 8)
+    delta = np.concatenate([np.ones(int(f.sum()), np.int64), -np.ones(int(b.sum()), np.int64)])
+    if not len(rank):
+        return {int(r): 0 for r in np.unique(cols.rank)}
+    order = np.lexsort((delta, when, rank))
+    rank, delta = rank[order], delta[order]
+    running = np.cumsum(delta)
+    first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+    base = np.repeat(running[first] - delta[first], np.diff(np.r_[first, len(rank)]))
+    live = running - base
+    peaks = {int(r): 0 for r in np.unique(cols.rank)}
+    peaks.update({int(r): int(m) for r, m in zip(rank[first], np.maximum.reduceat(live, first))})
+    return peaks
+
+
+# ----------------------------------------------------------------- windows
+@dataclass(frozen=True)
+class SendWindows:
+    """One row per message matched to the task that consumes it."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    phase: np.ndarray  # 0 forward, 1 backward
+    iteration: np.ndarray
+    microbatch: np.ndarray
+    nbytes: np.ndarray
+    window_s: np.ndarray  # send posted -> consumer starts
+    transfer_s: np.ndarray
+    weight: np.ndarray
+
+
+PHASES = ("forward", "backward")
+
+
+def _phase_rows(cols: EventColumns, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    """Rows named ``{prefix}_forward`` / ``{prefix}_backward`` with task args, and their phase."""
+    phase = np.full(len(cols), -1, np.int64)
+    for i, p in enumerate(PHASES):
+        code = cols.name_code(f"{prefix}_{p}")
+        if code >= 0:
+            phase[cols.name == code] = i
+    ok = (phase >= 0) & (cols.peer >= 0) & (cols.iteration >= 0) & (cols.microbatch >= 0) & (
+        cols.chunk >= 0)
+    return np.flatnonzero(ok), phase
+
+
+def _nth_in_group(keys: list[np.ndarray], order_by: np.ndarray) -> np.ndarray:
+    """Per row, its rank (0, 1, ...) among rows with the same keys, by ``order_by``
+    (ties keep row order, like a stable sort)."""
+    ids, _ = group_ids(*keys)
+    order = np.lexsort((np.arange(len(ids)), order_by, ids))
+    sorted_ids = ids[order]
+    first = np.r_[0, np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1]
+    nth_sorted = np.arange(len(ids)) - np.repeat(first, np.diff(np.r_[first, len(ids)]))
+    nth = np.empty(len(ids), np.int64)
+    nth[order] = nth_sorted
+    return nth
+
+
+def send_windows(cols: EventColumns, weight: np.ndarray) -> SendWindows:
+    """Match each send to its receive (per src, dst, phase, iteration and
+    microbatch, both sides in chunk order) and the receiver's task that needs
+    it (the forward or backward of that microbatch and the receive's chunk)."""
+    s, phase = _phase_rows(cols, "send")
+    r, r_phase = _phase_rows(cols, "recv")
+    s_key = [cols.rank[s], cols.peer[s], phase[s], cols.iteration[s], cols.microbatch[s]]
+    r_key = [cols.peer[r], cols.rank[r], r_phase[r], cols.iteration[r], cols.microbatch[r]]
+    s_nth = _nth_in_group(s_key, cols.chunk[s]) if len(s) else np.zeros(0, np.int64)
+    r_nth = _nth_in_group(r_key, cols.chunk[r]) if len(r) else np.zeros(0, np.int64)
+    ids, _ = group_ids(*[np.concatenate([a, b]) for a, b in zip(s_key + [s_nth], r_key + [r_nth])])
+    s_id, r_id = ids[:len(s)], ids[len(s):]
+    r_of_id = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)
+    r_of_id[r_id] = r
+    recv = r_of_id[s_id] if len(s) else np.zeros(0, np.int64)
+    matched = recv >= 0
+    s, recv = s[matched], recv[matched]
+    needed = _task_start(cols, cols.rank[recv], phase[s], cols.iteration[recv],
+                         cols.microbatch[recv], cols.chunk[recv])
+    found = ~np.isnan(needed)
+    s, needed = s[found], needed[found]
+    return SendWindows(cols.rank[s], cols.peer[s], phase[s], cols.iteration[s],
+                       cols.microbatch[s], cols.nbytes[s], needed - cols.start_s[s],
+                       cols.dur_s[s], weight[s])
+
+
+def _task_start(cols: EventColumns, rank: np.ndarray, phase: np.ndarray, it: np.ndarray,
+                mb: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+    """Start of each asked-for forward/backward task (NaN where there is none)."""
+    codes = [cols.name_code(p) for p in PHASES]
+    task_phase = np.full(len(cols), -1, np.int64)
+    for i, code in enumerate(codes):
+        if code >= 0:
+            task_phase[cols.name == code] = i
+    t = np.flatnonzero((task_phase >= 0) & (cols.microbatch >= 0) & (cols.chunk >= 0))
+    if not len(rank) or not len(t):
+        return np.full(len(rank), np.nan)
+    keys = [np.concatenate([a, b]) for a, b in zip(
+        [cols.rank[t], task_phase[t], cols.iteration[t], cols.microbatch[t], cols.chunk[t]],
+        [rank, phase, it, mb, chunk])]
+    ids, n = group_ids(*keys)
+    start_of = np.full(n, np.nan)
+    start_of[ids[:len(t)]] = cols.start_s[t]  # a repeated task keeps its last start
+    return start_of[ids[len(t):]]
+
+
+def allreduce_windows(cols: EventColumns, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank, iteration and chunk: its last backward's end -> the optimizer
+    step's start (the time that chunk's gradient sync can overlap), and weights."""
+    bwd, opt = cols.name_code("backward"), cols.name_code("optimizer")
+    b = np.flatnonzero(cols.name == bwd) if bwd >= 0 else np.zeros(0, np.int64)
+    o = np.flatnonzero(cols.name == opt) if opt >= 0 else np.zeros(0, np.int64)
+    if not len(b) or not len(o):
+        return np.zeros(0), np.zeros(0)
+    chunk = np.where(cols.chunk[b] >= 0, cols.chunk[b], 0)
+    ids, n = group_ids(cols.rank[b], cols.iteration[b], chunk)
+    last_end = np.full(n, -np.inf)
+    np.maximum.at(last_end, ids, cols.end_s[b])
+    first = np.unique(ids, return_index=True)[1]
+    rows = b[first]
+    keys = [np.concatenate([a, c]) for a, c in zip([cols.rank[o], cols.iteration[o]],
+                                                   [cols.rank[rows], cols.iteration[rows]])]
+    kid, m = group_ids(*keys)
+    opt_start = np.full(m, np.nan)
+    opt_start[kid[:len(o)]] = cols.start_s[o]  # the last optimizer of an iteration
+    window = opt_start[kid[len(o):]] - last_end[ids[first]]
+    ok = ~np.isnan(window)
+    return window[ok], weight[rows][ok]
