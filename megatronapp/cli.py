@@ -92,8 +92,22 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
     if len(faults) > MAX_FAULT_LINES:
         print(f"  ... and {len(faults) - MAX_FAULT_LINES} more faults (see summary.json)")
-    print(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev), "
-          f"{out / 'ranks'}/, {out / 'summary.json'}")
+    print("\n".join(written_lines(summary.get("trace", {}), out)))
+
+
+def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
+    """Where the trace went, and how to look at a big one."""
+    from .export import BROWSER_EVENTS
+
+    lines = [f"  wrote {out / 'trace.parquet'} ({trace.get('events', 0):,} events; "
+             f"query it with megatronapp query or DuckDB), {out / 'summary.json'}"]
+    if trace.get("trace_json"):
+        lines.append(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev)")
+    else:
+        lines.append(f"  no trace.json: {trace.get('events', 0):,} events are more than a browser "
+                     f"opens (limit {BROWSER_EVENTS:,}); export a selection with "
+                     f"megatronapp export-trace {out} --ranks 0-63 --iterations 0")
+    return lines
 
 
 def _print_pipeline_summary(summary: dict[str, Any]) -> None:
@@ -163,6 +177,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 PlotHook = Callable[[Path, dict], list[Path]]
+
+
+# ---------------------------------------------------------- export-trace
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import parse_selection
+    from .runs import export_trace
+
+    ranks = parse_selection(args.ranks, "--ranks")
+    iterations = parse_selection(args.iterations, "--iterations")
+    run_dir = Path(args.run_dir)
+    out = Path(args.out) if args.out else None
+    path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out)
+    print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")
+    return 0
 
 
 # ---------------------------------------------------------------- parser
@@ -242,6 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --fbd: physical TP degree of the forward instance (default tp)")
     limits.add_options(topo)
     topo.set_defaults(func=cmd_topology, topology_parser=topo)
+
+    export = sub.add_parser("export-trace", help="write a Chrome/Perfetto trace of some ranks and "
+                                                 "iterations of a run")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--ranks", help="ranks to keep, e.g. 0-63,100 (default all)")
+    export.add_argument("--iterations", help="iterations to keep, e.g. 0 or 0-2 (default all)")
+    export.add_argument("--format", choices=("chrome", "perfetto"), default="chrome",
+                        help="chrome: Trace Event JSON; perfetto: Perfetto's protobuf trace")
+    export.add_argument("--clock", choices=("aligned", "local"), default="aligned",
+                        help="aligned: one true clock; local: each rank's own (injected skew)")
+    export.add_argument("--out", help="output file (default RUN_DIR/trace-<selection>.json or "
+                                      ".pftrace)")
+    export.set_defaults(func=cmd_export)
 
     plot_hooks: list[PlotHook] = []  # each module may add its own plots
     plot = sub.add_parser("plot", help="plot a run directory (timeline.png and more)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -78,6 +78,24 @@ DTYPES = {"rank": np.int32, "name": np.int16, "kind": np.int8, "start_s": np.flo
 
 def empty_columns() -> EventColumns:
     return EventColumns(**{f: np.zeros(0, DTYPES[f]) for f in ARRAY_FIELDS}, names=(), groups=())
+
+
+def whole_ranks(batches: Iterable[EventColumns]) -> Iterator[EventColumns]:
+    """The same rows re-cut so that no rank is split between two batches
+    (rows must arrive grouped by rank)."""
+    tail: EventColumns | None = None
+    for cols in batches:
+        if tail is not None:
+            cols = concat_same([tail, cols])
+        if not len(cols):
+            continue
+        others = np.flatnonzero(cols.rank != cols.rank[-1])
+        cut = int(others[-1]) + 1 if len(others) else 0  # where the last rank's rows begin
+        if cut:
+            yield cols.take(slice(0, cut))
+        tail = cols.take(slice(cut, len(cols)))
+    if tail is not None and len(tail):
+        yield tail
 
 
 def concat_same(parts: Sequence[EventColumns]) -> EventColumns:
@@ -193,6 +211,8 @@ class EventSource(Protocol):
 
     @property
     def events(self) -> int: ...
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]: ...
     def ranks(self) -> Sequence[int]: ...
     def batches(self, max_rows: int = ...) -> Iterator[EventColumns]: ...
     def compact(self) -> tuple[EventColumns, np.ndarray]: ...
@@ -210,6 +230,10 @@ class TableSource:
     @property
     def events(self) -> int:
         return len(self.table)
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        return self.table.groups
 
     def ranks(self) -> Sequence[int]:
         return list(self._bounds)

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from .columns import EventSource, source_of
 from .config import ClockSkew, Scenario, scenario_to_dict
-from .columns import source_of
 from .dpp.windows import dpp_summary_source
 from .errors import UserError
+from .eventstore import TRACE_FILE, StoreMeta, write_events
+from .export import BROWSER_EVENTS, write_chrome
 from .outdirs import staged_dir  # noqa: F401 (runs are written through it)
 from .summary import summarize_source
-from .tracer import Event, RunResult, write_json, write_traces
+from .topology import Topology
+from .tracer import Event, RunResult, write_json
 
 
 def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
@@ -56,11 +59,34 @@ def finite_json(data: Any) -> Any:
     return data
 
 
+def store_meta(s: Scenario, result: RunResult, source: EventSource) -> StoreMeta:
+    """What trace.parquet records beside its rows: groups, clocks, topology and
+    the labels that differ from the topology's (MegaFBD's worker threads)."""
+    labels = {str(r): result.label(r) for r in source.ranks()
+              if r >= result.topo.world_size or result.label(r) != result.topo.label(r)}
+    p = s.parallel
+    return StoreMeta(len(source.ranks()), tuple(source.groups), dict(result.clocks),
+                     {"topology": {"tp": p.tp, "pp": p.pp, "dp": p.dp,
+                                   "gpus_per_node": s.cluster.gpus_per_node},
+                      "labels": labels})
+
+
+def write_traces(s: Scenario, result: RunResult, out_dir: Path) -> dict[str, Any]:
+    """trace.parquet (every event, true time, clocks in its metadata) and, for
+    jobs a browser can open, trace.json (aligned clock)."""
+    source = source_of(result)
+    rows = write_events(out_dir / TRACE_FILE, source, store_meta(s, result, source))
+    browser = rows <= BROWSER_EVENTS
+    if browser:
+        write_chrome(out_dir / "trace.json", source.batches(), result.label, {"clock": "aligned"})
+    return {"events": rows, "trace_json": browser}
+
+
 def write_run(s: Scenario, result: RunResult, out_dir: Path) -> dict[str, Any]:
     """Traces, ground truth and summary.json; an OSError (a full disk) is one line."""
-    summary = finite_json(build_summary(s, result))
     try:
-        write_traces(result, out_dir)
+        written = write_traces(s, result, out_dir)
+        summary = finite_json({**build_summary(s, result), "trace": written})
         write_json(out_dir / "ground_truth.json", finite_json(ground_truth(s, result)))
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
     except OSError as err:
@@ -73,3 +99,55 @@ def read_events(path: Path) -> dict[int, list[Event]]:
     from .scan.load import load_chrome_file
 
     return load_chrome_file(path)
+
+
+# ------------------------------------------------------------------ export
+def run_label(meta: StoreMeta) -> Callable[[int], str]:
+    """A rank's label in a stored run: its own, or its place in the topology."""
+    topo_args = meta.extra.get("topology")
+    labels = meta.extra.get("labels", {})
+    topo = Topology(**topo_args) if topo_args else None
+
+    def label(rank: int) -> str:
+        if str(rank) in labels:
+            return str(labels[str(rank)])
+        return topo.label(rank) if topo is not None and rank < topo.world_size else f"rank {rank}"
+
+    return label
+
+
+def export_trace(run_dir: Path, ranks: list[int] | None, iterations: list[int] | None,
+                 fmt: str, clock: str, out: Path | None) -> tuple[Path, int]:
+    """A selection of a run's trace.parquet as a Chrome (or Perfetto) trace file."""
+    from .eventstore import StoreError, iter_columns, local_clock_view, read_meta
+
+    store = run_dir / TRACE_FILE
+    if not store.is_file():
+        raise UserError(f"RUN_DIR: {store} not found (runs written before trace.parquet keep "
+                        "their trace.json)")
+    try:
+        meta = read_meta(store)
+    except StoreError as err:
+        raise UserError(f"RUN_DIR: {err}") from None
+    if ranks is not None and max(ranks) >= meta.world_size:
+        raise UserError(f"--ranks: rank {max(ranks)} out of range 0..{meta.world_size - 1}")
+    suffix = ".json" if fmt == "chrome" else ".pftrace"
+    out = out or run_dir / f"trace-{_selection_name(ranks, iterations)}{suffix}"
+    batches = iter_columns(store, ranks, iterations)
+    if clock == "local":
+        batches = (local_clock_view(b, meta.clocks) for b in batches)
+    if fmt == "perfetto":
+        from .perfetto import write_perfetto
+
+        return out, write_perfetto(out, batches, run_label(meta))
+    return out, write_chrome(out, batches, run_label(meta), {"clock": clock})
+
+
+def _selection_name(ranks: list[int] | None, iterations: list[int] | None) -> str:
+    def part(name: str, values: list[int] | None) -> str:
+        if values is None:
+            return f"all-{name}"
+        if values == list(range(values[0], values[-1] + 1)):
+            return f"{name}{values[0]}" + (f"-{values[-1]}" if len(values) > 1 else "")
+        return f"{name}{values[0]}+{len(values) - 1}"
+    return part("ranks", ranks) + "_" + part("it", iterations)

@@ -110,19 +110,3 @@ class RunResult:
 
 # A backend's entry point as harnesses receive it (validation, speed, sweeps).
 RunScenario = Callable[[Any], RunResult]
-
-
-def write_traces(result: RunResult, out_dir: Path) -> None:
-    """``ranks/rank{g}.json`` in local clocks; ``trace.json`` aligned."""
-    ranks_dir = out_dir / "ranks"
-    ranks_dir.mkdir(parents=True, exist_ok=True)
-    merged: list[dict[str, Any]] = []
-    for rank in sorted(result.events):
-        clock = result.clocks.get(rank, RankClock())
-        local = chrome_events(rank, result.label(rank), result.events[rank], clock.local)
-        write_json(ranks_dir / f"rank{rank}.json",
-                   {"traceEvents": local, "displayTimeUnit": "ms",
-                    "metadata": {"rank": rank, "clock": "local"}})
-        merged += chrome_events(rank, result.label(rank), result.events[rank], lambda t: t)
-    write_json(out_dir / "trace.json", {"traceEvents": merged, "displayTimeUnit": "ms",
-                                        "metadata": {"clock": "aligned"}})

@@ -48,11 +48,17 @@ def test_trace_is_chrome_format_one_process_per_rank(run_dir: Path) -> None:
     assert {"bytes", "peer"} <= p2p["args"].keys()
 
 
-def test_raw_files_keep_local_clocks(run_dir: Path) -> None:
+def test_a_local_clock_export_keeps_each_ranks_clock(run_dir: Path) -> None:
     merged = read_events(run_dir / "trace.json")
     truth = json.loads((run_dir / "ground_truth.json").read_text())["clocks"]
+    local = run_dir / "local.json"
+    result = run_cli("export-trace", str(run_dir), "--ranks", "0,9", "--clock", "local",
+                     "--out", str(local))
+    assert result.returncode == 0, result.stderr
+    exported = read_events(local)
+    assert sorted(exported) == [0, 9]
     for rank in (0, 9):
-        raw = read_events(run_dir / "ranks" / f"rank{rank}.json")[rank]
+        raw = exported[rank]
         clock = truth[str(rank)]
         for local, true in zip(raw[:50], merged[rank][:50]):
             expected = true.start_s * (1 + clock["drift_ppm"] * 1e-6) + clock["offset_us"] * 1e-6

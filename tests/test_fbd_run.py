@@ -12,6 +12,7 @@ from backends.sim_fbd import compare_plans
 from megatronapp.cli import main
 from megatronapp.config import load_scenario
 from megatronapp.runs import read_events
+from megatronapp.scan.load import load_trace
 
 SCENARIO = "scenarios/fbd_hetero.yaml"
 TWO_ITERATIONS = ["--set", "iterations=2"]
@@ -51,7 +52,7 @@ def test_sim_run_dir_describes_every_device(sim_dir: Path):
 def test_trace_has_a_named_process_per_worker(sim_dir: Path):
     trace = json.loads((sim_dir / "trace.json").read_text())["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
-    assert len(names) == 8 == len(list((sim_dir / "ranks").glob("rank*.json")))
+    assert len(names) == 8 == len(load_trace(sim_dir).events)
     assert names[1].startswith("forward worker F1 · virtual rank 1") and "device 1 [slow]" in names[1]
     assert names[4].startswith("backward worker B0 · virtual rank 0") and "device 4 [fast]" in names[4]
     events = read_events(sim_dir / "trace.json")
@@ -62,8 +63,9 @@ def test_clock_skew_shifts_the_raw_file_of_the_skewed_device_only(sim_dir: Path)
     truth = json.loads((sim_dir / "ground_truth.json").read_text())
     assert truth["skewed_devices"] == [5] and truth["skewed_ranks"] == [5]
     aligned = read_events(sim_dir / "trace.json")
+    raw = load_trace(sim_dir, raw_clocks=True).events
     for pid, shift in ((5, 1500e-6), (6, 0.0)):
-        local = read_events(sim_dir / "ranks" / f"rank{pid}.json")[pid]
+        local = raw[pid]
         assert local[0].start_s - aligned[pid][0].start_s == pytest.approx(shift, abs=1e-9)
 
 
@@ -147,7 +149,7 @@ def test_torch_backend_writes_a_decoupled_run_dir(tmp_path, capsys):
     assert any(e.name == "send_forward" and e.args["peer"] == 1 for e in events[0])
     truth = json.loads((out / "ground_truth.json").read_text())
     assert truth["skewed_ranks"] == [1] and truth["clocks"]["1"]["offset_us"] == 900
-    assert len(list((out / "ranks").glob("rank*.json"))) == 4
+    assert sorted(load_trace(out).events) == [0, 1, 2, 3]
 
 
 def test_torch_runtime_refuses_tensor_parallel_workers_naming_the_field(tmp_path, capsys):

@@ -271,14 +271,39 @@ def _rank_files(ranks_dir: Path) -> list[Path]:
     return sorted(ranks_dir.glob("rank*.json"), key=rank_number)
 
 
-def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) -> LoadedTrace:
-    """A run directory (its per-rank local-clock files) or a single trace file.
+def load_store(path: Path, raw_clocks: bool, say: Say = quiet) -> LoadedTrace:
+    """A run's ``trace.parquet``: with ``raw_clocks`` each rank on its own clock
+    (unaligned, as a real job would hand it over), else in true time."""
+    from megatronapp.columns import RankEventsView, TableSource
+    from megatronapp.eventstore import StoreError, local_clock_view, read_columns
 
-    With ``raw_clocks`` a run directory is read from ``ranks/`` (unaligned, as
-    a real job would hand it over); otherwise from the merged ``trace.json``.
-    A single file is taken as it is (aligned if its metadata says so).
+    say(f"loading {path}")
+    try:
+        cols, meta = read_columns(path)
+    except StoreError as err:
+        raise TraceError(str(path), str(err).removeprefix(f"{path}: ")) from None
+    if raw_clocks:
+        cols = local_clock_view(cols, meta.clocks)
+    run_dir = path.parent if path.name == TRACE_STORE else None
+    return LoadedTrace(RankEventsView(TableSource(cols)), not raw_clocks, str(path), run_dir)
+
+
+TRACE_STORE = "trace.parquet"
+
+
+def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) -> LoadedTrace:
+    """A run directory or a single trace file.
+
+    A run directory is read from its ``trace.parquet`` (older ones: from
+    ``ranks/``, or the merged ``trace.json``); with ``raw_clocks`` every rank
+    keeps its own clock (unaligned, as a real job would hand it over). A
+    single file is taken as it is (aligned if its metadata says so).
     """
     path = Path(target)
+    if path.is_dir() and (path / TRACE_STORE).is_file():
+        return load_store(path / TRACE_STORE, raw_clocks, say)
+    if path.suffix == ".parquet" and path.is_file():
+        return load_store(path, raw_clocks=False, say=say)
     if path.is_dir():
         files = _rank_files(path / "ranks")
         if raw_clocks and files:
@@ -286,7 +311,8 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) ->
             return LoadedTrace(merge_rank_files(files), False, str(path), path)
         merged = path / "trace.json"
         if not merged.is_file():
-            raise TraceError(str(path), "no ranks/rank*.json or trace.json in this directory")
+            raise TraceError(str(path), "no trace.parquet, ranks/rank*.json or trace.json in "
+                             "this directory")
         say(f"loading {merged}")
         return LoadedTrace(load_chrome_file(merged), True, str(merged), path)
     if not path.is_file():
