@@ -219,11 +219,13 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
 
 def run_scenario(s: Scenario, stages_for: StagesFor | None = None,
                  on_record: Callable[[int, Event], None] | None = None,
-                 on_phase: Say = quiet) -> RunResult:
-    """``megatronapp run``: a scenario with an ``fbd`` section trains decoupled."""
+                 on_phase: Say = quiet,
+                 progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """``megatronapp run``: a scenario with an ``fbd`` section trains decoupled.
+    ``progress(operations done since the last call, total)`` while simulating."""
     on_phase(f"simulating {s.world_size} ranks")
     if s.fbd is not None:
         from .sim_fbd import run_fbd_scenario
 
         return run_fbd_scenario(s, on_record)
-    return run_sim(s, stages_for, on_record)
+    return run_sim(s, stages_for, on_record, progress)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import os
 import signal
@@ -40,6 +41,14 @@ def load_backend(name: str) -> Callable[..., Any]:
 
 
 # ------------------------------------------------------------------- run
+def backend_hooks(run_backend: Callable[..., Any], progress: Any) -> dict[str, Any]:
+    """Operation counts from backends that report them (the compiled simulator);
+    per-event hooks for those that record events one by one."""
+    if "progress" in inspect.signature(run_backend).parameters:
+        return {"progress": progress.operations, "on_phase": progress.phase}
+    return {"on_record": progress.record, "on_phase": progress.phase}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .config import load_scenario
     from .outdirs import check_output, staged_dir
@@ -54,10 +63,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
-        result = run_backend(scenario, on_record=progress.record, on_phase=progress.phase,
-                             **backend_kw)
+        result = run_backend(scenario, **backend_hooks(run_backend, progress), **backend_kw)
         progress.phase(f"writing {out}")
-        summary = write_run(scenario, result, tmp)
+        summary = write_run(scenario, result, tmp, progress.counted)
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
     else:

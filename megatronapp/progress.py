@@ -62,6 +62,7 @@ class RunProgress:
 
     def __init__(self, iterations: int, enabled: bool | None = None):
         self.iterations, self.done, self.loss = iterations, 0, ""
+        self.operations_done = 0
         self.description = "starting"
         self._bar: Any = None
         if shown(enabled):
@@ -96,3 +97,20 @@ class RunProgress:
         self.phase(f"iteration {self.done}/{self.iterations}{self.loss}")
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done)
+
+    def operations(self, done: int, total: int) -> None:
+        """The backend's ``progress`` hook: operations simulated since the last call."""
+        self.operations_done += done
+        self.phase(f"simulating: {self.operations_done:,}/{total:,} operations")
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.operations_done, total=total)
+
+    def counted(self, text: str, total: int, unit: str) -> Callable[[int], None]:
+        """A phase counting ``total`` things (``writing trace.parquet``, rows);
+        returns what advances it."""
+        self.phase(f"{text} ({total:,} {unit})")
+        if self._bar is None:
+            return lambda _n: None
+        bar, task = self._bar, self._task
+        bar.reset(task, total=total, description=self.description)
+        return lambda n: bar.advance(task, n)

@@ -71,21 +71,28 @@ def store_meta(s: Scenario, result: RunResult, source: EventSource) -> StoreMeta
                       "labels": labels})
 
 
-def write_traces(s: Scenario, result: RunResult, out_dir: Path) -> dict[str, Any]:
+Phase = Callable[[str, int, str], Callable[[int], None]]  # (what, total, unit) -> advance
+
+
+def write_traces(s: Scenario, result: RunResult, out_dir: Path,
+                 phase: Phase | None = None) -> dict[str, Any]:
     """trace.parquet (every event, true time, clocks in its metadata) and, for
     jobs a browser can open, trace.json (aligned clock)."""
     source = source_of(result)
-    rows = write_events(out_dir / TRACE_FILE, source, store_meta(s, result, source))
+    advance = phase("writing trace.parquet", source.events, "events") if phase else None
+    rows = write_events(out_dir / TRACE_FILE, source, store_meta(s, result, source),
+                        advance or (lambda _n: None))
     browser = rows <= BROWSER_EVENTS
     if browser:
         write_chrome(out_dir / "trace.json", source.batches(), result.label, {"clock": "aligned"})
     return {"events": rows, "trace_json": browser}
 
 
-def write_run(s: Scenario, result: RunResult, out_dir: Path) -> dict[str, Any]:
+def write_run(s: Scenario, result: RunResult, out_dir: Path,
+              phase: Phase | None = None) -> dict[str, Any]:
     """Traces, ground truth and summary.json; an OSError (a full disk) is one line."""
     try:
-        written = write_traces(s, result, out_dir)
+        written = write_traces(s, result, out_dir, phase)
         summary = finite_json({**build_summary(s, result), "trace": written})
         write_json(out_dir / "ground_truth.json", finite_json(ground_truth(s, result)))
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
