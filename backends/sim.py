@@ -19,7 +19,7 @@ from megatronapp.config import Scenario
 from megatronapp.errors import UserError
 from megatronapp.gc_pause import paused_gc
 from megatronapp.progress import Say, quiet
-from megatronapp.jobs import StagesFor, compile_static, rank_programs
+from megatronapp.jobs import StagesFor, compile_programs, rank_programs
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
                              Wait, WaitAny, describe, trace_args)
 from megatronapp.tracer import Event, RunResult, Tracer
@@ -203,8 +203,9 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     pipeline per class of identical ones (exact; see ``sim.symmetry``).
     """
     cluster = build_cluster(s)
-    program = compile_static(s) if (engine == "auto" and stages_for is None
-                                    and on_record is None) else None
+    program = None
+    if engine == "auto" and stages_for is None and on_record is None and s.schedule != "adaptive":
+        program = compile_programs(rank_programs(s, stages_for), cluster.topo)
     if program is not None:
         classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)
         try:

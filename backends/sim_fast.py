@@ -287,9 +287,11 @@ class Engine:
     def _describe(self, i: int) -> str:
         op = self.ops[i][self.pc[i]]
         if op[0] == COLLECTIVE:
-            return f"AllReduce(kind {op[2]})"
+            return f"AllReduce({('tp', 'dp', 'mp')[op[2]]} group)"
         m = op[1] if len(op) == 2 else op[2]
-        return f"Recv(message {m}: stage {self.msg_src[m]} -> stage {self.msg_dst[m]})"
+        base = i - self.stage[i]
+        src, dst = self.ranks[base + self.msg_src[m]], self.ranks[base + self.msg_dst[m]]
+        return f"Recv(src={src})" if dst == self.ranks[i] else f"Wait(send to {dst})"
 
     # ------------------------------------------------------------- result
     def result(self) -> CompiledRun:

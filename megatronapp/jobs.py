@@ -1,8 +1,6 @@
 """From a scenario to one rank program per global rank (backend-agnostic)."""
 from __future__ import annotations
 
-from typing import Callable
-
 from .compiled import NotStatic, PipeProgram, compile_pipe, pipe_ranks
 from .config import Scenario
 from .costs import stage_costs
@@ -10,6 +8,7 @@ from .layout import pipe_shape, topology_of
 from .ops import RankProgram
 from .programs import OrderFor, StagesFor, pipeline_contexts, pipeline_rank
 from .schedules import Order, static_order
+from .topology import Topology
 
 
 def static_orders(s: Scenario) -> dict[int, Order]:
@@ -32,18 +31,21 @@ def check_memory(s: Scenario) -> None:
                         MemoryModel.of(s, stage_costs(s), shape), first_rank)
 
 
-def compile_static(s: Scenario) -> PipeProgram | None:
-    """The rank programs of pipeline 0 compiled (every pipeline compiles to the
-    same program), or None when they are dynamic and keep the generator path."""
-    if s.schedule == "adaptive":
-        return None
-    programs = rank_programs(s)
-    topo = topology_of(s)
+def compile_programs(programs: dict[int, RankProgram], topo: Topology) -> PipeProgram | None:
+    """The programs of pipeline 0 compiled (every pipeline of a job compiles to
+    the same program), or None when they are dynamic and keep the generator
+    path. Pipeline 0's generators are consumed either way."""
     ranks = pipe_ranks(topo, 0)
     try:
         return compile_pipe([programs[r] for r in ranks], ranks, topo)
     except NotStatic:
         return None
+
+
+def compile_static(s: Scenario) -> PipeProgram | None:
+    if s.schedule == "adaptive":
+        return None
+    return compile_programs(rank_programs(s), topology_of(s))
 
 
 def rank_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, RankProgram]:
