@@ -267,13 +267,28 @@ class CompiledRun:
         t = self.topo
         return tuple(t.tp_groups) + tuple(t.dp_groups) + tuple(t.model_parallel_groups)
 
+    @cached_property
+    def _in_time_order(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per stage: each class's events ordered as the trace loader orders a
+        rank's events (by start, longest first at a tie, else program order),
+        as (event index, start, end) matrices of shape (classes, events)."""
+        out = []
+        for stage in range(self.topo.pp):
+            start = np.stack([self.starts[c][stage] for c in range(len(self.classes))])
+            end = np.stack([self.ends[c][stage] for c in range(len(self.classes))])
+            order = np.stack([np.lexsort((-(e - s), s)) for s, e in zip(start, end)])
+            out.append((order.astype(np.int32), np.take_along_axis(start, order, 1),
+                        np.take_along_axis(end, order, 1)))
+        return out
+
     def rows(self, stage: int, pipes: np.ndarray, cls: np.ndarray | None = None) -> EventColumns:
         """Events of ``stage`` on each of ``pipes`` (in that order): the ranks
-        ``stage·dp·tp + pipe``, each row copied from its class's representative."""
-        t, st = self.topo, self.program.stages[stage]
+        ``stage·dp·tp + pipe``, each row copied from its class's representative,
+        each rank's rows in time order."""
+        t = self.topo
         cls = self.class_of_pipe()[pipes] if cls is None else cls
-        events, count = st.events, len(pipes)
-        static = self.program.static_fields[stage]
+        order, start, end = (a[cls] for a in self._in_time_order[stage])
+        static = {k: v[order] for k, v in self.program.static_fields[stage].items()}
         rank = (stage * t.dp * t.tp + pipes).astype(np.int32)
         dp, tp = (pipes // t.tp)[:, None], (pipes % t.tp)[:, None]
         peer_stage, kind = static["peer_stage"], static["group_kind"]
@@ -282,16 +297,13 @@ class CompiledRun:
         dp_id = t.pp * t.dp + stage * t.tp + tp
         mp_id = t.pp * t.dp + t.pp * t.tp + dp
         gid = np.where(kind == 0, tp_id, np.where(kind == 1, dp_id, np.where(kind == 2, mp_id, -1)))
-        start = np.stack([self.starts[c][stage] for c in range(len(self.classes))])
-        end = np.stack([self.ends[c][stage] for c in range(len(self.classes))])
-        start, end = start[cls], end[cls]
         return EventColumns(
-            rank=np.repeat(rank, events), name=np.tile(static["name"], count),
-            kind=np.tile(static["kind"], count), start_s=start.ravel(),
-            dur_s=(end - start).ravel(), iteration=np.tile(static["iteration"], count),
-            microbatch=np.tile(static["microbatch"], count), chunk=np.tile(static["chunk"], count),
-            nbytes=np.tile(static["nbytes"], count), peer=peer.astype(np.int32).ravel(),
-            group=gid.astype(np.int32).ravel(), names=self.program.names, groups=self.groups)
+            rank=np.repeat(rank, order.shape[1]), name=static["name"].ravel(),
+            kind=static["kind"].ravel(), start_s=start.ravel(), dur_s=(end - start).ravel(),
+            iteration=static["iteration"].ravel(), microbatch=static["microbatch"].ravel(),
+            chunk=static["chunk"].ravel(), nbytes=static["nbytes"].ravel(),
+            peer=peer.astype(np.int32).ravel(), group=gid.astype(np.int32).ravel(),
+            names=self.program.names, groups=self.groups)
 
     def batches(self, max_rows: int = 1 << 20) -> Iterator[EventColumns]:
         """Every event, ranks in ascending order, at most about ``max_rows`` at a time."""

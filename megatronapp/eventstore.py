@@ -161,8 +161,19 @@ def iter_columns(path: Path, ranks: Sequence[int] | None = None,
 
 
 def _ints(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
-    column = pc.fill_null(table.column(name), -1)
-    return column.to_numpy().astype(dtype, copy=False)
+    """A nullable integer column as numpy, nulls as -1 (from the buffers:
+    ``fill_null`` copies every chunk twice)."""
+    parts = []
+    for chunk in table.column(name).chunks:
+        values = chunk.to_numpy(zero_copy_only=False) if chunk.null_count == 0 else None
+        if values is None:
+            validity, data = chunk.buffers()[:2]
+            values = np.frombuffer(data, chunk.type.to_pandas_dtype())[
+                chunk.offset:chunk.offset + len(chunk)]
+            bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
+            values = np.where(bits[chunk.offset:chunk.offset + len(chunk)].astype(bool), values, -1)
+        parts.append(values.astype(dtype, copy=False))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]]:

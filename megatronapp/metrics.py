@@ -18,9 +18,25 @@ COMPUTE = KINDS.index("compute")
 
 
 def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """A dense id per distinct tuple of ``keys`` (row-aligned integer arrays)."""
+    """A dense id per distinct tuple of ``keys`` (row-aligned integer arrays),
+    ids in the tuples' sorted order."""
     if not len(keys[0]):
         return np.zeros(0, np.int64), 0
+    combined = np.zeros(len(keys[0]), np.int64)
+    span = 1
+    for k in keys:  # mixed radix: one int64 per tuple while the ranges fit
+        k = np.asarray(k, np.int64)
+        lo, width = int(k.min()), int(k.max()) - int(k.min()) + 1
+        if span * width >= 1 << 62:
+            return _group_ids_rows(keys)
+        combined = combined * width + (k - lo)
+        span *= width
+    _, ids = np.unique(combined, return_inverse=True)
+    ids = ids.reshape(-1)
+    return ids, int(ids.max()) + 1
+
+
+def _group_ids_rows(keys: tuple[np.ndarray, ...]) -> tuple[np.ndarray, int]:
     stacked = np.stack([np.asarray(k, np.int64) for k in keys], axis=1)
     _, ids = np.unique(stacked, axis=0, return_inverse=True)
     ids = ids.reshape(-1)

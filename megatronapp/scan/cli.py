@@ -33,17 +33,31 @@ def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
 
 # ---------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
-    from .methods import detector
-
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say)
-        say(f"detecting ({args.method})")
-        diagnosis = detector(args.method)(scan)
+        diagnosis = _diagnose(args.target, args.method, say)
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:
         print("\n".join(explain(diagnosis.to_json())))
     return 0
+
+
+def _diagnose(target: str, method: str, say: Say) -> Any:
+    """MegaScan on a stored run reads columns (millions of events); other
+    inputs and the baselines go through per-event objects."""
+    from .methods import detector
+    from .table import load_table_scan, store_of
+    from .table_detect import megascan_table
+
+    store = store_of(target)
+    if store is not None and method == "megascan":
+        say(f"reading {store} as columns")
+        table = _side_file(load_table_scan, store)
+        say("detecting (megascan)")
+        return megascan_table(table)
+    scan = _scan_input(target, say)
+    say(f"detecting ({method})")
+    return detector(method)(scan)
 
 
 def explain(d: dict[str, Any]) -> Iterator[str]:

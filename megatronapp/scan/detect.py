@@ -218,11 +218,11 @@ def link_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
         centre = float(np.median([p.median for p in members]))
         typical = max(float(np.median([p.spread for p in members])), SIGMA_FLOOR)
         for p in members:
-            causes += _judge_pair(p, centre, typical, th)
+            causes += judge_pair(p, centre, typical, th)
     return causes
 
 
-def _judge_pair(p: PairStats, centre: float, typical: float, th: Thresholds) -> list[RootCause]:
+def judge_pair(p: PairStats, centre: float, typical: float, th: Thresholds) -> list[RootCause]:
     excess = p.median - centre
     z = excess / (MEDIAN_SE * max(p.spread, typical) / math.sqrt(p.n))
     evidence: dict[str, Any] = {"transfers": p.n, "bandwidth_ratio": round(math.exp(-excess), 3),

@@ -1,0 +1,316 @@
+"""MegaScan over event columns: sync ops, clock alignment and the detector,
+vectorised for traces of millions of events (a 12,288-GPU iteration).
+
+The stages are those of ``deps``, ``align`` and ``detect`` (same keys, same
+statistics, same thresholds), computed with numpy over a table whose rows are
+grouped by rank and ordered by (start, -duration) within a rank, as the trace
+loader orders events. ``tests/test_scan_table.py`` checks that both give the
+same diagnosis on random simulated jobs.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pathlib import Path
+
+from megatronapp.columns import EventColumns
+from megatronapp.eventstore import TRACE_FILE, StoreError, local_clock_view, read_columns
+from megatronapp.metrics import group_ids
+
+from .align import MIN_RECV_WAIT_S, ClockFit, robust_line
+from .inputs import DEFAULT_GPUS_PER_NODE
+from .kinds import kind_of
+from .load import TraceError
+
+COLLECTIVE, P2P = 0, 1
+
+
+def sorted_like_loader(cols: EventColumns) -> EventColumns:
+    """Rows by rank, then start, longest first at a tie (stable), like ``load``
+    (a table written that way, as runs write theirs, is taken as it is)."""
+    d_rank, d_start = np.diff(cols.rank), np.diff(cols.start_s)
+    in_order = (d_rank > 0) | ((d_rank == 0) & ((d_start > 0) | (
+        (d_start == 0) & (np.diff(cols.dur_s) <= 0))))
+    if in_order.all():
+        return cols
+    return cols.take(np.lexsort((np.arange(len(cols)), -cols.dur_s, cols.start_s, cols.rank)))
+
+
+def scan_kinds(cols: EventColumns) -> np.ndarray:
+    """Per row, ``kinds.kind_of`` (compute | comm | other) as 0 | 1 | 2."""
+    by_name = np.array([("compute", "comm", "other").index(kind_of(n, {})) for n in cols.names]
+                       + [2], np.int8)
+    out = by_name[cols.name.astype(np.int64)]
+    out[(cols.group >= 0) | (cols.peer >= 0)] = 1
+    return out
+
+
+def _nth(ids: np.ndarray, order_by: list[np.ndarray]) -> np.ndarray:
+    """Per row, its place among the rows of its id, ordered by ``order_by`` then row."""
+    key, _ = group_ids(ids, *order_by) if order_by else (ids, 0)
+    order = np.argsort(key, kind="stable")  # row order breaks ties
+    sorted_ids = ids[order]
+    starts = np.r_[0, np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1]
+    nth_sorted = np.arange(len(ids)) - np.repeat(starts, np.diff(np.r_[starts, len(ids)]))
+    out = np.empty(len(ids), np.int64)
+    out[order] = nth_sorted
+    return out
+
+
+# ------------------------------------------------------------ sync ops
+@dataclass(frozen=True)
+class SyncTable:
+    """Sync ops as arrays: each member row's op, and per op its kind, name and bytes.
+    A p2p op's members are its send (``sender``) and its receive (``receiver``)."""
+
+    member_row: np.ndarray  # row of each membership, sorted by op
+    member_op: np.ndarray
+    op_kind: np.ndarray  # COLLECTIVE | P2P
+    op_name: np.ndarray  # name code of the op's first member (its sender for p2p)
+    op_bytes: np.ndarray
+    op_start: np.ndarray  # first membership of each op in member_row
+    sender: np.ndarray  # p2p ops: the send's row (-1 for collectives)
+    receiver: np.ndarray
+
+    @property
+    def ops(self) -> int:
+        return len(self.op_kind)
+
+    def members(self, op: int) -> np.ndarray:
+        end = self.op_start[op + 1] if op + 1 < self.ops else len(self.member_row)
+        return self.member_row[self.op_start[op]:end]
+
+
+def _canonical_groups(cols: EventColumns) -> np.ndarray:
+    """Group ids made canonical (a group listed in any order is one group)."""
+    table: dict[tuple[int, ...], int] = {}
+    canon = np.array([table.setdefault(tuple(sorted(g)), len(table)) for g in cols.groups] + [-1],
+                     np.int64)
+    return canon[cols.group.astype(np.int64)]
+
+
+def _p2p_sides(cols: EventColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of point-to-point events, their role (0 send, 1 recv) and the
+    direction left in the name without the role (``send_forward`` -> forward)."""
+    role_of, direction_of, directions = [], [], {}
+    for name in cols.names:
+        lowered = name.lower()
+        role = next((i for i, w in enumerate(("send", "recv")) if w in lowered), -1)
+        direction = lowered.replace(("send", "recv")[role], "", 1).strip("_") if role >= 0 else ""
+        role_of.append(role)
+        direction_of.append(directions.setdefault(direction, len(directions)))
+    role = np.array(role_of + [-1], np.int64)[cols.name.astype(np.int64)]
+    direction = np.array(direction_of + [-1], np.int64)[cols.name.astype(np.int64)]
+    rows = np.flatnonzero((cols.peer >= 0) & (role >= 0))
+    return rows, role[rows], direction[rows]
+
+
+def sync_table(cols: EventColumns) -> SyncTable:
+    """``deps.reconstruct`` over columns: collectives by (group, n-th call on it
+    per rank), point-to-point by (sender, receiver, direction) in (iteration,
+    microbatch, issue) order."""
+    group = _canonical_groups(cols)
+    coll = np.flatnonzero((group >= 0) & (scan_kinds(cols) == 1))
+    seq = _nth(cols.rank[coll].astype(np.int64) * (group.max() + 2) + group[coll], [])
+    c_op, c_count = group_ids(group[coll], seq)
+    rows, role, direction = _p2p_sides(cols)
+    src = np.where(role == 0, cols.rank[rows], cols.peer[rows]).astype(np.int64)
+    dst = np.where(role == 0, cols.peer[rows], cols.rank[rows]).astype(np.int64)
+    side, _ = group_ids(role, src, dst, direction)
+    nth = _nth(side, [cols.iteration[rows], cols.microbatch[rows]])
+    pair, pairs = group_ids(src, dst, direction, nth)
+    send_of = np.full(pairs, -1, np.int64)
+    recv_of = np.full(pairs, -1, np.int64)
+    send_of[pair[role == 0]] = rows[role == 0]
+    recv_of[pair[role == 1]] = rows[role == 1]
+    matched = (send_of >= 0) & (recv_of >= 0)
+    send_of, recv_of = send_of[matched], recv_of[matched]
+    # memberships: each collective's members by rank, then each p2p op's send
+    # and receive (rows are grouped by rank, so a stable sort by op keeps ranks in order)
+    p_ops = np.arange(len(send_of)) + c_count
+    order = np.argsort(c_op, kind="stable")
+    member_op = np.concatenate([c_op[order], np.repeat(p_ops, 2)])
+    member_row = np.concatenate([coll[order], np.stack([send_of, recv_of], axis=1).ravel()])
+    n_ops = c_count + len(p_ops)
+    op_start = np.searchsorted(member_op, np.arange(n_ops))
+    first = member_row[op_start]
+    return SyncTable(member_row, member_op,
+                     np.r_[np.zeros(c_count, np.int8), np.ones(len(p_ops), np.int8)],
+                     cols.name[first], np.maximum(cols.nbytes[first], 0).astype(float),
+                     op_start, np.r_[np.full(c_count, -1), send_of],
+                     np.r_[np.full(c_count, -1), recv_of])
+
+
+# ---------------------------------------------------------------- clocks
+def _anchors(cols: EventColumns, sync: SyncTable) -> np.ndarray:
+    """Ops whose members all finish together: collectives of 2+ ranks, and
+    receives that waited for their message."""
+    sizes = np.diff(np.r_[sync.op_start, len(sync.member_row)])
+    waited = np.zeros(sync.ops, bool)
+    p2p = sync.op_kind == P2P
+    waited[p2p] = cols.dur_s[sync.receiver[p2p]] >= MIN_RECV_WAIT_S
+    return np.where(p2p, waited, sizes > 1)
+
+
+@dataclass(frozen=True)
+class _Memberships:
+    """Anchor-op memberships, indexed both ways (rank -> ops, op -> members)."""
+
+    ranks: np.ndarray  # every rank of the trace, ascending
+    op: np.ndarray  # per membership, sorted by op
+    rank: np.ndarray
+    end: np.ndarray
+    op_first: np.ndarray  # per op id: first membership (-1: not an anchor)
+    op_len: np.ndarray
+    by_rank: np.ndarray  # memberships sorted by rank (stable)
+    rank_first: np.ndarray  # per rank position
+    rank_end: np.ndarray
+
+    def of_rank(self, k: int) -> np.ndarray:
+        return self.by_rank[self.rank_first[k]:self.rank_end[k]]
+
+    def of_ops(self, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Memberships of ``ops`` and, for each, its op's place in ``ops``."""
+        lens = self.op_len[ops]
+        rows = np.repeat(self.op_first[ops] - np.r_[0, np.cumsum(lens)[:-1]], lens) + \
+            np.arange(int(lens.sum()))
+        return rows, np.repeat(np.arange(len(ops)), lens)
+
+
+def _memberships(cols: EventColumns, sync: SyncTable) -> _Memberships:
+    keep = _anchors(cols, sync)[sync.member_op]
+    m_op, m_row = sync.member_op[keep], sync.member_row[keep]
+    ranks = np.unique(cols.rank).astype(np.int64)
+    m_rank = cols.rank[m_row].astype(np.int64)
+    cut = np.r_[0, np.flatnonzero(m_op[1:] != m_op[:-1]) + 1] if len(m_op) else np.zeros(0, int)
+    op_first = np.full(sync.ops, -1, np.int64)
+    op_len = np.zeros(sync.ops, np.int64)
+    op_first[m_op[cut]] = cut
+    op_len[m_op[cut]] = np.diff(np.r_[cut, len(m_op)])
+    by_rank = np.argsort(m_rank, kind="stable")
+    first = np.searchsorted(m_rank[by_rank], ranks)
+    return _Memberships(ranks, m_op, m_rank, cols.start_s[m_row] + cols.dur_s[m_row], op_first,
+                        op_len, by_rank, first, np.r_[first[1:], len(by_rank)])
+
+
+def fit_clocks(cols: EventColumns, sync: SyncTable, ref: int | None = None) -> dict[int, ClockFit]:
+    """``align.fit_clocks`` over columns: ranks in breadth-first order from the
+    reference, each fitted against the already fitted members of its anchor ops."""
+    m = _memberships(cols, sync)
+    if not len(m.ranks):
+        return {}
+    ref = int(m.ranks[0]) if ref is None else ref
+    a = np.full(len(m.ranks), np.nan)
+    b = np.full(len(m.ranks), np.nan)
+    k_ref = int(np.searchsorted(m.ranks, ref))
+    a[k_ref], b[k_ref] = 1.0, 0.0
+    fits = {ref: ClockFit()}
+    for k in _bfs(m, k_ref)[1:]:
+        mine = m.of_rank(k)
+        ops, first = np.unique(m.op[mine], return_index=True)
+        xs = m.end[mine[first]]
+        ys, ok = _fitted_median(m, ops, a, b)
+        fit = ClockFit(*robust_line(xs[ok], ys[ok]), int(ok.sum())) if ok.any() else ClockFit()
+        fits[int(m.ranks[k])] = fit
+        a[k], b[k] = fit.a, fit.b
+    return fits
+
+
+def _fitted_median(m: _Memberships, ops: np.ndarray, a: np.ndarray,
+                   b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per op, the median of its fitted members' end times on the reference clock."""
+    rows, which = m.of_ops(ops)
+    k = np.searchsorted(m.ranks, m.rank[rows])
+    fitted = ~np.isnan(a[k])
+    mapped = a[k][fitted] * m.end[rows][fitted] + b[k][fitted]
+    which = which[fitted]
+    order = np.lexsort((mapped, which))
+    mapped, which = mapped[order], which[order]
+    count = np.bincount(which, minlength=len(ops))
+    ok = count > 0
+    if not ok.any():
+        return np.zeros(len(ops)), ok
+    first = np.r_[0, np.cumsum(count)[:-1]]
+    lo = mapped[np.minimum(first + (count - 1) // 2, len(mapped) - 1)]
+    hi = mapped[np.minimum(first + count // 2, len(mapped) - 1)]
+    return (lo + hi) / 2, ok
+
+
+def _bfs(m: _Memberships, k_ref: int) -> list[int]:
+    """``align.bfs_order`` (rank positions): each rank's unseen co-members in
+    ascending order; an op once expanded has no unseen member left."""
+    seen = np.zeros(len(m.ranks), bool)
+    expanded = np.zeros(len(m.op_first), bool)
+    seen[k_ref] = True
+    order, queue = [k_ref], deque([k_ref])
+    while queue:
+        ops = np.unique(m.op[m.of_rank(queue.popleft())])
+        ops = ops[~expanded[ops]]
+        expanded[ops] = True
+        rows, _ = m.of_ops(ops)
+        new = np.searchsorted(m.ranks, np.unique(m.rank[rows]))
+        new = new[~seen[new]]
+        seen[new] = True
+        order += new.tolist()
+        queue.extend(new.tolist())
+    return order + np.flatnonzero(~seen).tolist()
+
+
+def apply_clocks(cols: EventColumns, fits: dict[int, ClockFit]) -> EventColumns:
+    ranks = np.unique(cols.rank)
+    a = np.array([fits.get(int(r), ClockFit()).a for r in ranks])
+    b = np.array([fits.get(int(r), ClockFit()).b for r in ranks])
+    k = np.searchsorted(ranks, cols.rank)
+    fields = {f: getattr(cols, f) for f in ("rank", "name", "kind", "iteration", "microbatch",
+                                            "chunk", "nbytes", "peer", "group")}
+    return EventColumns(**fields, start_s=a[k] * cols.start_s + b[k], dur_s=a[k] * cols.dur_s,
+                        names=cols.names, groups=cols.groups, extra=cols.extra)
+
+
+# -------------------------------------------------------------- the input
+@dataclass(frozen=True)
+class TableScan:
+    """What the columnar detector gets: aligned columns, linked."""
+
+    cols: EventColumns
+    sync: SyncTable
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    clocks: dict[int, ClockFit] = field(default_factory=dict)
+
+
+def prepare_table(cols: EventColumns, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                  ref: int | None = None) -> TableScan:
+    """``inputs.prepare`` over columns."""
+    cols = sorted_like_loader(cols)
+    sync = sync_table(cols)
+    if aligned:
+        return TableScan(cols, sync, gpus_per_node)
+    fits = fit_clocks(cols, sync, ref)
+    return TableScan(apply_clocks(cols, fits), sync, gpus_per_node, fits)
+
+
+def store_of(target: str | Path) -> Path | None:
+    """The ``trace.parquet`` a target names (a run directory or the file), if any."""
+    path = Path(target)
+    if path.is_dir() and (path / TRACE_FILE).is_file():
+        return path / TRACE_FILE
+    return path if path.suffix == ".parquet" and path.is_file() else None
+
+
+def load_table_scan(store: Path, raw_clocks: bool = True) -> TableScan:
+    """A stored run as the detector's input, without an object per event. Each
+    rank is read on its own clock and aligned, unless every clock is the
+    reference clock (then the local view is the aligned one already)."""
+    try:
+        cols, meta = read_columns(store)
+    except StoreError as err:
+        raise TraceError(str(store), str(err).removeprefix(f"{store}: ")) from None
+    gpus = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
+    skewed = bool(meta.clocks) and raw_clocks
+    if skewed:
+        cols = local_clock_view(cols, meta.clocks)
+    return prepare_table(cols, aligned=not skewed, gpus_per_node=gpus)

@@ -1,0 +1,248 @@
+"""MegaScan's detector (``detect.megascan``) over a ``TableScan``, vectorised."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from megatronapp.metrics import group_ids
+
+from .detect import (MAD_TO_SIGMA, MEDIAN_SE, SIGMA_FLOOR, ComputeScore, PairStats, Thresholds,
+                     judge_pair)
+from .diagnosis import Diagnosis, RootCause, ranked
+from .inputs import STAGE_PEER_WORDS
+from .table import COLLECTIVE, P2P, TableScan, scan_kinds
+
+LATE_WORDS = ("tp", "dp", "tensor", "data")
+
+
+def _first_word_in(names: tuple[str, ...], words: tuple[str, ...]) -> np.ndarray:
+    return np.array([n.lower().split("_")[0] in words for n in names] + [False])
+
+
+# ------------------------------------------------------------ stage peers
+def stage_peers(scan: TableScan) -> dict[int, tuple[int, ...]]:
+    """``inputs.stage_peers``: ranks joined by TP/DP collectives run the same compute."""
+    sync, cols = scan.sync, scan.cols
+    ranks = np.unique(cols.rank).astype(np.int64)
+    parent = {int(r): int(r) for r in ranks}
+
+    def find(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    word = _first_word_in(cols.names, STAGE_PEER_WORDS)
+    ops = (sync.op_kind == COLLECTIVE) & word[sync.op_name.astype(np.int64)]
+    keep = ops[sync.member_op]
+    op, rank = sync.member_op[keep], cols.rank[sync.member_row[keep]].astype(np.int64)
+    same = op[1:] == op[:-1]  # consecutive members of one op: one edge each
+    width = int(ranks.max()) + 1 if len(ranks) else 1
+    edges = np.unique(rank[:-1][same] * width + rank[1:][same])
+    for a, b in zip((edges // width).tolist(), (edges % width).tolist()):
+        parent[find(b)] = find(a)
+    classes: dict[int, list[int]] = {}
+    for r in ranks.tolist():
+        classes.setdefault(find(r), []).append(r)
+    return {r: tuple(classes[find(r)]) for r in ranks.tolist()}
+
+
+# --------------------------------------------------------------- stage 1
+def _compute_keys(scan: TableScan) -> tuple[np.ndarray, np.ndarray]:
+    """Compute rows with a duration, and their op key id (name, iteration,
+    microbatch, chunk, occurrence on the rank)."""
+    c = scan.cols
+    rows = np.flatnonzero((scan_kinds(c) == 0) & (c.dur_s > 0))
+    base, _ = group_ids(c.rank[rows], c.name[rows], c.iteration[rows], c.microbatch[rows],
+                        c.chunk[rows])
+    occurrence = np.zeros(len(rows), np.int64)
+    if len(rows):
+        order = np.argsort(base, kind="stable")
+        b = base[order]
+        starts = np.r_[0, np.flatnonzero(b[1:] != b[:-1]) + 1]
+        occurrence[order] = np.arange(len(b)) - np.repeat(starts, np.diff(np.r_[starts, len(b)]))
+    key, _ = group_ids(c.name[rows], c.iteration[rows], c.microbatch[rows], c.chunk[rows],
+                       occurrence)
+    return rows, key
+
+
+def _log_ratios(ranks: list[int], rank_of_row: np.ndarray, key: np.ndarray,
+                logdur: np.ndarray) -> np.ndarray:
+    """``detect._log_ratios``: rows = ranks, columns = keys on 2+ of them."""
+    sorted_ranks = np.array(ranks, np.int64)
+    position = np.argsort(sorted_ranks)
+    mine = np.isin(rank_of_row, sorted_ranks)
+    r_idx = position[np.searchsorted(sorted_ranks[position], rank_of_row[mine])]
+    k = key[mine]
+    counts = np.bincount(k) if len(k) else np.zeros(0, np.int64)
+    shared = np.flatnonzero(counts >= 2)
+    col_of = np.full(len(counts), -1, np.int64)
+    col_of[shared] = np.arange(len(shared))
+    logd = np.full((len(ranks), len(shared)), np.nan)
+    ok = col_of[k] >= 0
+    logd[r_idx[ok], col_of[k][ok]] = logdur[mine][ok]
+    if len(ranks) >= 5:
+        return logd - np.nanmedian(logd, axis=0)
+    out = np.empty_like(logd)
+    for i in range(len(ranks)):  # leave-one-out, as detect does for few peers
+        out[i] = logd[i] - np.nanmedian(np.delete(logd, i, axis=0), axis=0)
+    return out
+
+
+def _row_scores(ranks: list[int], lr: np.ndarray,
+                th: Thresholds) -> dict[int, tuple[float, float, float, int]]:
+    if lr.size == 0:
+        return {}
+    finite = np.isfinite(lr)
+    spreads = []
+    rows = []
+    for i in range(len(ranks)):
+        v = lr[i][finite[i]]
+        rows.append(v)
+        if len(v):
+            spreads.append(np.median(np.abs(v - np.median(v))))
+    sigma = max(MAD_TO_SIGMA * float(np.median(spreads)), SIGMA_FLOOR) if spreads else SIGMA_FLOOR
+    slow_cut = math.log1p(th.min_excess) + 2 * sigma
+    out = {}
+    for r, v in zip(ranks, rows):
+        if len(v) == 0:
+            continue
+        med = float(np.median(v))
+        z = med / (MEDIAN_SE * sigma / math.sqrt(len(v)))
+        out[r] = (med, z, float(np.mean(v > slow_cut)), len(v))
+    return out
+
+
+def compute_scores(scan: TableScan, th: Thresholds) -> dict[int, ComputeScore]:
+    rows, key = _compute_keys(scan)
+    rank_of_row = scan.cols.rank[rows].astype(np.int64)
+    logdur = np.log(scan.cols.dur_s[rows])
+    peers = stage_peers(scan)
+    classes = sorted({p for p in peers.values() if len(p) > 1})
+    lonely = sorted(r for r, p in peers.items() if len(p) == 1)
+    class_of = {r: i for i, cls in enumerate(classes) for r in cls}
+    row_class = np.array([class_of.get(r, -1) for r in range(int(rank_of_row.max()) + 1)]
+                         if len(rank_of_row) else [], np.int64)[rank_of_row]
+    order = np.argsort(row_class, kind="stable")
+    cuts = np.searchsorted(row_class[order], np.arange(len(classes) + 1))
+    scores: dict[int, ComputeScore] = {}
+    for i, cls in enumerate(classes):
+        mine = order[cuts[i]:cuts[i + 1]]
+        ranks = list(cls)
+        lr = _log_ratios(ranks, rank_of_row[mine], key[mine], logdur[mine])
+        for r, (med, z, share, n) in _row_scores(ranks, lr, th).items():
+            scores[r] = ComputeScore(r, med, z, share, n, cls)
+    if len(lonely) >= 2:
+        scores.update(_cross_stage(lonely, rows, rank_of_row, key, logdur, scan, th))
+    return scores
+
+
+def _cross_stage(ranks: list[int], rows: np.ndarray, rank_of_row: np.ndarray, key: np.ndarray,
+                 logdur: np.ndarray, scan: TableScan, th: Thresholds) -> dict[int, ComputeScore]:
+    """``detect._cross_stage_scores``: op name by op name, a rank's middle score."""
+    name = scan.cols.name[rows]
+    per_rank: dict[int, list[ComputeScore]] = {}
+    for code in sorted(np.unique(name).tolist(), key=lambda c: scan.cols.names[c]):
+        mine = name == code
+        lr = _log_ratios(ranks, rank_of_row[mine], key[mine], logdur[mine])
+        for r, (med, z, share, n) in _row_scores(ranks, lr, th).items():
+            if n >= 2:
+                per_rank.setdefault(r, []).append(ComputeScore(r, med, z, share, n, tuple(ranks)))
+    return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
+
+
+# --------------------------------------------------------------- stage 2
+def late_arrivals(scan: TableScan) -> dict[int, tuple[int, int]]:
+    """rank -> (times it started a TP/DP collective last, collectives joined)."""
+    sync, cols = scan.sync, scan.cols
+    sizes = np.diff(np.r_[sync.op_start, len(sync.member_row)])
+    word = _first_word_in(cols.names, LATE_WORDS)
+    ops = (sync.op_kind == COLLECTIVE) & (sizes >= 2) & word[sync.op_name.astype(np.int64)]
+    keep = ops[sync.member_op]
+    op, row = sync.member_op[keep], sync.member_row[keep]
+    rank = cols.rank[row].astype(np.int64)
+    order = np.lexsort((rank, cols.start_s[row], op))  # the last per op: latest start, highest rank
+    op, rank = op[order], rank[order]
+    last = np.r_[op[1:] != op[:-1], True] if len(op) else np.zeros(0, bool)
+    joined = np.bincount(rank) if len(rank) else np.zeros(0, np.int64)
+    lasts = np.bincount(rank[last], minlength=len(joined)) if len(rank) else joined
+    return {int(r): (int(lasts[r]), int(joined[r])) for r in np.flatnonzero(joined)}
+
+
+def compute_root_causes(scan: TableScan, th: Thresholds) -> list[RootCause]:
+    late = late_arrivals(scan)
+    causes = []
+    for r, s in compute_scores(scan, th).items():
+        if s.log_excess <= math.log1p(th.min_excess) or s.z <= th.z_compute:
+            continue
+        n_last, n_joined = late.get(r, (0, 0))
+        share = n_last / n_joined if n_joined else None
+        if share is not None and n_joined >= th.min_collectives and share < th.late_share_veto:
+            continue
+        causes.append(RootCause(r, "compute", None, s.z / (s.z + th.z_compute), {
+            "slowdown": round(math.exp(s.log_excess), 4), "slow_op_share": round(s.slow_share, 3),
+            "ops_compared": s.ops, "peers": len(s.peers) - 1, "z": round(s.z, 1),
+            "last_to_start": n_last, "collectives": n_joined}))
+    return causes
+
+
+# --------------------------------------------------------------- stage 3
+def pair_stats(scan: TableScan, th: Thresholds) -> list[PairStats]:
+    """``detect._pair_stats`` of ``detect.transfer_samples``: log(seconds per byte)
+    of each transfer, per unordered rank pair."""
+    sync, cols = scan.sync, scan.cols
+    p2p = np.flatnonzero((sync.op_kind == P2P) & (sync.op_bytes > 0))
+    send, recv = sync.sender[p2p], sync.receiver[p2p]
+    seconds = np.where(cols.dur_s[recv] > 0, np.minimum(cols.dur_s[send], cols.dur_s[recv]),
+                       cols.dur_s[send])
+    ok = seconds > 0
+    a, b = cols.rank[send][ok].astype(np.int64), cols.rank[recv][ok].astype(np.int64)
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    value = np.log(seconds[ok] / sync.op_bytes[p2p][ok])
+    pair, n_pairs = group_ids(lo, hi)
+    out = []
+    order = np.argsort(pair, kind="stable")
+    cuts = np.r_[0, np.flatnonzero(np.diff(pair[order])) + 1, len(order)]
+    for i in range(n_pairs):
+        idx = order[cuts[i]:cuts[i + 1]]
+        if len(idx) < th.min_transfers:
+            continue
+        v = value[idx]
+        med = float(np.median(v))
+        out.append(PairStats((int(lo[idx[0]]), int(hi[idx[0]])), med,
+                             MAD_TO_SIGMA * float(np.median(np.abs(v - med))), len(v)))
+    return out
+
+
+def link_root_causes(scan: TableScan, th: Thresholds) -> list[RootCause]:
+    node = scan.gpus_per_node
+    classes: dict[bool, list[PairStats]] = {}
+    for p in pair_stats(scan, th):
+        classes.setdefault(p.pair[0] // node == p.pair[1] // node, []).append(p)
+    causes: list[RootCause] = []
+    for members in classes.values():
+        if len(members) < 3:
+            continue
+        centre = float(np.median([p.median for p in members]))
+        typical = max(float(np.median([p.spread for p in members])), SIGMA_FLOOR)
+        for p in members:
+            causes += judge_pair(p, centre, typical, th)
+    return causes
+
+
+# ------------------------------------------------------------- detector
+def victims_of(scan: TableScan, causes: list[RootCause]) -> tuple[int, ...]:
+    sources = np.array(sorted({c.rank for c in causes if c.kind == "compute"}), np.int64)
+    if not len(sources):
+        return ()
+    rank = scan.cols.rank[scan.sync.member_row].astype(np.int64)
+    touched = np.unique(scan.sync.member_op[np.isin(rank, sources)])
+    waited = set(np.unique(rank[np.isin(scan.sync.member_op, touched)]).tolist())
+    named = {c.rank for c in causes} | {c.peer for c in causes}
+    return tuple(sorted(waited - named))
+
+
+def megascan_table(scan: TableScan, th: Thresholds = Thresholds()) -> Diagnosis:
+    causes = compute_root_causes(scan, th) + link_root_causes(scan, th)
+    return Diagnosis(ranked(causes), victims_of(scan, causes))
