@@ -1,0 +1,146 @@
+"""MegaScale-size jobs on one core: `megatronapp run` and `detect` at 1k-12k GPUs,
+and the simulation core with jitter on every link against a bare SimPy loop.
+
+    .venv/bin/python paper_figs/scale_table.py [--gpus 1024,3072,6144,12288]
+        [--jitter-gpus 12288] [--skip-jitter]
+
+Every job is scenarios/megascale_12288.yaml (175B, tp 8, pp 8, interleaved with
+6 chunks, 32 microbatches, one iteration) with dp = GPUs / 64, one GPU
+throttled to 1.3x and one pipeline link 3x slow at the same coordinates.
+Each command runs as a child pinned to one core (the first CPU of this
+process's affinity); wall time, CPU time (user + system) and peak resident
+memory come from the child's own rusage. The jitter part simulates the job
+with background jitter on every link (lognormal sigma 0.05), where no two
+pipelines are alike and nothing can be reduced, and times the simulation core
+(CPU seconds per operation) against a bare SimPy timeout loop in the same
+process, alternating the two three times and keeping each one's best.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
+SCENARIO = ROOT / "scenarios" / "megascale_12288.yaml"
+OUT = ROOT / "paper_figs" / "out"
+TP, PP = 8, 8
+
+
+def faults_for(dp: int) -> str:
+    """The 12,288-GPU scenario's faults moved to the same places of a smaller job."""
+    def rank(d: int, p: int, t: int) -> int:
+        return t + TP * (d + dp * p)
+
+    throttled = rank(dp * 49 // 192, 3, 0)
+    a, b = rank(dp * 90 // 192, 5, 3), rank(dp * 90 // 192, 6, 3)
+    return (f"[{{kind: throttle, rank: {throttled}, factor: 1.3}}, "
+            f"{{kind: slow_link, ranks: [{a}, {b}], factor: 3.0}}]")
+
+
+def measured(cmd: list[str]) -> dict[str, float]:
+    """Wall, CPU (user + system) and peak RSS of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    out = proc.stdout.read() if proc.stdout else ""
+    err = proc.stderr.read() if proc.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_gb": usage.ru_maxrss / 1e6, "stdout": out}  # type: ignore[dict-item]
+
+
+def one_size(gpus: int, workdir: Path) -> dict[str, object]:
+    dp = gpus // (TP * PP)
+    run_dir = workdir / f"megascale_{gpus}"
+    cli = [sys.executable, "-m", "megatronapp.cli"]
+    run = measured(cli + ["run", str(SCENARIO), "--out", str(run_dir), "--quiet",
+                          "--set", f"parallel.dp={dp}", "--set", f"faults={faults_for(dp)}"])
+    detect = measured(cli + ["detect", str(run_dir), "--json"])
+    import json
+
+    causes = json.loads(str(detect["stdout"]))["root_causes"]
+    named = sorted(f"{c['kind']}:{c['rank']}" + (f"-{c['peer']}" if c["peer"] is not None else "")
+                   for c in causes)
+    return {"gpus": gpus, "events": json.loads((run_dir / "summary.json").read_text())
+            ["trace"]["events"],
+            "run_wall_s": run["wall_s"], "run_cpu_s": run["cpu_s"], "run_peak_gb": run["peak_gb"],
+            "trace_mb": (run_dir / "trace.parquet").stat().st_size / 1e6,
+            "detect_wall_s": detect["wall_s"], "detect_cpu_s": detect["cpu_s"],
+            "detect_peak_gb": detect["peak_gb"], "named": " ".join(named)}
+
+
+def jitter_ratio(gpus: int) -> dict[str, float]:
+    """Simulation core with jitter everywhere vs a bare SimPy timeout, CPU time per op."""
+    from backends.sim_fast import Engine
+    from megatronapp.config import load_scenario
+    from megatronapp.jobs import compile_static
+    from megatronapp.speed import bare_simpy_cpu_s_per_event
+    from sim.cluster import build_cluster
+    from sim.symmetry import pipe_classes
+
+    s = load_scenario(SCENARIO, [f"parallel.dp={gpus // (TP * PP)}",
+                                 f"faults={faults_for(gpus // (TP * PP))}",
+                                 "cluster.jitter.link_sigma=0.05"])
+    program = compile_static(s)
+    assert program is not None
+    cores, bares = [], []
+    for _ in range(3):
+        bares.append(bare_simpy_cpu_s_per_event())
+        cluster = build_cluster(s)
+        classes = pipe_classes(cluster)
+        assert not classes.reduced, "jitter on every link leaves nothing to reduce"
+        engine = Engine(cluster, program, classes)
+        start = time.process_time()
+        engine.run()
+        cores.append((time.process_time() - start) / (program.events_per_pipe * len(classes.classes)))
+        del engine, cluster
+    return {"gpus": gpus, "ops": program.events_per_pipe * s.parallel.dp * TP,
+            "core_us_per_op": min(cores) * 1e6, "bare_us_per_timeout": min(bares) * 1e6,
+            "ratio": min(cores) / min(bares)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", default="1024,3072,6144,12288")
+    parser.add_argument("--jitter-gpus", type=int, default=12288)
+    parser.add_argument("--skip-jitter", action="store_true")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # children inherit one core
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+        for gpus in (int(g) for g in args.gpus.split(",")):
+            rows.append(one_size(gpus, Path(tmp)))
+            print(f"done {gpus} GPUs", file=sys.stderr, flush=True)
+    with open(OUT / "scale_table.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print("| GPUs | events | run wall s | run CPU s | run peak GB | trace.parquet MB | "
+          "detect wall s | detect CPU s | detect peak GB | detect names |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['gpus']:,} | {r['events']:,} | {r['run_wall_s']:.1f} | {r['run_cpu_s']:.1f} | "
+              f"{r['run_peak_gb']:.2f} | {r['trace_mb']:.1f} | {r['detect_wall_s']:.1f} | "
+              f"{r['detect_cpu_s']:.1f} | {r['detect_peak_gb']:.2f} | {r['named']} |")
+    if not args.skip_jitter:
+        j = jitter_ratio(args.jitter_gpus)
+        print(f"\njitter on every link, {j['gpus']:,} GPUs ({j['ops']:,} operations, no "
+              f"reduction): simulation core {j['core_us_per_op']:.2f} CPU-us/op, bare SimPy "
+              f"{j['bare_us_per_timeout']:.2f} CPU-us/timeout, ratio {j['ratio']:.2f}")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()
