@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow.parquet as pq
 import pytest
@@ -81,6 +83,7 @@ def test_sweep_on_local_processes_writes_one_table(tmp_path: Path) -> None:
     slow = [r for r in rows if r["faults.0.factor"] == 2.0]
     fast = [r for r in rows if r["faults.0.factor"] == 1.0]
     assert min(r["iteration_time_s"] for r in slow) > max(r["iteration_time_s"] for r in fast)
+    assert str(os.getpid()) not in {r["worker"].rsplit(":", 1)[1] for r in rows}  # spawned
     assert all("compute:5" in r["root_causes"] for r in slow)  # throttle.yaml slows rank 5
 
 
@@ -91,19 +94,23 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def ray_head():
-    """A one-CPU Ray head on 127.0.0.1, started here and stopped here (its process group)."""
-    pytest.importorskip("ray")
+def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str], Path]]:
+    """A one-CPU Ray head on 127.0.0.1 with its session files in a temporary
+    directory (short: it holds Unix sockets), started here and stopped here."""
+    pytest.importorskip("ray", reason="the optional extra 'ray' is not installed "
+                                      "(pip install 'megatronapp[ray]')")
     port = _free_port()
+    temp = tmp_path_factory.mktemp("ray")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     ray = str(Path(sys.executable).with_name("ray"))
     head = subprocess.Popen([ray, "start", "--head", "--block", "--port", str(port),
                              "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                             "--include-dashboard=false", "--disable-usage-stats"],
+                             "--temp-dir", str(temp), "--include-dashboard=false",
+                             "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        yield f"127.0.0.1:{port}", env
+        yield f"127.0.0.1:{port}", env, temp
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         deadline = time.time() + 15
@@ -115,18 +122,27 @@ def ray_head():
             pass
 
 
+def _ray_worker_pids(temp: Path) -> set[int]:
+    """Processes the Ray cluster ran as workers: its logs are named after them
+    (worker-<id>-<job>-<pid>.out, python-core-worker-<id>_<pid>.log)."""
+    names = [f.name for f in temp.glob("session_*/logs/*") if "worker-" in f.name]
+    return {int(token) for n in names for token in re.split(r"[-_.]", n) if token.isdigit()}
+
+
 @pytest.mark.slow
 def test_sweep_and_validation_on_a_local_ray_cluster(tmp_path: Path, ray_head) -> None:
-    address, env = ray_head
+    address, env, temp = ray_head
     spec = _spec(tmp_path, "seeds: 2\ngrid: {faults.0.factor: [1.5]}\n")
-    out = tmp_path / "table.csv"
+    out = tmp_path / "table.parquet"
     proc = subprocess.run([sys.executable, "-m", "megatronapp.cli", "sweep", str(spec), "--out",
                            str(out), "--ray", address], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = out.read_text().splitlines()
-    assert len(lines) == 3 and lines[0].startswith('"point","seed"')
+    rows = pq.read_table(out).to_pylist()
+    assert [(r["point"], r["seed"], r["error"]) for r in rows] == [(0, 0, None), (1, 1, None)]
     assert f"on Ray cluster at {address}" in proc.stderr
+    ran_in = {int(r["worker"].rsplit(":", 1)[1]) for r in rows}
+    assert proc.pid not in ran_in and ran_in <= _ray_worker_pids(temp)  # in the cluster's workers
     csv = tmp_path / "val.csv"
     proc = subprocess.run([sys.executable, "-m", "megatronapp.cli", "validate-detector",
                            "--trials", "2", "--csv", str(csv), "--ray", address],

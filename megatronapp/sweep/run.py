@@ -1,6 +1,8 @@
 """Running a sweep: one task per point, anywhere, one table of results."""
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +24,11 @@ class Task:
 
 
 def run_point(task: Task) -> dict[str, Any]:
-    """One row: the point's values, its seed and what the run measured."""
+    """One row: the point's values, its seed, the process that ran it (host:pid,
+    to tell a cluster's nodes apart) and what the run measured."""
     p = task.point
-    row: dict[str, Any] = {"point": p.index, "seed": p.seed, **p.values}
+    row: dict[str, Any] = {"point": p.index, "seed": p.seed, **p.values,
+                           "worker": f"{socket.gethostname()}:{os.getpid()}"}
     start = time.perf_counter()
     try:
         result = task.run(parse_scenario(p.scenario))
