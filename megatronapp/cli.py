@@ -190,6 +190,7 @@ PlotHook = Callable[[Path, dict], list[Path]]
 # ---------------------------------------------------------- export-trace
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import parse_selection
+    from .outdirs import record_outputs
     from .runs import export_trace
 
     ranks = parse_selection(args.ranks, "--ranks")
@@ -197,6 +198,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else None
     path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out)
+    record_outputs(run_dir, [path])  # replacing the run takes its exports along
     print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")
     return 0
 
@@ -281,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export-trace", help="write a Chrome/Perfetto trace of some ranks and "
                                                  "iterations of a run")
-    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by 'megatronapp run'")
     export.add_argument("--ranks", help="ranks to keep, e.g. 0-63,100 (default all)")
     export.add_argument("--iterations", help="iterations to keep, e.g. 0 or 0-2 (default all)")
     export.add_argument("--format", choices=("chrome", "perfetto"), default="chrome",

@@ -2,9 +2,11 @@
 
 A million-rank-operation run is stored, summarised and diagnosed as columns;
 ``Event`` objects are built only for the few ranks someone asks for. Absent
-integer fields are -1 (iteration, microbatch, chunk, bytes, peer, group).
-Groups are ids into ``groups`` (tuples of global ranks); names are codes into
-``names``. Times are true (aligned) seconds.
+integer fields are -1 (iteration, microbatch, chunk, bytes, peer, group,
+role, tag). Groups are ids into ``groups`` (tuples of global ranks); names are
+codes into ``names``; kinds are ``kinds.event_kind`` of each event; a
+point-to-point event's role is 0 (send) or 1 (recv) and its tag the encoded
+one that pairs a send with its receive. Times are true (aligned) seconds.
 """
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .tracer import Event, RunResult, category
+from .kinds import event_kind
+from .ops import OP_KINDS
+from .tracer import Event, RunResult
 
-KINDS = ("compute", "p2p", "collective")
+KINDS = (*OP_KINDS, "other")  # compute, p2p, collective, then annotations
+ROLES = ("send", "recv")
 INT_FIELDS = ("iteration", "microbatch", "chunk")
-KNOWN_ARGS = frozenset(INT_FIELDS) | {"bytes", "peer", "group"}
+KNOWN_ARGS = frozenset(INT_FIELDS) | {"bytes", "peer", "group", "kind", "role", "tag"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ class EventColumns:
     nbytes: np.ndarray  # int64
     peer: np.ndarray  # int32
     group: np.ndarray  # int32 ids into ``groups``
+    role: np.ndarray  # int8 codes into ROLES
+    tag: np.ndarray  # int64
     names: tuple[str, ...]
     groups: tuple[tuple[int, ...], ...]
     extra: np.ndarray | None = None  # object: JSON text of other args, or None
@@ -70,10 +77,12 @@ class EventColumns:
 
 
 ARRAY_FIELDS = ("rank", "name", "kind", "start_s", "dur_s", "iteration", "microbatch", "chunk",
-                "nbytes", "peer", "group")
+                "nbytes", "peer", "group", "role", "tag")
+TIMELESS_FIELDS = tuple(f for f in ARRAY_FIELDS if f not in ("start_s", "dur_s"))
 DTYPES = {"rank": np.int32, "name": np.int16, "kind": np.int8, "start_s": np.float64,
           "dur_s": np.float64, "iteration": np.int32, "microbatch": np.int32,
-          "chunk": np.int32, "nbytes": np.int64, "peer": np.int32, "group": np.int32}
+          "chunk": np.int32, "nbytes": np.int64, "peer": np.int32, "group": np.int32,
+          "role": np.int8, "tag": np.int64}
 
 
 def empty_columns() -> EventColumns:
@@ -147,6 +156,12 @@ def _other_args(args: Mapping[str, Any]) -> dict[str, Any]:
         if k == "group":
             if not isinstance(v, (list, tuple)):
                 out[k] = v
+        elif k == "kind":
+            if v not in OP_KINDS:  # a foreign kind: the column holds its classification
+                out[k] = v
+        elif k == "role":
+            if v not in ROLES:
+                out[k] = v
         elif k not in KNOWN_ARGS or _int(v) != v:
             out[k] = v
     return out
@@ -164,7 +179,9 @@ def columns_from_events(events: Mapping[int, Sequence[Event]]) -> EventColumns:
             group = a.get("group")
             rows["rank"].append(rank)
             rows["name"].append(names.setdefault(e.name, len(names)))
-            rows["kind"].append(KINDS.index(category(e.name, a)))
+            rows["kind"].append(KINDS.index(event_kind(e.name, a)))
+            rows["role"].append(ROLES.index(a["role"]) if a.get("role") in ROLES else -1)
+            rows["tag"].append(_int(a.get("tag")))
             rows["start_s"].append(e.start_s)
             rows["dur_s"].append(e.dur_s)
             for f in INT_FIELDS:
@@ -183,19 +200,27 @@ def columns_from_events(events: Mapping[int, Sequence[Event]]) -> EventColumns:
 
 
 def event_args(cols: EventColumns, i: int) -> dict[str, Any]:
+    """Row ``i``'s args as a backend records them (``ops.trace_args``); an
+    event classified rather than recorded gets its class as ``kind``."""
     args: dict[str, Any] = {}
     for f in INT_FIELDS:
         v = int(getattr(cols, f)[i])
         if v >= 0:
             args[f] = v
-    if cols.extra is not None and cols.extra[i] is not None:
-        args.update(json.loads(cols.extra[i]))
+    if cols.kind[i] < len(OP_KINDS):
+        args["kind"] = KINDS[cols.kind[i]]
     if cols.nbytes[i] >= 0:
         args["bytes"] = int(cols.nbytes[i])
     if cols.peer[i] >= 0:
         args["peer"] = int(cols.peer[i])
     if cols.group[i] >= 0:
         args["group"] = list(cols.groups[cols.group[i]])
+    if cols.role[i] >= 0:
+        args["role"] = ROLES[cols.role[i]]
+    if cols.tag[i] >= 0:
+        args["tag"] = int(cols.tag[i])
+    if cols.extra is not None and cols.extra[i] is not None:
+        args.update(json.loads(cols.extra[i]))  # last: a foreign kind or role wins
     return args
 
 

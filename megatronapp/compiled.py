@@ -24,8 +24,9 @@ from typing import Any, Hashable, Iterator, Sequence
 
 import numpy as np
 
-from .columns import EventColumns, concat_same
-from .ops import AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send, Wait, WaitAny
+from .columns import KINDS, ROLES, EventColumns, concat_same
+from .ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send, Wait, WaitAny,
+                  encode_tag)
 from .topology import Group, Topology
 
 # Operation codes of the flat arrays.
@@ -62,6 +63,9 @@ class StageProgram:
     nbytes: tuple[int, ...]
     peer_stage: tuple[int, ...]
     group_kind: tuple[int, ...]
+    op_kind: tuple[int, ...]  # codes into columns.KINDS
+    role: tuple[int, ...]  # codes into columns.ROLES
+    tag: tuple[int, ...]  # ops.encode_tag
 
     @property
     def events(self) -> int:
@@ -83,19 +87,19 @@ class PipeProgram:
 
     @cached_property
     def static_fields(self) -> list[dict[str, np.ndarray]]:
-        """Per stage, the event fields as arrays (names as codes, kinds derived)."""
+        """Per stage, the event fields as arrays (names as codes)."""
         code = {n: i for i, n in enumerate(self.names)}
         out: list[dict[str, np.ndarray]] = []
         for st in self.stages:
             peer = np.asarray(st.peer_stage, np.int64)
-            kind = np.asarray(st.group_kind, np.int64)
             out.append({"name": np.asarray([code[n] for n in st.names], np.int16),
-                        "kind": np.where(kind >= 0, 2, np.where(peer >= 0, 1, 0)).astype(np.int8),
+                        "kind": np.asarray(st.op_kind, np.int8),
+                        "role": np.asarray(st.role, np.int8), "tag": np.asarray(st.tag, np.int64),
                         "iteration": np.asarray(st.iteration, np.int32),
                         "microbatch": np.asarray(st.microbatch, np.int32),
                         "chunk": np.asarray(st.chunk, np.int32),
                         "nbytes": np.asarray(st.nbytes, np.int64), "peer_stage": peer,
-                        "group_kind": kind})
+                        "group_kind": np.asarray(st.group_kind, np.int64)})
         return out
 
 
@@ -143,15 +147,19 @@ class _StageBuilder:
 
     def event(self, name: str, op: Any, nbytes: int = -1, peer: int = -1, kind: int = -1) -> int:
         it, mb, chunk = _meta(op)
+        p2p = isinstance(op, (ISend, IRecv))
         for key, value in (("names", name), ("iteration", it), ("microbatch", mb),
                            ("chunk", chunk), ("nbytes", nbytes), ("peer_stage", peer),
-                           ("group_kind", kind)):
+                           ("group_kind", kind), ("op_kind", KINDS.index(op.kind)),
+                           ("role", ROLES.index(op.role) if p2p else -1),
+                           ("tag", encode_tag(op.tag) if p2p else -1)):
             self.fields[key].append(value)
         return len(self.fields["names"]) - 1
 
     def build(self) -> StageProgram:
         return StageProgram(tuple(self.ops), **{k: tuple(self.fields[k]) for k in (
-            "names", "iteration", "microbatch", "chunk", "nbytes", "peer_stage", "group_kind")})
+            "names", "iteration", "microbatch", "chunk", "nbytes", "peer_stage", "group_kind",
+            "op_kind", "role", "tag")})
 
 
 def _messages(recorded: Sequence[list[Op]], ranks: Sequence[int]) -> dict[tuple[int, int], int]:
@@ -303,6 +311,7 @@ class CompiledRun:
             iteration=static["iteration"].ravel(), microbatch=static["microbatch"].ravel(),
             chunk=static["chunk"].ravel(), nbytes=static["nbytes"].ravel(),
             peer=peer.astype(np.int32).ravel(), group=gid.astype(np.int32).ravel(),
+            role=static["role"].ravel(), tag=static["tag"].ravel(),
             names=self.program.names, groups=self.groups)
 
     def batches(self, max_rows: int = 1 << 20) -> Iterator[EventColumns]:

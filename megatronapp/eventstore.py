@@ -2,8 +2,9 @@
 
 ``trace.parquet`` holds one row per event in true (aligned) seconds: rank,
 name, kind, start_s, dur_s, iteration, microbatch, chunk, bytes, peer, group
-(an id into the groups in the file's metadata), and ``args`` (JSON of any
-other arguments) when some event has them. Absent values are nulls. The
+(an id into the groups in the file's metadata), role (0 send, 1 recv), tag
+(what pairs a send with its receive), and ``args`` (JSON of any other
+arguments) when some event has them. Absent values are nulls. The
 file's metadata (key ``megatronapp``) holds the format version, the world
 size, the groups and every rank clock that is not the identity: a rank's
 local-clock view (what its own profiler would have written) is
@@ -25,13 +26,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .columns import DTYPES, KINDS, EventColumns, EventSource
+from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource
 from .tracer import RankClock
 
 FORMAT = 1
 META_KEY = b"megatronapp"
 TRACE_FILE = "trace.parquet"
-NULLABLE = ("iteration", "microbatch", "chunk", "nbytes", "peer", "group")
+NULLABLE = ("iteration", "microbatch", "chunk", "nbytes", "peer", "group", "role", "tag")
 COLUMN_OF = {"nbytes": "bytes"}  # field -> column name where they differ
 ROW_GROUP = 1 << 20
 
@@ -213,8 +214,6 @@ def local_clock_view(cols: EventColumns, clocks: Mapping[int, RankClock]) -> Eve
         offset[mine] = clock.offset_us * 1e-6
     start = cols.start_s * scale + offset
     end = (cols.start_s + cols.dur_s) * scale + offset
-    return EventColumns(**{**{f: getattr(cols, f) for f in ("rank", "name", "kind", "iteration",
-                                                            "microbatch", "chunk", "nbytes",
-                                                            "peer", "group")},
+    return EventColumns(**{**{f: getattr(cols, f) for f in TIMELESS_FIELDS},
                            "start_s": start, "dur_s": end - start},
                         names=cols.names, groups=cols.groups, extra=cols.extra)

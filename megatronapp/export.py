@@ -14,8 +14,9 @@ from typing import Any, Callable, Iterable, TextIO
 
 import numpy as np
 
-from .columns import INT_FIELDS, KINDS, EventColumns
+from .columns import INT_FIELDS, KINDS, ROLES, EventColumns
 from .errors import UserError
+from .ops import OP_KINDS
 from .tracer import LANES
 
 BROWSER_EVENTS = 200_000  # above this a run writes no trace.json of its own (see export-trace)
@@ -42,13 +43,20 @@ def parse_selection(text: str | None, option: str) -> list[int] | None:
 def _args_text(cols: EventColumns, group_text: list[str]) -> list[str]:
     """Each row's args object as JSON text (the same keys a backend records)."""
     fields: list[tuple[str, np.ndarray]] = [(f, getattr(cols, f)) for f in INT_FIELDS]
-    fields += [("bytes", cols.nbytes), ("peer", cols.peer)]
+    fields += [("bytes", cols.nbytes), ("peer", cols.peer), ("tag", cols.tag)]
     lists = [(k, v.tolist()) for k, v in fields]
     groups = cols.group.tolist()
+    kind_text = [f'"kind":"{k}"' for k in OP_KINDS]
+    role_text = [f'"role":"{r}"' for r in ROLES]
+    kinds, roles = cols.kind.tolist(), cols.role.tolist()
     extra = cols.extra.tolist() if cols.extra is not None else None
     out = []
     for i in range(len(cols)):
         parts = [f'"{k}":{v[i]}' for k, v in lists if v[i] >= 0]
+        if kinds[i] < len(kind_text):
+            parts.append(kind_text[kinds[i]])
+        if roles[i] >= 0:
+            parts.append(role_text[roles[i]])
         if groups[i] >= 0:
             parts.append(f'"group":{group_text[groups[i]]}')
         if extra is not None and extra[i] is not None:
@@ -84,27 +92,22 @@ def _process_rows(rank: int, label: str) -> Iterable[str]:
 
 def write_chrome(path: Path, batches: Iterable[EventColumns], label: Callable[[int], str],
                  metadata: dict[str, Any]) -> int:
-    """Stream ``batches`` into one Chrome trace file (atomically); returns events written."""
-    tmp = path.with_name(f".{path.name}.partial")
+    """Stream ``batches`` into one Chrome trace file; returns events written
+    (callers that replace a file write a temporary one: ``files.atomic_file``)."""
     count = 0
-    try:
-        with open(tmp, "w") as fh:
-            fh.write('{"traceEvents":[\n')
-            first = True
-            seen: set[int] = set()
-            for cols in batches:
-                for rank in np.unique(cols.rank).tolist():
-                    if rank not in seen:
-                        seen.add(rank)
-                        first = _write_rows(fh, _process_rows(rank, label(rank)), first)
-                first = _write_rows(fh, chrome_rows(cols), first)
-                count += len(cols)
-            fh.write('\n],"displayTimeUnit":"ms","metadata":')
-            fh.write(json.dumps(metadata, allow_nan=False) + "}\n")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with open(path, "w") as fh:
+        fh.write('{"traceEvents":[\n')
+        first = True
+        seen: set[int] = set()
+        for cols in batches:
+            for rank in np.unique(cols.rank).tolist():
+                if rank not in seen:
+                    seen.add(rank)
+                    first = _write_rows(fh, _process_rows(rank, label(rank)), first)
+            first = _write_rows(fh, chrome_rows(cols), first)
+            count += len(cols)
+        fh.write('\n],"displayTimeUnit":"ms","metadata":')
+        fh.write(json.dumps(metadata, allow_nan=False) + "}\n")
     return count
 
 

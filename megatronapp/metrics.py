@@ -85,12 +85,19 @@ def busy_fractions(cols: EventColumns, weight: np.ndarray,
     return fractions.ravel(), np.repeat(rank_weight, int(keep.sum()))
 
 
-def summarize_columns(cols: EventColumns, weight: np.ndarray) -> dict[str, object]:
-    """Iteration times and the bubble fraction (mean idle share of ranks x iterations)."""
-    spans = iteration_spans(cols)
+def bubble_fraction(cols: EventColumns, weight: np.ndarray,
+                    spans: dict[int, tuple[float, float]] | None = None) -> float:
+    """Mean idle share of ranks x iterations."""
+    spans = iteration_spans(cols) if spans is None else spans
     fractions, w = busy_fractions(cols, weight, spans)
+    return 1.0 - weighted_mean(fractions, w) if len(w) else 0.0
+
+
+def summarize_columns(cols: EventColumns, weight: np.ndarray) -> dict[str, object]:
+    """Iteration times and the bubble fraction."""
+    spans = iteration_spans(cols)
     return {"iteration_times_s": [hi - lo for lo, hi in spans.values()],
-            "bubble_fraction": 1.0 - weighted_mean(fractions, w) if len(w) else 0.0}
+            "bubble_fraction": bubble_fraction(cols, weight, spans)}
 
 
 # ------------------------------------------------------------------ memory

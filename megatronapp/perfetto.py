@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .columns import INT_FIELDS, KINDS, EventColumns, whole_ranks
+from .columns import INT_FIELDS, KINDS, ROLES, EventColumns, whole_ranks
 from .tracer import LANES
 
 SLICE_BEGIN, SLICE_END = 1, 2
@@ -87,12 +87,15 @@ def _thread_track(rank: int, lane: int, sub: int, name: str) -> bytes:
 
 def _annotations(cols: EventColumns, i: int) -> bytes:
     out = b""
-    for name in INT_FIELDS + ("nbytes", "peer"):
+    for name in INT_FIELDS + ("nbytes", "peer", "tag"):
         value = int(getattr(cols, name)[i])
         if value >= 0:
             key = "bytes" if name == "nbytes" else name
             out += _bytes(EVENT_ANNOTATIONS, _text(ANNOTATION_NAME, key)
                           + _int(ANNOTATION_INT, value))
+    if cols.role[i] >= 0:
+        out += _bytes(EVENT_ANNOTATIONS, _text(ANNOTATION_NAME, "role")
+                      + _text(ANNOTATION_STRING, ROLES[cols.role[i]]))
     if cols.group[i] >= 0:
         group = json.dumps(list(cols.groups[cols.group[i]]))
         out += _bytes(EVENT_ANNOTATIONS, _text(ANNOTATION_NAME, "group")
@@ -150,18 +153,13 @@ def _rank_packets(cols: EventColumns, rows: np.ndarray, rank: int, label: str) -
 
 def write_perfetto(path: Path, batches: Iterable[EventColumns],
                    label: Callable[[int], str]) -> int:
-    """Stream ``batches`` (rows grouped by rank) into a Perfetto trace; returns events."""
-    tmp = path.with_name(f".{path.name}.partial")
+    """Stream ``batches`` (rows grouped by rank) into a Perfetto trace; returns
+    events (callers that replace a file write a temporary one)."""
     count = 0
-    try:
-        with open(tmp, "wb") as fh:
-            for cols in whole_ranks(batches):
-                for rank, (lo, hi) in cols.rank_bounds().items():
-                    for packet in _rank_packets(cols, np.arange(lo, hi), rank, label(rank)):
-                        fh.write(packet)
-                count += len(cols)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with open(path, "wb") as fh:
+        for cols in whole_ranks(batches):
+            for rank, (lo, hi) in cols.rank_bounds().items():
+                for packet in _rank_packets(cols, np.arange(lo, hi), rank, label(rank)):
+                    fh.write(packet)
+            count += len(cols)
     return count

@@ -13,6 +13,7 @@ from .columns import EventSource, source_of
 from .config import ClockSkew, Scenario, scenario_to_dict
 from .dpp.windows import dpp_summary_source
 from .errors import UserError
+from .files import atomic_file
 from .eventstore import TRACE_FILE, StoreMeta, write_events
 from .export import BROWSER_EVENTS, write_chrome
 from .outdirs import staged_dir  # noqa: F401 (runs are written through it)
@@ -143,11 +144,14 @@ def export_trace(run_dir: Path, ranks: list[int] | None, iterations: list[int] |
     batches = iter_columns(store, ranks, iterations)
     if clock == "local":
         batches = (local_clock_view(b, meta.clocks) for b in batches)
-    if fmt == "perfetto":
-        from .perfetto import write_perfetto
+    with atomic_file(out, "--out") as tmp:  # a selection that fails leaves nothing
+        if fmt == "perfetto":
+            from .perfetto import write_perfetto
 
-        return out, write_perfetto(out, batches, run_label(meta))
-    return out, write_chrome(out, batches, run_label(meta), {"clock": clock})
+            count = write_perfetto(tmp, batches, run_label(meta))
+        else:
+            count = write_chrome(tmp, batches, run_label(meta), {"clock": clock})
+    return out, count
 
 
 def _selection_name(ranks: list[int] | None, iterations: list[int] | None) -> str:

@@ -11,9 +11,11 @@ import pytest
 from backends.sim import run_sim
 from megatronapp.cli import main
 from megatronapp.columns import TableSource, columns_from_events, whole_ranks
-from megatronapp.config import parse_scenario
+from megatronapp.config import load_scenario, parse_scenario
 from megatronapp.eventstore import (StoreMeta, local_clock_view, read_columns, read_meta,
                                     write_events)
+from megatronapp.kinds import event_kind
+from megatronapp.outdirs import read_manifest
 from megatronapp.runs import read_events
 from megatronapp.scan.load import load_trace
 from megatronapp.tracer import Event, RankClock, chrome_events, write_json
@@ -46,7 +48,11 @@ def test_parquet_round_trip_keeps_every_event_and_argument(tmp_path: Path) -> No
     back, meta = read_columns(tmp_path / "t.parquet")
     assert meta.clocks == clocks and meta.groups == cols.groups
     view = load_trace(tmp_path / "t.parquet").events
-    assert _flat(view) == _flat(odd)
+    # an event without a recorded kind reads back with the one classifier's kind
+    classified = [Event(e.name, e.start_s, e.dur_s, {**e.args, "kind": event_kind(e.name, e.args)})
+                  for e in odd[99]]
+    assert classified[0].args["kind"] == "p2p"  # a peer argument marks point-to-point
+    assert _flat(view) == _flat({**odd, 99: classified})
     local = local_clock_view(back, meta.clocks)
     skewed = local.rank == 3
     assert np.allclose(local.start_s[skewed], back.start_s[skewed] * (1 + 40e-6) + 250e-6)
@@ -114,6 +120,21 @@ def test_a_bad_selection_is_one_line(small_run: Path, capsys: Any, args: list[st
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and field in err
     assert not list(small_run.glob("trace-*")) and not list(small_run.glob(".*partial*"))
+
+
+def test_an_export_carries_what_the_backend_recorded_and_joins_the_run(small_run: Path) -> None:
+    assert main(["export-trace", str(small_run), "--ranks", "4", "--iterations", "1"]) == 0
+    path = small_run / "trace-ranks4_it1.json"
+    simulated = [e for e in run_sim(load_scenario(ROOT / "scenarios" / "throttle.yaml")).events[4]
+                 if e.args.get("iteration") == 1]
+    exported = read_events(path)[4]
+    assert {e.args["kind"] for e in simulated} == {"compute", "p2p", "collective"}
+    assert sorted((e.name, json.dumps(dict(e.args), sort_keys=True)) for e in exported) == \
+        sorted((e.name, json.dumps(dict(e.args), sort_keys=True)) for e in simulated)
+    assert sorted(e.start_s for e in exported) == pytest.approx(
+        sorted(e.start_s for e in simulated), abs=2e-9)
+    manifest = read_manifest(small_run)
+    assert manifest is not None and path.name in manifest.files  # --force replaces it too
 
 
 def _perfetto_classes() -> Any:

@@ -83,7 +83,7 @@ def window_metrics_columns(cols: EventColumns, weight: np.ndarray,
         p2p_send_window_s=mean_window,
         p2p_exposed_s=metrics.weighted_mean(exposed, sends.weight),
         allreduce_window_s=metrics.weighted_mean(ar, ar_w),
-        compute_ratio=1.0 - float(metrics.summarize_columns(cols, weight)["bubble_fraction"]),
+        compute_ratio=1.0 - metrics.bubble_fraction(cols, weight),
         p2p_bandwidth_demand_gbps=mean_bytes * 8 / 1e9 / mean_window if mean_window > 0 else 0.0,
         peak_live_slots=max(peaks.values(), default=0))
 

@@ -75,7 +75,7 @@ def prepare(events: RankEvents, aligned: bool, gpus_per_node: int = DEFAULT_GPUS
 
 
 def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
-    return prepare(trace.events, trace.aligned, _gpus_per_node(trace.run_dir), say=say)
+    return prepare(dict(trace.events), trace.aligned, _gpus_per_node(trace.run_dir), say=say)
 
 
 def load_scan_input(target: str | Path, say: Say = quiet) -> ScanInput:

@@ -35,7 +35,7 @@ class TraceError(ValueError):
 class LoadedTrace:
     """Events per rank in seconds, and whether their clocks are aligned yet."""
 
-    events: RankEvents
+    events: Mapping[int, list[Event]]  # a dict, or a stored run's lazy view
     aligned: bool
     source: str
     run_dir: Path | None = None

@@ -17,13 +17,12 @@ import numpy as np
 
 from pathlib import Path
 
-from megatronapp.columns import EventColumns
+from megatronapp.columns import KINDS, TIMELESS_FIELDS, EventColumns
 from megatronapp.eventstore import TRACE_FILE, StoreError, local_clock_view, read_columns
 from megatronapp.metrics import group_ids
 
 from .align import MIN_RECV_WAIT_S, ClockFit, robust_line
 from .inputs import DEFAULT_GPUS_PER_NODE
-from .kinds import kind_of
 from .load import TraceError
 
 COLLECTIVE, P2P = 0, 1
@@ -40,13 +39,7 @@ def sorted_like_loader(cols: EventColumns) -> EventColumns:
     return cols.take(np.lexsort((np.arange(len(cols)), -cols.dur_s, cols.start_s, cols.rank)))
 
 
-def scan_kinds(cols: EventColumns) -> np.ndarray:
-    """Per row, ``kinds.kind_of`` (compute | comm | other) as 0 | 1 | 2."""
-    by_name = np.array([("compute", "comm", "other").index(kind_of(n, {})) for n in cols.names]
-                       + [2], np.int8)
-    out = by_name[cols.name.astype(np.int64)]
-    out[(cols.group >= 0) | (cols.peer >= 0)] = 1
-    return out
+COMPUTE_KIND, COLLECTIVE_KIND = KINDS.index("compute"), KINDS.index("collective")
 
 
 def _nth(ids: np.ndarray, order_by: list[np.ndarray]) -> np.ndarray:
@@ -94,35 +87,42 @@ def _canonical_groups(cols: EventColumns) -> np.ndarray:
 
 
 def _p2p_sides(cols: EventColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of point-to-point events, their role (0 send, 1 recv) and the
-    direction left in the name without the role (``send_forward`` -> forward)."""
-    role_of, direction_of, directions = [], [], {}
-    for name in cols.names:
-        lowered = name.lower()
-        role = next((i for i, w in enumerate(("send", "recv")) if w in lowered), -1)
-        direction = lowered.replace(("send", "recv")[role], "", 1).strip("_") if role >= 0 else ""
-        role_of.append(role)
+    """Rows of point-to-point events, their role (0 send, 1 recv) and stream id,
+    as ``kinds.p2p_side``: the recorded role and tag, else the role in the name
+    and the direction left without it (``send_forward`` -> forward)."""
+    role_of: list[int] = []
+    direction_of: list[int] = []
+    directions: dict[str, int] = {}
+    for text in cols.names:
+        lowered = text.lower()
+        named = next((i for i, w in enumerate(("send", "recv")) if w in lowered), -1)
+        direction = lowered.replace(("send", "recv")[named], "", 1).strip("_") if named >= 0 else ""
+        role_of.append(named)
         direction_of.append(directions.setdefault(direction, len(directions)))
-    role = np.array(role_of + [-1], np.int64)[cols.name.astype(np.int64)]
-    direction = np.array(direction_of + [-1], np.int64)[cols.name.astype(np.int64)]
+    name = cols.name.astype(np.int64)
+    recorded = cols.role >= 0
+    role = np.where(recorded, cols.role, np.array(role_of + [-1], np.int64)[name])
+    by_name = np.array(direction_of + [-1], np.int64)[name]
+    # one id space: recorded tags (-1 when absent) and name directions apart
+    stream, _ = group_ids(recorded.astype(np.int64), np.where(recorded, cols.tag, by_name))
     rows = np.flatnonzero((cols.peer >= 0) & (role >= 0))
-    return rows, role[rows], direction[rows]
+    return rows, role[rows], stream[rows]
 
 
 def sync_table(cols: EventColumns) -> SyncTable:
     """``deps.reconstruct`` over columns: collectives by (group, n-th call on it
-    per rank), point-to-point by (sender, receiver, direction) in (iteration,
+    per rank), point-to-point by (sender, receiver, stream) in (iteration,
     microbatch, issue) order."""
     group = _canonical_groups(cols)
-    coll = np.flatnonzero((group >= 0) & (scan_kinds(cols) == 1))
+    coll = np.flatnonzero((group >= 0) & (cols.kind == COLLECTIVE_KIND))
     seq = _nth(cols.rank[coll].astype(np.int64) * (group.max() + 2) + group[coll], [])
     c_op, c_count = group_ids(group[coll], seq)
-    rows, role, direction = _p2p_sides(cols)
+    rows, role, stream = _p2p_sides(cols)
     src = np.where(role == 0, cols.rank[rows], cols.peer[rows]).astype(np.int64)
     dst = np.where(role == 0, cols.peer[rows], cols.rank[rows]).astype(np.int64)
-    side, _ = group_ids(role, src, dst, direction)
+    side, _ = group_ids(role, src, dst, stream)
     nth = _nth(side, [cols.iteration[rows], cols.microbatch[rows]])
-    pair, pairs = group_ids(src, dst, direction, nth)
+    pair, pairs = group_ids(src, dst, stream, nth)
     send_of = np.full(pairs, -1, np.int64)
     recv_of = np.full(pairs, -1, np.int64)
     send_of[pair[role == 0]] = rows[role == 0]
@@ -265,8 +265,7 @@ def apply_clocks(cols: EventColumns, fits: dict[int, ClockFit]) -> EventColumns:
     a = np.array([fits.get(int(r), ClockFit()).a for r in ranks])
     b = np.array([fits.get(int(r), ClockFit()).b for r in ranks])
     k = np.searchsorted(ranks, cols.rank)
-    fields = {f: getattr(cols, f) for f in ("rank", "name", "kind", "iteration", "microbatch",
-                                            "chunk", "nbytes", "peer", "group")}
+    fields = {f: getattr(cols, f) for f in TIMELESS_FIELDS}
     return EventColumns(**fields, start_s=a[k] * cols.start_s + b[k], dur_s=a[k] * cols.dur_s,
                         names=cols.names, groups=cols.groups, extra=cols.extra)
 

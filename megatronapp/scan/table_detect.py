@@ -11,7 +11,7 @@ from .detect import (MAD_TO_SIGMA, MEDIAN_SE, SIGMA_FLOOR, ComputeScore, PairSta
                      judge_pair)
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import STAGE_PEER_WORDS
-from .table import COLLECTIVE, P2P, TableScan, scan_kinds
+from .table import COLLECTIVE, COMPUTE_KIND, P2P, TableScan
 
 LATE_WORDS = ("tp", "dp", "tensor", "data")
 
@@ -53,7 +53,7 @@ def _compute_keys(scan: TableScan) -> tuple[np.ndarray, np.ndarray]:
     """Compute rows with a duration, and their op key id (name, iteration,
     microbatch, chunk, occurrence on the rank)."""
     c = scan.cols
-    rows = np.flatnonzero((scan_kinds(c) == 0) & (c.dur_s > 0))
+    rows = np.flatnonzero((c.kind == COMPUTE_KIND) & (c.dur_s > 0))
     base, _ = group_ids(c.rank[rows], c.name[rows], c.iteration[rows], c.microbatch[rows],
                         c.chunk[rows])
     occurrence = np.zeros(len(rows), np.int64)
