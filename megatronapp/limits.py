@@ -48,6 +48,17 @@ class CostModel:
     # A compute op scans its rank's throttle windows at each window edge it
     # crosses: about w * (compute ops + w) scans for w windows on a rank.
     seconds_per_throttle_scan: float = 30e-9
+    # The compiled engine (static schedules, no MegaFBD) keeps events as columns
+    # and writes trace.parquet (trace.json too only for jobs a browser opens).
+    # Measured with paper_figs/scale_table.py and a 32k-rank job of 15 events a
+    # rank: with jitter on every link (every operation simulated, the worst
+    # case) ~32 B of memory per event, ~1.3 kB per rank (devices, clocks,
+    # links, labels); parquet ~1 B per event when pipelines repeat, up to
+    # ~20 B when jitter makes every time distinct. Its time is bounded by the
+    # per-event model above (it runs faster).
+    compiled_bytes_per_event: float = 40.0
+    compiled_disk_bytes_per_event: float = 24.0
+    bytes_per_rank: float = 1500.0
     topology_bytes_per_rank: float = 400.0  # ``megatronapp topology`` labels and groups
     topology_seconds_per_rank: float = 15e-6
     # The torch backend runs a process per rank (or device): on a CPU, more than
@@ -144,7 +155,7 @@ def estimate_run(s: Scenario) -> Estimate:
             throttles[f.rank] = throttles.get(f.rank, 0) + 1
     scans = sum(w * (s.iterations * compute_ri + w) for w in throttles.values())
     faults = len(s.faults)
-    return Estimate(
+    estimate = Estimate(
         ranks=ranks, events=events, group_entries=groups, faults=faults,
         memory_bytes=(c.base_bytes + events * c.bytes_per_event
                       + groups * c.bytes_per_group_entry + faults * c.bytes_per_fault),
@@ -152,6 +163,24 @@ def estimate_run(s: Scenario) -> Estimate:
         seconds=(c.base_seconds + events * c.seconds_per_event
                  + groups * c.seconds_per_group_entry + faults * c.seconds_per_fault
                  + scans * c.seconds_per_throttle_scan))
+    compiled = s.fbd is None and s.schedule != "adaptive"
+    return _compiled(estimate) if compiled else estimate
+
+
+def _compiled(estimate: Estimate) -> Estimate:
+    """A static job on the compiled engine: events as columns (costed as if no
+    two pipelines were alike; identical ones are simulated once), no per-event
+    objects or group lists, trace.json only for a browser-sized job."""
+    from .export import BROWSER_EVENTS
+
+    c = COSTS
+    events = estimate.events
+    browser = events * c.disk_bytes_per_event if events <= BROWSER_EVENTS else 0.0
+    return replace(estimate,
+                   memory_bytes=(c.base_bytes + events * c.compiled_bytes_per_event
+                                 + estimate.ranks * c.bytes_per_rank
+                                 + estimate.faults * c.bytes_per_fault),
+                   disk_bytes=events * c.compiled_disk_bytes_per_event + browser)
 
 
 def estimate_runs(scenarios: Iterable[Scenario]) -> Estimate:

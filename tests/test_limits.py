@@ -10,7 +10,7 @@ import pytest
 
 from backends.sim import run_scenario
 from megatronapp.cli import main
-from megatronapp.config import parse_scenario
+from megatronapp.config import load_scenario, parse_scenario
 from megatronapp.limits import (COSTS, Limits, available_memory, check, estimate_run,
                                 estimate_topology)
 
@@ -82,6 +82,20 @@ def test_the_event_estimate_bounds_what_the_simulator_records(shape):
     events = sum(len(v) for v in run_scenario(s).events.values())
     estimate = estimate_run(s)
     assert events <= estimate.events <= 2 * events
+
+
+@pytest.mark.parametrize("sets", [[], ["cluster.jitter.link_sigma=0.2",
+                                      "cluster.jitter.compute_sigma=0.1"]])
+def test_the_disk_estimate_bounds_what_a_compiled_run_writes(tmp_path, sets):
+    path = tmp_path / "s.yaml"
+    path.write_text("parallel: {tp: 2, pp: 4, dp: 8, microbatches: 8}\n"
+                    "model: {layers: 8, hidden: 64, heads: 4, seq_len: 64, vocab: 128}\n")
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--quiet",
+                 *[a for s in sets for a in ("--set", s)]]) == 0
+    written = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    estimate = estimate_run(load_scenario(path, sets))
+    assert (out / "trace.parquet").is_file() and written <= estimate.disk_bytes
 
 
 def test_more_faults_and_ranks_cost_more():

@@ -91,25 +91,28 @@ def test_a_previous_result_is_replaced_only_with_force(tmp_path, scenario, capsy
     manifest = read_manifest(out)
     assert manifest is not None
     assert set(manifest.files) == set(_listing(out)) - {MANIFEST}
-    assert {"summary.json", "trace.json", "ground_truth.json", "ranks/rank0.json"} <= set(
+    assert {"summary.json", "trace.json", "trace.parquet", "ground_truth.json"} <= set(
         manifest.files)
     first = _listing(out)
     code, err = _run(capsys, str(scenario), "--out", str(out), "--set", "seed=5")
     assert code == 2 and len(err) == 1 and "--force" in err[0] and _listing(out) == first
     assert main(["plot", str(out)]) == 0  # plots join the result's manifest
-    assert "timeline.png" in read_manifest(out).files  # type: ignore[union-attr]
+    assert main(["export-trace", str(out), "--ranks", "1"]) == 0  # so do exports
+    assert {"timeline.png", "trace-ranks1_all-it.json"} <= set(
+        read_manifest(out).files)  # type: ignore[union-attr]
     code, err = _run(capsys, str(scenario), "--out", str(out), "--force",
                      "--set", "parallel.pp=1", "--set", "model.layers=2")
     assert code == 0, err
     after = _listing(out)
-    assert "timeline.png" not in after and "ranks/rank1.json" not in after  # the old files went
+    assert "timeline.png" not in after and "trace-ranks1_all-it.json" not in after  # they went
     assert json.loads(after["summary.json"])["world_size"] == 1
 
 
 def test_force_refuses_a_result_holding_foreign_files(tmp_path, scenario, capsys):
     out = tmp_path / "result"
     assert _run(capsys, str(scenario), "--out", str(out))[0] == 0
-    (out / "ranks" / "notes.txt").write_text("mine")
+    (out / "notes").mkdir()
+    (out / "notes" / "notes.txt").write_text("mine")
     before = _listing(out)
     code, err = _run(capsys, str(scenario), "--out", str(out), "--force")
     assert code == 2 and len(err) == 1 and "notes.txt" in err[0]

@@ -133,5 +133,6 @@ def test_reading_a_run_says_what_it_does(run_dir):
 
     phases: list[str] = []
     scan = load_scan_input(run_dir, phases.append)
-    assert phases == ["loading 8 rank files", "linking sync ops", "aligning 8 clocks"]
+    assert phases == [f"loading {run_dir / 'trace.parquet'}", "linking sync ops",
+                      "aligning 8 clocks"]
     assert len(scan.clocks) == 8

@@ -49,13 +49,14 @@ def stage_peers(scan: ScanInput) -> dict[int, tuple[int, ...]]:
     return {r: tuple(classes[find(r)]) for r in scan.events}
 
 
-def _gpus_per_node(run_dir: Path | None) -> int:
+def gpus_per_node_of(run_dir: Path | None, default: int = DEFAULT_GPUS_PER_NODE) -> int:
+    """The run's scenario's GPUs per node (its summary.json, validated), else ``default``."""
     summary = run_dir / "summary.json" if run_dir else None
     if summary is None or not summary.is_file():
-        return DEFAULT_GPUS_PER_NODE
+        return default
     value = dig(read_object(summary), "scenario.cluster.gpus_per_node", summary)
     if value is None:
-        return DEFAULT_GPUS_PER_NODE
+        return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TraceError(str(summary), "scenario.cluster.gpus_per_node must be an integer "
                          f">= 1, got {value!r:.40}")
@@ -75,7 +76,7 @@ def prepare(events: RankEvents, aligned: bool, gpus_per_node: int = DEFAULT_GPUS
 
 
 def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
-    return prepare(dict(trace.events), trace.aligned, _gpus_per_node(trace.run_dir), say=say)
+    return prepare(dict(trace.events), trace.aligned, gpus_per_node_of(trace.run_dir), say=say)
 
 
 def load_scan_input(target: str | Path, say: Say = quiet) -> ScanInput:

@@ -12,17 +12,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
-
-from pathlib import Path
 
 from megatronapp.columns import KINDS, TIMELESS_FIELDS, EventColumns
 from megatronapp.eventstore import TRACE_FILE, StoreError, local_clock_view, read_columns
 from megatronapp.metrics import group_ids
 
 from .align import MIN_RECV_WAIT_S, ClockFit, robust_line
-from .inputs import DEFAULT_GPUS_PER_NODE
+from .inputs import DEFAULT_GPUS_PER_NODE, gpus_per_node_of
 from .load import TraceError
 
 COLLECTIVE, P2P = 0, 1
@@ -308,7 +307,9 @@ def load_table_scan(store: Path, raw_clocks: bool = True) -> TableScan:
         cols, meta = read_columns(store)
     except StoreError as err:
         raise TraceError(str(store), str(err).removeprefix(f"{store}: ")) from None
-    gpus = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
+    stored = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
+    run_dir = store.parent if store.name == TRACE_FILE else None
+    gpus = gpus_per_node_of(run_dir, stored)  # as the per-event path reads it
     skewed = bool(meta.clocks) and raw_clocks
     if skewed:
         cols = local_clock_view(cols, meta.clocks)
