@@ -9,6 +9,7 @@ compact run and its full expansion give the same numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -154,11 +155,13 @@ def _phase_rows(cols: EventColumns, prefix: str) -> tuple[np.ndarray, np.ndarray
     return np.flatnonzero(ok), phase
 
 
-def _nth_in_group(keys: list[np.ndarray], order_by: np.ndarray) -> np.ndarray:
-    """Per row, its rank (0, 1, ...) among rows with the same keys, by ``order_by``
-    (ties keep row order, like a stable sort)."""
-    ids, _ = group_ids(*keys)
-    order = np.lexsort((np.arange(len(ids)), order_by, ids))
+def nth_in_group(ids: np.ndarray, order_by: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """Per row, its place (0, 1, ...) among the rows with its id, ordered by
+    ``order_by`` then row order (a stable sort)."""
+    if not len(ids):
+        return np.zeros(0, np.int64)
+    key = group_ids(ids, *order_by)[0] if len(order_by) else ids
+    order = np.argsort(key, kind="stable")
     sorted_ids = ids[order]
     first = np.r_[0, np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1]
     nth_sorted = np.arange(len(ids)) - np.repeat(first, np.diff(np.r_[first, len(ids)]))
@@ -175,8 +178,8 @@ def send_windows(cols: EventColumns, weight: np.ndarray) -> SendWindows:
     r, r_phase = _phase_rows(cols, "recv")
     s_key = [cols.rank[s], cols.peer[s], phase[s], cols.iteration[s], cols.microbatch[s]]
     r_key = [cols.peer[r], cols.rank[r], r_phase[r], cols.iteration[r], cols.microbatch[r]]
-    s_nth = _nth_in_group(s_key, cols.chunk[s]) if len(s) else np.zeros(0, np.int64)
-    r_nth = _nth_in_group(r_key, cols.chunk[r]) if len(r) else np.zeros(0, np.int64)
+    s_nth = nth_in_group(group_ids(*s_key)[0], [cols.chunk[s]])
+    r_nth = nth_in_group(group_ids(*r_key)[0], [cols.chunk[r]])
     ids, _ = group_ids(*[np.concatenate([a, b]) for a, b in zip(s_key + [s_nth], r_key + [r_nth])])
     s_id, r_id = ids[:len(s)], ids[len(s):]
     r_of_id = np.full(int(ids.max()) + 1 if len(ids) else 0, -1, np.int64)

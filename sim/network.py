@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import simpy
 
 from megatronapp import seeds

@@ -78,16 +78,21 @@ def _log_ratios(ranks: list[int], tables: dict[int, dict]) -> np.ndarray:
     for i, r in enumerate(ranks):
         table = tables[r]
         logd[i] = [math.log(table[k]) if k in table else np.nan for k in keys]
-    if len(ranks) >= 5:
+    return relative_to_peers(logd)
+
+
+def relative_to_peers(logd: np.ndarray) -> np.ndarray:
+    """Each row (a rank's log durations per op) minus its peers' median per op."""
+    if len(logd) >= 5:
         return logd - np.nanmedian(logd, axis=0)
     out = np.empty_like(logd)
-    for i in range(len(ranks)):  # leave-one-out: with few peers a rank must not vote for itself
+    for i in range(len(logd)):  # leave-one-out: with few peers a rank must not vote for itself
         others = np.delete(logd, i, axis=0)
         out[i] = logd[i] - np.nanmedian(others, axis=0)
     return out
 
 
-def _row_scores(ranks: list[int], lr: np.ndarray, th: Thresholds) -> dict[int, tuple[float, float, float, int]]:
+def row_scores(ranks: list[int], lr: np.ndarray, th: Thresholds) -> dict[int, tuple[float, float, float, int]]:
     if lr.size == 0:
         return {}
     # Noise is each row's spread around its own median (a slow rank shifts its
@@ -116,7 +121,7 @@ def compute_scores(scan: ScanInput, th: Thresholds) -> dict[int, ComputeScore]:
     scores: dict[int, ComputeScore] = {}
     for cls in classes:
         ranks = list(cls)
-        for r, (med, z, share, n) in _row_scores(ranks, _log_ratios(ranks, tables), th).items():
+        for r, (med, z, share, n) in row_scores(ranks, _log_ratios(ranks, tables), th).items():
             scores[r] = ComputeScore(r, med, z, share, n, cls)
     if len(lonely) >= 2:
         scores.update(_cross_stage_scores(lonely, tables, th))
@@ -131,7 +136,7 @@ def _cross_stage_scores(ranks: list[int], tables: dict[int, dict], th: Threshold
     per_rank: dict[int, list[ComputeScore]] = defaultdict(list)
     for name in sorted(names):
         by_name = {r: {k: v for k, v in tables[r].items() if k[0] == name} for r in ranks}
-        for r, (med, z, share, n) in _row_scores(ranks, _log_ratios(ranks, by_name), th).items():
+        for r, (med, z, share, n) in row_scores(ranks, _log_ratios(ranks, by_name), th).items():
             if n >= 2:
                 per_rank[r].append(ComputeScore(r, med, z, share, n, tuple(ranks)))
     return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
@@ -155,9 +160,15 @@ def late_arrivals(scan: ScanInput) -> dict[int, tuple[int, int]]:
 
 
 def compute_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
-    late = late_arrivals(scan)
+    return judge_compute(compute_scores(scan, th), late_arrivals(scan), th)
+
+
+def judge_compute(scores: dict[int, ComputeScore], late: dict[int, tuple[int, int]],
+                  th: Thresholds) -> list[RootCause]:
+    """Slow ranks that are also late to their collectives (``late``: rank ->
+    (times last to start, collectives joined))."""
     causes = []
-    for r, s in compute_scores(scan, th).items():
+    for r, s in scores.items():
         if s.log_excess <= math.log1p(th.min_excess) or s.z <= th.z_compute:
             continue
         n_last, n_joined = late.get(r, (0, 0))

@@ -18,7 +18,7 @@ import numpy as np
 
 from megatronapp.columns import KINDS, TIMELESS_FIELDS, EventColumns
 from megatronapp.eventstore import TRACE_FILE, StoreError, local_clock_view, read_columns
-from megatronapp.metrics import group_ids
+from megatronapp.metrics import group_ids, nth_in_group
 
 from .align import MIN_RECV_WAIT_S, ClockFit, robust_line
 from .inputs import DEFAULT_GPUS_PER_NODE, gpus_per_node_of
@@ -39,18 +39,6 @@ def sorted_like_loader(cols: EventColumns) -> EventColumns:
 
 
 COMPUTE_KIND, COLLECTIVE_KIND = KINDS.index("compute"), KINDS.index("collective")
-
-
-def _nth(ids: np.ndarray, order_by: list[np.ndarray]) -> np.ndarray:
-    """Per row, its place among the rows of its id, ordered by ``order_by`` then row."""
-    key, _ = group_ids(ids, *order_by) if order_by else (ids, 0)
-    order = np.argsort(key, kind="stable")  # row order breaks ties
-    sorted_ids = ids[order]
-    starts = np.r_[0, np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1]
-    nth_sorted = np.arange(len(ids)) - np.repeat(starts, np.diff(np.r_[starts, len(ids)]))
-    out = np.empty(len(ids), np.int64)
-    out[order] = nth_sorted
-    return out
 
 
 # ------------------------------------------------------------ sync ops
@@ -114,13 +102,13 @@ def sync_table(cols: EventColumns) -> SyncTable:
     microbatch, issue) order."""
     group = _canonical_groups(cols)
     coll = np.flatnonzero((group >= 0) & (cols.kind == COLLECTIVE_KIND))
-    seq = _nth(cols.rank[coll].astype(np.int64) * (group.max() + 2) + group[coll], [])
+    seq = nth_in_group(cols.rank[coll].astype(np.int64) * (group.max() + 2) + group[coll])
     c_op, c_count = group_ids(group[coll], seq)
     rows, role, stream = _p2p_sides(cols)
     src = np.where(role == 0, cols.rank[rows], cols.peer[rows]).astype(np.int64)
     dst = np.where(role == 0, cols.peer[rows], cols.rank[rows]).astype(np.int64)
     side, _ = group_ids(role, src, dst, stream)
-    nth = _nth(side, [cols.iteration[rows], cols.microbatch[rows]])
+    nth = nth_in_group(side, [cols.iteration[rows], cols.microbatch[rows]])
     pair, pairs = group_ids(src, dst, stream, nth)
     send_of = np.full(pairs, -1, np.int64)
     recv_of = np.full(pairs, -1, np.int64)

@@ -1,14 +1,12 @@
 """MegaScan's detector (``detect.megascan``) over a ``TableScan``, vectorised."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from megatronapp.metrics import group_ids
 
-from .detect import (MAD_TO_SIGMA, MEDIAN_SE, SIGMA_FLOOR, ComputeScore, PairStats, Thresholds,
-                     judge_pair)
+from .detect import (MAD_TO_SIGMA, SIGMA_FLOOR, ComputeScore, PairStats, Thresholds, judge_compute,
+                     judge_pair, relative_to_peers, row_scores)
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import STAGE_PEER_WORDS
 from .table import COLLECTIVE, COMPUTE_KIND, P2P, TableScan
@@ -82,36 +80,7 @@ def _log_ratios(ranks: list[int], rank_of_row: np.ndarray, key: np.ndarray,
     logd = np.full((len(ranks), len(shared)), np.nan)
     ok = col_of[k] >= 0
     logd[r_idx[ok], col_of[k][ok]] = logdur[mine][ok]
-    if len(ranks) >= 5:
-        return logd - np.nanmedian(logd, axis=0)
-    out = np.empty_like(logd)
-    for i in range(len(ranks)):  # leave-one-out, as detect does for few peers
-        out[i] = logd[i] - np.nanmedian(np.delete(logd, i, axis=0), axis=0)
-    return out
-
-
-def _row_scores(ranks: list[int], lr: np.ndarray,
-                th: Thresholds) -> dict[int, tuple[float, float, float, int]]:
-    if lr.size == 0:
-        return {}
-    finite = np.isfinite(lr)
-    spreads = []
-    rows = []
-    for i in range(len(ranks)):
-        v = lr[i][finite[i]]
-        rows.append(v)
-        if len(v):
-            spreads.append(np.median(np.abs(v - np.median(v))))
-    sigma = max(MAD_TO_SIGMA * float(np.median(spreads)), SIGMA_FLOOR) if spreads else SIGMA_FLOOR
-    slow_cut = math.log1p(th.min_excess) + 2 * sigma
-    out = {}
-    for r, v in zip(ranks, rows):
-        if len(v) == 0:
-            continue
-        med = float(np.median(v))
-        z = med / (MEDIAN_SE * sigma / math.sqrt(len(v)))
-        out[r] = (med, z, float(np.mean(v > slow_cut)), len(v))
-    return out
+    return relative_to_peers(logd)
 
 
 def compute_scores(scan: TableScan, th: Thresholds) -> dict[int, ComputeScore]:
@@ -131,7 +100,7 @@ def compute_scores(scan: TableScan, th: Thresholds) -> dict[int, ComputeScore]:
         mine = order[cuts[i]:cuts[i + 1]]
         ranks = list(cls)
         lr = _log_ratios(ranks, rank_of_row[mine], key[mine], logdur[mine])
-        for r, (med, z, share, n) in _row_scores(ranks, lr, th).items():
+        for r, (med, z, share, n) in row_scores(ranks, lr, th).items():
             scores[r] = ComputeScore(r, med, z, share, n, cls)
     if len(lonely) >= 2:
         scores.update(_cross_stage(lonely, rows, rank_of_row, key, logdur, scan, th))
@@ -146,7 +115,7 @@ def _cross_stage(ranks: list[int], rows: np.ndarray, rank_of_row: np.ndarray, ke
     for code in sorted(np.unique(name).tolist(), key=lambda c: scan.cols.names[c]):
         mine = name == code
         lr = _log_ratios(ranks, rank_of_row[mine], key[mine], logdur[mine])
-        for r, (med, z, share, n) in _row_scores(ranks, lr, th).items():
+        for r, (med, z, share, n) in row_scores(ranks, lr, th).items():
             if n >= 2:
                 per_rank.setdefault(r, []).append(ComputeScore(r, med, z, share, n, tuple(ranks)))
     return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
@@ -171,20 +140,7 @@ def late_arrivals(scan: TableScan) -> dict[int, tuple[int, int]]:
 
 
 def compute_root_causes(scan: TableScan, th: Thresholds) -> list[RootCause]:
-    late = late_arrivals(scan)
-    causes = []
-    for r, s in compute_scores(scan, th).items():
-        if s.log_excess <= math.log1p(th.min_excess) or s.z <= th.z_compute:
-            continue
-        n_last, n_joined = late.get(r, (0, 0))
-        share = n_last / n_joined if n_joined else None
-        if share is not None and n_joined >= th.min_collectives and share < th.late_share_veto:
-            continue
-        causes.append(RootCause(r, "compute", None, s.z / (s.z + th.z_compute), {
-            "slowdown": round(math.exp(s.log_excess), 4), "slow_op_share": round(s.slow_share, 3),
-            "ops_compared": s.ops, "peers": len(s.peers) - 1, "z": round(s.z, 1),
-            "last_to_start": n_last, "collectives": n_joined}))
-    return causes
+    return judge_compute(compute_scores(scan, th), late_arrivals(scan), th)
 
 
 # --------------------------------------------------------------- stage 3
