@@ -28,6 +28,8 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from megatronapp.eventstore import read_columns
+
 from .conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -215,16 +217,15 @@ def scenario_bytes(draw: st.DrawFn) -> bytes:
 def check_run_dir(result_dir: Path) -> None:
     manifest = strict_json(result_dir / "manifest.json")
     files = set(manifest["files"])
-    assert files == listing(result_dir) - {"manifest.json", "ranks"}
+    assert files == listing(result_dir) - {"manifest.json"}
     summary = strict_json(result_dir / "summary.json")
     assert summary["world_size"] >= 1 and len(summary["iteration_times_s"]) >= 1
     strict_json(result_dir / "ground_truth.json")
-    trace = strict_json(result_dir / "trace.json")
-    assert any(e["ph"] == "X" for e in trace["traceEvents"])
-    ranks = sorted((result_dir / "ranks").glob("rank*.json"))
-    assert len(ranks) >= 1
-    for path in ranks:
-        strict_json(path)
+    cols, _meta = read_columns(result_dir / "trace.parquet")
+    assert len(cols) == summary["trace"]["events"] >= 1
+    if summary["trace"]["trace_json"]:
+        trace = strict_json(result_dir / "trace.json")
+        assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(cols)
 
 
 SCENARIO_TALLY: Counter = Counter()
