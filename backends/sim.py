@@ -135,6 +135,10 @@ class SimBackend:
         """The network move behind a send (subclasses map ranks onto devices)."""
         return self.cluster.network.transfer(src, dst, nbytes)
 
+    def _ring_s(self, group: tuple[int, ...], nbytes: int) -> float:
+        """How long an all-reduce over ``group`` takes (subclasses map ranks onto devices)."""
+        return self.cluster.network.ring_allreduce_s(group, nbytes)
+
     def _irecv(self, rank: int, op: IRecv | Recv):
         start = self.env.now
         arrived = self.mailbox.get((op.src, rank, op.tag))
@@ -179,7 +183,7 @@ class SimBackend:
         rv.arrived += 1
         if rv.arrived == len(group):
             del self._collectives[key]
-            cost = self.cluster.network.ring_allreduce_s(group, op.nbytes)
+            cost = self._ring_s(group, op.nbytes)
             self.env.timeout(cost).callbacks.append(succeeds(rv.event))
         start = self.env.now
         yield rv.event

@@ -153,11 +153,15 @@ class DeviceClass(_Strict):
 
 
 class Fbd(_Strict):
-    """MegaFBD placement: physical forward TP degree and device classes."""
+    """MegaFBD placement (physical forward TP degree and device classes) and
+    the coordinator's pace: a control thread whose round ran nothing naps
+    ``round_nap_s`` before the next (rounds are all-reduces; back to back
+    they would take the CPU from the workers)."""
 
     forward_tp: PositiveInt | None = None  # default: the virtual tp
     forward_class: str | None = None  # default: the first device class
     backward_class: str | None = None
+    round_nap_s: float = Field(1e-3, ge=0, le=1)
 
 
 class Cluster(_Strict):

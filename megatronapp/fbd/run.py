@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 
 from megatronapp.config import Fbd, Scenario
 from megatronapp.costs import layer_forward_flops
-from megatronapp.layout import topology_of
 from megatronapp.kinds import COMPUTE_NAMES
 from megatronapp.tracer import Event, RunResult
 
+from .hetero import iteration_periods, steady_iteration_s
 from .ranks import FbdLayout
 
 Events = Mapping[int, Sequence[Event]]
@@ -26,11 +26,6 @@ PHASE_NAMES = {"F": "forward", "B": "backward"}
 def fbd_settings(s: Scenario) -> Fbd:
     """The scenario's ``fbd`` section, or the defaults when it has none."""
     return s.fbd or Fbd()
-
-
-def layout_of(s: Scenario) -> FbdLayout:
-    return FbdLayout(topology_of(s), forward_tp=fbd_settings(s).forward_tp or s.parallel.tp,
-                     backward_tp=s.parallel.tp)
 
 
 @dataclass(frozen=True)
@@ -63,31 +58,6 @@ def worker_label(layout: FbdLayout, wid: int, device_class: str) -> str:
 def worker_labels(layout: FbdLayout, classes: Sequence[str]) -> dict[int, str]:
     return {w: worker_label(layout, w, classes[layout.device_of(layout.worker(w))])
             for w in range(layout.num_workers)}
-
-
-def iteration_ends(events: Events) -> list[float]:
-    ends: dict[int, float] = {}
-    for evs in events.values():
-        for e in evs:
-            it = e.args.get("iteration")
-            if it is not None:
-                ends[it] = max(ends.get(it, e.end_s), e.end_s)
-    return [ends[it] for it in sorted(ends)]
-
-
-def iteration_periods(events: Events) -> list[float]:
-    """Time from the previous iteration's end to this one's (the first from the
-    run's start). A decoupled forward worker starts iteration i+1 before
-    iteration i has ended, so spans would overlap; periods add up to the run."""
-    start = min((e.start_s for evs in events.values() for e in evs), default=0.0)
-    ends = iteration_ends(events)
-    return [b - a for a, b in zip([start] + ends[:-1], ends)]
-
-
-def steady_iteration_s(events: Events) -> float:
-    """Mean period after the first iteration (the pipeline fill is not hidden)."""
-    periods = iteration_periods(events)
-    return sum(periods[1:]) / (len(periods) - 1) if len(periods) > 1 else periods[0]
 
 
 def gpt_stage_flops(s: Scenario) -> list[float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from .coordinator import or_tables
+from .coordinator import GroupTable
 
 Encoding = Literal["bits", "words"]
 WORD_BITS = 62  # stays clear of the int64 sign bit even when summed
@@ -61,17 +61,16 @@ def decode(flat: Sequence[int], groups: int, width: int, encoding: Encoding) -> 
     return decode_words(flat, groups, width)
 
 
+def table_bytes(table: GroupTable, encoding: Encoding = "words") -> int:
+    """What one alignment all-reduce moves: the encoded table and the busy flag."""
+    groups = (0,) * len(table)
+    return 8 * (len(encode(groups, table.width, encoding)) + 1)
+
+
 @dataclass(frozen=True)
 class Exchange:
     merged: tuple[int, ...]
     anyone_active: bool
-
-
-class SimTransport:
-    """All coordinators in one process: OR their tables directly."""
-
-    def exchange_all(self, tables: Sequence[Sequence[int]]) -> tuple[int, ...]:
-        return or_tables(tables)
 
 
 class TorchTransport:
