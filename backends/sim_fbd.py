@@ -33,10 +33,9 @@ from megatronapp.fbd.hetero import (DeviceStats, PlanResult, busy_fraction, chec
                                     colocated_peak_bytes, fbd_device_peak_bytes,
                                     steady_iteration_s, useful_flops_per_iteration)
 from megatronapp.fbd.ranks import FbdLayout, coordinated_groups
-from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_settings,
-                                 gpt_stage_flops, worker_clocks, worker_labels)
+from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout, fbd_programs,
+                                 fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.transport import table_bytes
-from megatronapp.fbd.workers import worker_programs
 from megatronapp.layout import topology_of
 from megatronapp.ops import AllReduce, IRecv, ISend, RankProgram
 from megatronapp.topology import Topology
@@ -47,11 +46,6 @@ from sim.hetero import ClassSlot, slots_by_class
 from sim.network import Network
 
 from .sim import SimBackend, run_sim
-
-
-def fbd_layout(s: Scenario) -> FbdLayout:
-    return FbdLayout(topology_of(s), forward_tp=fbd_settings(s).forward_tp or s.parallel.tp,
-                     backward_tp=s.parallel.tp)
 
 
 def fbd_slots(s: Scenario, layout: FbdLayout) -> list[ClassSlot]:
@@ -132,9 +126,10 @@ class FbdSimBackend(SimBackend):
     handlers is a worker id."""
 
     def __init__(self, cluster: Cluster, layout: FbdLayout, nap_s: float,
-                 on_record: Callable[[int, Event], None] | None = None):
+                 on_record: Callable[[int, Event], None] | None = None,
+                 skip_idle_rounds: bool = True):
         super().__init__(cluster, on_record)
-        self.layout, self.nap_s = layout, nap_s
+        self.layout, self.nap_s, self.skip_idle_rounds = layout, nap_s, skip_idle_rounds
         self.tracers = {w: Tracer(w, now=lambda: self.env.now, on_record=on_record)
                         for w in range(layout.num_workers)}
         self._compute_units = {d: simpy.Resource(self.env, 1) for d in range(layout.num_devices)}
@@ -150,7 +145,8 @@ class FbdSimBackend(SimBackend):
         self._wake = self.env.event()
         devices = tuple(range(layout.num_devices))
         self.round_s = cluster.network.ring_allreduce_s(devices, table_bytes(self.table))
-        self.rounds = 0
+        self.rounds = 0  # the round loop's rounds, skipped ones included
+        self.simulated_rounds = 0  # those this simulation really ran
 
     def device(self, worker: int) -> int:
         return self.layout.device_of(self.layout.worker(worker))
@@ -248,6 +244,7 @@ class FbdSimBackend(SimBackend):
             self._round = _Round(self.env.event())
             merged = or_tables(rnd.tables)
             self.rounds += 1
+            self.simulated_rounds += 1
             ready = any(merged[g] == self.table.expected[g] for g in range(len(merged)))
             self._quiet_after = None if ready else rnd.changes
             self.env.timeout(self.round_s).callbacks.append(
@@ -290,7 +287,7 @@ class FbdSimBackend(SimBackend):
 
     def _nap(self, worker: int, op: Nap):
         yield self.env.timeout(op.seconds)
-        if self._quiet_after is None or self._quiet_after != self._changes:
+        if not self.skip_idle_rounds or self._quiet_after != self._changes:
             return None
         # Nothing changed since the last (empty) round: the rounds until the
         # next change would be empty too. Resume on the round grid after it.
@@ -311,19 +308,21 @@ class FbdRun:
     slots: tuple[ClassSlot, ...]
     events: dict[int, list[Event]]  # worker id -> events
     rounds: int
+    simulated_rounds: int
 
 
 def run_fbd(s: Scenario, stage_for: Any = None,
-            on_record: Callable[[int, Event], None] | None = None) -> FbdRun:
-    """Simulate the decoupled job of a scenario on its device classes."""
+            on_record: Callable[[int, Event], None] | None = None,
+            skip_idle_rounds: bool = True) -> FbdRun:
+    """Simulate the decoupled job of a scenario on its device classes
+    (``skip_idle_rounds=False`` simulates every empty round, for checking)."""
     layout = fbd_layout(s)
     slots = fbd_slots(s, layout)
     cluster = device_cluster(s, slots, simpy.Environment())
-    backend = FbdSimBackend(cluster, layout, fbd_settings(s).round_nap_s, on_record)
-    programs = worker_programs(layout, stage_costs(s), s.parallel.microbatches, s.iterations,
-                               stage_for)
-    events = backend.run(programs)
-    return FbdRun(layout, tuple(slots), events, backend.rounds)
+    backend = FbdSimBackend(cluster, layout, fbd_settings(s).round_nap_s, on_record,
+                            skip_idle_rounds)
+    events = backend.run(fbd_programs(s, stage_for))
+    return FbdRun(layout, tuple(slots), events, backend.rounds, backend.simulated_rounds)
 
 
 def check_fbd_scenario(s: Scenario) -> None:

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -288,7 +289,7 @@ def test_dead_rank_stops_the_run_naming_what_its_peer_waits_for():
 def test_cli_deadlock_exits_2_with_one_line_and_no_run_dir(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(launch, "rank_programs", both_receive_first)
+    monkeypatch.setattr(launch, "PIPELINE", replace(launch.PIPELINE, programs=both_receive_first))
     scenario_file = _write(tmp_path / "pair.yaml", {**SKEWED_PIPE, "parallel": PAIR})
     code = cli.main(["run", str(scenario_file), "--backend", "torch", "--out",
                      str(tmp_path / "run"), "--stall-timeout", "1", "--quiet"])

@@ -3,6 +3,8 @@
 ``run_scenario`` spawns one process per rank (gloo on CPU, NCCL with CUDA),
 each interpreting its rank program from ``megatronapp.jobs.rank_programs``
 with megatron-core stages, and gathers every rank's events into a RunResult.
+A scenario with an ``fbd`` section trains decoupled through the same launcher
+and interpreter: one process per MegaFBD worker (``fbd_worker.FBD``).
 """
 from __future__ import annotations
 
@@ -17,19 +19,23 @@ def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = N
     """Run a scenario for real. ``kw``: ``optimizer`` ("adam" | "sgd"), ``lr``,
     ``coalesce`` (hold sends for the next receive; default: on NCCL only),
     ``stall_timeout_s`` (fail when no rank makes progress for this long),
-    ``on_phase`` (told what the run is doing: spawning, building stages).
-    A scenario with an ``fbd`` section trains decoupled (``fbd_run``)."""
-    if s.fbd is not None:
-        from .fbd_run import run_fbd_scenario
-
-        return run_fbd_scenario(s, on_record)
+    ``on_phase`` (told what the run is doing: spawning, building stages)."""
     from megatronapp.progress import quiet
 
     from .launch import STALL_TIMEOUT_S, spawn_run
     from .stages import TrainOptions
 
+    job = None
+    if s.fbd is not None:
+        from backends.sim_fbd import check_fbd_scenario, progress_hook
+        from megatronapp.fbd.run import fbd_layout
+
+        from .fbd_worker import FBD
+
+        check_fbd_scenario(s)
+        job, on_record = FBD, progress_hook(fbd_layout(s), on_record)
     options = TrainOptions(optimizer=kw.get("optimizer", "adam"), lr=kw.get("lr", 1e-3))
     result, _ = spawn_run(s, options, kw.get("coalesce"), on_record,
                           stall_timeout_s=kw.get("stall_timeout_s", STALL_TIMEOUT_S),
-                          on_phase=kw.get("on_phase", quiet))
+                          on_phase=kw.get("on_phase", quiet), job=job)
     return result

@@ -43,7 +43,7 @@ ProgramsFor = Callable[[Scenario, StagesFor], dict[int, RankProgram]]
 class WorkerResult:
     """What one rank hands back to whoever gathers the run."""
 
-    rank: int
+    rank: int  # its trace process: the global rank (a MegaFBD worker's id)
     events: list[Event]
     losses: dict[int, dict[int, float]]  # iteration -> microbatch -> loss (last stage only)
     grad_norms: dict[int, float]
@@ -129,19 +129,48 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
                         stages.log.capture, backend, coalesce)
 
 
-def assemble(s: Scenario, results: Sequence[WorkerResult]) -> RunResult:
-    """Every rank's events and logs -> one RunResult (backend "torch")."""
+def loss_per_iteration(results: Sequence[WorkerResult]) -> list[float]:
+    """The mean microbatch loss of each iteration over every rank that has one."""
     losses: dict[int, list[float]] = {}
     for r in results:
         for it, values in r.losses.items():
             losses.setdefault(it, []).extend(values.values())
+    return [fmean(losses[it]) for it in sorted(losses)]
+
+
+def torch_info(results: Sequence[WorkerResult]) -> dict[str, Any]:
     first = min(results, key=lambda r: r.rank)
-    extra = {"loss_per_iteration": [fmean(losses[it]) for it in sorted(losses)],
+    return {"dist_backend": first.dist_backend, "coalesce_p2p": first.coalesce,
+            "device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
+def assemble(s: Scenario, results: Sequence[WorkerResult]) -> RunResult:
+    """Every rank's events and logs -> one RunResult (backend "torch")."""
+    first = min(results, key=lambda r: r.rank)
+    extra = {"loss_per_iteration": loss_per_iteration(results),
              "grad_norm_per_iteration": [first.grad_norms[it] for it in sorted(first.grad_norms)],
-             "torch": {"dist_backend": first.dist_backend, "coalesce_p2p": first.coalesce,
-                       "device": "cuda" if torch.cuda.is_available() else "cpu"}}
+             "torch": torch_info(results)}
     return RunResult("torch", topology_of(s), {r.rank: r.events for r in results},
                      clocks_of(s), extra)
+
+
+def world_size_of(s: Scenario) -> int:
+    return s.world_size
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the launcher starts for a scenario: ``processes(s)`` processes,
+    each running ``run_rank`` on its programs (``programs``, a module-level
+    function: it is pickled), their results joined by ``assemble``."""
+
+    processes: Callable[[Scenario], int]
+    run_rank: Callable[..., WorkerResult]
+    assemble: Callable[[Scenario, Sequence[WorkerResult]], RunResult]
+    programs: ProgramsFor
+
+
+PIPELINE = Job(world_size_of, run_rank, assemble, rank_programs)
 
 
 # ---------------------------------------------------------------- torchrun

@@ -9,15 +9,18 @@ virtual rank and the physical device it ran on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from megatronapp.config import Fbd, Scenario
-from megatronapp.costs import layer_forward_flops
+from megatronapp.costs import layer_forward_flops, stage_costs
 from megatronapp.kinds import COMPUTE_NAMES
+from megatronapp.layout import topology_of
+from megatronapp.ops import RankProgram
 from megatronapp.tracer import Event, RunResult
 
 from .hetero import iteration_periods, steady_iteration_s
 from .ranks import FbdLayout
+from .workers import worker_programs
 
 Events = Mapping[int, Sequence[Event]]
 PHASE_NAMES = {"F": "forward", "B": "backward"}
@@ -26,6 +29,19 @@ PHASE_NAMES = {"F": "forward", "B": "backward"}
 def fbd_settings(s: Scenario) -> Fbd:
     """The scenario's ``fbd`` section, or the defaults when it has none."""
     return s.fbd or Fbd()
+
+
+def fbd_layout(s: Scenario) -> FbdLayout:
+    return FbdLayout(topology_of(s), forward_tp=fbd_settings(s).forward_tp or s.parallel.tp,
+                     backward_tp=s.parallel.tp)
+
+
+def fbd_programs(s: Scenario, stage_for: Callable[[int], Any] | None = None
+                 ) -> dict[int, RankProgram]:
+    """worker id -> program of every forward and backward worker of ``s``
+    (``stage_for``: virtual rank -> its ``DecoupledStage``)."""
+    return worker_programs(fbd_layout(s), stage_costs(s), s.parallel.microbatches,
+                           s.iterations, stage_for)
 
 
 @dataclass(frozen=True)
@@ -118,7 +134,7 @@ def device_rows(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo],
 def fbd_extra(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo], events: Events,
               stages: str, stage_flops: Sequence[float], **more: Any) -> dict[str, Any]:
     """The keys a decoupled run adds to (and overrides in) summary.json.
-    ``stages``: what ran ("analytic" GPT costs, or "mlp" on torch)."""
+    ``stages``: what ran ("analytic" GPT costs in simulation, "gpt" on torch)."""
     rows = device_rows(s, layout, devices, events, stage_flops)
     period = steady_iteration_s(events)
     return {
