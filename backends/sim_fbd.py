@@ -247,8 +247,10 @@ class FbdSimBackend(SimBackend):
             self.simulated_rounds += 1
             ready = any(merged[g] == self.table.expected[g] for g in range(len(merged)))
             self._quiet_after = None if ready else rnd.changes
-            self.env.timeout(self.round_s).callbacks.append(
-                lambda _e: rnd.event.succeed(Aligned(merged, rnd.active)))
+            def deliver(_e: simpy.Event) -> None:
+                rnd.event.succeed(Aligned(merged, rnd.active))
+
+            self.env.timeout(self.round_s).callbacks.append(deliver)
         return (yield rnd.event)
 
     def _execute(self, worker: int, op: Execute[_Request]):

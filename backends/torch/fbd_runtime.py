@@ -15,8 +15,9 @@ ready operations in ascending group order with blocking ``dist.send`` /
 ``dist.recv`` / ``dist.all_reduce``. Every process computes the same ready
 list in the same order, so the blocking calls always meet.
 
-The control thread uses process groups of its own (one over all worker
-processes, one per DP group); the model's TP collectives run in the main
+The control thread uses process groups of its own (two over all worker
+processes: the table's, on gloo, and the transfers'; one per DP group); the
+model's TP collectives run in the main
 thread on megatron-core's TP group. Each process group has its own
 connections and its own queue of work, and on each of them every member
 issues the same sequence (the program's order for TP, the coordinator's
@@ -98,14 +99,20 @@ class ControlThread:
         self._working = True
         self._failure: list[BaseException] = []
         self._open: set[Request] = set()
-        # made in one order by every process: all of them, then each DP group
-        self.group = dist.new_group(list(range(layout.num_workers)))
+        # made in one order by every process: the table's (a CPU tensor, gloo
+        # on any job), the transfers' (the job's backend), each DP group's
+        everyone = list(range(layout.num_workers))
+        table_group = dist.new_group(everyone, backend="gloo")
+        self.group = dist.new_group(everyone)
         pairs = set(p2p_pairs(layout))
         self._collective_groups = {
             gid: dist.new_group(sorted(layout.process_rank(w) for w in members))
             for gid, members in enumerate(table.groups) if members not in pairs}
-        self.transport = TorchTransport(table, encoding, self.group)
+        self.transport = TorchTransport(table, encoding, table_group)
         self.rounds = 0
+        self.align_s = 0.0  # wall time in the alignment all-reduces
+        self.executions = 0
+        self.execute_s = 0.0  # wall time running launched operations
         self._thread = threading.Thread(target=self._run, daemon=True, name="fbd-control")
 
     # ------------------------------------------------------ worker side
@@ -153,12 +160,17 @@ class ControlThread:
                     request.done.set()
 
     def _interpret(self, op: Any) -> Any:
+        start = time.perf_counter()
         if isinstance(op, Align):
+            reply = self.transport.exchange(op.table, op.active)
             self.rounds += 1
-            return self.transport.exchange(op.table, op.active)
+            self.align_s += time.perf_counter() - start
+            return reply
         if isinstance(op, Execute):
             (request,) = op.requests  # this process serves one worker
             self._execute(op.launch.group, request)
+            self.executions += 1
+            self.execute_s += time.perf_counter() - start
             with self._lock:
                 self._open.discard(request)
             request.done.set()

@@ -36,6 +36,7 @@ from megatronapp.fbd.ranks import coordinated_groups
 from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout, fbd_programs,
                                  fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.workers import NullDecoupledStage
+from megatronapp.ops import RankProgram
 from megatronapp.tracer import Event, Tracer
 
 from .faults import LINK_FAULTS, InjectedFaults, _quiet
@@ -44,8 +45,12 @@ from .fbd_stage import DecoupledGptStage
 from .interpreter import CudaClock, HostClock
 from .stages import TrainOptions
 from .watchdog import OpBeacon
-from .worker import (Job, ProgramsFor, WorkerResult, device_for, init_megatron, loss_per_iteration,
+from .worker import (Job, WorkerResult, device_for, init_megatron, loss_per_iteration,
                      shared_origin_ns, torch_info)
+
+
+# scenario, virtual rank -> its DecoupledStage => worker id -> program
+FbdProgramsFor = Callable[[Scenario, Callable[[int], Any]], dict[int, RankProgram]]
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class FbdWorkerResult(WorkerResult):
     """A worker's result (``rank`` is its worker id) and what its process saw."""
 
     rounds: int = 0  # coordinator rounds of its control thread
+    align_s: float = 0.0  # wall time in them
+    executions: int = 0  # launched operations its control thread ran
+    execute_s: float = 0.0  # wall time running them
     peak_rss_bytes: int = 0
 
 
@@ -75,7 +83,7 @@ def run_fbd_worker(s: Scenario, rank: int, local_rank: int, options: TrainOption
                    coalesce: bool | None = None,
                    on_record: Callable[[int, Event], None] | None = None,
                    beacon: OpBeacon | None = None,
-                   programs: ProgramsFor = fbd_programs) -> FbdWorkerResult:
+                   programs: FbdProgramsFor = fbd_programs) -> FbdWorkerResult:
     """Run the worker of process ``rank``; torch.distributed must be initialised
     over every worker process (``coalesce`` does not apply: the control
     thread sends one transfer at a time)."""
@@ -110,7 +118,7 @@ def run_fbd_worker(s: Scenario, rank: int, local_rank: int, options: TrainOption
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     return FbdWorkerResult(worker, tracer.events, stage.log.losses, stage.log.grad_norms,
                            stage.log.capture, dist.get_backend(), False, control.rounds,
-                           peak_rss)
+                           control.align_s, control.executions, control.execute_s, peak_rss)
 
 
 def assemble_fbd(s: Scenario, results: Sequence[WorkerResult]) -> FbdRunResult:
@@ -122,8 +130,13 @@ def assemble_fbd(s: Scenario, results: Sequence[WorkerResult]) -> FbdRunResult:
            for d, workers in layout.workers_by_device.items()}
     devices = [DeviceInfo(sl.name, sl.memory_bytes, rss[d]) for d, sl in enumerate(slots)]
     events = {w: r.events for w, r in sorted(by_worker.items())}
+    workers = list(by_worker.values())
+    rounds, executions = sum(r.rounds for r in workers), sum(r.executions for r in workers)
     extra = fbd_extra(s, layout, devices, events, "gpt", gpt_stage_flops(s),
-                      coordinator_rounds=max(r.rounds for r in by_worker.values()),
+                      coordinator_rounds=max(r.rounds for r in workers),
+                      # what a round and a launched transfer took here (calibration)
+                      coordinator_round_s=sum(r.align_s for r in workers) / max(rounds, 1),
+                      coordinator_execute_s=sum(r.execute_s for r in workers) / max(executions, 1),
                       memory="measured peak RSS of the device's worker processes")
     extra.update(loss_per_iteration=loss_per_iteration(results), torch=torch_info(results))
     clocks = worker_clocks(layout, device_clocks(s, layout.num_devices))

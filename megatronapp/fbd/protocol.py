@@ -184,8 +184,8 @@ class CoordinatedSystem:
 
     def events(self) -> list[tuple[str, Callable[[], object]]]:
         out: list[tuple[str, Callable[[], object]]] = [
-            (f"request {w}", lambda w=w: self.request(w)) for w in self.workers.idle()]
-        out += [(f"contribute {c}", lambda c=c: self.contribute(c))
+            (f"request {w}", partial(self.request, w)) for w in self.workers.idle()]
+        out += [(f"contribute {c}", partial(self.contribute, c))
                 for c in self.not_contributed()]
         if not self.stopped and not self.finished():
             out.append(("round", self.complete_round))
@@ -279,8 +279,8 @@ class NaiveSystem:
 
     def events(self) -> list[tuple[str, Callable[[], object]]]:
         out: list[tuple[str, Callable[[], object]]] = [
-            (f"request {w}", lambda w=w: self.request(w)) for w in self.workers.idle()]
-        out += [(f"launch {c}", lambda c=c: self.step(c)) for c in sorted(self.queues)
+            (f"request {w}", partial(self.request, w)) for w in self.workers.idle()]
+        out += [(f"launch {c}", partial(self.step, c)) for c in sorted(self.queues)
                 if self.busy[c] is None and self.queues[c]]
         return out
 
