@@ -7,9 +7,10 @@ on the torch backend, takes the costs the simulator cannot know from that
 run's trace and control threads, and simulates the same scenario with them
 as fixed ``costs:``:
 
-- ``forward_s``: median duration of the forward workers' ``forward`` and the
+- ``forward_s``: mean duration of the forward workers' ``forward`` and the
   backward workers' ``recompute_forward`` (the simulator prices both alike);
-- ``backward_s``, ``optimizer_s``: medians of ``backward`` and ``optimizer``;
+- ``backward_s``, ``optimizer_s``: means of ``backward`` and ``optimizer``
+  (means, not medians: on a shared CPU the slow tail is part of the work);
 - ``p2p_s``: mean time a control thread spent running a launched transfer;
 - ``allreduce_s`` (prices the coordinator's alignment all-reduce, the only
   all-reduce of a dp = 1 job): the least mean alignment time of any worker
@@ -25,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from statistics import fmean, median
+from statistics import fmean
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,9 +44,9 @@ def durations(events: dict[int, list[Any]], *names: str) -> list[float]:
 def measured_costs(run: Any, results: list[Any]) -> dict[str, float]:
     ev = run.events
     return {
-        "forward_s": median(durations(ev, "forward", "recompute_forward")),
-        "backward_s": median(durations(ev, "backward")),
-        "optimizer_s": median(durations(ev, "optimizer")),
+        "forward_s": fmean(durations(ev, "forward", "recompute_forward")),
+        "backward_s": fmean(durations(ev, "backward")),
+        "optimizer_s": fmean(durations(ev, "optimizer")),
         "p2p_s": sum(r.execute_s for r in results) / sum(r.executions for r in results),
         "allreduce_s": min(r.align_s / r.rounds for r in results),
     }

@@ -4,7 +4,7 @@ co-located training; hangs and deaths are reported in one line."""
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from dataclasses import replace
 from functools import partial
 from typing import Any, Sequence
 
@@ -13,11 +13,12 @@ import pytest
 
 from backends.torch.fbd_worker import FBD
 from backends.torch.launch import TorchDeadlock, spawn_run
-from backends.torch.stages import TrainOptions, merge_tp_shards
+from backends.torch.stages import TrainOptions
 from backends.torch.worker import WorkerResult
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.fbd.run import fbd_layout
 from megatronapp.ops import Compute, Recv
+from tests.test_torch_backend import full_model
 
 pytestmark = pytest.mark.slow
 
@@ -48,17 +49,9 @@ def backward_full_model(s: Scenario, results: Sequence[WorkerResult], field: str
                         ) -> dict[str, np.ndarray]:
     """One replica's full model as its backward workers hold it, TP shards joined."""
     layout = fbd_layout(s)
-    shards: dict[str, dict[int, np.ndarray]] = defaultdict(dict)
-    dims: dict[str, int | None] = {}
-    for r in results:
-        worker = layout.worker(r.rank)
-        coord = layout.topo.coord(worker.vrank)
-        if worker.phase == "B" and coord.dp == dp:
-            for name, value in getattr(r.capture, field).items():
-                shards[name][coord.tp] = value
-                dims[name] = r.capture.partition_dim[name]
-    return {n: merge_tp_shards([by_tp[t] for t in sorted(by_tp)], dims[n])
-            for n, by_tp in shards.items()}
+    backward = [replace(r, rank=layout.worker(r.rank).vrank) for r in results
+                if layout.worker(r.rank).phase == "B"]
+    return full_model(backward, s, field, dp)
 
 
 def sample_losses(s: Scenario, results: Sequence[WorkerResult], iteration: int
