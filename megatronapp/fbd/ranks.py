@@ -154,6 +154,9 @@ class FbdLayout:
         for row in self.mapping_rows():
             workers = " ".join(row["workers"])  # type: ignore[arg-type]
             lines.append(f"device {row['device']} [{row['instance']}]: {workers}")
+        ranks = ", ".join(f"{self.worker(w)} {self.process_rank(w)}"
+                          for w in range(self.num_workers))
+        lines.append(f"torch process rank of each worker: {ranks}")
         return "\n".join(lines)
 
 
