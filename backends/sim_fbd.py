@@ -247,6 +247,7 @@ class FbdSimBackend(SimBackend):
             self.simulated_rounds += 1
             ready = any(merged[g] == self.table.expected[g] for g in range(len(merged)))
             self._quiet_after = None if ready else rnd.changes
+
             def deliver(_e: simpy.Event) -> None:
                 rnd.event.succeed(Aligned(merged, rnd.active))
 
