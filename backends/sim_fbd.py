@@ -37,7 +37,7 @@ from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout
                                  fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.transport import table_bytes
 from megatronapp.layout import topology_of
-from megatronapp.ops import AllReduce, IRecv, ISend, RankProgram
+from megatronapp.ops import AllReduce, Compute, IRecv, ISend, RankProgram, trace_args
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event, RankClock, Tracer
 from sim.cluster import Cluster, _link_faults
@@ -168,14 +168,15 @@ class FbdSimBackend(SimBackend):
             self._wake.succeed()
 
     # ------------------------------------------------------------ compute
-    def _compute(self, rank: int, op: Any):
+    def _compute(self, rank: int, op: Compute):
         device = self.device(rank)
         with self._compute_units[device].request() as turn:  # threads share the device
             yield turn
             start = self.env.now
             yield self.env.timeout(self.cluster.devices[device].duration(start, op.cost_s))
-        self.tracers[rank].record(op.name, start, self.env.now, op.meta)
-        return op.run() if op.run is not None else None
+        result = op.run() if op.run is not None else None
+        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op, result=result))
+        return result
 
     # ------------------------------------------------- coordinated requests
     def _post(self, worker: int, kind: str, members: tuple[int, ...], nbytes: int, value: Any,
@@ -188,21 +189,23 @@ class FbdSimBackend(SimBackend):
         self._changed()
         return request.done
 
-    def _traced(self, rank: int, done: simpy.Event, name: str, args: dict[str, Any]
-                ) -> simpy.Event:
-        start = self.env.now
-        done.callbacks.append(
-            lambda _e: self.tracers[rank].record(name, start, self.env.now, args))
+    def _traced(self, rank: int, done: simpy.Event, op: ISend | IRecv) -> simpy.Event:
+        start, args = self.env.now, trace_args(op)
+
+        def record(_e: simpy.Event) -> None:
+            self.tracers[rank].record(op.name, start, self.env.now, args)
+
+        done.callbacks.append(record)
         return done
 
     def _isend(self, rank: int, op: ISend):
         done = self._post(rank, "send", tuple(sorted((rank, op.dst))), op.nbytes, op.tensor)
-        return self._traced(rank, done, op.name, {**op.meta, "bytes": op.nbytes, "peer": op.dst})
+        return self._traced(rank, done, op)
         yield  # pragma: no cover - makes this a generator
 
     def _irecv(self, rank: int, op: IRecv):
         done = self._post(rank, "recv", tuple(sorted((rank, op.src))), op.nbytes, None)
-        return self._traced(rank, done, op.name, {**op.meta, "bytes": op.nbytes, "peer": op.src})
+        return self._traced(rank, done, op)
         yield  # pragma: no cover
 
     def _allreduce(self, rank: int, op: AllReduce):
@@ -210,8 +213,7 @@ class FbdSimBackend(SimBackend):
             return (yield from super()._allreduce(rank, op))
         start = self.env.now
         yield self._post(rank, "allreduce", op.group, op.nbytes, op.tensor)
-        self.tracers[rank].record(op.name, start, self.env.now,
-                                  {**op.meta, "bytes": op.nbytes, "group": list(op.group)})
+        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))
         return op.tensor
 
     def _ring_s(self, group: tuple[int, ...], nbytes: int) -> float:

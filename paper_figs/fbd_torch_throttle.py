@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.torch import run_scenario  # noqa: E402
 from megatronapp.config import load_scenario  # noqa: E402
-from megatronapp.tracer import COMPUTE_NAMES  # noqa: E402
+from megatronapp.kinds import COMPUTE_NAMES  # noqa: E402
 
 
 def children_cpu_s() -> float:

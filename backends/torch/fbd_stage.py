@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from megatronapp.config import Scenario
+from megatronapp.ops import Report
 
 from .stages import MegatronStages, TrainOptions
 
@@ -58,8 +59,11 @@ class DecoupledGptStage:
     def grad_buffer(self) -> torch.Tensor:
         return self.stages.grad_buffer()
 
-    def optimizer_step(self) -> float:
-        return self.stages.optimizer_step()
+    def optimizer_step(self) -> Report:
+        """Step; reports the loss on the last stage (the stage's gradient norm
+        is its own share: a decoupled program does not all-reduce it)."""
+        report = self.stages.optimizer_step()
+        return Report({k: v for k, v in report.values.items() if k != "grad_norm"})
 
     def weights(self) -> torch.Tensor:
         """Every parameter, flat (what the backward worker hands over)."""

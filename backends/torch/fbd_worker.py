@@ -37,6 +37,7 @@ from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout
                                  fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.workers import NullDecoupledStage
 from megatronapp.ops import RankProgram
+from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, Tracer
 
 from .faults import LINK_FAULTS, InjectedFaults, _quiet
@@ -71,10 +72,10 @@ def fbd_processes(s: Scenario) -> int:
 def device_faults(s: Scenario, device: int) -> InjectedFaults:
     """One physical device's faults: its class speed and throttles, and the
     links between devices (background jitter a real machine brings itself)."""
-    quiet = _quiet(s, keep_faults=True)
-    slots = fbd_slots(quiet, fbd_layout(quiet))
-    faulty = device_cluster(quiet, slots, simpy.Environment())
-    nominal = device_cluster(quiet, slots, simpy.Environment(), faults=False)
+    calm = _quiet(s, keep_faults=True)
+    slots = fbd_slots(calm, fbd_layout(calm))
+    faulty = device_cluster(calm, slots, simpy.Environment())
+    nominal = device_cluster(calm, slots, simpy.Environment(), faults=False)
     links = any(f.kind in LINK_FAULTS for f in s.faults)
     return InjectedFaults(faulty.devices[device], faulty.network, nominal.network, links)
 
@@ -83,16 +84,20 @@ def run_fbd_worker(s: Scenario, rank: int, local_rank: int, options: TrainOption
                    coalesce: bool | None = None,
                    on_record: Callable[[int, Event], None] | None = None,
                    beacon: OpBeacon | None = None,
-                   programs: FbdProgramsFor = fbd_programs) -> FbdWorkerResult:
+                   programs: FbdProgramsFor = fbd_programs,
+                   on_phase: Say = quiet) -> FbdWorkerResult:
     """Run the worker of process ``rank``; torch.distributed must be initialised
     over every worker process (``coalesce`` does not apply: the control
-    thread sends one transfer at a time)."""
+    thread sends one transfer at a time). The first backward worker tells
+    ``on_phase`` when it builds its stage and when it trains."""
     from megatron.core import parallel_state
 
     layout = fbd_layout(s)
     worker = layout.worker_of_process(rank)
     vrank = layout.worker(worker).vrank
+    say = on_phase if worker == layout.virtual_ranks else quiet
     device = device_for(local_rank)
+    say("building stages")
     init_megatron(s)
     try:
         faults = device_faults(s, layout.device_of(layout.worker(worker)))
