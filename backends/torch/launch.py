@@ -83,6 +83,9 @@ def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce:
     ignore_terminal_signals()  # the launcher owns the stop
     quiet_megatron_warnings()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # every rank is on this host: gloo on loopback, without resolving the host name
+    # (which warns on stderr, or fails, where /etc/hosts does not name it)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(threads)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     beacon = OpBeacon(counters, rank)
