@@ -94,7 +94,7 @@ def allreduce_windows(events: Iterable[Event]) -> list[float]:
         if it is None:
             continue
         if e.name == "backward":
-            key = (it, e.args.get("chunk", 0))
+            key = (it, e.args.get("chunk", 0))  # foreign traces carry no chunk
             last_bwd[key] = max(last_bwd.get(key, e.end_s), e.end_s)
         elif e.name == "optimizer":
             optimizer[it] = e.start_s
