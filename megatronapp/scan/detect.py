@@ -22,12 +22,14 @@ import numpy as np
 from megatronapp.kinds import event_kind
 from megatronapp.tracer import Event
 
+from .deps import p2p_role
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import ScanInput, stage_peers
 
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median = 1.2533·σ/√n for normal data
 SIGMA_FLOOR = 1e-3
+MIN_DELIVERY_S = 5e-6  # no transport delivers faster: a smaller class floor is clock error
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,16 @@ class Thresholds:
     jitter_ratio: float = 3.0  # pair's spread this many times the class's typical spread
     jitter_floor: float = 0.15  # ... and at least this (log units)
     min_transfers: int = 4
+    # Real machines add heavy-tailed, one-sided delays (a descheduled
+    # process), never speed-ups: a rank's *fastest* runs of an op show its
+    # speed. These read low quantiles of durations.
+    floor_quantile: float = 5.0  # percent: a rank's floor for an op name
+    floor_excess: float = 0.15  # slow at its best in every op it runs, by this much
+    min_floor_ops: int = 4  # runs of an op name needed for its floor
+    agree_quantile: float = 25.0  # a median-based candidate must be slow here too ...
+    agree_share: float = 0.5  # ... by at least this share of its median slowdown
+    wait_ratio: float = 3.0  # slow: a link's fastest deliveries this many times its class's
+    erratic_ratio: float = 1.5  # erratic: its typical delivery this many times its class's
 
 
 @dataclass(frozen=True)
@@ -154,21 +166,98 @@ def late_arrivals(scan: ScanInput) -> dict[int, tuple[int, int]]:
     return {r: (last.get(r, 0), n) for r, n in joined.items()}
 
 
+def _durations(events: Iterable[Event]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.dur_s > 0 and kind_of(e.name, e.args) == "compute":
+            out[e.name].append(e.dur_s)
+    return out
+
+
+def quantile_ratios(scan: ScanInput, quantile: float, min_ops: int
+                    ) -> dict[int, dict[str, tuple[float, int]]]:
+    """rank -> op name -> (log(its ``quantile`` duration / its peers' median of
+    theirs), its runs of that op). Peers: its stage peers, else the other
+    peerless ranks (pipeline stages, compared op name by op name)."""
+    quantiles = {}
+    for r, ev in scan.events.items():
+        quantiles[r] = {n: (float(np.percentile(v, quantile)), len(v))
+                        for n, v in _durations(ev).items() if len(v) >= min_ops}
+    peers = stage_peers(scan)
+    lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
+    out: dict[int, dict[str, tuple[float, int]]] = {}
+    for r, mine in quantiles.items():
+        group = [p for p in (peers[r] if len(peers[r]) > 1 else lonely) if p != r]
+        out[r] = {n: (math.log(q / float(np.median(theirs))), count)
+                  for n, (q, count) in mine.items()
+                  if (theirs := [quantiles[p][n][0] for p in group if n in quantiles[p]])}
+    return out
+
+
+def floor_scores(scan: ScanInput, quantile: float, min_ops: int) -> dict[int, float]:
+    """rank -> the smallest, over the op names it runs, of its floor ratio
+    (``quantile_ratios``). A throttled device is slower at everything, at its
+    best too; a rank delayed by contention is slow in some ops, not at its
+    best in all of them."""
+    return {r: min(v for v, _ in by_name.values())
+            for r, by_name in quantile_ratios(scan, quantile, min_ops).items() if by_name}
+
+
+def slow_at_quartile_too(scan: ScanInput, th: Thresholds) -> dict[int, bool]:
+    """rank -> whether, in most of the runs of the ops where its median is
+    slow, its lower quartile is slow too (by ``agree_share`` of the median's
+    excess). A slow device stretches every run; contention stretches some."""
+    medians = quantile_ratios(scan, 50.0, th.min_floor_ops)
+    quartiles = quantile_ratios(scan, th.agree_quantile, th.min_floor_ops)
+    out = {}
+    for r, by_name in medians.items():
+        slow = {n: (m, count) for n, (m, count) in by_name.items() if m > math.log1p(th.min_excess)}
+        agreeing = sum(count for n, (m, count) in slow.items()
+                       if quartiles[r].get(n, (m, 0))[0] >= th.agree_share * m)
+        out[r] = 2 * agreeing >= sum(count for _, count in slow.values())
+    return out
+
+
 def compute_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
+    """Candidates: a rank slow by its matched medians (and at its lower
+    quartile too, so contention that only stretches some runs is not taken
+    for a slow device), or slow at its best in every op it runs."""
     late = late_arrivals(scan)
+    scores = compute_scores(scan, th)
+    floors = floor_scores(scan, th.floor_quantile, th.min_floor_ops)
+    consistent = slow_at_quartile_too(scan, th)
     causes = []
-    for r, s in compute_scores(scan, th).items():
-        if s.log_excess <= math.log1p(th.min_excess) or s.z <= th.z_compute:
+    for r in sorted(scan.events):
+        s = scores.get(r)
+        by_median = (s is not None and s.log_excess > math.log1p(th.min_excess)
+                     and s.z > th.z_compute
+                     and consistent.get(r, True))
+        by_floor = floors.get(r, 0.0) > math.log1p(th.floor_excess)
+        if not (by_median or by_floor):
             continue
         n_last, n_joined = late.get(r, (0, 0))
         share = n_last / n_joined if n_joined else None
         if share is not None and n_joined >= th.min_collectives and share < th.late_share_veto:
             continue  # slow here, but others arrive after it: not the source
-        causes.append(RootCause(r, "compute", None, s.z / (s.z + th.z_compute), {
-            "slowdown": round(math.exp(s.log_excess), 4), "slow_op_share": round(s.slow_share, 3),
-            "ops_compared": s.ops, "peers": len(s.peers) - 1, "z": round(s.z, 1),
-            "last_to_start": n_last, "collectives": n_joined}))
+        causes.append(_compute_cause(r, s, floors.get(r), by_median, th, n_last, n_joined))
     return causes
+
+
+def _compute_cause(r: int, s: ComputeScore | None, floor: float | None, by_median: bool,
+                   th: Thresholds, n_last: int, n_joined: int) -> RootCause:
+    evidence: dict[str, Any] = {"last_to_start": n_last, "collectives": n_joined}
+    if s is not None:
+        evidence.update(slowdown=round(math.exp(s.log_excess), 4),
+                        slow_op_share=round(s.slow_share, 3), ops_compared=s.ops,
+                        peers=len(s.peers) - 1, z=round(s.z, 1))
+    if floor is not None:
+        evidence["floor_slowdown"] = round(math.exp(floor), 4)
+    if by_median and s is not None:
+        confidence = s.z / (s.z + th.z_compute)
+    else:
+        excess = floor if floor is not None else 0.0
+        confidence = excess / (excess + math.log1p(th.floor_excess))
+    return RootCause(r, "compute", None, confidence, evidence)
 
 
 # --------------------------------------------------------------- stage 3
@@ -206,11 +295,21 @@ def _pair_stats(samples: dict[tuple[int, int], list[float]], th: Thresholds) -> 
 
 
 def link_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
+    causes = _bandwidth_causes(scan, th)
+    flagged = {(c.rank, c.peer) for c in causes}
+    return causes + [c for c in _delivery_causes(scan, th) if (c.rank, c.peer) not in flagged]
+
+
+def _link_class(pair: tuple[int, int], gpus_per_node: int) -> bool:
+    return pair[0] // gpus_per_node == pair[1] // gpus_per_node
+
+
+def _bandwidth_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
+    """Effective bandwidth per pair against pairs of the same link class."""
     stats = _pair_stats(transfer_samples(scan), th)
-    node = scan.gpus_per_node
     classes: dict[bool, list[PairStats]] = defaultdict(list)
     for p in stats:
-        classes[p.pair[0] // node == p.pair[1] // node].append(p)
+        classes[_link_class(p.pair, scan.gpus_per_node)].append(p)
     causes = []
     for members in classes.values():
         if len(members) < 3:
@@ -219,6 +318,62 @@ def link_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
         typical = max(float(np.median([p.spread for p in members])), SIGMA_FLOOR)
         for p in members:
             causes += _judge_pair(p, centre, typical, th)
+    return causes
+
+
+Channel = tuple[tuple[int, int], str]  # (unordered rank pair, direction)
+
+
+def delivery_waits(scan: ScanInput) -> dict[Channel, list[float]]:
+    """(pair, direction) -> how long each receive went on after both sides
+    were ready (after its send started, or after it was posted if later).
+    The direction (forward, backward, or which way when unnamed) keeps
+    a pipeline's two flows apart: they wait for different things."""
+    waits: dict[Channel, list[float]] = defaultdict(list)
+    for op in scan.ops:
+        if op.kind != "p2p":
+            continue
+        (s, si), (r, ri) = op.members
+        send, recv = scan.events[s][si], scan.events[r][ri]
+        role = p2p_role(send.name, send.args)
+        direction = (role[1] if role else "") or ("up" if s < r else "down")
+        waits[((min(s, r), max(s, r)), direction)].append(
+            max(recv.end_s - max(send.start_s, recv.start_s), 0.0))
+    return waits
+
+
+def _delivery_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
+    """Each pair against the other pairs of its link class, direction by
+    direction, keeping the pair's least striking direction (a faulty link
+    delays both): slow if its fastest deliveries are late (waiting on a busy
+    receiver only ever adds time, so fast deliveries are clean), erratic if
+    its typical delivery is."""
+    stats = {ch: (float(np.percentile(w, th.floor_quantile)), float(np.median(w)), len(w))
+             for ch, w in delivery_waits(scan).items() if len(w) >= th.min_transfers}
+    node = scan.gpus_per_node
+    ratios: dict[tuple[int, int], list[tuple[float, float, float]]] = defaultdict(list)
+    for (pair, direction), (floor, median, _) in stats.items():
+        same = [v for (p, d), v in stats.items() if d == direction and p != pair
+                and _link_class(p, node) == _link_class(pair, node)]
+        if same:
+            class_floor = max(float(np.median([v[0] for v in same])), MIN_DELIVERY_S)
+            class_median = max(float(np.median([v[1] for v in same])), MIN_DELIVERY_S)
+            ratios[pair].append((floor / class_floor, median / class_median, class_floor))
+    causes = []
+    for pair, per_direction in ratios.items():
+        floor_ratio = min(v[0] for v in per_direction)
+        median_ratio = min(v[1] for v in per_direction)
+        evidence: dict[str, Any] = {
+            "transfers": sum(v[2] for (p, _), v in stats.items() if p == pair),
+            "delivery_floor_ratio": round(floor_ratio, 2),
+            "delivery_median_ratio": round(median_ratio, 2)}
+        if floor_ratio > th.wait_ratio:
+            causes.append(RootCause(pair[0], "link", pair[1], floor_ratio / (floor_ratio + th.wait_ratio),
+                                    {"problem": "slow", **evidence}))
+        elif median_ratio > th.erratic_ratio:
+            causes.append(RootCause(pair[0], "link", pair[1],
+                                    median_ratio / (median_ratio + th.erratic_ratio),
+                                    {"problem": "erratic", **evidence}))
     return causes
 
 
