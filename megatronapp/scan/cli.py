@@ -122,7 +122,7 @@ def cmd_align(args: argparse.Namespace) -> int:
     from megatronapp.outdirs import record_outputs
     from megatronapp.tracer import chrome_events, write_json
 
-    from .align import score_against_truth
+    from .align import score_against_truth, trace_span
     from .deps import annotate
     from .load import read_truth_clocks
 
@@ -148,7 +148,7 @@ def cmd_align(args: argparse.Namespace) -> int:
                                                   "anchors": f.anchors} for r, f in scan.clocks.items()}}
     if truth_clocks is not None:
         report["error_vs_ground_truth"] = score_against_truth(
-            scan.clocks, truth_clocks, ref=min(scan.clocks))
+            scan.clocks, truth_clocks, ref=min(scan.clocks), span=trace_span(scan.events))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -165,33 +165,104 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------- validate-detector
 def cmd_validate(args: argparse.Namespace) -> int:
-    from backends.sim import run_sim
-    from megatronapp.files import check_file_target
-    from megatronapp.progress import counter
+    from .trials import PLANS
+    from .validate import TrialReport, replay_trials, run_trials
 
-    from .validate import alignment_summary, markdown_table, run_trials, summarize, write_csv
-
-    for name in ("trials", "jobs"):
-        if getattr(args, name) < 1:
+    if args.replay:
+        corpus = Path(args.replay)
+        if not corpus.is_dir():
+            raise UserError(f"--replay: {corpus} is not a directory")
+        return _report(list(_with_progress(replay_trials(corpus), None, "scoring saved trials")),
+                       args, "replayed")
+    trials = args.trials if args.trials is not None else DEFAULT_TRIALS[args.backend]
+    for name, value in (("trials", trials), ("jobs", args.jobs)):
+        if value < 1:
             raise UserError(f"--{name}: must be >= 1")
-    most = 4 * (os.cpu_count() or 1)
-    if args.jobs > most:
-        raise UserError(f"--jobs: {args.jobs} processes is more than this machine runs "
-                        f"usefully (at most {most})")
-    check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
-    outcomes, alignment = [], []
-    with counter("simulating and scoring trials", args.trials) as advance:
-        for trial_outcomes, align in run_trials(args.seed, args.trials, args.jobs, run_sim,
-                                                advance):
-            outcomes += trial_outcomes
-            alignment.append(align)
-    rows = summarize(outcomes)
+    run, plan = _validation_backend(args), PLANS["real" if args.backend == "torch" else "sim"]
+    keep = Path(args.save_runs) if args.save_runs else (
+        Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if args.backend == "torch" else None)
+    status: dict[str, str] = {}
+
+    def started(trial: Any) -> None:
+        p = trial.scenario.parallel
+        status["now"] = f"trial {trial.index}: {trial.band}, tp {p.tp} pp {p.pp} dp {p.dp}"
+
+    reports: Iterator[TrialReport] = run_trials(args.seed, trials, args.jobs, run, plan, keep,
+                                                on_start=started)
+    label = "real trials" if args.backend == "torch" else "trials"
+    done = list(_with_progress(reports, trials, label, status))
+    if keep is not None:
+        print(f"kept every trial's run directory under {keep} (score again with --replay {keep})")
+    return _report(done, args, plan.name, plan.bands)
+
+
+DEFAULT_TRIALS = {"sim": 500, "torch": 100}
+DEFAULT_REAL_CORPUS = "runs/validate-detector-torch"
+
+
+def _validation_backend(args: argparse.Namespace) -> Any:
+    """The run function handed to the harness (module-level: it is pickled)."""
+    if args.backend == "sim":
+        from backends.sim import run_sim
+
+        return run_sim
+    if args.backend != "torch":
+        raise UserError(f"--backend: unknown backend {args.backend!r} (choose from sim, torch)")
+    if args.jobs != 1:
+        raise UserError("--jobs: real runs share this machine's cores; run them one at a time (1)")
+    from functools import partial
+
+    from backends.torch import run_scenario
+
+    return partial(run_scenario, stall_timeout_s=REAL_STALL_TIMEOUT_S)
+
+
+REAL_STALL_TIMEOUT_S = 120.0
+
+
+def _with_progress(reports: Iterator[Any], total: int | None, label: str,
+                   status: dict[str, str] | None = None) -> Iterator[Any]:
+    """Pass reports through while a progress bar says which trial is running."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.completed}/"
+                   + ("{task.total}" if total else "?")), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), transient=True,
+                   disable=not sys.stderr.isatty())
+    with bar:
+        task = bar.add_task("", total=total)
+        while True:
+            if status:
+                bar.update(task, description=status.get("now", ""))
+            try:
+                report = next(reports)
+            except StopIteration:
+                return
+            bar.advance(task)
+            yield report
+
+
+def _report(reports: list[Any], args: argparse.Namespace, what: str,
+            bands: Any = None) -> int:
+    from .trials import CONTROLS, PLANS
+    from .validate import alignment_line, markdown_table, real_run_lines, summarize, write_csv
+
+    ok = [r for r in reports if r.error is None]
+    if bands is None:  # replayed: every plan's bands, controls last
+        faults = [b for plan in PLANS.values() for b in plan.bands if b not in CONTROLS]
+        bands = faults + list(CONTROLS)
+    rows = summarize([o for r in ok for o in r.outcomes], bands)
     write_csv(rows, Path(args.csv))
     print(markdown_table(rows))
-    a = alignment_summary(alignment)
-    print(f"\nclock alignment over {a['trials']} trials: offset error median "
-          f"{a['offset_err_median_us']:.4f} us, worst {a['offset_err_worst_us']:.4f} us; "
-          f"drift error worst {a['drift_err_worst_ppm']:.4f} ppm")
+    print("\n" + alignment_line(ok))
+    if any(r.load is not None for r in ok):
+        print("\n".join(real_run_lines(reports, bands)))
+    seconds = sum(r.seconds for r in reports)
+    print(f"{len(ok)} {what} trials scored in {seconds:.1f} s of trial time "
+          f"({seconds / max(1, len(reports)):.2f} s per trial)")
+    for r in reports:
+        if r.error is not None:
+            print(f"trial {r.index} failed to run: {r.error}")
     print(f"wrote {args.csv}")
     return 0
 
@@ -239,8 +310,17 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     align.set_defaults(func=cmd_align)
 
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
-    val.add_argument("--trials", type=int, default=500, help="simulated jobs with a known fault")
-    val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")
-    val.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    val.add_argument("--backend", default="sim",
+                     help="sim (default): simulated jobs of 2-64 ranks; torch: real jobs of 2-4 "
+                          "ranks (one thread each) with real injected faults")
+    val.add_argument("--trials", type=int, default=None,
+                     help=f"default {DEFAULT_TRIALS['sim']} (sim) or {DEFAULT_TRIALS['torch']} (torch)")
+    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--jobs", type=int, default=1, help="parallel processes (sim only)")
     val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
+    val.add_argument("--save-runs", metavar="DIR", default=None,
+                     help="keep each trial's run directory here, replacing trials kept there before "
+                          f"(torch default: {DEFAULT_REAL_CORPUS}/seedS)")
+    val.add_argument("--replay", metavar="DIR", default=None,
+                     help="score the trials saved in DIR again, running nothing")
     val.set_defaults(func=cmd_validate)
