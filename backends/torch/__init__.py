@@ -19,7 +19,8 @@ def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = N
     """Run a scenario for real. ``kw``: ``optimizer`` ("adam" | "sgd"), ``lr``,
     ``coalesce`` (hold sends for the next receive; default: on NCCL only),
     ``stall_timeout_s`` (fail when no rank makes progress for this long),
-    ``on_phase`` (told what the run is doing: spawning, building stages)."""
+    ``on_phase`` (told what the run is doing: spawning, building stages),
+    ``profile_dir`` (also write a torch.profiler trace per rank there)."""
     from megatronapp.progress import quiet
 
     from .launch import STALL_TIMEOUT_S, spawn_run
@@ -34,7 +35,8 @@ def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = N
 
         check_fbd_scenario(s)
         job, on_record = FBD, progress_hook(fbd_layout(s), on_record)
-    options = TrainOptions(optimizer=kw.get("optimizer", "adam"), lr=kw.get("lr", 1e-3))
+    options = TrainOptions(optimizer=kw.get("optimizer", "adam"), lr=kw.get("lr", 1e-3),
+                           profile_dir=kw.get("profile_dir"))
     result, _ = spawn_run(s, options, kw.get("coalesce"), on_record,
                           stall_timeout_s=kw.get("stall_timeout_s", STALL_TIMEOUT_S),
                           on_phase=kw.get("on_phase", quiet), job=job)

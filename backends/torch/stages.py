@@ -34,6 +34,7 @@ class TrainOptions:
     lr: float = 1e-3
     capture_first_step: bool = False  # keep weights/grads of iteration 0 (tests)
     initial_state: Mapping[str, np.ndarray] | None = None  # full-model weights to load
+    profile_dir: str | None = None  # also write a torch.profiler trace per rank here
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from sim.cluster import clocks_of
 from . import megatron_compat
 from .faults import injected_faults
 from .interpreter import CudaClock, GroupCache, HostClock, Interpreter
+from .profile import kineto_profile
 from .stages import MegatronStages, StepCapture, TrainOptions
 from .watchdog import OpBeacon
 
@@ -118,8 +119,9 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
         backend = dist.get_backend()
         coalesce = backend == "nccl" if coalesce is None else coalesce
         say(f"iteration 1/{s.iterations}")
-        Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
-                    stages.activation_buffer, coalesce, device, beacon).run(program)
+        with kineto_profile(options.profile_dir, rank) as wrap:
+            Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
+                        stages.activation_buffer, coalesce, device, beacon).run(wrap(program))
         if beacon is not None:
             beacon.finish()
         dist.barrier(**_barrier_device(device))
