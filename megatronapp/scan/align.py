@@ -37,6 +37,7 @@ MIN_RECV_WAIT_S = 1e-6
 # Completions that coincide to within this (median residual) are synchronous
 # (the simulator, or a clean trace); anything looser is fitted by causal bounds.
 ANCHOR_SPREAD_S = 1e-6
+MIN_JUDGED_ANCHORS = 4  # a line through fewer anchors says nothing of how well they agree
 
 
 def is_anchor(op: SyncOp, events: RankEvents) -> bool:
@@ -177,32 +178,38 @@ def causal_bounds(rank: int, ops: list[SyncOp], events: RankEvents,
                   np.array(lp, dtype=bool), np.array(up, dtype=bool))
 
 
-def _fit_rank(rank: int, ops: list[SyncOp], events: RankEvents,
-              fits: Mapping[int, ClockFit]) -> ClockFit:
-    """Completion anchors, kept when they truly coincide and break no causal
-    bound (simulated traces, synchronous completions); otherwise a
-    provisional fit marked "bounds", to be solved with the other real clocks."""
+@dataclass(frozen=True)
+class AnchorFit:
+    fit: ClockFit
+    spread_s: float  # median distance of its anchors from the line
+    anchors: int
+
+
+def _anchor_fit(rank: int, ops: list[SyncOp], events: RankEvents,
+                fits: Mapping[int, ClockFit]) -> AnchorFit:
     xs, ys = _anchor_points(rank, ops, events, fits)
-    bounds = causal_bounds(rank, ops, events, fits)
-    if len(xs):
-        a, b = robust_line(xs, ys)
-        spread = float(np.median(np.abs(ys - (a * xs + b))))
-        if spread <= ANCHOR_SPREAD_S and bounds.violation(a, b) <= MIN_TRIM_S:
-            return ClockFit(a, b, len(xs))
-    if bounds.two_sided:
-        a, b, _ = maximin_line(bounds)
-        return ClockFit(a, b, len(bounds.lower_x) + len(bounds.upper_x), "bounds")
-    return ClockFit(anchors=len(xs) + len(bounds.lower_x) + len(bounds.upper_x), method="bounds")
+    if not len(xs):
+        return AnchorFit(ClockFit(), math.inf, 0)
+    a, b = robust_line(xs, ys)
+    return AnchorFit(ClockFit(a, b, len(xs)), float(np.median(np.abs(ys - (a * xs + b)))), len(xs))
+
+
+def completions_coincide(anchored: Mapping[int, AnchorFit]) -> bool:
+    """Whether this trace's completions are synchronous: the ranks with
+    enough anchors to tell (more than a line's two parameters) fit them to a
+    microsecond. With none able to tell, they are taken to be."""
+    judged = [f.spread_s for f in anchored.values() if f.anchors >= MIN_JUDGED_ANCHORS]
+    return not judged or float(np.median(judged)) <= ANCHOR_SPREAD_S
 
 
 def fit_clocks(events: RankEvents, ops: list[SyncOp], ref: int | None = None
                ) -> dict[int, ClockFit]:
     """One ClockFit per rank, mapping its local clock onto the reference rank's.
 
-    Ranks are fitted breadth-first from the reference by completion anchors;
-    those whose anchors do not coincide (real traces) are then solved
-    together from pairwise estimates (``pairwise.py``) and each moved inside
-    its causal bounds against all the others."""
+    Ranks are fitted breadth-first from the reference by completion anchors.
+    If the trace's completions do not coincide (real traces), or a rank's
+    fit breaks a causal bound, those ranks are solved together from pairwise
+    estimates (``pairwise.py``) and moved inside their causal bounds."""
     ranks = sorted(events)
     if not ranks:
         return {}
@@ -213,10 +220,17 @@ def fit_clocks(events: RankEvents, ops: list[SyncOp], ref: int | None = None
         for r in set(op.ranks):
             ops_of[r].append(op)
     fits: dict[int, ClockFit] = {ref: ClockFit()}
+    anchored: dict[int, AnchorFit] = {}
     for rank in bfs_order(ranks, ops, ref)[1:]:
-        fits[rank] = _fit_rank(rank, ops_of.get(rank, []), events, fits)
-    free = [r for r, f in fits.items() if f.method == "bounds"]
+        anchored[rank] = _anchor_fit(rank, ops_of.get(rank, []), events, fits)
+        fits[rank] = anchored[rank].fit
+    synchronous = completions_coincide(anchored)
+    free = [r for r, f in anchored.items() if not synchronous or f.anchors == 0
+            or causal_bounds(r, ops_of.get(r, []), events, fits).violation(f.fit.a, f.fit.b)
+            > MIN_TRIM_S]
     if free:
+        for r in free:
+            fits[r] = ClockFit(fits[r].a, fits[r].b, fits[r].anchors, "bounds")
         fits.update(_solve_real_clocks(events, ops, ops_of, fits, free))
     return fits
 

@@ -60,19 +60,30 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
                 yield (f"  its compute ops take {ev['slowdown']:.3f}x as long as the same ops on "
                        f"its {ev['peers']} peer(s); {100 * ev['slow_op_share']:.0f}% of "
                        f"{ev['ops_compared']} ops are slow")
+            if "floor_slowdown" in ev:
+                yield (f"  at their fastest, its ops take {ev['floor_slowdown']:.3f}x as long as "
+                       "its peers' fastest (in every op it runs)")
             if ev.get("collectives"):
+                waited = 2 * ev["last_to_start"] > ev["collectives"]
                 yield (f"  it started last in {ev['last_to_start']} of its {ev['collectives']} "
-                       "TP/DP collectives: the others waited for it")
+                       "TP/DP collectives" + (": the others waited for it" if waited else ""))
             extra = {k: v for k, v in ev.items() if k not in ("slowdown", "slow_op_share",
-                     "ops_compared", "peers", "last_to_start", "collectives", "z")}
+                     "ops_compared", "peers", "last_to_start", "collectives", "z",
+                     "floor_slowdown")}
             if extra:
                 yield "  " + ", ".join(f"{k}={v}" for k, v in extra.items())
         else:
             what = "slow" if ev.get("problem") == "slow" else "erratic"
             yield (f"root cause: link {c['rank']} <-> {c['peer']} ({what}, confidence "
                    f"{c['confidence']:.2f})")
-            yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
-                   f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs {ev['class_spread']:.3f}")
+            if "bandwidth_ratio" in ev:
+                yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
+                       f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs "
+                       f"{ev['class_spread']:.3f}")
+            else:
+                yield (f"  over {ev['transfers']} transfers, receives end after the send started "
+                       f"{ev['delivery_floor_ratio']:.2f}x later than on its link class at the "
+                       f"fastest, {ev['delivery_median_ratio']:.2f}x at the median")
     if d["victims"]:
         shown = ", ".join(map(str, d["victims"][:16]))
         more = f" and {len(d['victims']) - 16} more" if len(d["victims"]) > 16 else ""
@@ -174,6 +185,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise UserError(f"--replay: {corpus} is not a directory")
         return _report(list(_with_progress(replay_trials(corpus), None, "scoring saved trials")),
                        args, "replayed")
+    if args.backend not in DEFAULT_TRIALS:
+        raise UserError(f"--backend: unknown backend {args.backend!r} (choose from sim, torch)")
     trials = args.trials if args.trials is not None else DEFAULT_TRIALS[args.backend]
     for name, value in (("trials", trials), ("jobs", args.jobs)):
         if value < 1:
@@ -206,8 +219,6 @@ def _validation_backend(args: argparse.Namespace) -> Any:
         from backends.sim import run_sim
 
         return run_sim
-    if args.backend != "torch":
-        raise UserError(f"--backend: unknown backend {args.backend!r} (choose from sim, torch)")
     if args.jobs != 1:
         raise UserError("--jobs: real runs share this machine's cores; run them one at a time (1)")
     from functools import partial

@@ -49,7 +49,7 @@ class Thresholds:
     floor_quantile: float = 5.0  # percent: a rank's floor for an op name
     floor_excess: float = 0.15  # slow at its best in every op it runs, by this much
     min_floor_ops: int = 4  # runs of an op name needed for its floor
-    agree_quantile: float = 25.0  # a median-based candidate must be slow here too ...
+    agree_quantile: float = 10.0  # a median-based candidate must be slow here too ...
     agree_share: float = 0.5  # ... by at least this share of its median slowdown
     wait_ratio: float = 3.0  # slow: a link's fastest deliveries this many times its class's
     erratic_ratio: float = 1.5  # erratic: its typical delivery this many times its class's
@@ -219,9 +219,11 @@ def slow_at_quartile_too(scan: ScanInput, th: Thresholds) -> dict[int, bool]:
 
 
 def compute_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
-    """Candidates: a rank slow by its matched medians (and at its lower
-    quartile too, so contention that only stretches some runs is not taken
-    for a slow device), or slow at its best in every op it runs."""
+    """Candidates: a rank slow by its matched medians (and at a low quantile
+    too, so contention that only stretches some runs is not taken for a slow
+    device), or slow at its best in every op it runs. A median-based
+    candidate that is rarely the last to arrive at its collectives is a
+    victim and is dropped."""
     late = late_arrivals(scan)
     scores = compute_scores(scan, th)
     floors = floor_scores(scan, th.floor_quantile, th.min_floor_ops)
@@ -237,8 +239,11 @@ def compute_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
             continue
         n_last, n_joined = late.get(r, (0, 0))
         share = n_last / n_joined if n_joined else None
-        if share is not None and n_joined >= th.min_collectives and share < th.late_share_veto:
+        if (not by_floor and share is not None and n_joined >= th.min_collectives
+                and share < th.late_share_veto):
             continue  # slow here, but others arrive after it: not the source
+        # (slow even at its best is no victim's mark: waiting happens between ops,
+        # and on a real machine who arrives last depends on much more than this rank)
         causes.append(_compute_cause(r, s, floors.get(r), by_median, th, n_last, n_joined))
     return causes
 

@@ -20,7 +20,9 @@ Metadata (``M``), instant (``i``/``I``), counter (``C``), flow (``s``/``t``/
 event that is not what its phase promises, is a ``TraceError`` naming the
 file and the event index.
 
-What a trace leaves out is inferred across the files of one job: a gloo
+Files written on one host (the same ``host_name``) share its clock and are
+taken as aligned; files from several hosts are aligned like raw per-rank
+traces. What a trace leaves out is inferred across the files of one job: a gloo
 collective without metadata belongs to the smallest of its rank's process
 groups whose members all made as many such calls; a point-to-point op
 without a recorded peer is paired with the other rank's opposite op that
@@ -383,9 +385,23 @@ def _comms(spans: list[Span], source: str) -> list[Comm]:
 
 
 # ------------------------------------------------------------------- jobs
-def load_kineto(paths: Iterable[Path]) -> tuple[RankEvents, dict[str, Mapping[str, int]]]:
-    """Every rank's events (seconds since the earliest file's base time) and,
-    per file, how many events of each phase it held."""
+@dataclass(frozen=True)
+class KinetoJob:
+    """A job's Kineto files, read: events per rank (seconds since the earliest
+    file's base time), per file how many events of each phase it held, and
+    the hosts the files name."""
+
+    events: RankEvents
+    phases: dict[str, Mapping[str, int]]
+    hosts: frozenset[str]
+
+    @property
+    def one_clock(self) -> bool:
+        """Files of one host share its clock: nothing to align."""
+        return len(self.hosts) == 1 and "" not in self.hosts
+
+
+def load_kineto(paths: Iterable[Path]) -> KinetoJob:
     datas = [(path, read_json_any(path)) for path in paths]
     bases = [d.get("baseTimeNanoseconds", 0) for _, d in datas if isinstance(d, dict)]
     origin = min((b for b in bases if isinstance(b, int) and not isinstance(b, bool)), default=0)
@@ -397,8 +413,9 @@ def load_kineto(paths: Iterable[Path]) -> tuple[RankEvents, dict[str, Mapping[st
                              f"{ranks[parsed.rank].source}")
         ranks[parsed.rank] = parsed
     comms = _resolve(ranks)
-    return ({r: _rank_events(ranks[r], comms[r]) for r in sorted(ranks)},
-            {k.source: k.phases for k in ranks.values()})
+    hosts = frozenset(str(d.get("host_name", "")) if isinstance(d, dict) else "" for _, d in datas)
+    return KinetoJob({r: _rank_events(ranks[r], comms[r]) for r in sorted(ranks)},
+                     {k.source: k.phases for k in ranks.values()}, hosts)
 
 
 def _resolve(ranks: Mapping[int, KinetoRank]) -> dict[int, list[Comm]]:

@@ -266,7 +266,7 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) ->
     With ``raw_clocks`` a run directory is read from ``ranks/`` (unaligned, as
     a real job would hand it over); otherwise from the merged ``trace.json``.
     A single Chrome file is taken as it is (aligned if its metadata says so);
-    Kineto files keep each rank's own clock and are aligned like raw ones.
+    Kineto files from one host share its clock, from several are aligned.
     """
     path = Path(target)
     if path.is_dir():
@@ -281,7 +281,8 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) ->
         profiles = kineto_files(path)
         if profiles:
             say(f"loading {len(profiles)} torch.profiler files")
-            return LoadedTrace(load_kineto(profiles)[0], False, str(path))
+            job = load_kineto(profiles)
+            return LoadedTrace(job.events, job.one_clock, str(path))
         raise TraceError(str(path), "no ranks/rank*.json, trace.json or torch.profiler "
                          "*.pt.trace.json(.gz) files in this directory")
     if not path.is_file():
@@ -289,7 +290,7 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) ->
     say(f"loading {path}")
     data = read_json_any(path)
     if is_kineto(data):
-        return LoadedTrace(load_kineto([path])[0], False, str(path))
+        return LoadedTrace(load_kineto([path]).events, True, str(path))
     meta = data.get("metadata", {}) if isinstance(data, dict) else {}
     aligned = not isinstance(meta, dict) or meta.get("clock", "aligned") != "local"
     return LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))
