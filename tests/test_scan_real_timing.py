@@ -14,12 +14,14 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backends.sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.scan.align import score_against_truth, trace_span
 from megatronapp.scan.bounds import Bounds, maximin_line
-from megatronapp.scan.detect import Thresholds, megascan
+from megatronapp.scan.detect import Thresholds, megascan, rank_sum_z
 from megatronapp.scan.pairwise import shorth
 from megatronapp.scan.validate import injected_clocks, scan_of_result
 from megatronapp.tracer import Event, RunResult
@@ -180,3 +182,16 @@ def test_real_like_links_are_not_blamed_without_a_fault(pipeline, seed):
 @pytest.mark.parametrize("seed", [11, 12, 13])
 def test_real_like_healthy_run_is_healthy(data_parallel, seed):
     assert megascan(scan_of_result(_realistic(data_parallel, seed=seed, contended={1: 0.5}))).healthy
+
+
+@given(st.lists(st.floats(0, 1), min_size=3, max_size=30),
+       st.lists(st.floats(0, 1), min_size=3, max_size=30), st.floats(0.01, 2))
+def test_rank_sum_z_is_antisymmetric_and_grows_with_a_shift(a, b, shift):
+    x, y = np.asarray(a), np.asarray(b)
+    z = rank_sum_z(x, y)
+    assert z == pytest.approx(-rank_sum_z(y, x), abs=1e-9)
+    assert rank_sum_z(x + shift, y) >= z - 1e-9
+    # every waiting time above the class's: the largest z these sizes allow
+    n1, n2 = len(x), len(y)
+    assert rank_sum_z(y.max() + 1 + x, y) == pytest.approx(
+        n1 * n2 / 2 / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12))

@@ -266,8 +266,9 @@ def _report(reports: list[Any], args: argparse.Namespace, what: str,
     write_csv(rows, Path(args.csv))
     print(markdown_table(rows))
     print("\n" + alignment_line(ok))
-    if any(r.load is not None for r in ok):
-        print("\n".join(real_run_lines(reports, bands)))
+    real = real_run_lines(reports, bands)
+    if real:
+        print("\n".join(real))
     seconds = sum(r.seconds for r in reports)
     print(f"{len(ok)} {what} trials scored in {seconds:.1f} s of trial time "
           f"({seconds / max(1, len(reports)):.2f} s per trial)")

@@ -53,6 +53,7 @@ class Thresholds:
     agree_share: float = 0.5  # ... by at least this share of its median slowdown
     wait_ratio: float = 3.0  # slow: a link's fastest deliveries this many times its class's
     erratic_ratio: float = 1.5  # erratic: its typical delivery this many times its class's
+    z_erratic: float = 2.0  # ... and its waits rank this far above the class's in both directions
 
 
 @dataclass(frozen=True)
@@ -347,35 +348,67 @@ def delivery_waits(scan: ScanInput) -> dict[Channel, list[float]]:
     return waits
 
 
+def rank_sum_z(sample: np.ndarray, reference: np.ndarray) -> float:
+    """Mann-Whitney: how many standard errors ``sample`` ranks above
+    ``reference`` (no assumption on how the waits are distributed)."""
+    n1, n2 = len(sample), len(reference)
+    # tied waits share their average rank (equal waits favour neither side)
+    _, which, counts = np.unique(np.concatenate([sample, reference]), return_inverse=True,
+                                 return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2)[which]
+    u = float(ranks[:n1].sum()) - n1 * (n1 + 1) / 2
+    return (u - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One direction of one pair against the same direction of its link class."""
+
+    floor_ratio: float
+    median_ratio: float
+    z: float  # rank-sum z of its waits against the class's
+    transfers: int
+
+
+def _deliveries(scan: ScanInput, th: Thresholds) -> dict[tuple[int, int], list[Delivery]]:
+    waits = {ch: np.asarray(w) for ch, w in delivery_waits(scan).items()
+             if len(w) >= th.min_transfers}
+    node = scan.gpus_per_node
+    out: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
+    for (pair, direction), mine in waits.items():
+        same = [w for (p, d), w in waits.items() if d == direction and p != pair
+                and _link_class(p, node) == _link_class(pair, node)]
+        if not same:
+            continue
+        class_floor = max(float(np.median([np.percentile(w, th.floor_quantile) for w in same])),
+                          MIN_DELIVERY_S)
+        class_median = max(float(np.median([np.median(w) for w in same])), MIN_DELIVERY_S)
+        out[pair].append(Delivery(float(np.percentile(mine, th.floor_quantile)) / class_floor,
+                                  float(np.median(mine)) / class_median,
+                                  rank_sum_z(mine, np.concatenate(same)), len(mine)))
+    return out
+
+
 def _delivery_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
     """Each pair against the other pairs of its link class, direction by
     direction, keeping the pair's least striking direction (a faulty link
     delays both): slow if its fastest deliveries are late (waiting on a busy
     receiver only ever adds time, so fast deliveries are clean), erratic if
-    its typical delivery is."""
-    stats = {ch: (float(np.percentile(w, th.floor_quantile)), float(np.median(w)), len(w))
-             for ch, w in delivery_waits(scan).items() if len(w) >= th.min_transfers}
-    node = scan.gpus_per_node
-    ratios: dict[tuple[int, int], list[tuple[float, float, float]]] = defaultdict(list)
-    for (pair, direction), (floor, median, _) in stats.items():
-        same = [v for (p, d), v in stats.items() if d == direction and p != pair
-                and _link_class(p, node) == _link_class(pair, node)]
-        if same:
-            class_floor = max(float(np.median([v[0] for v in same])), MIN_DELIVERY_S)
-            class_median = max(float(np.median([v[1] for v in same])), MIN_DELIVERY_S)
-            ratios[pair].append((floor / class_floor, median / class_median, class_floor))
+    its typical delivery is, and its waits rank above the class's beyond
+    what a busy machine's noise makes of them."""
     causes = []
-    for pair, per_direction in ratios.items():
-        floor_ratio = min(v[0] for v in per_direction)
-        median_ratio = min(v[1] for v in per_direction)
+    for pair, per_direction in _deliveries(scan, th).items():
+        floor_ratio = min(d.floor_ratio for d in per_direction)
+        median_ratio = min(d.median_ratio for d in per_direction)
+        z = min(d.z for d in per_direction)
         evidence: dict[str, Any] = {
-            "transfers": sum(v[2] for (p, _), v in stats.items() if p == pair),
+            "transfers": sum(d.transfers for d in per_direction),
             "delivery_floor_ratio": round(floor_ratio, 2),
-            "delivery_median_ratio": round(median_ratio, 2)}
+            "delivery_median_ratio": round(median_ratio, 2), "z": round(z, 1)}
         if floor_ratio > th.wait_ratio:
             causes.append(RootCause(pair[0], "link", pair[1], floor_ratio / (floor_ratio + th.wait_ratio),
                                     {"problem": "slow", **evidence}))
-        elif median_ratio > th.erratic_ratio:
+        elif median_ratio > th.erratic_ratio and z > th.z_erratic:
             causes.append(RootCause(pair[0], "link", pair[1],
                                     median_ratio / (median_ratio + th.erratic_ratio),
                                     {"problem": "erratic", **evidence}))

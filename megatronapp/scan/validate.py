@@ -27,7 +27,7 @@ from .detect import megascan
 from .diagnosis import Detector, Diagnosis
 from .inputs import ScanInput, prepare, prepare_loaded
 from .load import events_from_chrome, load_trace
-from .trials import CONTROLS, PLANS, SIM, Trial, TrialPlan, matches
+from .trials import CONTROLS, PLANS, REAL, SIM, Trial, TrialPlan, matches
 
 METHODS: dict[str, Detector] = {
     "megascan": megascan, "slowest-mean": slowest_mean, "nvidia-0.75": nvidia_relative,
@@ -78,7 +78,7 @@ def run_trial(seed: int, index: int, run: RunScenario, plan: TrialPlan = SIM,
     outcomes, alignment = score_trial(trial, scan_of_result(result, trial.scenario.name),
                                       injected_clocks(result))
     return TrialReport(index, tuple(outcomes), alignment, time.perf_counter() - start,
-                       load=load, shape=shape_of(trial))
+                       load=load, shape=shape_of(trial), plan=plan.name)
 
 
 def shape_of(trial: Trial) -> str:
@@ -129,7 +129,7 @@ def replay_trial(run_dir: Path) -> "TrialReport":
     clocks = json.loads((run_dir / "ground_truth.json").read_text())["clocks"]
     outcomes, alignment = score_trial(trial, scan, clocks)
     return TrialReport(trial.index, tuple(outcomes), alignment, time.perf_counter() - start,
-                       load=meta.get("machine_load"), shape=shape_of(trial))
+                       load=meta.get("machine_load"), shape=shape_of(trial), plan=meta["plan"])
 
 
 def _outcome(trial: Trial, method: str, d: Diagnosis) -> Outcome:
@@ -213,6 +213,7 @@ class TrialReport:
     error: str | None = None
     load: float | None = None  # the machine's 1-minute load average while it ran
     shape: str = ""
+    plan: str = ""
 
 
 def run_trials(seed: int, trials: int, jobs: int, run: RunScenario, plan: TrialPlan = SIM,
@@ -262,7 +263,7 @@ def alignment_line(reports: list[TrialReport], label: str = "") -> str:
 def real_run_lines(reports: list[TrialReport], bands: Iterable[str]) -> list[str]:
     """For real runs: alignment by job shape, and MegaScan's accuracy on a
     quiet machine against a loaded one (the machine brings the noise)."""
-    ok = [r for r in reports if r.error is None]
+    ok = [r for r in reports if r.error is None and r.plan == REAL.name]
     lines = []
     for shape in sorted({r.shape for r in ok}):
         lines.append(alignment_line([r for r in ok if r.shape == shape], f" ({shape})"))
