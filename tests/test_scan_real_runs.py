@@ -11,7 +11,7 @@ import yaml
 
 from megatronapp.cli import main
 from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.kinds import kind_of
+from megatronapp.kinds import event_kind
 from megatronapp.scan.trials import REAL, REAL_BANDS, make_real_trial
 from megatronapp.topology import Topology
 
@@ -75,7 +75,7 @@ def test_real_validation_runs_scores_keeps_and_replays_a_trial(tmp_path, capsys)
 
 
 def _compute_names(events: dict) -> dict[int, list[str]]:
-    return {r: [e.name for e in evs if kind_of(e.name, e.args) == "compute"
+    return {r: [e.name for e in evs if event_kind(e.name, e.args) == "compute"
                 and e.name in ("forward", "backward", "optimizer")] for r, evs in events.items()}
 
 

@@ -176,34 +176,35 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------- validate-detector
 def cmd_validate(args: argparse.Namespace) -> int:
+    from megatronapp.files import check_file_target
+
     from .trials import PLANS
-    from .validate import TrialReport, replay_trials, run_trials
+    from .validate import replay_trials, run_trials
 
     if args.replay:
-        corpus = Path(args.replay)
-        if not corpus.is_dir():
-            raise UserError(f"--replay: {corpus} is not a directory")
-        return _report(list(_with_progress(replay_trials(corpus), None, "scoring saved trials")),
-                       args, "replayed")
-    if args.backend not in DEFAULT_TRIALS:
-        raise UserError(f"--backend: unknown backend {args.backend!r} (choose from sim, torch)")
+        corpora = [Path(d) for d in args.replay]
+        for corpus in corpora:
+            if not corpus.is_dir():
+                raise UserError(f"--replay: {corpus} is not a directory")
+        check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the scoring
+        return _report(_collect(lambda _started: (r for c in corpora for r in replay_trials(c)),
+                                None, "scoring saved trials"), args, "replayed")
     trials = args.trials if args.trials is not None else DEFAULT_TRIALS[args.backend]
     for name, value in (("trials", trials), ("jobs", args.jobs)):
         if value < 1:
             raise UserError(f"--{name}: must be >= 1")
+    most = 4 * (os.cpu_count() or 1)
+    if args.jobs > most:
+        raise UserError(f"--jobs: {args.jobs} processes is more than this machine runs "
+                        f"usefully (at most {most})")
     run, plan = _validation_backend(args), PLANS["real" if args.backend == "torch" else "sim"]
     keep = Path(args.save_runs) if args.save_runs else (
         Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if args.backend == "torch" else None)
-    status: dict[str, str] = {}
-
-    def started(trial: Any) -> None:
-        p = trial.scenario.parallel
-        status["now"] = f"trial {trial.index}: {trial.band}, tp {p.tp} pp {p.pp} dp {p.dp}"
-
-    reports: Iterator[TrialReport] = run_trials(args.seed, trials, args.jobs, run, plan, keep,
-                                                on_start=started)
-    label = "real trials" if args.backend == "torch" else "trials"
-    done = list(_with_progress(reports, trials, label, status))
+    check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
+    label = "running and scoring real trials" if args.backend == "torch" else \
+        "simulating and scoring trials"
+    done = _collect(lambda started: run_trials(args.seed, trials, args.jobs, run, plan, keep,
+                                               on_start=started), trials, label)
     if keep is not None:
         print(f"kept every trial's run directory under {keep} (score again with --replay {keep})")
     return _report(done, args, plan.name, plan.bands)
@@ -231,26 +232,22 @@ def _validation_backend(args: argparse.Namespace) -> Any:
 REAL_STALL_TIMEOUT_S = 120.0
 
 
-def _with_progress(reports: Iterator[Any], total: int | None, label: str,
-                   status: dict[str, str] | None = None) -> Iterator[Any]:
-    """Pass reports through while a progress bar says which trial is running."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+def _collect(reports: Callable[[Callable[[Any], None]], Iterator[Any]], total: int | None,
+             label: str) -> list[Any]:
+    """Every report of ``reports(started)``, while the progress line says how
+    many are done and which trial runs now (``started`` is told each trial)."""
+    of = f"/{total}" if total else ""
+    done: list[Any] = []
+    with status(f"{label}: starting") as say:
+        def started(trial: Any) -> None:
+            p = trial.scenario.parallel
+            say(f"{label}: {len(done)}{of} done; trial {trial.index}: {trial.band}, "
+                f"tp {p.tp} pp {p.pp} dp {p.dp}")
 
-    bar = Progress(TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.completed}/"
-                   + ("{task.total}" if total else "?")), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), transient=True,
-                   disable=not sys.stderr.isatty())
-    with bar:
-        task = bar.add_task("", total=total)
-        while True:
-            if status:
-                bar.update(task, description=status.get("now", ""))
-            try:
-                report = next(reports)
-            except StopIteration:
-                return
-            bar.advance(task)
-            yield report
+        for report in reports(started):
+            done.append(report)
+            say(f"{label}: {len(done)}{of} done")
+    return done
 
 
 def _report(reports: list[Any], args: argparse.Namespace, what: str,
@@ -322,17 +319,17 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     align.set_defaults(func=cmd_align)
 
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
-    val.add_argument("--backend", default="sim",
+    val.add_argument("--backend", default="sim", choices=("sim", "torch"),
                      help="sim (default): simulated jobs of 2-64 ranks; torch: real jobs of 2-4 "
                           "ranks (one thread each) with real injected faults")
     val.add_argument("--trials", type=int, default=None,
                      help=f"default {DEFAULT_TRIALS['sim']} (sim) or {DEFAULT_TRIALS['torch']} (torch)")
-    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")
     val.add_argument("--jobs", type=int, default=1, help="parallel processes (sim only)")
     val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
     val.add_argument("--save-runs", metavar="DIR", default=None,
                      help="keep each trial's run directory here, replacing trials kept there before "
                           f"(torch default: {DEFAULT_REAL_CORPUS}/seedS)")
-    val.add_argument("--replay", metavar="DIR", default=None,
-                     help="score the trials saved in DIR again, running nothing")
+    val.add_argument("--replay", metavar="DIR", nargs="+", default=None,
+                     help="score the trials saved in each DIR again (one table), running nothing")
     val.set_defaults(func=cmd_validate)

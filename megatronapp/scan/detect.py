@@ -22,7 +22,6 @@ import numpy as np
 from megatronapp.kinds import event_kind
 from megatronapp.tracer import Event
 
-from .deps import p2p_role
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import ScanInput, stage_peers
 
@@ -170,7 +169,7 @@ def late_arrivals(scan: ScanInput) -> dict[int, tuple[int, int]]:
 def _durations(events: Iterable[Event]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = defaultdict(list)
     for e in events:
-        if e.dur_s > 0 and kind_of(e.name, e.args) == "compute":
+        if e.dur_s > 0 and event_kind(e.name, e.args) == "compute":
             out[e.name].append(e.dur_s)
     return out
 
@@ -341,11 +340,19 @@ def delivery_waits(scan: ScanInput) -> dict[Channel, list[float]]:
             continue
         (s, si), (r, ri) = op.members
         send, recv = scan.events[s][si], scan.events[r][ri]
-        role = p2p_role(send.name, send.args)
-        direction = (role[1] if role else "") or ("up" if s < r else "down")
+        direction = _flow(send.name) or ("up" if s < r else "down")
         waits[((min(s, r), max(s, r)), direction)].append(
             max(recv.end_s - max(send.start_s, recv.start_s), 0.0))
     return waits
+
+
+def _flow(name: str) -> str:
+    """A transfer's flow from its name: ``send_forward`` -> ``forward`` ("" if unnamed)."""
+    lowered = name.lower()
+    for role in ("send", "recv"):
+        if role in lowered:
+            return lowered.replace(role, "", 1).strip("_")
+    return ""
 
 
 def rank_sum_z(sample: np.ndarray, reference: np.ndarray) -> float:

@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from megatronapp import seeds
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.topology import Topology
 
@@ -114,7 +115,7 @@ def _sim_shape(rng: np.random.Generator, needs_links: bool) -> tuple[int, int, i
 
 
 def make_sim_trial(seed: int, index: int) -> Trial:
-    rng = np.random.default_rng([seed, index])
+    rng = seeds.rng(seed, index)
     band = SIM_BANDS[int(rng.integers(len(SIM_BANDS)))]
     tp, pp, dp = _sim_shape(rng, _is_link_band(band))
     topo = Topology(tp=tp, pp=pp, dp=dp)
@@ -142,7 +143,7 @@ REAL_ITERATIONS, REAL_MICROBATCHES, REAL_LAYERS_PER_STAGE = 6, 8, 2
 
 
 def make_real_trial(seed: int, index: int) -> Trial:
-    rng = np.random.default_rng([seed, index, 1])
+    rng = seeds.rng(seed, index, 1)
     band = REAL_BANDS[int(rng.integers(len(REAL_BANDS)))]
     shapes = REAL_LINK_SHAPES if _is_link_band(band) else REAL_SHAPES
     pp, dp = shapes[int(rng.integers(len(shapes)))]

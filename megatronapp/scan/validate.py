@@ -19,19 +19,17 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from megatronapp.errors import UserError
+from megatronapp.files import atomic_file
 from megatronapp.tracer import RunResult, RunScenario, chrome_events, write_traces
 
 from .align import score_against_truth, trace_span
-from .baselines import hta_latest_arrival, megatronapp_original, nvidia_relative, slowest_mean
-from .detect import megascan
 from .diagnosis import Detector, Diagnosis
 from .inputs import ScanInput, prepare, prepare_loaded
 from .load import events_from_chrome, load_trace
+from .methods import DETECTORS, detector
 from .trials import CONTROLS, PLANS, REAL, SIM, Trial, TrialPlan, matches
 
-METHODS: dict[str, Detector] = {
-    "megascan": megascan, "slowest-mean": slowest_mean, "nvidia-0.75": nvidia_relative,
-    "hta-latest": hta_latest_arrival, "megatronapp-orig": megatronapp_original}
+METHODS: dict[str, Detector] = {name: detector(name) for name in DETECTORS}
 TRIAL_FILE = "trial.json"  # in a saved trial's run directory: plan, seed, index, band
 
 
@@ -182,16 +180,14 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def write_csv(rows: list[Row], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "w", newline="") as fh:
+def write_csv(rows: list[Row], path: Path, option: str = "--csv") -> None:
+    """The accuracy table, written whole (a temporary renamed into place) or not at all."""
+    with atomic_file(path, option, make_parent=True) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["method", "band", "trials", "top1", "precision", "recall", "fpr"])
         for r in rows:
             w.writerow([r.method, r.band, r.trials] + ["" if v is None else f"{v:.4f}" for v in
                                                          (r.top1, r.precision, r.recall, r.fpr)])
-    tmp.replace(path)
 
 
 def markdown_table(rows: list[Row]) -> str:
