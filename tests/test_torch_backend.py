@@ -231,7 +231,10 @@ def test_cli_run_with_torch_backend_writes_a_run_dir(tmp_path: Path):
 def test_torchrun_worker_writes_a_run_dir(tmp_path: Path):
     out = tmp_path / "run"
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m",
+    # one node on loopback (--standalone would look up this host's name)
+    proc = subprocess.run([torchrun, "--nnodes", "1", "--nproc-per-node", "2",
+                           "--master-addr", "127.0.0.1", "--master-port", str(launch.free_port()),
+                           "--local-addr", "127.0.0.1", "-m",
                            "backends.torch.worker", str(_write(tmp_path / "p.yaml", SKEWED_PIPE)),
                            "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300,
