@@ -19,6 +19,7 @@ from megatronapp.errors import UserError
 from megatronapp.gc_pause import paused_gc
 from megatronapp.progress import Say, quiet
 from megatronapp.jobs import StagesFor, rank_programs
+from megatronapp.scope.cost import capture_plan, predicted_overhead
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
                              Wait, WaitAny, describe, trace_args)
 from megatronapp.tracer import Event, RunResult, Tracer
@@ -209,4 +210,7 @@ def run_scenario(s: Scenario, stages_for: StagesFor | None = None,
         from .sim_fbd import run_fbd_scenario
 
         return run_fbd_scenario(s, on_record)
-    return run_sim(s, stages_for, on_record)
+    result = run_sim(s, stages_for, on_record)
+    if capture_plan(s) is not None:  # MegaScope: what observing this job would cost
+        result.extra["scope"] = predicted_overhead(s, run_sim)
+    return result

@@ -30,7 +30,8 @@ from .interrupts import Interrupted, stop_on_signals
 BACKENDS = ("sim", "torch")
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 # Each module contributes its own subcommands through ``register(subparsers)``.
-MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli")
+MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
+               "megatronapp.scope.cli")
 
 
 def load_backend(name: str) -> Callable[..., Any]:
@@ -56,6 +57,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                          False if args.quiet else None) as progress:
         if args.profile:
             backend_kw["profile_dir"] = str(tmp / PROFILE_DIR)
+        if args.backend == "torch":  # real runs write captures and checkpoints there
+            backend_kw["out_dir"] = tmp
         result = run_backend(scenario, on_record=progress.record, on_phase=progress.phase,
                              **backend_kw)
         progress.phase(f"writing {out}")
@@ -100,6 +103,10 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     losses = summary.get("loss_per_iteration")
     if losses:  # a real run trains: say whether it learns
         print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))
+    if "scope" in summary:
+        from .scope.summary import run_lines
+
+        print("\n".join(run_lines(summary["scope"], out)))
     faults = summary["faults"] or [{"kind": "none"}]
     for f in faults[:MAX_FAULT_LINES]:
         detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)

@@ -226,10 +226,12 @@ class Interpreter:
     def __init__(self, rank: int, groups: GroupCache, clock: HostClock, tracer: Tracer,
                  faults: InjectedFaults, recv_buffer: Callable[[], torch.Tensor],
                  coalesce: bool = False, device: torch.device = torch.device("cpu"),
-                 beacon: OpBeacon | None = None):
+                 beacon: OpBeacon | None = None,
+                 on_receive: Callable[[Any, Any, int, torch.Tensor], None] | None = None):
         self.rank, self.groups, self.clock, self.tracer = rank, groups, clock, tracer
         self.faults, self.recv_buffer, self.coalesce = faults, recv_buffer, coalesce
         self._enter = beacon.entered if beacon is not None else _ignore
+        self._on_receive = on_receive  # MegaScope: (tag, meta, peer, tensor) of each arrival
         self._held: list[Handle] = []
         self.watch_completions = dist.get_backend() == "gloo"
         self._pending: list[Pending] = []
@@ -343,6 +345,8 @@ class Interpreter:
             injected = self._delivered(handle) if handle.is_recv else None
             if injected is not None:
                 args[INJECTED] = injected
+            if handle.is_recv and self._on_receive is not None:
+                self._on_receive(handle.op.tag, handle.op.meta, handle.peer, handle.tensor)
             self._note(handle.op.name, handle.start, self.clock.mark(), args)
         return handle.tensor if handle.is_recv else None
 

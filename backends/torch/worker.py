@@ -33,6 +33,7 @@ from . import megatron_compat
 from .faults import injected_faults
 from .interpreter import CudaClock, GroupCache, HostClock, Interpreter
 from .profile import kineto_profile
+from .scope_run import attach_session, save_shard
 from .stages import MegatronStages, StepCapture, TrainOptions
 from .watchdog import OpBeacon
 
@@ -112,6 +113,7 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
     try:
         groups = GroupCache(topology_of(s))
         stages = MegatronStages(s, rank, device, options)
+        session = attach_session(s, stages, rank, options.workdir)  # MegaScope, if observed
         program = programs(s, lambda r: stages if r == rank else NullStages())[rank]
         origin = shared_origin_ns(device)
         clock = CudaClock(origin, device) if device.type == "cuda" else HostClock(origin)
@@ -121,7 +123,11 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
         say(f"iteration 1/{s.iterations}")
         with kineto_profile(options.profile_dir, rank) as wrap:
             Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
-                        stages.activation_buffer, coalesce, device, beacon).run(wrap(program))
+                        stages.activation_buffer, coalesce, device, beacon,
+                        session.on_receive if session is not None else None).run(wrap(program))
+        if session is not None:
+            session.close()
+        save_shard(s, stages, rank, options.workdir)
         if beacon is not None:
             beacon.finish()
         dist.barrier(**_barrier_device(device))
@@ -197,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s.world_size != world:
             raise ScenarioError("parallel", f"tp*pp*dp = {s.world_size} but torchrun started "
                                 f"{world} processes")
+        if s.scope is not None or s.training.checkpoint:
+            raise ScenarioError("scope" if s.scope is not None else "training.checkpoint",
+                                "not supported under torchrun yet; use megatronapp run "
+                                "--backend torch")
     except ScenarioError as err:
         if rank == 0:
             print(f"megatronapp: scenario error: {err}", file=sys.stderr)
