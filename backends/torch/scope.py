@@ -170,6 +170,7 @@ class ScopeSession:
         self.p2p = P2PInjector([(i, p) for i, p in enumerate(scope.perturb) if p.kind in P2P_KINDS],
                                seed, place.rank, self._record)
         self.unmaterialised: list[str] = []
+        self.recomputed_hooks = 0  # site hooks that fired inside a backward task
 
     # ------------------------------------------------------------ control
     @contextmanager
@@ -190,7 +191,8 @@ class ScopeSession:
         self.capture_handoff()
         for h in self._handles:
             h.remove()
-        self.sink.close(self.injections, sorted(set(self.unmaterialised)))
+        self.sink.close(self.injections, sorted(set(self.unmaterialised)),
+                        recomputed_hooks=self.recomputed_hooks)
 
     def _record(self, injection: dict[str, Any]) -> None:
         self.injections.append({**injection, "order": len(self.injections)})
@@ -287,6 +289,8 @@ class ScopeSession:
         if due:
             result = access.put(args, kwargs, output, value)
             flowing = value
+        if st.phase == "backward":
+            self.recomputed_hooks += 1
         if st.phase == "forward":  # not a recomputation, nor a pass outside any task
             for obs in fwd:
                 self._observe(obs, site, layer, access.layout, value.detach())

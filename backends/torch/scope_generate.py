@@ -71,15 +71,25 @@ def local_scenario(ckpt: Checkpoint, scope: Scope, seed: int) -> Scenario:
     return s
 
 
-def build_model(s: Scenario, state: dict[str, np.ndarray]) -> Any:
+def _fresh_model(s: Scenario) -> Any:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     torch.manual_seed(s.seed)
     megatron_compat.seed_model_parallel_rng(s.seed, 0)
-    model = GPTModel(transformer_config(s), get_gpt_layer_local_spec(), vocab_size=s.model.vocab,
-                     max_sequence_length=s.model.seq_len, pre_process=True, post_process=True,
-                     share_embeddings_and_output_weights=False)
+    return GPTModel(transformer_config(s), get_gpt_layer_local_spec(), vocab_size=s.model.vocab,
+                    max_sequence_length=s.model.seq_len, pre_process=True, post_process=True,
+                    share_embeddings_and_output_weights=False)
+
+
+def initial_state(s: Scenario) -> dict[str, np.ndarray]:
+    """The freshly initialised weights of the scenario's model (seeded)."""
+    return {n: p.detach().numpy().copy() for n, p in _fresh_model(s).named_parameters()}
+
+
+def build_model(s: Scenario, state: dict[str, np.ndarray]) -> Any:
+    """One whole-model stage holding ``state`` (evaluation mode)."""
+    model = _fresh_model(s)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.from_numpy(np.asarray(state[name])))

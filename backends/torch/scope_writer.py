@@ -158,13 +158,13 @@ class AsyncWriter:
         except BaseException as err:  # surfaced on the next submit or at close
             self.error = err
 
-    def close(self, injections: list[dict[str, Any]], notes: list[str]) -> None:
+    def close(self, injections: list[dict[str, Any]], notes: list[str], **counters: int) -> None:
         self.queue.close()
         self._thread.join()
         if self.error is not None:
             raise RuntimeError("the MegaScope writer failed") from self.error
         self.writer.write_injections(injections)
-        self.writer.close(self.queue.dropped_records, notes)
+        self.writer.close(self.queue.dropped_records, notes, **counters)
 
 
 class SyncWriter:
@@ -185,8 +185,8 @@ class SyncWriter:
         if self.writer is not None:
             self.writer.write(self.last, self.last_raw)
 
-    def close(self, injections: list[dict[str, Any]], notes: list[str]) -> None:
+    def close(self, injections: list[dict[str, Any]], notes: list[str], **counters: int) -> None:
         if self.writer is not None:
             self.writer.write_injections(injections)
-            self.writer.close(0, notes)
+            self.writer.close(0, notes, **counters)
 

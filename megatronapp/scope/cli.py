@@ -55,6 +55,9 @@ def _step_line(rec: Any, layers: list[int]) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from backends.torch.worker import quiet_megatron_warnings
+
+    quiet_megatron_warnings()
     from backends.torch.scope_generate import generate, one_rank
 
     from ..checkpoint import read_checkpoint

@@ -200,8 +200,9 @@ class PartWriter:
             for inj in injections:
                 fh.write(json.dumps(inj) + "\n")
 
-    def close(self, dropped: int, notes: Sequence[str] = ()) -> None:
-        (self.dir / "counters.json").write_text(json.dumps({**self.counters, "dropped": dropped,
+    def close(self, dropped: int, notes: Sequence[str] = (), **more: int) -> None:
+        (self.dir / "counters.json").write_text(json.dumps({**self.counters, **more,
+                                                            "dropped": dropped,
                                                             "notes": list(notes)}))
 
 
