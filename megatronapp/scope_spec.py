@@ -327,10 +327,10 @@ class CaptureCost(_Strict):
     Defaults describe a GPU; ``paper_figs/scope_overhead.py`` measures them on
     the torch backend."""
 
-    hook_us: float = Field(8.0, ge=0)  # dispatch of one module hook that captures
-    reduce_gbps: float = Field(1000.0, gt=0)  # device bytes/s read by each statistic (GB/s)
-    d2h_gbps: float = Field(20.0, gt=0)  # device-to-host copy link (GB/s)
-    host_us_per_row: float = Field(0.5, ge=0)  # host work per result row
+    hook_us: float = Field(default=8.0, ge=0)  # dispatch of one module hook that captures
+    reduce_gbps: float = Field(default=1000.0, gt=0)  # device bytes/s read by each statistic (GB/s)
+    d2h_gbps: float = Field(default=20.0, gt=0)  # device-to-host copy link (GB/s)
+    host_us_per_row: float = Field(default=0.5, ge=0)  # host work per result row
     host_overlaps: bool = True  # host work on its own thread and cores (GPU); False: CPU ranks
 
 
@@ -359,12 +359,13 @@ class ModelShape:
 
 def _layer_param_shapes(m: ModelShape) -> dict[str, tuple[int, ...]]:
     h, f = m.hidden, m.ffn
-    return {"input_layernorm.weight": (h,), "input_layernorm.bias": (h,),
+    shapes: dict[str, tuple[int, ...]] = {"input_layernorm.weight": (h,), "input_layernorm.bias": (h,),
             "self_attention.linear_proj.weight": (h, h), "self_attention.linear_proj.bias": (h,),
             "self_attention.linear_qkv.weight": (3 * h, h), "self_attention.linear_qkv.bias": (3 * h,),
             "pre_mlp_layernorm.weight": (h,), "pre_mlp_layernorm.bias": (h,),
             "mlp.linear_fc1.weight": (f, h), "mlp.linear_fc1.bias": (f,),
             "mlp.linear_fc2.weight": (h, f), "mlp.linear_fc2.bias": (h,)}
+    return shapes
 
 
 LAYER_PARAMS = tuple(_layer_param_shapes(ModelShape(1, 1, 1, 1, 1, 1, 1, 1)))
@@ -378,7 +379,8 @@ def layer_param(layer: int, name: str) -> str:
 def parameter_shapes(m: ModelShape) -> dict[str, tuple[int, ...]]:
     """Every parameter of the GPTModel the torch backend builds (local spec,
     untied embeddings, learned positions), by global name, unsplit."""
-    shapes = {"embedding.word_embeddings.weight": (m.vocab, m.hidden),
+    shapes: dict[str, tuple[int, ...]] = {
+              "embedding.word_embeddings.weight": (m.vocab, m.hidden),
               "embedding.position_embeddings.weight": (m.seq_len, m.hidden)}
     for layer in range(1, m.layers + 1):
         shapes.update({layer_param(layer, n): s for n, s in _layer_param_shapes(m).items()})
@@ -456,9 +458,9 @@ def _check_observe(obs: Observe, m: ModelShape) -> tuple[str, str] | None:
             if not -m.seq_len <= t < m.seq_len:
                 return "tokens", f"token {t} out of range for seq_len {m.seq_len}"
     for spec in obs.stat_specs:
-        bad = _check_stat(obs, spec, m)
-        if bad:
-            return "stats", bad
+        reason = _check_stat(obs, spec, m)
+        if reason:
+            return "stats", reason
     return None
 
 

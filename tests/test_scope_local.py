@@ -94,14 +94,21 @@ def test_capture_leaves_the_outputs_bitwise_alone(rank: None) -> None:
 
 
 # ------------------------------------------------------------ activations
-def test_offset_changes_its_site_by_exactly_the_offset_and_nothing_upstream(rank: None) -> None:
-    watch = observe(("resid_pre", 1), ("resid_post", 1), ("resid_pre", 2))
+def clean_and_perturbed(watch: list[dict[str, Any]], perturb: dict[str, Any]) -> tuple[
+        dict[str, np.ndarray], dict[str, np.ndarray], Scenario, dict[str, np.ndarray]]:
+    """Raw captures of one forward without and with ``perturb`` (same weights)."""
     s_clean = scen({"observe": watch})
     state = random_state(s_clean)
     _, clean = run_model(s_clean, state)
-    pert = scen({"observe": watch, "perturb": [{"kind": "act_offset", "site": "resid_post",
-                                                "layers": [1], "value": 0.375}]})
+    pert = scen({"observe": watch, "perturb": [perturb]})
     _, got = run_model(pert, state)
+    return clean, got, pert, state
+
+
+def test_offset_changes_its_site_by_exactly_the_offset_and_nothing_upstream(rank: None) -> None:
+    clean, got, pert, state = clean_and_perturbed(
+        observe(("resid_pre", 1), ("resid_post", 1), ("resid_pre", 2)),
+        {"kind": "act_offset", "site": "resid_post", "layers": [1], "value": 0.375})
     np.testing.assert_array_equal(got["resid_pre@1"], clean["resid_pre@1"])
     np.testing.assert_array_equal(got["resid_post@1"], clean["resid_post@1"] + np.float32(0.375))
     np.testing.assert_array_equal(got["resid_pre@2"], got["resid_post@1"])  # what flows on
@@ -111,11 +118,8 @@ def test_offset_changes_its_site_by_exactly_the_offset_and_nothing_upstream(rank
 
 
 def test_mask_zeroes_exactly_its_channels(rank: None) -> None:
-    watch = observe(("mlp.pre", 2))
-    state = random_state(scen())
-    _, clean = run_model(scen({"observe": watch}), state)
-    _, got = run_model(scen({"observe": watch, "perturb": [
-        {"kind": "act_mask", "site": "mlp.pre", "layers": [2], "channels": [0, 5, 127]}]}), state)
+    clean, got, _, _ = clean_and_perturbed(observe(("mlp.pre", 2)), {
+        "kind": "act_mask", "site": "mlp.pre", "layers": [2], "channels": [0, 5, 127]})
     want = clean["mlp.pre@2"].copy()
     want[..., [0, 5, 127]] = 0
     np.testing.assert_array_equal(got["mlp.pre@2"], want)
@@ -123,11 +127,8 @@ def test_mask_zeroes_exactly_its_channels(rank: None) -> None:
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "fp8_e5m2"])
 def test_quantize_rounds_to_its_grid_and_no_further(rank: None, fmt: str) -> None:
-    watch = observe(("attn.out", 1))
-    state = random_state(scen())
-    _, clean = run_model(scen({"observe": watch}), state)
-    _, got = run_model(scen({"observe": watch, "perturb": [
-        {"kind": "quantize", "site": "attn.out", "layers": [1], "format": fmt}]}), state)
+    clean, got, _, _ = clean_and_perturbed(observe(("attn.out", 1)), {
+        "kind": "quantize", "site": "attn.out", "layers": [1], "format": fmt})
     x, q = clean["attn.out@1"], got["attn.out@1"]
     assert not np.array_equal(x, q)
     if fmt == "int8":
@@ -147,13 +148,8 @@ def test_quantize_rounds_to_its_grid_and_no_further(rank: None, fmt: str) -> Non
 
 
 def test_noise_is_the_seeded_draw_scaled_by_the_tensors_rms(rank: None) -> None:
-    watch = observe(("mlp.out", 2), ("resid_pre", 2))
-    s_clean = scen({"observe": watch})
-    state = random_state(s_clean)
-    _, clean = run_model(s_clean, state)
-    s = scen({"observe": watch, "perturb": [{"kind": "act_noise", "site": "mlp.out",
-                                             "layers": [2], "sigma": 0.25}]})
-    _, got = run_model(s, state)
+    clean, got, s, _ = clean_and_perturbed(observe(("mlp.out", 2), ("resid_pre", 2)), {
+        "kind": "act_noise", "site": "mlp.out", "layers": [2], "sigma": 0.25})
     np.testing.assert_array_equal(got["resid_pre@2"], clean["resid_pre@2"])
     x = torch.from_numpy(clean["mlp.out@2"]).transpose(0, 1)  # back to [s, b, h]
     g = generator_for(torch.device("cpu"), s.seed, 23, 0, 0, 0, 2, 0, 0)

@@ -142,10 +142,11 @@ def test_every_site_equals_a_manual_forward_and_backward(pp: int, tp: int, tmp_p
     pre = want[("mlp.pre", 2)].numpy()  # [s, b, ffn], split over TP ranks
     for r in rows:  # the TP slices' moments merged into the whole row's
         assert r["value"] == pytest.approx(pre[r["token"], r["sample"]].std(), rel=1e-5)
-    top = [r for r in stats.to_pylist() if r["site"] == "mlp.pre" and r["stat"] == "topk(2)"
-           and r["layer"] == 2 and r["token"] == 3 and r["sample"] == 1]
-    row = pre[3, 1]
-    assert sorted(r["index"] for r in top) == sorted(np.argsort(-np.abs(row))[:2].tolist())
+    (top,) = [r for r in stats.to_pylist() if r["site"] == "mlp.pre" and r["stat"] == "topk(2)"
+              and r["layer"] == 2 and r["token"] == 3 and r["sample"] == 1]
+    row = pre[3, 1]  # the two largest |x| of the whole row, across both TP slices
+    assert sorted(top["index"]) == sorted(np.argsort(-np.abs(row))[:2].tolist())
+    np.testing.assert_allclose(top["values"], row[top["index"]], rtol=1e-5)
 
 
 def test_capture_changes_nothing_and_recomputation_captures_once(tmp_path: Path) -> None:

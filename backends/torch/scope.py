@@ -161,6 +161,7 @@ class ScopeSession:
         self._pending = DeviceBatch()
         self._handles: list[Any] = []
         self._index_cache: dict[tuple[Any, ...], Tensor] = {}
+        self._row_cache: dict[tuple[Any, ...], tuple[Rows, Tensor | None]] = {}
         self._observers: dict[tuple[str, int], list[Observe]] = {}
         for obs in scope.observe:
             if obs.site != PARAM_GRADS:
@@ -247,13 +248,13 @@ class ScopeSession:
 
     def _head_masks(self, layer: int) -> list[tuple[int, HeadMask]]:
         return [(i, p) for i, p in enumerate(self.scope.perturb) if isinstance(p, HeadMask)
-                and (p.layers == "all" or layer in p.layers)]
+                and layer in self._layers("head_mask", p.layers)]
 
     def _perturbations(self, site: str, layer: int) -> list[tuple[int, Any]]:
         if site == "head_mask":
             return self._head_masks(layer)
         return [(i, p) for i, p in enumerate(self.scope.perturb) if getattr(p, "site", None) == site
-                and layer in self._layers(site, p.layers)]
+                and layer in self._layers(site, getattr(p, "layers", "all"))]
 
     def _hook(self, access: SiteAccess, module_of: Any, site: str, layer: int) -> None:
         module = access.module(module_of)
@@ -365,7 +366,8 @@ class ScopeSession:
         return self._index_cache[key]
 
     def _select(self, obs: Observe, x: Tensor, layout: str) -> Selected | None:
-        """The observation's tokens (and heads) of ``x``, as rows × channels."""
+        """The observation's tokens (and heads) of ``x``, as rows × channels,
+        rows in the tensor's own order (a view, no copy, where it is contiguous)."""
         token_dim = {"sbh": 0, "sbnh": 0, "bnsk": 2}[layout]
         length = x.shape[token_dim]
         tokens = self._positions(obs, length)
@@ -375,12 +377,11 @@ class ScopeSession:
             x = x.index_select(token_dim, self._index(tokens, x.device))
         pooled = obs.tokens == "pooled"
         if layout == "sbh":
-            raw = x.transpose(0, 1)  # [b, s', C]
-            b, s = raw.shape[:2]
-            rows = (Rows(*(np.full(1, -1),) * 3) if pooled else
-                    Rows(np.repeat(np.arange(b), s), np.full(b * s, -1), np.tile(tokens, b)))
-            flat = raw.reshape(1, -1) if pooled else raw.reshape(b * s, -1)
-            return Selected(flat, rows, raw, ("sample", "token", "channel"), tokens, None, None)
+            s, b = x.shape[:2]
+            rows, _ = self._rows(layout, b, 1, tokens, None, pooled, x.device)
+            flat = x.reshape(1, -1) if pooled else x.reshape(s * b, -1)
+            return Selected(flat, rows, x.transpose(0, 1), ("sample", "token", "channel"),
+                            tokens, None, None)
         heads = local_heads(obs, self.place.tp_rank, self.shape)
         if not heads:
             return None
@@ -389,18 +390,43 @@ class ScopeSession:
         head_dim = {"sbnh": 2, "bnsk": 1}[layout]
         if len(local) != x.shape[head_dim]:
             x = x.index_select(head_dim, self._index(local, x.device))
-        raw = x.permute(1, 2, 0, 3) if layout == "sbnh" else x  # [b, n', s', C]
-        b, n, s = raw.shape[:3]
-        dims = (("sample", "head", "token", "channel") if layout == "sbnh"
-                else ("sample", "head", "query", "key"))
-        if pooled:
-            flat = raw.transpose(0, 1).reshape(n, -1)
-            rows = Rows(np.full(n, -1), np.array(heads), np.full(n, -1))
-            return Selected(flat, rows, raw, dims, tokens, heads, None)
-        rows = Rows(np.repeat(np.arange(b), n * s), np.tile(np.repeat(heads, s), b),
-                    np.tile(tokens, b * n))
-        query = self._index(list(rows.token), x.device) if layout == "bnsk" else None
-        return Selected(raw.reshape(b * n * s, -1), rows, raw, dims, tokens, heads, query)
+        if layout == "sbnh":  # [s', b, n', d]
+            b, n = x.shape[1], x.shape[2]
+            raw = x.permute(1, 2, 0, 3)
+            by_head = x.permute(2, 0, 1, 3)
+            dims = ("sample", "head", "token", "channel")
+        else:  # [b, n', s', k]
+            b, n = x.shape[0], x.shape[1]
+            raw = x
+            by_head = x.transpose(0, 1)
+            dims = ("sample", "head", "query", "key")
+        rows, query = self._rows(layout, b, n, tokens, heads, pooled, x.device)
+        flat = by_head.reshape(n, -1) if pooled else x.reshape(len(rows), -1)
+        return Selected(flat, rows, raw, dims, tokens, heads, query)
+
+    def _rows(self, layout: str, b: int, n: int, tokens: list[int], heads: list[int] | None,
+              pooled: bool, device: torch.device) -> tuple[Rows, Tensor | None]:
+        """Row keys (and attention's query positions) of a selection, in the
+        tensor's order: [s, b] rows, [s, b, n] for Q/K/V, [b, n, q] for the
+        attention probabilities. Shapes repeat step after step: each is built once."""
+        key = (layout, b, n, tuple(tokens), tuple(heads or ()), pooled, device)
+        if key not in self._row_cache:
+            s, t = len(tokens), np.asarray(tokens)
+            if pooled:
+                rows = (Rows(*(np.full(1, -1),) * 3) if heads is None
+                        else Rows(np.full(n, -1), np.asarray(heads), np.full(n, -1)))
+            elif heads is None:
+                rows = Rows(np.tile(np.arange(b), s), np.full(s * b, -1), np.repeat(t, b))
+            elif layout == "sbnh":
+                rows = Rows(np.tile(np.repeat(np.arange(b), n), s), np.tile(heads, s * b),
+                            np.repeat(t, b * n))
+            else:
+                rows = Rows(np.repeat(np.arange(b), n * s), np.tile(np.repeat(heads, s), b),
+                            np.tile(t, b * n))
+            query = (torch.tensor(rows.token, dtype=torch.long, device=device)
+                     if layout == "bnsk" and not pooled else None)
+            self._row_cache[key] = (rows, query)
+        return self._row_cache[key]
 
     # ----------------------------------------------------------- the step
     def before_step(self, step: int) -> None:

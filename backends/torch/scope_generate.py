@@ -140,11 +140,8 @@ class Runner:
         return out[0, -1].double().numpy()
 
     def stats_rows(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        for rec in self.session.sink.last:  # type: ignore[union-attr]
-            for table in record_tables(rec)[0]:
-                rows += table.drop_columns(["step", "dp", "microbatch"]).to_pylist()
-        return rows
+        done, _ = record_tables(self.session.sink.last)  # type: ignore[union-attr]
+        return [r for t in done for r in t.drop_columns(["step", "dp", "microbatch"]).to_pylist()]
 
 
 def _runner(s: Scenario, state: dict[str, np.ndarray], scope: Scope, root: Path | None,

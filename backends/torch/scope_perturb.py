@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from megatronapp.scope_spec import (ActMask, ActNoise, ActOffset, HeadMask, P2PBitflip,
-                                    P2PNoise, P2POffset, P2PZero, ParamBitflip, ParamNoise,
-                                    ParamStuck, Quantize, param_targets)
+from megatronapp.scope_spec import (ActMask, ActNoise, ActOffset, HeadMask, P2PNoise, P2POffset,
+                                    P2PZero, ParamBitflip, ParamNoise, ParamStuck, Quantize,
+                                    param_targets)
 
 BITS_AS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
            torch.float64: torch.int64}
@@ -117,9 +117,9 @@ def perturb_activation(x: torch.Tensor, p: Any, c: ActContext) -> tuple[torch.Te
     if isinstance(p, HeadMask):  # x: core attention output [s, b, local_heads * head_dim]
         keep = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
         for h in p.heads:
-            local = h - c.head_offset
-            if 0 <= local * c.head_dim < x.shape[-1]:
-                keep[local * c.head_dim:(local + 1) * c.head_dim] = 0
+            head = h - c.head_offset
+            if 0 <= head * c.head_dim < x.shape[-1]:
+                keep[head * c.head_dim:(head + 1) * c.head_dim] = 0
         return x * keep, {"heads": list(p.heads)}
     raise TypeError(f"not an activation perturbation: {p!r}")
 
@@ -160,7 +160,7 @@ class HeldParam:
 class ParamInjector:
     """Parameter perturbations at write-back (see ``scope_spec._Param``)."""
 
-    perturbations: list[tuple[int, ParamBitflip | ParamStuck | ParamNoise]]
+    perturbations: list[tuple[int, Any]]  # (index in scope.perturb, a param_* perturbation)
     params: dict[str, HeldParam]
     seed: int
     rank: int
@@ -243,7 +243,7 @@ class ParamInjector:
 class P2PInjector:
     """Corrupts what a stage receives (forward activations or backward gradients)."""
 
-    perturbations: list[tuple[int, P2POffset | P2PNoise | P2PBitflip | P2PZero]]
+    perturbations: list[tuple[int, Any]]  # (index in scope.perturb, a p2p_* perturbation)
     seed: int
     rank: int
     record: Record

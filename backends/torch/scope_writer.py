@@ -137,6 +137,9 @@ class AsyncWriter:
 
     def __init__(self, writer: PartWriter, maxsize: int,
                  on_write: Callable[[list[DeviceBatch]], None] | None = None):
+        import pyarrow
+
+        pyarrow.set_cpu_count(1)  # the writer is one background thread, not a pool per core
         self.writer = writer
         self.queue = DropOldestQueue(maxsize)
         self.error: BaseException | None = None

@@ -58,11 +58,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from backends.torch.worker import quiet_megatron_warnings
 
     quiet_megatron_warnings()
-    from backends.torch.scope_generate import generate, one_rank
-
     from ..checkpoint import read_checkpoint
-    from ..cli import check_out_dir
-    from ..runs import staged_dir
 
     if args.tokens < 1:
         raise UserError(f"--tokens: must be >= 1, got {args.tokens}")
@@ -71,8 +67,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ckpt = read_checkpoint(_checkpoint_dir(args.checkpoint))
     scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
     out = Path(args.out)
-    check_out_dir(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a directory")
+    try:
+        text = _decode(args, ckpt, scope, out)
+    except OSError as err:  # the output directory (nothing half-written is left)
+        raise UserError(f"--out: cannot write {out}: {err.strerror or err}") from None
+    if not args.json:
+        print(f"text: {text!r}")
+        print(f"wrote {out}/generation.jsonl, {out}/clean/" + (", " + str(out) + "/perturbed/"
+                                                               if scope.perturb else ""))
+    return 0
+
+
+def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path) -> str:
+    """Generate into a staged ``out``, printing a line (or a JSON record) per step."""
+    from backends.torch.scope_generate import generate, one_rank
+
+    from ..runs import staged_dir
+
     layers = list(range(1, ckpt.model.layers + 1))
+    text = args.prompt
     with staged_dir(out) as tmp, one_rank(), open(tmp / "generation.jsonl", "w") as log:
         if not args.json:
             print(f"{ckpt.path}: {ckpt.model.layers} layers, hidden {ckpt.model.hidden}; "
@@ -81,18 +96,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
                      if scope.perturb else ""))
             print(" step   token       p  top-3" + ("  | perturbed     p  KL  ‖Δh‖/‖h‖ per layer"
                                                   if scope.perturb else ""))
-        text = args.prompt
         for rec in generate(ckpt, args.prompt, args.tokens, scope, seed=args.seed, k=args.top_k,
                             temperature=args.temperature, out=tmp):
             record = rec.to_json()
             log.write(json.dumps(record) + "\n")
             text += rec.clean.token
             print(json.dumps(record) if args.json else _step_line(rec, layers), flush=True)
-    if not args.json:
-        print(f"text: {text!r}")
-        print(f"wrote {out}/generation.jsonl, {out}/clean/" + (", " + str(out) + "/perturbed/"
-                                                               if scope.perturb else ""))
-    return 0
+    return text
 
 
 def _checkpoint_dir(target: str) -> Path:

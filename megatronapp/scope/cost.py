@@ -162,8 +162,9 @@ class CapturePlan:
             if obs.site.startswith("grad:") != (phase == "B"):
                 continue
             for _ in self._captured_layers(obs, vs):
-                hit = True
-                total += site_work(obs, tp_rank, self.shape, self.batch)
+                one = site_work(obs, tp_rank, self.shape, self.batch)
+                hit = hit or one.hooks > 0  # a TP rank that skips the site captures nothing
+                total += one
         return total if hit else None
 
     def param_work(self, step: int, stages: list[int], tp_rank: int) -> Work | None:

@@ -44,7 +44,7 @@ class PcaBasis:
         var = s ** 2
         axes = vt[:2]
         axes = axes * np.where(axes.sum(axis=1, keepdims=True) < 0, -1.0, 1.0)  # a fixed sign
-        return cls(mean, axes, var[:2] / max(var.sum(), EPS))
+        return cls(mean, axes, var[:2] / max(float(var.sum()), EPS))
 
     def project(self, states: np.ndarray) -> np.ndarray:
         """(..., hidden) -> (..., 2)."""
@@ -121,8 +121,8 @@ def kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
 def relative_change(clean: np.ndarray, perturbed: np.ndarray) -> float:
     """‖perturbed − clean‖ / ‖clean‖."""
     clean = np.asarray(clean, dtype=np.float64)
-    return float(np.linalg.norm(np.asarray(perturbed, np.float64) - clean)
-                 / max(np.linalg.norm(clean), EPS))
+    return float(np.linalg.norm(np.asarray(perturbed, np.float64) - clean)) / max(
+        float(np.linalg.norm(clean)), EPS)
 
 
 def top_k(probs: np.ndarray, k: int, decode: Any) -> list[TopK]:

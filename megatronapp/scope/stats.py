@@ -19,7 +19,7 @@ statistic is looked up by name in ``REGISTRY``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -35,6 +35,13 @@ class Slice:
     offset: int = 0  # first channel of this slice in the whole tensor
     full: int = 0  # channels of the whole tensor
     query_pos: torch.Tensor | None = None  # (rows,) attention: the row's query position
+    cache: dict = field(default_factory=dict, compare=False, repr=False)  # |x|, shared by stats
+
+    def abs(self, x: torch.Tensor) -> torch.Tensor:
+        key = ("abs", x.dtype)
+        if key not in self.cache:
+            self.cache[key] = x.abs()
+        return self.cache[key]
 
 
 Partial = Callable[[torch.Tensor, Slice, float | None], torch.Tensor]
@@ -48,6 +55,13 @@ class Statistic:
     partial: Partial
     combine: Combine
     finish: Finish
+    native: bool = False  # exact in the tensor's own dtype (order statistics, counts)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Sums and moments: float64 for float64 tensors, float32 for the others
+    (pairwise summation keeps them to float32 precision, at a third of the cost)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _col(t: torch.Tensor) -> torch.Tensor:
@@ -71,31 +85,41 @@ def _max(parts: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ moments
-def _moments(x: torch.Tensor, _s: Slice, _a: float | None) -> torch.Tensor:
-    """(n, mean, M2, M3, M4) of each row, two-pass."""
-    n = torch.full((x.shape[0],), float(x.shape[1]), dtype=x.dtype, device=x.device)
-    mean = x.mean(dim=1)
-    d = x - mean[:, None]
-    d2 = d * d
-    return torch.stack([n, mean, d2.sum(1), (d2 * d).sum(1), (d2 * d2).sum(1)], dim=1)
+def _moments(order: int) -> Partial:
+    """(n, mean, M2[, M3, M4]) of each row: two-pass, shifted by the row's first
+    value so that a large offset does not cost float32 its precision."""
+    def partial(x: torch.Tensor, _s: Slice, _a: float | None) -> torch.Tensor:
+        n = torch.full((x.shape[0],), float(x.shape[1]), dtype=torch.float64, device=x.device)
+        pivot = x[:, :1]
+        y = x - pivot
+        shift = y.mean(dim=1)
+        d = y - shift[:, None]
+        d2 = d * d
+        cols = [pivot[:, 0].double() + shift.double(), d2.sum(1)]
+        if order == 4:
+            cols += [(d2 * d).sum(1), (d2 * d2).sum(1)]
+        return torch.stack([n] + [c.double() for c in cols], dim=1)
+    return partial
 
 
 def merge_moments(parts: np.ndarray) -> np.ndarray:
-    """Chan et al. / Pebay's pairwise update of (n, mean, M2, M3, M4)."""
+    """Chan et al. / Pebay's pairwise update of (n, mean, M2[, M3, M4])."""
     acc = parts[0].copy()
+    fourth = parts.shape[2] == 5
     for b in parts[1:]:
-        na, ma, m2a, m3a, m4a = (acc[:, i] for i in range(5))
-        nb, mb, m2b, m3b, m4b = (b[:, i] for i in range(5))
+        na, ma, m2a = acc[:, 0], acc[:, 1], acc[:, 2]
+        nb, mb, m2b = b[:, 0], b[:, 1], b[:, 2]
         n = na + nb
         d = mb - ma
-        mean = ma + d * nb / n
-        m2 = m2a + m2b + d * d * na * nb / n
-        m3 = (m3a + m3b + d ** 3 * na * nb * (na - nb) / n ** 2
-              + 3 * d * (na * m2b - nb * m2a) / n)
-        m4 = (m4a + m4b + d ** 4 * na * nb * (na * na - na * nb + nb * nb) / n ** 3
-              + 6 * d * d * (na * na * m2b + nb * nb * m2a) / n ** 2
-              + 4 * d * (na * m3b - nb * m3a) / n)
-        acc = np.stack([n, mean, m2, m3, m4], axis=1)
+        cols = [n, ma + d * nb / n, m2a + m2b + d * d * na * nb / n]
+        if fourth:
+            m3a, m4a, m3b, m4b = acc[:, 3], acc[:, 4], b[:, 3], b[:, 4]
+            cols.append(m3a + m3b + d ** 3 * na * nb * (na - nb) / n ** 2
+                        + 3 * d * (na * m2b - nb * m2a) / n)
+            cols.append(m4a + m4b + d ** 4 * na * nb * (na * na - na * nb + nb * nb) / n ** 3
+                        + 6 * d * d * (na * na * m2b + nb * nb * m2a) / n ** 2
+                        + 4 * d * (na * m3b - nb * m3a) / n)
+        acc = np.stack(cols, axis=1)
     return acc
 
 
@@ -109,7 +133,6 @@ def _kurtosis(p: np.ndarray, _a: float | None) -> tuple[np.ndarray, np.ndarray]:
         return _scalar(p[:, 0] * p[:, 4] / (p[:, 2] * p[:, 2]) - 3.0)
 
 
-MOMENTS = dict(width=lambda _c, _a: 5, partial=_moments, combine=merge_moments)
 
 
 # ------------------------------------------------------------- simple sums
@@ -124,7 +147,8 @@ def _n_sumsq(x: torch.Tensor, _s: Slice, _a: float | None) -> torch.Tensor:
 
 
 def _sparsity(x: torch.Tensor, _s: Slice, eps: float | None) -> torch.Tensor:
-    small = (x.abs() <= (eps or 0.0)).sum(1, dtype=x.dtype)
+    """|x| <= eps, eps rounded to the tensor's dtype."""
+    small = (_s.abs(x) <= (eps or 0.0)).sum(1, dtype=torch.float64)
     return torch.stack([small, torch.full_like(small, float(x.shape[1]))], dim=1)
 
 
@@ -149,26 +173,23 @@ def _l2(p: np.ndarray, _a: float | None) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -------------------------------------------------------------------- top-k
-def _topk_key(x: torch.Tensor) -> torch.Tensor:
+def _topk_key(absx: torch.Tensor) -> torch.Tensor:
     """|x|, with NaN ranked as high as an infinity (an outlier par excellence)."""
-    return torch.nan_to_num(x.abs(), nan=float("inf"))
+    return torch.nan_to_num(absx, nan=float("inf"))
 
 
 def _topk(x: torch.Tensor, s: Slice, k: float | None) -> torch.Tensor:
-    """k keys, signed values and global channel numbers (padded with -inf / -1)."""
+    """k keys, signed values and global channel numbers, float64 (padded with
+    -inf / 0 / -1 where a slice has fewer than k channels)."""
     k = int(k or 1)
     take = min(k, x.shape[1])
-    key = _topk_key(x)
-    top_key, idx = torch.topk(key, take, dim=1)
-    vals = torch.gather(x, 1, idx)
-    chan = (idx + s.offset).to(x.dtype)
+    top_key, idx = torch.topk(_topk_key(s.abs(x)), take, dim=1)
+    parts = [top_key.double(), torch.gather(x, 1, idx).double(), (idx + s.offset).double()]
     pad = k - take
     if pad:
-        rows = x.shape[0]
-        top_key = torch.cat([top_key, x.new_full((rows, pad), float("-inf"))], 1)
-        vals = torch.cat([vals, x.new_zeros((rows, pad))], 1)
-        chan = torch.cat([chan, x.new_full((rows, pad), -1.0)], 1)
-    return torch.cat([top_key, vals, chan], dim=1)
+        fills = (float("-inf"), 0.0, -1.0)
+        parts = [torch.cat([p, p.new_full((x.shape[0], pad), f)], 1) for p, f in zip(parts, fills)]
+    return torch.cat(parts, dim=1)
 
 
 def _topk_combine(parts: np.ndarray) -> np.ndarray:
@@ -190,21 +211,16 @@ def _topk_finish(p: np.ndarray, k: float | None) -> tuple[np.ndarray, np.ndarray
 
 
 # ---------------------------------------------------------------- histogram
-def hist_bucket(absx: np.ndarray) -> np.ndarray:
-    """Bucket of |x| (NaN excluded by the caller): 0 below 2^min (zero
-    included), 1 + (e - min) for [2^e, 2^(e+1)), the last at or above 2^max."""
-    with np.errstate(divide="ignore"):
-        e = np.floor(np.log2(absx))
-    return np.clip(e - HIST_MIN_EXP + 1, 0, HIST_BUCKETS - 1).astype(np.int64)
-
-
 def _hist(x: torch.Tensor, _s: Slice, _a: float | None) -> torch.Tensor:
-    finite_or_inf = ~torch.isnan(x)
-    e = torch.floor(torch.log2(x.abs()))  # -inf for zero, +inf for inf
+    """Exact buckets from the binary exponent (frexp), in the tensor's dtype."""
+    a = _s.abs(x)
+    e = torch.frexp(a).exponent.to(torch.int64) - 1  # |x| in [2^e, 2^(e+1))
     bucket = torch.clamp(e - HIST_MIN_EXP + 1, 0, HIST_BUCKETS - 1)
-    bucket = torch.where(finite_or_inf, bucket, torch.full_like(bucket, HIST_BUCKETS)).long()
-    counts = torch.zeros((x.shape[0], HIST_BUCKETS + 1), dtype=x.dtype, device=x.device)
-    counts.scatter_add_(1, bucket, torch.ones_like(x))
+    bucket = torch.where(a == 0, torch.zeros_like(bucket), bucket)
+    bucket = torch.where(torch.isinf(a), torch.full_like(bucket, HIST_BUCKETS - 1), bucket)
+    bucket = torch.where(torch.isnan(a), torch.full_like(bucket, HIST_BUCKETS), bucket)
+    counts = torch.zeros((x.shape[0], HIST_BUCKETS + 1), dtype=torch.float64, device=x.device)
+    counts.scatter_add_(1, bucket, torch.ones(bucket.shape, dtype=torch.float64, device=x.device))
     return counts[:, :HIST_BUCKETS]
 
 
@@ -244,7 +260,7 @@ def _pixels_absmax(x: torch.Tensor, s: Slice, block: float | None) -> torch.Tens
     b, first, nblocks = _blocks(s, block)
     rows, c = x.shape
     local = -(-c // b)
-    padded = torch.nn.functional.pad(x.abs(), (0, local * b - c))  # |x| >= 0: padding is neutral
+    padded = torch.nn.functional.pad(s.abs(x), (0, local * b - c))  # |x| >= 0: padding is neutral
     out = x.new_zeros((rows, nblocks))
     out[:, first:first + local] = padded.reshape(rows, local, b).amax(2)
     return out
@@ -265,39 +281,59 @@ def _at_offset(p: torch.Tensor, s: Slice, back: int | None) -> torch.Tensor:
     return _col(torch.where(ok, got, torch.full_like(got, float("nan"))))
 
 
+def _count(test: Callable[[torch.Tensor], torch.Tensor]) -> Partial:
+    return lambda x, s, a: _col(test(x).sum(1, dtype=torch.float64))
+
+
+def _one(_c: int, _a: float | None) -> int:
+    return 1
+
+
 REGISTRY: dict[str, Statistic] = {
-    "min": Statistic(lambda _c, _a: 1, lambda x, s, a: _col(x.amin(1)), _min, _first),
-    "max": Statistic(lambda _c, _a: 1, lambda x, s, a: _col(x.amax(1)), _max, _first),
-    "absmax": Statistic(lambda _c, _a: 1, lambda x, s, a: _col(x.abs().amax(1)), _max, _first),
+    "min": Statistic(_one, lambda x, s, a: _col(x.amin(1)), _min, _first, native=True),
+    "max": Statistic(_one, lambda x, s, a: _col(x.amax(1)), _max, _first, native=True),
+    "absmax": Statistic(_one, lambda x, s, a: _col(s.abs(x).amax(1)), _max, _first, native=True),
     "mean": Statistic(lambda _c, _a: 2, _n_sum, _sum, _mean),
-    "std": Statistic(finish=_std, **MOMENTS),  # type: ignore[arg-type]
+    "std": Statistic(lambda _c, _a: 3, _moments(2), merge_moments, _std),
     "rms": Statistic(lambda _c, _a: 2, _n_sumsq, _sum, _rms),
     "l2": Statistic(lambda _c, _a: 2, _n_sumsq, _sum, _l2),
-    "sparsity": Statistic(lambda _c, _a: 2, _sparsity, _sum, _ratio),
-    "nan_count": Statistic(lambda _c, _a: 1, lambda x, s, a: _col(torch.isnan(x).sum(1, dtype=x.dtype)),
-                           _sum, _first),
-    "inf_count": Statistic(lambda _c, _a: 1, lambda x, s, a: _col(torch.isinf(x).sum(1, dtype=x.dtype)),
-                           _sum, _first),
-    "kurtosis": Statistic(finish=_kurtosis, **MOMENTS),  # type: ignore[arg-type]
-    "topk": Statistic(lambda _c, k: 3 * int(k or 1), _topk, _topk_combine, _topk_finish),
-    "hist": Statistic(lambda _c, _a: HIST_BUCKETS, _hist, _sum, _indexed),
+    "sparsity": Statistic(lambda _c, _a: 2, _sparsity, _sum, _ratio, native=True),
+    "nan_count": Statistic(_one, _count(torch.isnan), _sum, _first, native=True),
+    "inf_count": Statistic(_one, _count(torch.isinf), _sum, _first, native=True),
+    "kurtosis": Statistic(lambda _c, _a: 5, _moments(4), merge_moments, _kurtosis),
+    "topk": Statistic(lambda _c, k: 3 * int(k or 1), _topk, _topk_combine, _topk_finish,
+                      native=True),
+    "hist": Statistic(lambda _c, _a: HIST_BUCKETS, _hist, _sum, _indexed, native=True),
     "pixels_mean": Statistic(lambda c, b: 2 * -(-c // int(b or 1)), _pixels_mean, _sum,
                              _pixels_mean_finish),
-    "pixels_absmax": Statistic(lambda c, b: -(-c // int(b or 1)), _pixels_absmax, _max, _indexed),
-    "entropy": Statistic(lambda _c, _a: 1, _entropy, _sum, _first),
-    "prev_token_mass": Statistic(lambda _c, _a: 1, lambda p, s, a: _at_offset(p, s, 1), _sum,
-                                 _first),
-    "sink_mass": Statistic(lambda _c, _a: 1, lambda p, s, a: _at_offset(p, s, None), _sum,
-                           _first),
+    "pixels_absmax": Statistic(lambda c, b: -(-c // int(b or 1)), _pixels_absmax, _max, _indexed,
+                               native=True),
+    "entropy": Statistic(_one, _entropy, _sum, _first),
+    "prev_token_mass": Statistic(_one, lambda p, s, a: _at_offset(p, s, 1), _sum, _first,
+                                 native=True),
+    "sink_mass": Statistic(_one, lambda p, s, a: _at_offset(p, s, None), _sum, _first,
+                           native=True),
 }
 if set(REGISTRY) != set(STATS):  # the schema's names and the implementations are one list
     raise RuntimeError(f"statistics registry mismatch: {sorted(set(REGISTRY) ^ set(STATS))}")
 
 
 def partials(x: torch.Tensor, specs: tuple[StatSpec, ...], s: Slice) -> torch.Tensor:
-    """All statistics' partial columns of ``x`` (rows, channels), side by side."""
-    x = x.detach().to(torch.float64)
-    return torch.cat([REGISTRY[sp.name].partial(x, s, sp.arg) for sp in specs], dim=1)
+    """All statistics' partial columns of ``x`` (rows, channels), side by side,
+    float64. Order statistics and counts run in the tensor's own dtype (they
+    are exact there); sums and moments on one copy in ``accumulation_dtype``."""
+    x = x.detach()
+    wide: torch.Tensor | None = None
+    cols = []
+    for sp in specs:
+        stat = REGISTRY[sp.name]
+        if stat.native:
+            part = stat.partial(x, s, sp.arg)
+        else:
+            wide = x.to(accumulation_dtype(x.dtype)) if wide is None else wide
+            part = stat.partial(wide, s, sp.arg)
+        cols.append(part.to(torch.float64))
+    return torch.cat(cols, dim=1)
 
 
 def widths(specs: tuple[StatSpec, ...], full_channels: int) -> list[int]:
@@ -306,7 +342,10 @@ def widths(specs: tuple[StatSpec, ...], full_channels: int) -> list[int]:
 
 def combine(spec: StatSpec, parts: np.ndarray) -> np.ndarray:
     """(shards, rows, P) partials of the slices, in channel order -> (rows, P)."""
-    return parts[0] if len(parts) == 1 else REGISTRY[spec.name].combine(parts)
+    if len(parts) == 1:
+        return parts[0]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/Inf propagate
+        return REGISTRY[spec.name].combine(parts)
 
 
 def finish(spec: StatSpec, part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,10 +6,11 @@ no torch):
 - ``manifest.json``: what was observed and perturbed, the model, the key
   columns, counters per rank (records, dropped records), the files;
 - ``stats.parquet``: one row per (step, dp, microbatch, sample, layer, site,
-  head, token, stat, index) with its ``value``. ``head`` is -1 for sites
-  without heads, ``token`` and ``sample`` -1 for pooled rows, ``index`` 0 for
-  a scalar statistic, else the channel (topk), bucket (hist) or block
-  (pixels_*). Logits sit at layer ``layers + 1``;
+  head, token, stat). A scalar statistic fills ``value``; an indexed one
+  (topk, hist, pixels_*) fills the lists ``index`` (channel, bucket or block)
+  and ``values`` instead. ``head`` is -1 for sites without heads, ``token``
+  and ``sample`` -1 for pooled rows, ``microbatch`` -1 for parameter
+  gradients (taken at the optimizer step). Logits sit at layer ``layers + 1``;
 - ``raw.json`` + ``raw/step{N}.safetensors``: raw slices kept by
   ``keep_raw``, each entry naming its tensor, file, key, dimension names,
   token positions and heads;
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -39,14 +41,15 @@ from ..scope_spec import parse_stat
 FORMAT = "megascope-capture"
 VERSION = 1
 INT_KEYS = ("step", "dp", "microbatch", "sample", "layer", "head", "token")
-KEY = ("step", "dp", "microbatch", "sample", "layer", "site", "head", "token", "stat", "index")
-STATS_SCHEMA = pa.schema([*((k, pa.int32()) for k in INT_KEYS[:5]), ("site", pa.string()),
-                          *((k, pa.int32()) for k in INT_KEYS[5:]), ("stat", pa.string()),
-                          ("index", pa.int64()), ("value", pa.float64())])
-PARTIAL_SCHEMA = pa.schema([*((k, pa.int32()) for k in INT_KEYS[:5]), ("site", pa.string()),
-                            *((k, pa.int32()) for k in INT_KEYS[5:]), ("stat", pa.string()),
-                            ("shard", pa.int32()), ("nshards", pa.int32()),
+KEY = ("step", "dp", "microbatch", "sample", "layer", "site", "head", "token", "stat")
+_KEY_FIELDS = [*((k, pa.int32()) for k in INT_KEYS[:5]), ("site", pa.string()),
+               *((k, pa.int32()) for k in INT_KEYS[5:]), ("stat", pa.string())]
+STATS_SCHEMA = pa.schema([*_KEY_FIELDS, ("value", pa.float64()), ("index", pa.list_(pa.int64())),
+                          ("values", pa.list_(pa.float64()))])
+PARTIAL_SCHEMA = pa.schema([*_KEY_FIELDS, ("shard", pa.int32()), ("nshards", pa.int32()),
                             ("part", pa.list_(pa.float64()))])
+FLUSH_ROWS = 200_000  # a rank's part file holds about this many rows ...
+FLUSH_S = 2.0  # ... or what came in this long (a live reader sees it soon)
 
 
 @dataclass(frozen=True)
@@ -85,48 +88,79 @@ class HostRecord:
     nshards: int = 1
 
 
-def _key_columns(key: RecordKey, rows: Rows, repeat: int) -> dict[str, np.ndarray]:
-    n = len(rows) * repeat
-    const = {k: np.full(n, getattr(key, k), dtype=np.int32)
-             for k in ("step", "dp", "microbatch", "layer")}
-    return {**const, "sample": np.repeat(rows.sample, repeat).astype(np.int32),
-            "site": np.full(n, key.site, dtype=object),
-            "head": np.repeat(rows.head, repeat).astype(np.int32),
-            "token": np.repeat(rows.token, repeat).astype(np.int32)}
+@dataclass(frozen=True)
+class KeyColumns:
+    """Key columns of many rows (records stacked)."""
+
+    ints: dict[str, np.ndarray]  # INT_KEYS -> int32 per row
+    site_codes: np.ndarray
+    sites: list[str]
+
+    @classmethod
+    def of(cls, records: Sequence[HostRecord]) -> "KeyColumns":
+        lens = [len(r.rows) for r in records]
+        ints = {k: np.repeat(np.array([getattr(r.key, k) for r in records], np.int32), lens)
+                for k in ("step", "dp", "microbatch", "layer")}
+        for k in ("sample", "head", "token"):
+            ints[k] = np.concatenate([getattr(r.rows, k) for r in records]).astype(np.int32)
+        sites = sorted({r.key.site for r in records})
+        codes = np.repeat(np.array([sites.index(r.key.site) for r in records], np.int32), lens)
+        return cls(ints, codes, sites)
+
+    def arrays(self, label: str) -> list[pa.Array]:
+        n = len(self.site_codes)
+        site = pa.DictionaryArray.from_arrays(pa.array(self.site_codes), pa.array(self.sites))
+        cols = {k: pa.array(v) for k, v in self.ints.items()}
+        return [cols["step"], cols["dp"], cols["microbatch"], cols["sample"], cols["layer"],
+                site.cast(pa.string()), cols["head"], cols["token"],
+                pa.repeat(pa.scalar(label), n)]
 
 
-def finished_rows(key: RecordKey, rows: Rows, label: str, index: np.ndarray,
-                  values: np.ndarray) -> pa.Table:
-    """Long rows of one statistic: ``index``/``values`` are (rows, W)."""
-    width = values.shape[1]
-    cols = _key_columns(key, rows, width)
-    cols.update(stat=np.full(len(rows) * width, label, dtype=object),
-                index=index.reshape(-1).astype(np.int64), value=values.reshape(-1))
-    return pa.table({f.name: cols[f.name] for f in STATS_SCHEMA}, schema=STATS_SCHEMA)
+def _lists(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """(rows, W) -> a list column of W values per row."""
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, values.shape[1]).cast(pa.list_(kind))
 
 
-def record_tables(rec: HostRecord) -> tuple[list[pa.Table], list[pa.Table]]:
-    """(finished stats tables, partial tables still to merge over shards)."""
+def stat_rows(keys: KeyColumns, label: str, index: np.ndarray, values: np.ndarray) -> pa.Table:
+    """One statistic of stacked records: ``index``/``values`` are (rows, W)."""
+    n = len(keys.site_codes)
+    if parse_stat(label).info.indexed:
+        data = [pa.nulls(n, pa.float64()), _lists(index.astype(np.int64), pa.int64()),
+                _lists(values.astype(np.float64), pa.float64())]
+    else:
+        data = [pa.array(values[:, 0].astype(np.float64)), pa.nulls(n, pa.list_(pa.int64())),
+                pa.nulls(n, pa.list_(pa.float64()))]
+    return pa.Table.from_arrays(keys.arrays(label) + data, schema=STATS_SCHEMA)
+
+
+def record_tables(records: Sequence[HostRecord]) -> tuple[list[pa.Table], list[pa.Table]]:
+    """(finished stats tables, partial tables still to merge over shards), one
+    table per statistic for all records that share their statistics."""
     from .stats import finish
 
+    groups: dict[tuple[Any, ...], list[HostRecord]] = {}
+    for rec in records:
+        groups.setdefault((rec.stats, rec.widths, rec.nshards > 1), []).append(rec)
     done: list[pa.Table] = []
     pending: list[pa.Table] = []
-    start = 0
-    for label, width in zip(rec.stats, rec.widths):
-        part = rec.partial[:, start:start + width]
-        start += width
-        if rec.nshards == 1:
-            index, values = finish(parse_stat(label), part)
-            done.append(finished_rows(rec.key, rec.rows, label, index, values))
-        else:
-            cols = _key_columns(rec.key, rec.rows, 1)
-            n = len(rec.rows)
-            cols.update(stat=np.full(n, label, dtype=object), shard=np.full(n, rec.shard, np.int32),
-                        nshards=np.full(n, rec.nshards, np.int32))
-            arrays = [pa.array(cols[f.name], type=f.type) for f in PARTIAL_SCHEMA if f.name != "part"]
-            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(part.reshape(-1)), width)
-                          .cast(pa.list_(pa.float64())))
-            pending.append(pa.Table.from_arrays(arrays, schema=PARTIAL_SCHEMA))
+    for (labels, widths, split), recs in groups.items():
+        keys = KeyColumns.of(recs)
+        partial = np.concatenate([r.partial for r in recs])
+        if split:
+            lens = [len(r.rows) for r in recs]
+            shard = [pa.array(np.repeat(np.array([r.shard for r in recs], np.int32), lens)),
+                     pa.array(np.repeat(np.array([r.nshards for r in recs], np.int32), lens))]
+        start = 0
+        for label, width in zip(labels, widths):
+            part = partial[:, start:start + width]
+            start += width
+            if split:
+                pending.append(pa.Table.from_arrays(
+                    keys.arrays(label) + shard + [_lists(part, pa.float64())],
+                    schema=PARTIAL_SCHEMA))
+            else:
+                done.append(stat_rows(keys, label, *finish(parse_stat(label), part)))
     return done, pending
 
 
@@ -147,36 +181,47 @@ class RawSlice:
 
 @dataclass
 class PartWriter:
-    """One rank's part files (called from that rank's writer thread only)."""
+    """One rank's part files (called from that rank's writer thread only).
+    Statistics are buffered and written as a file every ``FLUSH_ROWS`` rows or
+    ``FLUSH_S`` seconds, and at ``close``."""
 
     root: Path
     rank: int
     seq: int = 0
     counters: dict[str, int] = field(default_factory=lambda: {"records": 0, "rows": 0,
                                                               "raw_tensors": 0, "raw_bytes": 0})
+    _done: list[pa.Table] = field(default_factory=list)
+    _pending: list[pa.Table] = field(default_factory=list)
+    _rows: int = 0
+    _since: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.dir = self.root / "parts" / f"rank{self.rank}"
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def write(self, records: Sequence[HostRecord], raws: Sequence[RawSlice]) -> None:
-        """One batch: a stats file, a partials file, a raw file (as needed)."""
-        done: list[pa.Table] = []
-        pending: list[pa.Table] = []
-        for rec in records:
-            d, p = record_tables(rec)
-            done += d
-            pending += p
+        done, pending = record_tables(records)
+        self._done += done
+        self._pending += pending
+        self._rows += sum(t.num_rows for t in done + pending)
+        self.counters["records"] += len(records)
+        if raws:
+            self.seq += 1
+            self._write_raw(raws)
+        if self._rows >= FLUSH_ROWS or time.monotonic() - self._since >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
         self.seq += 1
-        if done:
-            table = pa.concat_tables(done)
+        if self._done:
+            table = pa.concat_tables(self._done)
             self.counters["rows"] += table.num_rows
             _write_atomic(table, self.dir / f"stats-{self.seq:06d}.parquet")
-        if pending:
-            _write_atomic(pa.concat_tables(pending), self.dir / f"partials-{self.seq:06d}.parquet")
-        if raws:
-            self._write_raw(raws)
-        self.counters["records"] += len(records)
+        if self._pending:
+            _write_atomic(pa.concat_tables(self._pending),
+                          self.dir / f"partials-{self.seq:06d}.parquet")
+        self._done, self._pending, self._rows = [], [], 0
+        self._since = time.monotonic()
 
     def _write_raw(self, raws: Sequence[RawSlice]) -> None:
         from safetensors.numpy import save_file
@@ -201,6 +246,7 @@ class PartWriter:
                 fh.write(json.dumps(inj) + "\n")
 
     def close(self, dropped: int, notes: Sequence[str] = (), **more: int) -> None:
+        self.flush()
         (self.dir / "counters.json").write_text(json.dumps({**self.counters, **more,
                                                             "dropped": dropped,
                                                             "notes": list(notes)}))
@@ -235,7 +281,8 @@ def merge_partials(table: pa.Table) -> tuple[pa.Table, int]:
         order = np.lexsort([shard, *keys.T[::-1]])
         keys, shard = keys[order], shard[order]
         nshards = sub.column("nshards").to_numpy()[order]
-        parts = np.array(sub.column("part").to_pylist(), dtype=np.float64)[order]
+        flat = pc.list_flatten(sub.column("part")).to_numpy()
+        parts = flat.reshape(sub.num_rows, -1)[order]
         starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)])
         sizes = np.diff(np.r_[starts, len(keys)])
         complete = sizes == nshards[starts]
@@ -246,14 +293,9 @@ def merge_partials(table: pa.Table) -> tuple[pa.Table, int]:
             stacked = np.stack([parts[group + s] for s in range(n)])  # (shards, groups, P)
             index, values = finish(spec, combine(spec, stacked))
             k = keys[group]
-            cols = {name: k[:, i] for i, name in enumerate(INT_KEYS)}
-            width = values.shape[1]
-            table_cols = {name: np.repeat(v, width).astype(np.int32) for name, v in cols.items()}
-            table_cols.update(site=np.repeat(site_names[k[:, -1]], width).astype(object),
-                              stat=np.full(len(group) * width, label, dtype=object),
-                              index=index.reshape(-1), value=values.reshape(-1))
-            out.append(pa.table({f.name: table_cols[f.name] for f in STATS_SCHEMA},
-                                schema=STATS_SCHEMA))
+            cols = KeyColumns({name: k[:, i].astype(np.int32) for i, name in enumerate(INT_KEYS)},
+                              k[:, -1].astype(np.int32), [str(x) for x in site_names])
+            out.append(stat_rows(cols, label, index, values))
     return (pa.concat_tables(out) if out else STATS_SCHEMA.empty_table()), incomplete
 
 
@@ -304,7 +346,7 @@ def _injections(root: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda i: (i.get("step", 0), i.get("rank", 0), i.get("order", 0)))
 
 
-def _counters(root: Path) -> dict[str, dict[str, int]]:
+def _counters(root: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for f in sorted((root / "parts").glob("rank*/counters.json")):
         out[f.parent.name.removeprefix("rank")] = json.loads(f.read_text())

@@ -22,8 +22,7 @@ SELECT site, layer, stat, count(*) AS rows, count(DISTINCT step) AS steps,
        min(value) FILTER (WHERE NOT isnan(value)) AS min,
        max(value) FILTER (WHERE NOT isnan(value)) AS max,
        sum(CASE WHEN isnan(value) THEN 1 ELSE 0 END) AS nan_rows
-FROM stats WHERE index = 0 OR stat NOT SIMILAR TO '(topk|hist|pixels_).*'
-GROUP BY site, layer, stat ORDER BY layer, site, stat
+FROM stats GROUP BY site, layer, stat ORDER BY layer, site, stat
 """
 
 
