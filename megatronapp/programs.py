@@ -153,8 +153,9 @@ def compute_and_send(ctx: PipelineContext, iteration: int, task: Task, data: Any
         "forward" if forward else "backward",
         _forward_cost(ctx, task) if forward else ctx.costs.backward_chunk_s,
         run=partial(work, task.chunk, task.microbatch, data), meta=meta)
-    yield from capture_handoff(ctx, meta, ctx.capture and ctx.capture.cost_s(
-        iteration, task.microbatch, vs, task.phase, ctx.topo.coord(ctx.rank).tp))
+    if ctx.capture is not None:
+        yield from capture_handoff(ctx, meta, ctx.capture.cost_s(
+            iteration, task.microbatch, vs, task.phase, ctx.topo.coord(ctx.rank).tp))
     tp_op = _tp_allreduce(ctx, meta)
     if tp_op is not None:
         yield tp_op
@@ -180,8 +181,9 @@ def finish_iteration(ctx: PipelineContext, iteration: int, sends: Sequence[Any])
                         name="grad_norm_allreduce", meta=meta)
     yield Compute("optimizer", ctx.costs.optimizer_s, run=ctx.stages.optimizer_step, meta=meta)
     stages = [ctx.shape.virtual_stage(ctx.pp_rank, c) for c in range(ctx.shape.vpp)]
-    yield from capture_handoff(ctx, meta, ctx.capture and ctx.capture.step_cost_s(
-        iteration, stages, ctx.topo.coord(ctx.rank).tp))
+    if ctx.capture is not None:
+        yield from capture_handoff(ctx, meta, ctx.capture.step_cost_s(
+            iteration, stages, ctx.topo.coord(ctx.rank).tp))
 
 
 def capture_handoff(ctx: PipelineContext, meta: dict[str, Any], cost_s: float | None
