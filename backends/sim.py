@@ -212,5 +212,5 @@ def run_scenario(s: Scenario, stages_for: StagesFor | None = None,
         return run_fbd_scenario(s, on_record)
     result = run_sim(s, stages_for, on_record)
     if capture_plan(s) is not None:  # MegaScope: what observing this job would cost
-        result.extra["scope"] = predicted_overhead(s, run_sim)
+        result.extra["scope"] = predicted_overhead(s, run_sim, result)
     return result

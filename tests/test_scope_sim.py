@@ -71,3 +71,20 @@ def test_observing_more_never_costs_less(more: dict[str, Any], cost: dict[str, f
 def test_a_scope_without_observations_costs_nothing() -> None:
     result = run({"perturb": [{"kind": "act_noise", "site": "resid_post", "sigma": 0.1}]})
     assert not captures(result) and "scope" not in result.extra
+
+
+def test_the_prediction_reuses_a_noiseless_run_and_never_a_jittered_one() -> None:
+    from backends.sim import run_sim
+    from megatronapp.scope.cost import predicted_overhead
+
+    observe = {"observe": [{"site": "resid_post", "stats": ["mean", "hist"]}],
+               "cost": {"hook_us": 500.0}}
+    plain = parse_scenario({"iterations": 2, "parallel": {"pp": 2, "microbatches": 2},
+                            "model": MODEL, "costs": FIXED, "scope": observe})
+    fresh = predicted_overhead(plain, run_sim)
+    assert predicted_overhead(plain, run_sim, run_sim(plain)) == fresh
+    noisy = plain.model_copy(update={"cluster": plain.cluster.model_copy(update={
+        "jitter": plain.cluster.jitter.model_copy(update={"compute_sigma": 0.5})})})
+    jittered = run_sim(noisy)  # its iterations differ from the noiseless ones ...
+    assert jittered.events != run_sim(plain).events
+    assert predicted_overhead(noisy, run_sim, jittered) == fresh  # ... and are not used

@@ -223,15 +223,21 @@ def capture_plan(s: Scenario) -> CapturePlan | None:
 
 
 
-def predicted_overhead(s: Scenario, run: Callable[[Scenario], Any]) -> dict[str, Any]:
+def predicted_overhead(s: Scenario, run: Callable[[Scenario], Any],
+                       ran: Any = None) -> dict[str, Any]:
     """The simulator's answer to "what would capturing cost on this job":
     mean iteration time with the capture over without it, both simulated
-    without background jitter (so the difference is the capture alone)."""
+    without background jitter (so the difference is the capture alone).
+    ``ran``: the scenario's own simulated run, reused when it had no jitter
+    (the simulator is deterministic: running it again would repeat it)."""
     from ..summary import iteration_times
 
-    quiet = s.cluster.model_copy(update={"jitter": s.cluster.jitter.model_copy(
+    jitter = s.cluster.jitter
+    quiet = s.cluster.model_copy(update={"jitter": jitter.model_copy(
         update={"compute_sigma": 0.0, "link_sigma": 0.0})})
-    with_capture = run(s.model_copy(update={"cluster": quiet}))
+    noiseless = jitter.compute_sigma == 0 and jitter.link_sigma == 0
+    with_capture = ran if ran is not None and noiseless else run(
+        s.model_copy(update={"cluster": quiet}))
     without = run(s.model_copy(update={"cluster": quiet, "scope": None}))
     t1, t0 = (float(np.mean(iteration_times(r.events))) for r in (with_capture, without))
     captures = [e for evs in with_capture.events.values() for e in evs if e.name == "scope_capture"]
