@@ -306,6 +306,9 @@ def main() -> int:
         machine = previous.get("machine", machine)
     else:
         results = measure(base, args)
+        saved.parent.mkdir(parents=True, exist_ok=True)  # kept even if what follows fails
+        saved.write_text(json.dumps({"runs": results, "args": vars(args), "machine": machine,
+                                     "calibrated": calibrated}, indent=1))
     rng = np.random.default_rng(args.seed)
     rows = []
     base_runs = results["absent"]
