@@ -139,7 +139,7 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
 
     gen = sub.add_parser("generate", help="decode token by token with capture (and perturbation)")
     gen.add_argument("checkpoint", help="a checkpoint directory (or a run directory holding one)")
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--prompt", required=True, help="the text decoding starts from")
     gen.add_argument("--tokens", type=int, default=32, help="tokens to decode (default 32)")
     gen.add_argument("--perturb", action="append", default=[], metavar="YAML",
                      help="a perturbation as inline YAML, e.g. '{kind: act_noise, site: resid_post, "
@@ -148,9 +148,11 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
                      "pooled Q/K/V/MLP/residual pixels and attention statistics")
     gen.add_argument("--out", default="runs/scope_generate", help="capture directory "
                      "(default runs/scope_generate)")
-    gen.add_argument("--top-k", type=int, default=5)
+    gen.add_argument("--top-k", type=int, default=5,
+                     help="next-token probabilities kept per step (default 5)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0,
+                     help="seeds sampling, perturbations and the PCA windows (default 0)")
     gen.add_argument("--json", action="store_true", help="print one JSON record per step")
     gen.set_defaults(func=cmd_generate)
 
@@ -159,10 +161,10 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     summ.set_defaults(func=cmd_summary)
 
     q = sub.add_parser("query", help="SQL over a capture: tables stats, raw_index, injections")
-    q.add_argument("capture", metavar="CAPTURE_DIR")
+    q.add_argument("capture", metavar="CAPTURE_DIR", help="a capture (or a run directory)")
     q.add_argument("sql", help='e.g. "SELECT layer, avg(value) FROM stats WHERE stat = \'std\' '
                    'GROUP BY layer"')
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the rows as JSON")
     q.set_defaults(func=cmd_query)
 
 
