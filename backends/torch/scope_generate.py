@@ -50,11 +50,14 @@ def one_rank() -> Iterator[None]:
         dist.init_process_group("gloo", rank=0, world_size=1,
                                 init_method=f"tcp://127.0.0.1:{free_port()}")
     megatron_compat.apply()
-    parallel_state.initialize_model_parallel(1, 1)
+    reuse = parallel_state.model_parallel_is_initialized()  # a caller's one-rank state
+    if not reuse:
+        parallel_state.initialize_model_parallel(1, 1)
     try:
         yield
     finally:
-        parallel_state.destroy_model_parallel()
+        if not reuse:
+            parallel_state.destroy_model_parallel()
         if owned:
             dist.destroy_process_group()
 

@@ -415,7 +415,5 @@ class Capture:
 
 def find_capture(path: str | Path) -> Path:
     """A capture directory, or a run directory holding one under ``scope/``."""
-    p = Path(path)
-    if (p / "manifest.json").is_file() or not (p / "scope" / "manifest.json").is_file():
-        return p
-    return p / "scope"
+    p = Path(path)  # a run directory has a manifest.json of its own: look for scope/ first
+    return p / "scope" if (p / "scope" / "manifest.json").is_file() else p
