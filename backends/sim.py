@@ -20,6 +20,7 @@ from megatronapp.errors import UserError
 from megatronapp.gc_pause import paused_gc
 from megatronapp.progress import Say, quiet
 from megatronapp.jobs import StagesFor, compile_programs, rank_programs
+from megatronapp.scope.cost import capture_plan, predicted_overhead
 from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
                              Wait, WaitAny, describe, trace_args)
 from megatronapp.tracer import Event, RunResult, Tracer
@@ -139,6 +140,10 @@ class SimBackend:
         """The network move behind a send (subclasses map ranks onto devices)."""
         return self.cluster.network.transfer(src, dst, nbytes)
 
+    def _ring_s(self, group: tuple[int, ...], nbytes: int) -> float:
+        """How long an all-reduce over ``group`` takes (subclasses map ranks onto devices)."""
+        return self.cluster.network.ring_allreduce_s(group, nbytes)
+
     def _irecv(self, rank: int, op: IRecv | Recv):
         start = self.env.now
         arrived = self.mailbox.get((op.src, rank, op.tag))
@@ -183,7 +188,7 @@ class SimBackend:
         rv.arrived += 1
         if rv.arrived == len(group):
             del self._collectives[key]
-            cost = self.cluster.network.ring_allreduce_s(group, op.nbytes)
+            cost = self._ring_s(group, op.nbytes)
             self.env.timeout(cost).callbacks.append(succeeds(rv.event))
         start = self.env.now
         yield rv.event
@@ -198,13 +203,16 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     """Simulate a scenario end to end.
 
     ``engine``: "auto" runs static schedules (with placeholder stages and no
-    per-event hook) on the compiled engine, anything else on the SimPy
+    per-event hook or MegaScope capture) on the compiled engine, anything else on the SimPy
     generator path; "generator" forces the latter. ``reduce`` simulates one
     pipeline per class of identical ones (exact; see ``sim.symmetry``).
     """
     cluster = build_cluster(s)
     program = None
-    if engine == "auto" and stages_for is None and on_record is None and s.schedule != "adaptive":
+    # MegaScope's priced captures differ between tensor-parallel ranks: they keep
+    # the generator path, like adaptive schedules
+    if (engine == "auto" and stages_for is None and on_record is None
+            and s.schedule != "adaptive" and capture_plan(s) is None):
         program = compile_programs(rank_programs(s, stages_for), cluster.topo)
     if program is not None:
         classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)
@@ -229,4 +237,7 @@ def run_scenario(s: Scenario, stages_for: StagesFor | None = None,
         from .sim_fbd import run_fbd_scenario
 
         return run_fbd_scenario(s, on_record)
-    return run_sim(s, stages_for, on_record, progress)
+    result = run_sim(s, stages_for, on_record, progress)
+    if capture_plan(s) is not None:  # MegaScope: what observing this job would cost
+        result.extra["scope"] = predicted_overhead(s, run_sim, result)
+    return result

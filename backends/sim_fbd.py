@@ -1,17 +1,25 @@
 """MegaFBD on the SimPy cluster: forward/backward workers on physical devices.
 
-Worker threads are the "ranks" of the programs (``megatronapp.fbd.workers``).
-Threads on one device take turns on its compute and exchange tensors through
-shared memory (no link time). Collectives that cross devices go through one
-bit-vector ``Coordinator`` per device: a periodic alignment round (an OR
-all-reduce of the flattened table over all devices, priced like any small
-all-reduce) finds the ready groups, and each device's control thread runs them
-one after another in ascending group order.
+Worker programs are the "ranks". Workers on one device take turns on its
+compute. Every worker has a control thread running the production round
+loop (``megatronapp.fbd.control.control_thread``), as every worker process
+does on torch: its cross-device p2p operations and DP all-reduces are
+coordinator requests; a round is an OR all-reduce over all control threads
+(priced as a small all-reduce of the encoded table, completing when the last
+control thread has entered it); ready operations run on the control threads
+in ascending group order, each one a blocking rendezvous of its members'
+control threads priced by the network. TP all-reduces are the model's own
+(inside megatron-core's layers on torch) and meet directly.
+
+Rounds in which nothing can change (nothing registered or finished since the
+last snapshot, nothing ran) are skipped to the first round after the next
+change, with the same timing the round loop would have had, so a long
+simulated wait costs a few rounds rather than one per nap.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import simpy
@@ -19,16 +27,17 @@ import simpy
 from megatronapp import seeds
 from megatronapp.config import ClockSkew, Scenario, ScenarioError, Throttle
 from megatronapp.costs import stage_costs
+from megatronapp.fbd.control import Align, Aligned, Execute, Nap, Requests, control_thread
 from megatronapp.fbd.coordinator import Coordinator, GroupTable, or_tables
-from megatronapp.fbd.hetero import (DeviceStats, PlanResult, busy_fraction, colocated_peak_bytes,
-                                    fbd_device_peak_bytes, mean_iteration_s,
-                                    useful_flops_per_iteration)
-from megatronapp.fbd.ranks import FbdLayout, collective_groups
-from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_settings,
-                                 gpt_stage_flops, worker_clocks, worker_labels)
-from megatronapp.fbd.workers import worker_programs
+from megatronapp.fbd.hetero import (DeviceStats, PlanResult, busy_fraction, check_fbd_memory,
+                                    colocated_peak_bytes, fbd_device_peak_bytes,
+                                    steady_iteration_s, useful_flops_per_iteration)
+from megatronapp.fbd.ranks import FbdLayout, coordinated_groups
+from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout, fbd_programs,
+                                 fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
+from megatronapp.fbd.transport import table_bytes
 from megatronapp.layout import topology_of
-from megatronapp.ops import AllReduce
+from megatronapp.ops import AllReduce, Compute, IRecv, ISend, RankProgram, trace_args
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event, RankClock, Tracer
 from sim.cluster import Cluster, _link_faults
@@ -37,12 +46,6 @@ from sim.hetero import ClassSlot, slots_by_class
 from sim.network import Network
 
 from .sim import SimBackend, run_sim
-
-
-def fbd_layout(s: Scenario, colocated: bool = False) -> FbdLayout:
-    forward_tp = s.parallel.tp if colocated else (fbd_settings(s).forward_tp or s.parallel.tp)
-    return FbdLayout(topology_of(s), forward_tp=forward_tp, backward_tp=s.parallel.tp,
-                     colocated=colocated)
 
 
 def fbd_slots(s: Scenario, layout: FbdLayout) -> list[ClassSlot]:
@@ -90,96 +93,218 @@ def device_cluster(s: Scenario, slots: list[ClassSlot], env: simpy.Environment,
                    device_clocks(quiet, len(slots)))
 
 
-@dataclass
-class _Pending:
-    event: simpy.Event
+@dataclass(eq=False)
+class _Request:
+    """One worker's side of a coordinated operation."""
+
+    kind: str  # "send" | "recv" | "allreduce"
     nbytes: int
+    value: Any
+    done: simpy.Event
+
+
+@dataclass(eq=False)
+class _Round:
+    """The alignment all-reduce being entered by the control threads."""
+
+    event: simpy.Event
+    tables: list[tuple[int, ...]] = field(default_factory=list)
+    active: bool = False
+    changes: int = -1  # changes seen by the first snapshot
+
+
+@dataclass(eq=False)
+class _Meeting:
+    """Members' control threads arriving at one launched operation."""
+
+    event: simpy.Event
+    requests: dict[int, _Request] = field(default_factory=dict)
 
 
 class FbdSimBackend(SimBackend):
-    """Interprets worker programs; ``rank`` in the handlers is a worker id."""
+    """Interprets worker programs and their control threads; ``rank`` in the
+    handlers is a worker id."""
 
-    def __init__(self, cluster: Cluster, layout: FbdLayout,
-                 on_record: Callable[[int, Event], None] | None = None):
+    def __init__(self, cluster: Cluster, layout: FbdLayout, nap_s: float,
+                 on_record: Callable[[int, Event], None] | None = None,
+                 skip_idle_rounds: bool = True):
         super().__init__(cluster, on_record)
-        self.layout = layout
+        self.layout, self.nap_s, self.skip_idle_rounds = layout, nap_s, skip_idle_rounds
         self.tracers = {w: Tracer(w, now=lambda: self.env.now, on_record=on_record)
                         for w in range(layout.num_workers)}
         self._compute_units = {d: simpy.Resource(self.env, 1) for d in range(layout.num_devices)}
-        self.table = GroupTable(collective_groups(layout), layout.num_workers)
+        self.table = GroupTable(coordinated_groups(layout), layout.num_workers)
         self._gid = {g: i for i, g in enumerate(self.table.groups)}
-        self.coordinators = {d: Coordinator(self.table, ws)
-                             for d, ws in layout.workers_by_device.items()}
-        self._waiting: dict[tuple[int, int], _Pending] = {}
+        self.requests = {w: Requests[_Request](Coordinator(self.table, [w]))
+                         for w in range(layout.num_workers)}
+        self._running: set[int] = set()
+        self._round = _Round(self.env.event())
+        self._meetings: dict[tuple[int, int], _Meeting] = {}
+        self._changes = 0  # posts and finished workers: what can make a round differ
+        self._quiet_after: int | None = None  # changes seen by the last empty round
         self._wake = self.env.event()
-        self._control_free = {d: 0.0 for d in range(layout.num_devices)}
-        table_bytes = math.ceil(len(self.table) * self.table.width / 8)
-        self.round_s = cluster.network.ring_allreduce_s(tuple(self._compute_units), table_bytes)
-        self.rounds = 0
-        self.env.process(self._control_loop())
+        devices = tuple(range(layout.num_devices))
+        self.round_s = cluster.network.ring_allreduce_s(devices, table_bytes(self.table))
+        self.rounds = 0  # the round loop's rounds, skipped ones included
+        self.simulated_rounds = 0  # those this simulation really ran
 
     def device(self, worker: int) -> int:
         return self.layout.device_of(self.layout.worker(worker))
 
+    def run(self, programs: dict[int, RankProgram]) -> dict[int, list[Event]]:
+        self._running = set(programs)
+        for w in range(self.layout.num_workers):
+            self.env.process(self._control(w))
+        return super().run({w: self._finishing(w, p) for w, p in programs.items()})
+
+    def _finishing(self, worker: int, program: RankProgram) -> RankProgram:
+        yield from program
+        self._running.discard(worker)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._changes += 1
+        if not self._wake.triggered:
+            self._wake.succeed()
+
     # ------------------------------------------------------------ compute
-    def _compute(self, rank: int, op: Any):
+    def _compute(self, rank: int, op: Compute):
         device = self.device(rank)
         with self._compute_units[device].request() as turn:  # threads share the device
             yield turn
             start = self.env.now
             yield self.env.timeout(self.cluster.devices[device].duration(start, op.cost_s))
-        self.tracers[rank].record(op.name, start, self.env.now, op.meta)
-        return op.run() if op.run is not None else None
+        result = op.run() if op.run is not None else None
+        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op, result=result))
+        return result
 
-    # ---------------------------------------------------------------- p2p
-    def _transfer(self, src: int, dst: int, nbytes: int) -> simpy.Event:
-        src_dev, dst_dev = self.device(src), self.device(dst)
-        if src_dev == dst_dev:
-            return self.env.timeout(0)  # threads on one device share its memory
-        return self.cluster.network.transfer(src_dev, dst_dev, nbytes)
-
-    # -------------------------------------------------------- collectives
-    def _allreduce(self, rank: int, op: AllReduce):
-        if rank not in op.group:
-            raise ValueError(f"worker {rank} is not in all-reduce group {op.group}")
-        gid = self._gid.get(op.group)
+    # ------------------------------------------------- coordinated requests
+    def _post(self, worker: int, kind: str, members: tuple[int, ...], nbytes: int, value: Any,
+              ) -> simpy.Event:
+        gid = self._gid.get(members)
         if gid is None:
-            raise ValueError(f"group {op.group} does not cross devices; no collective needed")
+            raise ValueError(f"workers {members} exchange nothing across devices")
+        request = _Request(kind, nbytes, value, self.env.event())
+        self.requests[worker].post(worker, gid, request)
+        self._changed()
+        return request.done
+
+    def _traced(self, rank: int, done: simpy.Event, op: ISend | IRecv) -> simpy.Event:
+        start, args = self.env.now, trace_args(op)
+
+        def record(_e: simpy.Event) -> None:
+            self.tracers[rank].record(op.name, start, self.env.now, args)
+
+        done.callbacks.append(record)
+        return done
+
+    def _isend(self, rank: int, op: ISend):
+        done = self._post(rank, "send", tuple(sorted((rank, op.dst))), op.nbytes, op.tensor)
+        return self._traced(rank, done, op)
+        yield  # pragma: no cover - makes this a generator
+
+    def _irecv(self, rank: int, op: IRecv):
+        done = self._post(rank, "recv", tuple(sorted((rank, op.src))), op.nbytes, None)
+        return self._traced(rank, done, op)
+        yield  # pragma: no cover
+
+    def _allreduce(self, rank: int, op: AllReduce):
+        if op.group not in self._gid:  # the model's own TP collective meets directly
+            return (yield from super()._allreduce(rank, op))
         start = self.env.now
-        self.coordinators[self.device(rank)].register(rank, gid)
-        key = (gid, self._seq[(rank, op.group)])
-        self._seq[(rank, op.group)] += 1
-        pending = self._waiting.setdefault(key, _Pending(self.env.event(), op.nbytes))
-        if not self._wake.triggered:
-            self._wake.succeed()
-        yield pending.event
-        self.tracers[rank].record(op.name, start, self.env.now,
-                                  {**op.meta, "bytes": op.nbytes, "group": list(op.group)})
+        yield self._post(rank, "allreduce", op.group, op.nbytes, op.tensor)
+        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))
         return op.tensor
 
-    def _control_loop(self):
-        """Alignment rounds while any request is registered."""
-        while True:
-            if not any(c.pending_groups() for c in self.coordinators.values()):
-                self._wake = self.env.event()
-                yield self._wake
-            yield self.env.timeout(self.round_s)
-            merged = or_tables([c.begin_round() for c in self.coordinators.values()])
-            launches = {d: c.finish_round(merged) for d, c in self.coordinators.items()}
-            self.rounds += 1
-            ready = sorted({(l.group, l.seq) for ls in launches.values() for l in ls})
-            for gid, seq in ready:  # ascending group order on every control thread
-                self._execute(gid, seq)
+    def _ring_s(self, group: tuple[int, ...], nbytes: int) -> float:
+        return self.cluster.network.ring_allreduce_s(self.layout.devices_of(group), nbytes)
 
-    def _execute(self, gid: int, seq: int) -> None:
-        pending = self._waiting.pop((gid, seq))
-        devices = self.layout.devices_of(self.table.groups[gid])
-        start = max([self.env.now] + [self._control_free[d] for d in devices])
-        end = start + self.cluster.network.ring_allreduce_s(devices, pending.nbytes)
-        for d in devices:
-            self._control_free[d] = end
-        self.env.timeout(end - self.env.now).callbacks.append(
-            lambda _e: pending.event.succeed())
+    # ------------------------------------------------------ control threads
+    def _control(self, worker: int):
+        program = control_thread(self.requests[worker], lambda: worker in self._running,
+                                 self.nap_s)
+        reply: Any = None
+        while True:
+            try:
+                op = program.send(reply)
+            except StopIteration:
+                return
+            if isinstance(op, Align):
+                reply = yield from self._align(op)
+            elif isinstance(op, Execute):
+                reply = yield from self._execute(worker, op)
+            else:
+                reply = yield from self._nap(worker, op)
+
+    def _align(self, op: Align):
+        rnd = self._round
+        if not rnd.tables:
+            rnd.changes = self._changes
+        rnd.tables.append(op.table)
+        rnd.active |= op.active
+        if len(rnd.tables) == self.layout.num_workers:  # the last one in: the round runs
+            self._round = _Round(self.env.event())
+            merged = or_tables(rnd.tables)
+            self.rounds += 1
+            self.simulated_rounds += 1
+            ready = any(merged[g] == self.table.expected[g] for g in range(len(merged)))
+            self._quiet_after = None if ready else rnd.changes
+
+            def deliver(_e: simpy.Event) -> None:
+                rnd.event.succeed(Aligned(merged, rnd.active))
+
+            self.env.timeout(self.round_s).callbacks.append(deliver)
+        return (yield rnd.event)
+
+    def _execute(self, worker: int, op: Execute[_Request]):
+        launch = op.launch
+        meeting = self._meetings.setdefault((launch.group, launch.seq),
+                                            _Meeting(self.env.event()))
+        (request,) = op.requests  # one worker per control thread
+        meeting.requests[worker] = request
+        members = self.table.groups[launch.group]
+        if len(meeting.requests) == len(members):
+            del self._meetings[(launch.group, launch.seq)]
+            self._run_launched(members, meeting)
+        yield meeting.event
+        return None
+
+    def _run_launched(self, members: tuple[int, ...], meeting: _Meeting) -> None:
+        requests = meeting.requests
+        senders = [w for w, r in requests.items() if r.kind == "send"]
+        if senders:  # point to point: the sender's payload to the receiver
+            (sender,) = senders
+            receiver = next(w for w in members if w != sender)
+            moved = self.cluster.network.transfer(self.device(sender), self.device(receiver),
+                                                  requests[sender].nbytes)
+            values = {sender: None, receiver: requests[sender].value}
+        else:
+            nbytes = requests[members[0]].nbytes
+            moved = self.env.timeout(self._ring_s(members, nbytes))
+            values = {w: r.value for w, r in requests.items()}
+
+        def finish(_e: simpy.Event) -> None:
+            for w, r in requests.items():
+                r.done.succeed(values[w])
+            meeting.event.succeed()
+
+        moved.callbacks.append(finish)
+
+    def _nap(self, worker: int, op: Nap):
+        yield self.env.timeout(op.seconds)
+        if not self.skip_idle_rounds or self._quiet_after != self._changes:
+            return None
+        # Nothing changed since the last (empty) round: the rounds until the
+        # next change would be empty too. Resume on the round grid after it.
+        arrival, period = self.env.now, op.seconds + self.round_s
+        if self._wake.triggered:
+            self._wake = self.env.event()
+        yield self._wake
+        skipped = math.ceil((self.env.now - arrival) / period)
+        if worker == 0:
+            self.rounds += skipped
+        yield self.env.timeout(arrival + skipped * period - self.env.now)
+        return None
 
 
 @dataclass(frozen=True)
@@ -188,24 +313,31 @@ class FbdRun:
     slots: tuple[ClassSlot, ...]
     events: dict[int, list[Event]]  # worker id -> events
     rounds: int
+    simulated_rounds: int
 
 
 def run_fbd(s: Scenario, stage_for: Any = None,
-            on_record: Callable[[int, Event], None] | None = None) -> FbdRun:
-    """Simulate the decoupled job of a scenario on its device classes."""
+            on_record: Callable[[int, Event], None] | None = None,
+            skip_idle_rounds: bool = True) -> FbdRun:
+    """Simulate the decoupled job of a scenario on its device classes
+    (``skip_idle_rounds=False`` simulates every empty round, for checking)."""
     layout = fbd_layout(s)
     slots = fbd_slots(s, layout)
     cluster = device_cluster(s, slots, simpy.Environment())
-    backend = FbdSimBackend(cluster, layout, on_record)
-    programs = worker_programs(layout, stage_costs(s), s.parallel.microbatches, s.iterations,
-                               stage_for)
-    events = backend.run(programs)
-    return FbdRun(layout, tuple(slots), events, backend.rounds)
+    backend = FbdSimBackend(cluster, layout, fbd_settings(s).round_nap_s, on_record,
+                            skip_idle_rounds)
+    events = backend.run(fbd_programs(s, stage_for))
+    return FbdRun(layout, tuple(slots), events, backend.rounds, backend.simulated_rounds)
 
 
 def check_fbd_scenario(s: Scenario) -> None:
+    """What a decoupled run needs before it starts: one chunk per stage and
+    every device's workers within its memory."""
     if s.parallel.vpp != 1:
         raise ScenarioError("parallel.vpp", "MegaFBD workers run one model chunk per stage")
+    layout = fbd_layout(s)
+    slots = fbd_slots(s, layout)
+    check_fbd_memory(s, stage_costs(s), layout, [(sl.name, sl.memory_bytes) for sl in slots])
 
 
 def progress_hook(layout: FbdLayout, on_record: Callable[[int, Event], None] | None
@@ -243,7 +375,7 @@ def run_fbd_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None
 def _fbd_plan(s: Scenario, name: str) -> PlanResult:
     run = run_fbd(s)
     layout = run.layout
-    wall = mean_iteration_s(run.events)
+    wall = steady_iteration_s(run.events)
     peaks = fbd_device_peak_bytes(stage_costs(s), layout, run.events)
     stats = []
     for device, workers in layout.workers_by_device.items():
@@ -282,7 +414,7 @@ def _colocated_plan(s: Scenario, name: str, slots: list[ClassSlot]) -> PlanResul
     base = base.model_copy(update={"faults": tuple(faults)})
     result = run_sim(base)
     costs = stage_costs(base)
-    wall = mean_iteration_s(result.events)
+    wall = steady_iteration_s(result.events)
     stats = tuple(_stats(r, slots[r], "FB", result.events[r], wall, base.iterations,
                          colocated_peak_bytes(costs, result.events[r])) for r in result.events)
     flops = useful_flops_per_iteration(s, s.parallel.microbatches * s.parallel.dp)

@@ -32,7 +32,7 @@ BACKENDS = ("sim", "torch")
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
-               "megatronapp.sweep.cli")
+               "megatronapp.sweep.cli", "megatronapp.scope.cli")
 
 
 def load_backend(name: str) -> Callable[..., Any]:
@@ -60,9 +60,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     backend_kw = _stall_option(args)
     out = Path(args.out or Path("runs") / scenario.name)
     check_output(out, args.force, protect=[Path(args.scenario)])
+    _check_profile(args, scenario)
     limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
+        if args.profile:
+            backend_kw["profile_dir"] = str(tmp / PROFILE_DIR)
+        if args.backend == "torch":  # real runs write captures and checkpoints there
+            backend_kw["out_dir"] = tmp
         result = run_backend(scenario, **backend_hooks(run_backend, progress), **backend_kw)
         progress.phase(f"writing {out}")
         summary = write_run(scenario, result, tmp, progress.counted)
@@ -71,6 +76,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print_summary(summary, out)
     return 0
+
+
+PROFILE_DIR = "profile"  # RUN_DIR/profile/rank{r}.pt.trace.json.gz with --profile
+
+
+def _check_profile(args: argparse.Namespace, scenario: Any) -> None:
+    if not args.profile:
+        return
+    if args.backend != "torch":
+        raise UserError("--profile: only the torch backend runs torch.profiler")
+    if scenario.fbd is not None:
+        raise UserError("--profile: decoupled (fbd) runs are not profiled")
 
 
 def _stall_option(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,6 +111,10 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     losses = summary.get("loss_per_iteration")
     if losses:  # a real run trains: say whether it learns
         print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))
+    if "scope" in summary:
+        from .scope.summary import run_lines
+
+        print("\n".join(run_lines(summary["scope"], out)))
     faults = summary["faults"] or [{"kind": "none"}]
     for f in faults[:MAX_FAULT_LINES]:
         detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
@@ -101,6 +122,8 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     if len(faults) > MAX_FAULT_LINES:
         print(f"  ... and {len(faults) - MAX_FAULT_LINES} more faults (see summary.json)")
     print("\n".join(written_lines(summary.get("trace", {}), out)))
+    if (out / PROFILE_DIR).is_dir():
+        print(f"  wrote {out / PROFILE_DIR}/ (torch.profiler traces, one per rank)")
 
 
 def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
@@ -161,15 +184,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from .files import staged_outputs
     from .outdirs import record_outputs
     from .progress import status
-    from .runs import read_events
 
     run_dir = Path(args.run_dir)
-    trace = run_dir / "trace.json"
-    if not trace.is_file():
-        raise UserError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
     written = []
-    with status(f"loading {trace}") as say, staged_outputs(run_dir, "run_dir") as stage:
-        events = read_events(trace)  # every plot below is written, or none
+    with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir") as stage:
+        events = _plot_events(run_dir)  # every plot below is written, or none
         say("drawing the timeline")
         from .plots import plot_timeline  # matplotlib loads here, under the spinner
 
@@ -182,6 +201,22 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def _plot_events(run_dir: Path) -> dict[int, Any]:
+    """A run directory's merged trace.json, else a directory of
+    torch.profiler traces (aligned first); the plots go next to them."""
+    from .runs import read_events
+    from .scan.inputs import load_scan_input
+    from .scan.kineto import kineto_files
+
+    trace = run_dir / "trace.json"
+    if trace.is_file():
+        return read_events(trace)
+    if run_dir.is_dir() and kineto_files(run_dir):
+        return load_scan_input(run_dir).events
+    raise UserError(f"run_dir: {trace} not found and no torch.profiler traces there "
+                    "(run 'megatronapp run' first)")
 
 
 PlotHook = Callable[[Path, dict], list[Path]]
@@ -268,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="torch backend: stop and name each rank's blocked op when no rank "
                           "makes progress for this long (default 300)")
     limits.add_options(run)
+    run.add_argument("--profile", action="store_true",
+                     help="torch backend: also write a torch.profiler (Kineto) trace per rank to "
+                          "RUN_DIR/profile/ (read it with detect/analyze/align/query RUN_DIR/profile)")
     run.set_defaults(func=cmd_run)
 
     topo = sub.add_parser("topology", help="print rank groups in Megatron-core's order")
@@ -295,8 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export)
 
     plot_hooks: list[PlotHook] = []  # each module may add its own plots
-    plot = sub.add_parser("plot", help="plot a run directory (timeline.png and more)")
-    plot.add_argument("run_dir", help="a directory written by 'megatronapp run'")
+    plot = sub.add_parser("plot", help="plot a run directory or a directory of torch.profiler "
+                                       "traces (timeline.png and more)")
+    plot.add_argument("run_dir", help="a directory written by 'megatronapp run', or of "
+                      "torch.profiler traces")
     plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)
 
     for module in MODULE_CLIS:

@@ -15,6 +15,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
 from .textio import TextError, check_depth, load_yaml, read_text
 
 from .schedules import SCHEDULES
+from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 
 class ScenarioError(ValueError):
@@ -153,11 +154,15 @@ class DeviceClass(_Strict):
 
 
 class Fbd(_Strict):
-    """MegaFBD placement: physical forward TP degree and device classes."""
+    """MegaFBD placement (physical forward TP degree and device classes) and
+    the coordinator's pace: a control thread whose round ran nothing naps
+    ``round_nap_s`` before the next (rounds are all-reduces; back to back
+    they would take the CPU from the workers)."""
 
     forward_tp: PositiveInt | None = None  # default: the virtual tp
     forward_class: str | None = None  # default: the first device class
     backward_class: str | None = None
+    round_nap_s: float = Field(1e-3, ge=0, le=1)
 
 
 class Cluster(_Strict):
@@ -223,6 +228,15 @@ class Data(_Strict):
     path: str | None = None  # a UTF-8 text file; default CPython's pydoc_data/topics.py
 
 
+class Training(_Strict):
+    """How the torch backend trains (the simulator prices the same steps)."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    checkpoint: bool = False  # save the trained model under RUN_DIR/checkpoint/
+    recompute: bool = False  # megatron-core full activation recomputation
+
+
 class Scenario(_Strict):
     name: SafeName = "scenario"
     seed: int = 0  # any integer (megatronapp.seeds maps it for numpy and torch)
@@ -236,6 +250,8 @@ class Scenario(_Strict):
     faults: tuple[Fault, ...] = ()
     dpp: Dpp = Dpp()
     data: Data = Data()
+    training: Training = Training()
+    scope: Scope | None = None  # MegaScope: observations and perturbations
 
     @property
     def world_size(self) -> int:
@@ -277,6 +293,20 @@ def check_consistency(s: Scenario) -> None:
                            " (MegaFBD: a fault rank is a physical device)" if s.fbd else "")
     _check_combined_factors(s.faults)
     _check_fbd(s)
+    _check_scope(s)
+
+
+def _check_scope(s: Scenario) -> None:
+    if s.scope is None:
+        return
+    if s.fbd is not None:
+        raise ScenarioError("scope", "MegaScope does not run together with an fbd section")
+    p, m = s.parallel, s.model
+    bad = check_against_model(s.scope, ModelShape(
+        layers=m.layers, heads=m.heads, hidden=m.hidden, ffn=m.ffn, vocab=m.vocab,
+        seq_len=m.seq_len, tp=p.tp, pp_vpp=p.pp * p.vpp))
+    if bad is not None:
+        raise ScenarioError(*bad)
 
 
 def _check_combined_factors(faults: tuple[Any, ...]) -> None:
@@ -353,7 +383,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("throttle", "slow_link", "link_jitter", "clock_skew"):
+        elif part in ("throttle", "slow_link", "link_jitter", "clock_skew") + PERTURBATION_KINDS:
             continue  # the discriminator tag pydantic puts in the path
         else:
             out += ("." if out else "") + str(part)
@@ -372,7 +402,8 @@ def _error_from_validation(err: ValidationError) -> ScenarioError:
     if first["type"] == "extra_forbidden":
         reason = "unknown key"
     elif first["type"] == "union_tag_invalid":
-        reason = f"unknown fault kind {first['input'].get('kind')!r}" if isinstance(
+        what = "perturbation" if field.startswith("scope.") else "fault"
+        reason = f"unknown {what} kind {first['input'].get('kind')!r}" if isinstance(
             first.get("input"), dict) else reason
         field = field + ".kind" if not field.endswith("kind") else field
     return ScenarioError(field, reason)

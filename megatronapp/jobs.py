@@ -9,6 +9,7 @@ from .ops import RankProgram
 from .programs import OrderFor, StagesFor, pipeline_contexts, pipeline_rank
 from .schedules import Order, static_order
 from .topology import Topology
+from .scope.cost import capture_plan
 
 
 def static_orders(s: Scenario) -> dict[int, Order]:
@@ -52,8 +53,9 @@ def rank_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int,
     if s.schedule == "adaptive":
         from .dpp.program import adaptive_programs
 
-        return adaptive_programs(s, stages_for)
+        return adaptive_programs(s, stages_for, capture_plan(s))
     check_memory(s)
     orders = static_orders(s)
-    contexts = pipeline_contexts(s, lambda pp: _every_iteration(orders[pp]), stages_for)
+    contexts = pipeline_contexts(s, lambda pp: _every_iteration(orders[pp]), stages_for,
+                                 capture_plan(s))
     return {r: pipeline_rank(ctx) for r, ctx in contexts.items()}

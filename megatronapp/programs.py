@@ -30,6 +30,15 @@ class StageModel(Protocol):
     def grad_norm_sq(self) -> Any: ...
     def optimizer_step(self) -> Any: ...  # a Report (loss, grad norm) for the trace, or None
     def start_iteration(self, iteration: int) -> None: ...
+    def capture_handoff(self) -> Any: ...
+
+
+class CapturePricing(Protocol):
+    """MegaScope's plan (``scope.cost.CapturePlan``): which tasks capture, at what price."""
+
+    def cost_s(self, step: int, microbatch: int, vs: int, phase: str,
+               tp_rank: int) -> float | None: ...
+    def step_cost_s(self, step: int, stages: list[int], tp_rank: int) -> float | None: ...
 
 
 class NullStages:
@@ -55,6 +64,9 @@ class NullStages:
     def start_iteration(self, iteration: int) -> None:
         return None
 
+    def capture_handoff(self) -> Any:
+        return None
+
 
 @dataclass(frozen=True)
 class PipelineContext:
@@ -65,6 +77,7 @@ class PipelineContext:
     iterations: int
     order_for: OrderFor
     stages: StageModel = field(default_factory=NullStages)
+    capture: CapturePricing | None = None  # MegaScope observations (priced, or run for real)
 
     @property
     def pp_rank(self) -> int:
@@ -81,14 +94,16 @@ OrderFor = Callable[[int], Order]  # iteration -> a rank's task order
 
 
 def pipeline_contexts(s: Scenario, order_for_stage: Callable[[int], OrderFor],
-                      stages_for: StagesFor | None = None) -> dict[int, PipelineContext]:
-    """One context per global rank; ``order_for_stage(pp_rank)`` orders its tasks."""
+                      stages_for: StagesFor | None = None,
+                      capture: CapturePricing | None = None) -> dict[int, PipelineContext]:
+    """One context per global rank; ``order_for_stage(pp_rank)`` orders its tasks;
+    ``capture``: MegaScope's pricing for the scenario, if it observes."""
     topo, shape, costs = topology_of(s), pipe_shape(s), stage_costs(s)
     orders = {pp: order_for_stage(pp) for pp in range(shape.pp)}
     return {rank: PipelineContext(
         rank=rank, topo=topo, shape=shape, costs=costs, iterations=s.iterations,
         order_for=orders[topo.coord(rank).pp],
-        stages=stages_for(rank) if stages_for else NullStages())
+        stages=stages_for(rank) if stages_for else NullStages(), capture=capture)
         for rank in range(topo.world_size)}
 
 
@@ -138,6 +153,9 @@ def compute_and_send(ctx: PipelineContext, iteration: int, task: Task, data: Any
         "forward" if forward else "backward",
         _forward_cost(ctx, task) if forward else ctx.costs.backward_chunk_s,
         run=partial(work, task.chunk, task.microbatch, data), meta=meta)
+    if ctx.capture is not None:
+        yield from capture_handoff(ctx, meta, ctx.capture.cost_s(
+            iteration, task.microbatch, vs, task.phase, ctx.topo.coord(ctx.rank).tp))
     tp_op = _tp_allreduce(ctx, meta)
     if tp_op is not None:
         yield tp_op
@@ -162,6 +180,18 @@ def finish_iteration(ctx: PipelineContext, iteration: int, sends: Sequence[Any])
         yield AllReduce(group=mp_group, nbytes=4, tensor=ctx.stages.grad_norm_sq(),
                         name="grad_norm_allreduce", meta=meta)
     yield Compute("optimizer", ctx.costs.optimizer_s, run=ctx.stages.optimizer_step, meta=meta)
+    stages = [ctx.shape.virtual_stage(ctx.pp_rank, c) for c in range(ctx.shape.vpp)]
+    if ctx.capture is not None:
+        yield from capture_handoff(ctx, meta, ctx.capture.step_cost_s(
+            iteration, stages, ctx.topo.coord(ctx.rank).tp))
+
+
+def capture_handoff(ctx: PipelineContext, meta: dict[str, Any], cost_s: float | None
+                    ) -> RankProgram:
+    """MegaScope: a task that captured hands its records to the writer (the
+    simulator prices it, see ``scope.cost``); nothing when it captured nothing."""
+    if cost_s is not None:
+        yield Compute("scope_capture", cost_s, run=ctx.stages.capture_handoff, meta=meta)
 
 
 def pipeline_rank(ctx: PipelineContext) -> RankProgram:

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 
+from megatronapp.fbd.control import Align, Aligned, Nap, Requests, control_thread
 from megatronapp.fbd.coordinator import Coordinator, CoordinatorError, GroupTable, or_tables
 
 # Eight workers, two coordinators of four; group 0 = {0,1,2,3} (the paper's
@@ -106,3 +107,40 @@ def test_registration_after_a_snapshot_waits_for_the_next_round():
     assert a.finish_round(merged) == () and b.finish_round(merged) == ()
     launches_a, launches_b = align(a, b)
     assert [l.group for l in launches_a] == [1] and [l.group for l in launches_b] == [1]
+
+
+def test_requests_on_one_group_register_one_at_a_time_in_order():
+    """A worker's second send on a pair waits behind the first: only the
+    head is registered, the next registers when the head is launched."""
+    a, b = pair()
+    ra, rb = Requests[str](a), Requests[str](b)
+    ra.post(2, 1, "first")
+    ra.post(2, 1, "second")
+    assert a.registered(2, 1) and ra.outstanding() == 2
+    rb.post(5, 1, "peer-1")
+    la, lb = align(a, b)
+    assert ra.take(la[0]) == ("first",) and rb.take(lb[0]) == ("peer-1",)
+    assert a.registered(2, 1) and not b.registered(5, 1)  # "second" is next in line
+    rb.post(5, 1, "peer-2")
+    la, lb = align(a, b)
+    assert ra.take(la[0]) == ("second",) and ra.outstanding() == 0
+
+
+def test_control_thread_runs_ready_groups_in_ascending_order_then_stops():
+    a = Coordinator(TABLE, range(8))
+    requests = Requests[int](a)
+    for w in (4, 5, 6, 7):  # group 2 is posted first, group 1 after it
+        requests.post(w, 2, w)
+    for w in (2, 5):
+        requests.post(w, 1, w)
+    program = control_thread(requests, lambda: False, nap_s=0.5)
+    align_op = next(program)
+    assert isinstance(align_op, Align) and align_op.active
+    ops = [program.send(Aligned(align_op.table, True))]
+    ops += [program.send(None) for _ in range(2)]
+    assert [(op.launch.group, op.requests) for op in ops[:2]] == [(1, (2, 5)), (2, (4, 5, 6, 7))]
+    assert isinstance(ops[2], Align) and not ops[2].active  # ran something: no nap
+    assert isinstance(program.send(Aligned((0, 0, 0), True)), Nap)
+    final = program.send(None)
+    with pytest.raises(StopIteration):
+        program.send(Aligned(final.table, False))

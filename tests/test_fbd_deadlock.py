@@ -9,7 +9,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from megatronapp.fbd.coordinator import GroupTable
-from megatronapp.fbd.protocol import CoordinatedSystem, NaiveSystem, drive, project
+from megatronapp.fbd.protocol import (CoordinatedSystem, ModelSystem, NaiveSystem, drive,
+                                      project)
 from megatronapp.topology import Topology
 
 # The paper's example: rank 0 wants to talk to rank 2 (group 0), rank 2 wants
@@ -97,30 +98,49 @@ def structures(draw):
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
-    """Random requests, early/late alignment contributions and rounds."""
+    """Random requests, early/late alignment contributions and rounds, applied
+    alike to the production round loop (``CoordinatedSystem``) and to the
+    model (``ModelSystem``); they must run the same collectives each round."""
 
     @initialize(structure=structures())
     def build(self, structure):
         self.table, self.owner, self.sequence = structure
-        self.system = CoordinatedSystem(self.table, self.owner, project(self.table, self.sequence))
+        programs = project(self.table, self.sequence)
+        self.system = CoordinatedSystem(self.table, self.owner, programs)
+        self.model = ModelSystem(self.table, self.owner, programs)
 
     @precondition(lambda self: self.system.workers.idle())
     @rule(data=st.data())
     def request(self, data):
-        self.system.request(data.draw(st.sampled_from(self.system.workers.idle())))
+        worker = data.draw(st.sampled_from(self.system.workers.idle()))
+        self.system.request(worker)
+        self.model.request(worker)
 
     @rule(data=st.data())
     def contribute_early(self, data):
         free = self.system.not_contributed()
         if free:
-            self.system.contribute(data.draw(st.sampled_from(free)))
+            thread = data.draw(st.sampled_from(free))
+            self.system.contribute(thread)
+            self.model.contribute(thread)
 
+    @precondition(lambda self: not self.system.stopped and not self.system.finished())
     @rule()
     def align(self):
         self.system.complete_round()
+        assert self.system.round_log[-1] == self.model.complete_round()
+
+    @invariant()
+    def production_and_model_agree(self):
+        if not hasattr(self, "system"):
+            return
+        assert self.system.workers.executed == self.model.workers.executed
+        assert self.system.not_contributed() == self.model.not_contributed()
 
     @invariant()
     def every_collective_runs_once_with_all_members(self):
+        if not hasattr(self, "system"):
+            return
         instances = [(e.group, e.seq) for e in self.system.workers.executed]
         assert len(instances) == len(set(instances))
         for e in self.system.workers.executed:
@@ -128,6 +148,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @invariant()
     def coordinators_launch_in_the_same_order(self):
+        if not hasattr(self, "system"):
+            return
         executed = [(e.group, e.seq) for e in self.system.workers.executed]
         for thread, coord in self.system.coordinators.items():
             mine = [(l.group, l.seq) for l in coord.launched]
@@ -141,6 +163,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert self.system.finished(), "coordinated system deadlocked"
         ran = Counter(e.group for e in self.system.workers.executed)
         assert ran == Counter(self.sequence)
+        self.system.complete_round()  # every control thread sees "nobody active" and stops
+        assert len(self.system.stopped) == len(self.system.coordinators)
 
 
 CoordinatorMachine.TestCase.settings = settings(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from backends.sim import run_scenario
-from backends.sim_fbd import compare_plans
+from backends.sim_fbd import compare_plans, run_fbd
+from megatronapp.fbd.hetero import steady_iteration_s
 from megatronapp.cli import main
 from megatronapp.config import load_scenario
 from megatronapp.runs import read_events
@@ -138,7 +139,7 @@ def test_torch_backend_writes_a_decoupled_run_dir(tmp_path, capsys):
     summary = summary_of(out)
     fbd = summary["fbd"]
     assert summary["backend"] == "torch" and summary["world_size"] == 4
-    assert fbd["stages"] == "mlp" and fbd["coordinator_rounds"] > 0
+    assert fbd["stages"] == "gpt" and fbd["coordinator_rounds"] > 0
     assert [d["role"] for d in fbd["devices"]] == ["forward"] * 2 + ["backward"] * 2
     assert all(d["peak_memory_bytes"] > 0 for d in fbd["devices"])
     assert len(summary["loss_per_iteration"]) == 2 and len(summary["iteration_times_s"]) == 2
@@ -152,8 +153,42 @@ def test_torch_backend_writes_a_decoupled_run_dir(tmp_path, capsys):
     assert sorted(load_trace(out).events) == [0, 1, 2, 3]
 
 
-def test_torch_runtime_refuses_tensor_parallel_workers_naming_the_field(tmp_path, capsys):
+def test_decoupled_runs_refuse_model_chunks_naming_the_field(tmp_path, capsys):
     assert main(["run", SCENARIO, "--backend", "torch", "--out", str(tmp_path / "x"),
-                 "--set", "parallel.tp=2", "--set", "model.layers=4"]) == 2
+                 "--set", "parallel.vpp=2", "--set", "schedule=interleaved"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "parallel.tp" in err[0] and not (tmp_path / "x").exists()
+    assert len(err) == 1 and "parallel.vpp" in err[0] and not (tmp_path / "x").exists()
+
+
+def test_a_placement_that_does_not_fit_is_refused_before_running(tmp_path, capsys):
+    """The largest device need is known before the run (model states, one
+    recomputed microbatch, an iteration's stage inputs waiting)."""
+    assert run_cli(tmp_path / "x", "--set", "model.layers=10000000") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cluster.device_classes" in err[0] and "device 0" in err[0]
+    assert "GB" in err[0] and not list(tmp_path.iterdir())
+
+
+def test_a_long_simulated_wait_costs_rounds_per_change_not_per_nap():
+    """A backward of 10^6 s with compute jitter: control threads do not spin
+    through the wait (one round per nap would be ~10^9 rounds)."""
+    s = load_scenario(SCENARIO, ["iterations=2", "costs.backward_s=1e6",
+                                 "cluster.jitter.compute_sigma=0.1"])
+    run = run_fbd(s)
+    assert steady_iteration_s(run.events) > 1e6
+    assert run.simulated_rounds < 1000 < run.rounds  # skipped rounds are counted, not run
+
+
+@pytest.mark.parametrize("jitter", ["0.0", "0.2"])
+def test_skipping_idle_rounds_changes_no_time(jitter):
+    """Skipped rounds are the ones that would have run nothing: the timeline
+    and the round count equal a simulation that runs every round."""
+    s = load_scenario(SCENARIO, ["iterations=2", "costs.backward_s=0.2",
+                                 f"cluster.jitter.compute_sigma={jitter}"])
+    fast, slow = run_fbd(s), run_fbd(s, skip_idle_rounds=False)
+    assert fast.simulated_rounds < slow.simulated_rounds == slow.rounds == fast.rounds
+    for worker, events in slow.events.items():
+        assert [e.name for e in fast.events[worker]] == [e.name for e in events]
+        times = [t for e in events for t in (e.start_s, e.end_s)]
+        assert [t for e in fast.events[worker] for t in (e.start_s, e.end_s)] == pytest.approx(
+            times, rel=1e-9)

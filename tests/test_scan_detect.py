@@ -7,7 +7,8 @@ from backends.sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.diagnosis import Diagnosis
-from megatronapp.scan.validate import CONTROLS, METHODS, make_trial, run_trial, scan_of_result
+from megatronapp.scan.trials import CONTROLS, make_sim_trial
+from megatronapp.scan.validate import METHODS, run_trial, scan_of_result
 from megatronapp.topology import Topology
 
 
@@ -61,7 +62,7 @@ def test_healthy_jittered_run_with_skewed_clocks_is_healthy():
 
 
 def test_every_method_shares_the_detector_signature():
-    scan = scan_of_result(run_sim(make_trial(0, 8).scenario))
+    scan = scan_of_result(run_sim(make_sim_trial(0, 8).scenario))
     for name, method in METHODS.items():
         d = method(scan)
         assert isinstance(d, Diagnosis), name
@@ -76,9 +77,9 @@ def _score(outcomes) -> float:
 def test_megascan_beats_the_naive_baseline_on_fixed_seeds():
     by_method: dict[str, list] = {}
     for index in range(14):
-        outcomes, alignment = run_trial(seed=2024, index=index, run=run_sim)
-        assert alignment["offset_err_max_us"] < 10.0
-        for o in outcomes:
+        report = run_trial(seed=2024, index=index, run=run_sim)
+        assert report.alignment is not None and report.alignment["offset_err_max_us"] < 10.0
+        for o in report.outcomes:
             by_method.setdefault(o.method, []).append(o)
     ours = _score(by_method["megascan"])
     assert ours > _score(by_method["slowest-mean"])

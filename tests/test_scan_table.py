@@ -13,7 +13,8 @@ from megatronapp.scan.detect import megascan
 from megatronapp.scan.load import events_from_chrome
 from megatronapp.scan.table import prepare_table, sorted_like_loader, sync_table
 from megatronapp.scan.table_detect import megascan_table
-from megatronapp.scan.validate import make_trial, scan_of_result
+from megatronapp.scan.trials import make_sim_trial
+from megatronapp.scan.validate import scan_of_result
 from megatronapp.tracer import chrome_events
 
 # One trial of each band: skew only, slow link, healthy, jittered link, three throttles.
@@ -28,7 +29,7 @@ def _raw_events(result: Any) -> dict[int, list[Any]]:
 
 @pytest.mark.parametrize("index", TRIALS)
 def test_columnar_scan_diagnoses_like_the_per_event_scan(index: int) -> None:
-    result = run_sim(make_trial(0, index).scenario)
+    result = run_sim(make_sim_trial(0, index).scenario)
     per_event = scan_of_result(result)
     table = prepare_table(columns_from_events(_raw_events(result)), aligned=False, ref=0)
     for rank, fit in per_event.clocks.items():
@@ -45,7 +46,7 @@ def test_columnar_scan_diagnoses_like_the_per_event_scan(index: int) -> None:
 
 
 def test_sync_ops_link_the_same_events() -> None:
-    events = _raw_events(run_sim(make_trial(0, 8).scenario))
+    events = _raw_events(run_sim(make_sim_trial(0, 8).scenario))
     cols = sorted_like_loader(columns_from_events(events))
     sync = sync_table(cols)
     start = {r: i for r, i in zip(*_first_rows(cols))}

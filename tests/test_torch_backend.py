@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -231,7 +232,10 @@ def test_cli_run_with_torch_backend_writes_a_run_dir(tmp_path: Path):
 def test_torchrun_worker_writes_a_run_dir(tmp_path: Path):
     out = tmp_path / "run"
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m",
+    # one node on loopback (--standalone would look up this host's name)
+    proc = subprocess.run([torchrun, "--nnodes", "1", "--nproc-per-node", "2",
+                           "--master-addr", "127.0.0.1", "--master-port", str(launch.free_port()),
+                           "--local-addr", "127.0.0.1", "-m",
                            "backends.torch.worker", str(_write(tmp_path / "p.yaml", SKEWED_PIPE)),
                            "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300,
@@ -289,7 +293,7 @@ def test_dead_rank_stops_the_run_naming_what_its_peer_waits_for():
 def test_cli_deadlock_exits_2_with_one_line_and_no_run_dir(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]):
-    monkeypatch.setattr(launch, "rank_programs", both_receive_first)
+    monkeypatch.setattr(launch, "PIPELINE", replace(launch.PIPELINE, programs=both_receive_first))
     scenario_file = _write(tmp_path / "pair.yaml", {**SKEWED_PIPE, "parallel": PAIR})
     code = cli.main(["run", str(scenario_file), "--backend", "torch", "--out",
                      str(tmp_path / "run"), "--stall-timeout", "1", "--quiet"])

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -281,7 +281,7 @@ def _assert_positive(x: int) -> None:
 def test_a_failing_rank_is_one_line_naming_rank_cause_and_place(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         debug: str):
-    monkeypatch.setattr(launch, "rank_programs", rank_one_asserts)
+    monkeypatch.setattr(launch, "PIPELINE", replace(launch.PIPELINE, programs=rank_one_asserts))
     monkeypatch.setenv("MEGATRONAPP_DEBUG", debug)
     scenario = tmp_path / "faulted.yaml"
     scenario.write_text(yaml.safe_dump({**SCENARIO, "iterations": 1}))

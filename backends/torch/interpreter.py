@@ -226,10 +226,12 @@ class Interpreter:
     def __init__(self, rank: int, groups: GroupCache, clock: HostClock, tracer: Tracer,
                  faults: InjectedFaults, recv_buffer: Callable[[], torch.Tensor],
                  coalesce: bool = False, device: torch.device = torch.device("cpu"),
-                 beacon: OpBeacon | None = None):
+                 beacon: OpBeacon | None = None,
+                 on_receive: Callable[[Any, Any, int, torch.Tensor], None] | None = None):
         self.rank, self.groups, self.clock, self.tracer = rank, groups, clock, tracer
         self.faults, self.recv_buffer, self.coalesce = faults, recv_buffer, coalesce
         self._enter = beacon.entered if beacon is not None else _ignore
+        self._on_receive = on_receive  # MegaScope: (tag, meta, peer, tensor) of each arrival
         self._held: list[Handle] = []
         self.watch_completions = dist.get_backend() == "gloo"
         self._pending: list[Pending] = []
@@ -298,12 +300,8 @@ class Interpreter:
 
     # ----------------------------------------------------------------- p2p
     def _isend(self, op: ISend | Send) -> Handle:
-        tensor = op.tensor.contiguous()
-        handle = Handle(op, op.dst, tensor, self.clock.mark())  # type: ignore[arg-type]
-        if self.coalesce:
-            self._held.append(handle)
-        else:
-            handle.work = dist.isend(tensor, op.dst, tag=encode_tag(op.tag))
+        handle = Handle(op, op.dst, op.tensor.contiguous(), self.clock.mark())  # type: ignore[arg-type]
+        self._start(handle)
         return handle
 
     def _irecv(self, op: IRecv | Recv) -> Handle:
@@ -311,12 +309,18 @@ class Interpreter:
         tensor = (torch.empty_like(op.like) if isinstance(op.like, torch.Tensor)
                   else self.recv_buffer())
         handle = Handle(op, op.src, tensor, self.clock.mark())  # type: ignore[arg-type]
+        self._start(handle)
+        return handle
+
+    def _start(self, handle: Handle) -> None:
+        """Post a transfer; when coalescing, a send is held for the next receive."""
         if self.coalesce:
             self._held.append(handle)
-            self._post_held()
+            if handle.is_recv:
+                self._post_held()
         else:
-            handle.work = dist.irecv(tensor, op.src, tag=encode_tag(op.tag))
-        return handle
+            post = dist.irecv if handle.is_recv else dist.isend
+            handle.work = post(handle.tensor, handle.peer, tag=encode_tag(handle.op.tag))
 
     def _post_held(self) -> None:
         """Post held sends (and a trailing receive) as one batch."""
@@ -338,11 +342,21 @@ class Interpreter:
         if not handle.finished:
             handle.finished = True
             args = trace_args(handle.op, _nbytes(handle.tensor))
-            if handle.is_recv and self.faults.links:  # a slow link delivers later
-                args[INJECTED] = _sleep(self.faults.transfer_extra_s(
-                    handle.peer, self.rank, _nbytes(handle.tensor)))
+            injected = self._delivered(handle) if handle.is_recv else None
+            if injected is not None:
+                args[INJECTED] = injected
+            if handle.is_recv and self._on_receive is not None:
+                self._on_receive(handle.op.tag, handle.op.meta, handle.peer, handle.tensor)
             self._note(handle.op.name, handle.start, self.clock.mark(), args)
         return handle.tensor if handle.is_recv else None
+
+    def _delivered(self, handle: Handle) -> float | None:
+        """A receive has completed: a slow link delivers later (returns the
+        seconds injected, None on a rank without link faults)."""
+        if not self.faults.links:
+            return None
+        return _sleep(self.faults.transfer_extra_s(handle.peer, self.rank,
+                                                   _nbytes(handle.tensor)))
 
     def _wait(self, op: Wait) -> torch.Tensor | None:
         handle: Handle = op.handle
@@ -366,12 +380,21 @@ class Interpreter:
     # ---------------------------------------------------------- collective
     def _allreduce(self, op: AllReduce) -> Any:
         tensor = op.tensor if op.tensor is not None else self._scratch
-        group = tuple(sorted(op.group))
         start = self.clock.mark()
         args = trace_args(op, _nbytes(tensor))
-        if self.faults.links and len(group) > 1:
-            args[INJECTED] = _sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
-        if len(group) > 1:
-            dist.all_reduce(tensor, group=self.groups.get(group))
+        injected = self._reduce(tensor, tuple(sorted(op.group)))
+        if injected is not None:
+            args[INJECTED] = injected
         self._note(op.name, start, self.clock.mark(), args)
         return op.tensor
+
+    def _reduce(self, tensor: torch.Tensor, group: Group) -> float | None:
+        """Sum ``tensor`` over ``group`` in place; a slow link delays it first
+        (returns the seconds injected, None on a rank without link faults)."""
+        if len(group) < 2:
+            return None
+        injected = None
+        if self.faults.links:
+            injected = _sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
+        dist.all_reduce(tensor, group=self.groups.get(group))
+        return injected

@@ -26,7 +26,6 @@ import torch.multiprocessing as mp
 
 from megatronapp.errors import UserError
 from megatronapp.config import Scenario, ScenarioError
-from megatronapp.jobs import rank_programs
 from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, RunResult
 
@@ -35,7 +34,7 @@ from .lifetime import (die_with_parent, ignore_terminal_signals, is_stopped, joi
 from .stages import TrainOptions
 from .watchdog import (STALL_TIMEOUT_S, Failure, OpBeacon, ProgressWatch, blocked_line,
                        death_line, describe_failure)
-from .worker import ProgramsFor, WorkerResult, assemble, quiet_megatron_warnings, run_rank
+from .worker import PIPELINE, Job, ProgramsFor, WorkerResult, quiet_megatron_warnings
 
 POLL_S = 0.5
 REPORT_WAIT_S = 5.0  # how long blocked ranks get to say where they are
@@ -78,22 +77,25 @@ def free_port() -> int:
 
 
 def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce: bool | None,
-             threads: int, out: Any, counters: Any, stall_flag: Any,
+             threads: int, out: Any, counters: Any, stall_flag: Any, job: Job,
              programs: ProgramsFor, launcher_pid: int) -> None:
     die_with_parent(launcher_pid)
     ignore_terminal_signals()  # the launcher owns the stop
     quiet_megatron_warnings()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # every rank is on this host: gloo on loopback, without resolving the host name
+    # (which warns on stderr, or fails, where /etc/hosts does not name it)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(threads)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     beacon = OpBeacon(counters, rank)
     beacon.answer_when(stall_flag, lambda what: out.put(("blocked", rank, what)))
     try:
-        dist.init_process_group(backend, rank=rank, world_size=s.world_size)
-        result = run_rank(s, rank, rank, options, coalesce,
-                          on_record=lambda r, e: out.put(("event", r, e)),
-                          beacon=beacon, programs=programs,
-                          on_phase=lambda text: out.put(("phase", rank, text)))
+        dist.init_process_group(backend, rank=rank, world_size=job.processes(s))
+        result = job.run_rank(s, rank, rank, options, coalesce,
+                              on_record=lambda r, e: out.put(("event", r, e)),
+                              beacon=beacon, programs=programs,
+                              on_phase=lambda text: out.put(("phase", rank, text)))
         out.put(("done", rank, result))
     except BaseException as err:
         out.put(("error", rank, (describe_failure(err), beacon.describe())))
@@ -194,11 +196,11 @@ class _Gatherer:
                                     if r != dead and r not in stopped})
 
 
-def check_gpus(s: Scenario) -> None:
+def check_gpus(s: Scenario, processes: int) -> None:
     """NCCL needs a GPU of its own for every rank of this host."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus and s.world_size > gpus:
-        raise ScenarioError("parallel", f"tp*pp*dp = {s.world_size} ranks but this host has "
+    if gpus and processes > gpus:
+        raise ScenarioError("parallel", f"the run needs {processes} ranks but this host has "
                             f"{gpus} GPU(s); NCCL needs one per rank")
 
 
@@ -213,23 +215,28 @@ def check_megatron(s: Scenario) -> None:
 def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: bool | None = None,
               on_record: Callable[[int, Event], None] | None = None, *,
               stall_timeout_s: float = STALL_TIMEOUT_S, programs: ProgramsFor | None = None,
-              on_phase: Say = quiet) -> tuple[RunResult, list[WorkerResult]]:
-    """Run ``s`` on ``s.world_size`` fresh processes; the RunResult plus each
-    rank's raw result (losses, gradient norms, optional step capture).
-    ``programs`` (default ``rank_programs``; a module-level function, since it
-    is pickled) builds the rank programs from the scenario and the stages."""
-    check_gpus(s)
+              on_phase: Say = quiet, job: Job | None = None
+              ) -> tuple[RunResult, list[WorkerResult]]:
+    """Run ``s`` on fresh processes, one per rank of ``job`` (default: the
+    pipeline's ``s.world_size`` ranks; ``FBD`` in ``fbd_worker``: a process per
+    MegaFBD worker); the RunResult plus each rank's raw result (losses,
+    gradient norms, optional step capture). ``programs`` (default the job's;
+    a module-level function, since it is pickled) builds the rank programs
+    from the scenario and the stages."""
+    job = job or PIPELINE
+    world = job.processes(s)
+    check_gpus(s, world)
     check_megatron(s)
     ctx = mp.get_context("spawn")
     out, stall_flag = ctx.Queue(), ctx.RawValue("b", 0)
-    counters = ctx.RawArray("q", s.world_size)  # ops entered per rank
-    threads = max(1, (os.cpu_count() or 1) // s.world_size)
+    counters = ctx.RawArray("q", world)  # ops entered per rank
+    threads = max(1, (os.cpu_count() or 1) // world)
     port = free_port()
-    build = programs if programs is not None else rank_programs
+    build = programs if programs is not None else job.programs
     procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out,
-                                                counters, stall_flag, build, os.getpid()))
-             for r in range(s.world_size)]
-    on_phase(f"spawning {s.world_size} ranks")
+                                                counters, stall_flag, job, build, os.getpid()))
+             for r in range(world)]
+    on_phase(f"spawning {world} ranks")
     try:
         with terminal_signals_held():
             for p in procs:
@@ -242,4 +249,4 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
         if stopped:
             err.add_note(f"stopped {stopped} rank{'s' if stopped > 1 else ''}")
         raise
-    return assemble(s, results), results
+    return job.assemble(s, results), results

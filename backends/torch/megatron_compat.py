@@ -10,6 +10,9 @@ avoided by how the stages call the model:
     and fork the CPU RNG instead.
 (c) Attention needs an explicit mask on CPU: the stages always pass one (see
     ``causal_mask``), so no patch is needed for it.
+(d) Activation recomputation (``CheckpointFunction``) saves and restores the
+    CUDA RNG state beside the CPU one: on CPU there is none to save (an empty
+    state; restoring it is a no-op, queued by ``torch.cuda._lazy_call``).
 
 ``apply()`` is idempotent and a no-op when CUDA is available, so GPU runs use
 megatron-core unchanged.
@@ -74,6 +77,10 @@ def _cpu_get_tensor(self: Any, tensor_shape: Any, dtype: torch.dtype, name: str,
     return buffer[:required].view(*tensor_shape)
 
 
+def _no_cuda_rng_state(*_args: Any, **_kw: Any) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
 def apply() -> None:
     """Patch megatron-core for CPU execution (only when CUDA is absent)."""
     if torch.cuda.is_available():
@@ -82,6 +89,7 @@ def apply() -> None:
     from megatron.core.tensor_parallel import random
 
     utils.GlobalMemoryBuffer.get_tensor = _cpu_get_tensor  # (a)
+    random._get_cuda_rng_state = _no_cuda_rng_state  # (d)
     if not isinstance(random._CUDA_RNG_STATE_TRACKER, CpuRNGStatesTracker):  # (b)
         random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
         random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True

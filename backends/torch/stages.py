@@ -11,6 +11,7 @@ gradients are those of the mean loss over the global batch.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any, Mapping
@@ -34,6 +35,8 @@ class TrainOptions:
     lr: float = 1e-3
     capture_first_step: bool = False  # keep weights/grads of iteration 0 (tests)
     initial_state: Mapping[str, np.ndarray] | None = None  # full-model weights to load
+    profile_dir: str | None = None  # also write a torch.profiler trace per rank here
+    workdir: str | None = None  # where ranks write MegaScope parts and checkpoint shards
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ def transformer_config(s: Scenario) -> Any:
         pipeline_dtype=torch.float32, params_dtype=torch.float32,
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
         bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False)
+        apply_rope_fusion=False, persist_layer_norm=False,
+        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+           if s.training.recompute else {}))
 
 
 def global_name(local: str, virtual_stage: int, layers_per_chunk: int) -> str:
@@ -133,6 +138,17 @@ class MegatronStages:
         self._flat: torch.Tensor | None = None
         self._norm_sq: torch.Tensor | None = None
         self._losses: dict[int, torch.Tensor] = {}  # this iteration's, by microbatch
+        self.scope: Any = None  # a MegaScope session (``scope.attach_session``) or None
+
+    def _task(self, phase: str, microbatch: int) -> Any:
+        """Tell MegaScope which task runs (a forward hook inside a backward task
+        is recomputation)."""
+        return (self.scope.task(phase, self.iteration, microbatch) if self.scope is not None
+                else nullcontext())
+
+    def capture_handoff(self) -> None:
+        if self.scope is not None:
+            self.scope.capture_handoff()
 
     # -------------------------------------------------------------- layout
     def _is_first(self, chunk: int) -> bool:
@@ -175,7 +191,8 @@ class MegatronStages:
             inp = x.detach().requires_grad_()
             model.set_input_tensor(inp)
         labels = tokens[:, 1:] if self._is_last(chunk) else None
-        out = model(tokens[:, :-1], self.positions, self.mask, labels=labels)
+        with self._task("forward", microbatch):
+            out = model(tokens[:, :-1], self.positions, self.mask, labels=labels)
         if self._is_last(chunk):
             loss = out.float().mean()
             self._losses[microbatch] = loss.detach()  # read at the step: no sync per microbatch
@@ -185,7 +202,8 @@ class MegatronStages:
 
     def backward(self, chunk: int, microbatch: int, grad: Any) -> torch.Tensor | None:
         inp, out = self._saved.pop((chunk, microbatch))
-        torch.autograd.backward(out, grad_tensors=None if self._is_last(chunk) else grad)
+        with self._task("backward", microbatch):
+            torch.autograd.backward(out, grad_tensors=None if self._is_last(chunk) else grad)
         return None if inp is None else inp.grad
 
     def grad_buffer(self) -> torch.Tensor:
@@ -225,7 +243,11 @@ class MegatronStages:
         capture = self.options.capture_first_step and self.iteration == 0
         before = self._snapshot(lambda p: p) if capture else {}
         grads = self._snapshot(lambda p: p.grad) if capture else {}
+        if self.scope is not None:
+            self.scope.before_step(self.iteration)
         self.optimizer.step()
+        if self.scope is not None:
+            self.scope.after_step(self.iteration)
         if capture:
             self.log.capture = StepCapture(
                 before, grads, self._snapshot(lambda p: p),

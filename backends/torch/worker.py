@@ -32,6 +32,8 @@ from sim.cluster import clocks_of
 from . import megatron_compat
 from .faults import injected_faults
 from .interpreter import CudaClock, GroupCache, HostClock, Interpreter
+from .profile import kineto_profile
+from .scope_run import attach_session, save_shard
 from .stages import MegatronStages, StepCapture, TrainOptions
 from .watchdog import OpBeacon
 
@@ -43,7 +45,7 @@ ProgramsFor = Callable[[Scenario, StagesFor], dict[int, RankProgram]]
 class WorkerResult:
     """What one rank hands back to whoever gathers the run."""
 
-    rank: int
+    rank: int  # its trace process: the global rank (a MegaFBD worker's id)
     events: list[Event]
     losses: dict[int, dict[int, float]]  # iteration -> microbatch -> loss (last stage only)
     grad_norms: dict[int, float]
@@ -111,6 +113,7 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
     try:
         groups = GroupCache(topology_of(s))
         stages = MegatronStages(s, rank, device, options)
+        session = attach_session(s, stages, rank, options.workdir)  # MegaScope, if observed
         program = programs(s, lambda r: stages if r == rank else NullStages())[rank]
         origin = shared_origin_ns(device)
         clock = CudaClock(origin, device) if device.type == "cuda" else HostClock(origin)
@@ -118,8 +121,13 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
         backend = dist.get_backend()
         coalesce = backend == "nccl" if coalesce is None else coalesce
         say(f"iteration 1/{s.iterations}")
-        Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
-                    stages.activation_buffer, coalesce, device, beacon).run(program)
+        with kineto_profile(options.profile_dir, rank) as wrap:
+            Interpreter(rank, groups, clock, tracer, injected_faults(s, rank),
+                        stages.activation_buffer, coalesce, device, beacon,
+                        session.on_receive if session is not None else None).run(wrap(program))
+        if session is not None:
+            session.close()
+        save_shard(s, stages, rank, options.workdir)
         if beacon is not None:
             beacon.finish()
         dist.barrier(**_barrier_device(device))
@@ -129,19 +137,48 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
                         stages.log.capture, backend, coalesce)
 
 
-def assemble(s: Scenario, results: Sequence[WorkerResult]) -> RunResult:
-    """Every rank's events and logs -> one RunResult (backend "torch")."""
+def loss_per_iteration(results: Sequence[WorkerResult]) -> list[float]:
+    """The mean microbatch loss of each iteration over every rank that has one."""
     losses: dict[int, list[float]] = {}
     for r in results:
         for it, values in r.losses.items():
             losses.setdefault(it, []).extend(values.values())
+    return [fmean(losses[it]) for it in sorted(losses)]
+
+
+def torch_info(results: Sequence[WorkerResult]) -> dict[str, Any]:
     first = min(results, key=lambda r: r.rank)
-    extra = {"loss_per_iteration": [fmean(losses[it]) for it in sorted(losses)],
+    return {"dist_backend": first.dist_backend, "coalesce_p2p": first.coalesce,
+            "device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
+def assemble(s: Scenario, results: Sequence[WorkerResult]) -> RunResult:
+    """Every rank's events and logs -> one RunResult (backend "torch")."""
+    first = min(results, key=lambda r: r.rank)
+    extra = {"loss_per_iteration": loss_per_iteration(results),
              "grad_norm_per_iteration": [first.grad_norms[it] for it in sorted(first.grad_norms)],
-             "torch": {"dist_backend": first.dist_backend, "coalesce_p2p": first.coalesce,
-                       "device": "cuda" if torch.cuda.is_available() else "cpu"}}
+             "torch": torch_info(results)}
     return RunResult("torch", topology_of(s), {r.rank: r.events for r in results},
                      clocks_of(s), extra)
+
+
+def world_size_of(s: Scenario) -> int:
+    return s.world_size
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the launcher starts for a scenario: ``processes(s)`` processes,
+    each running ``run_rank`` on its programs (``programs``, a module-level
+    function: it is pickled), their results joined by ``assemble``."""
+
+    processes: Callable[[Scenario], int]
+    run_rank: Callable[..., WorkerResult]
+    assemble: Callable[[Scenario, Sequence[WorkerResult]], RunResult]
+    programs: ProgramsFor
+
+
+PIPELINE = Job(world_size_of, run_rank, assemble, rank_programs)
 
 
 # ---------------------------------------------------------------- torchrun
@@ -166,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if s.world_size != world:
             raise ScenarioError("parallel", f"tp*pp*dp = {s.world_size} but torchrun started "
                                 f"{world} processes")
+        if s.scope is not None or s.training.checkpoint:
+            raise ScenarioError("scope" if s.scope is not None else "training.checkpoint",
+                                "not supported under torchrun yet; use megatronapp run "
+                                "--backend torch")
     except ScenarioError as err:
         if rank == 0:
             print(f"megatronapp: scenario error: {err}", file=sys.stderr)

@@ -18,8 +18,8 @@ from typing import Any
 
 from ..config import Scenario
 from ..ops import IRecv, RankProgram, Wait, WaitAny
-from ..programs import (PipelineContext, StagesFor, compute_and_send, finish_iteration,
-                        pipeline_contexts, task_meta)
+from ..programs import (CapturePricing, PipelineContext, StagesFor, compute_and_send,
+                        finish_iteration, pipeline_contexts, task_meta)
 from ..schedules import Order, PipeShape, Task
 from .memory import MemoryExceeded, MemoryModel
 from .policies import AdaptiveGreedy, RankView
@@ -195,8 +195,9 @@ def _no_static_order(_iteration: int) -> Order:
     raise ValueError("the adaptive schedule has no static order; it picks tasks at run time")
 
 
-def adaptive_contexts(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, DppContext]:
-    pipes = pipeline_contexts(s, lambda _pp: _no_static_order, stages_for)
+def adaptive_contexts(s: Scenario, stages_for: StagesFor | None = None,
+                      capture: CapturePricing | None = None) -> dict[int, DppContext]:
+    pipes = pipeline_contexts(s, lambda _pp: _no_static_order, stages_for, capture)
     shape = pipes[0].shape
     memory = MemoryModel.of(s, pipes[0].costs, shape)
     if memory.slot_cap < shape.vpp:  # the oldest microbatch must fit on every chunk
@@ -207,5 +208,8 @@ def adaptive_contexts(s: Scenario, stages_for: StagesFor | None = None) -> dict[
             for rank, pipe in pipes.items()}
 
 
-def adaptive_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int, RankProgram]:
-    return {rank: adaptive_rank(ctx) for rank, ctx in adaptive_contexts(s, stages_for).items()}
+def adaptive_programs(s: Scenario, stages_for: StagesFor | None = None,
+                      capture: CapturePricing | None = None) -> dict[int, RankProgram]:
+    """``capture``: MegaScope's ``CapturePricing`` for the scenario, if it observes."""
+    return {rank: adaptive_rank(ctx)
+            for rank, ctx in adaptive_contexts(s, stages_for, capture).items()}

@@ -8,7 +8,7 @@ from typing import Any
 from megatronapp import limits
 from megatronapp.topology import Topology
 
-from .ranks import FbdLayout, collective_groups
+from .ranks import FbdLayout, coordinated_groups
 
 
 def build_layout(topo: Topology, forward_tp: int | None) -> FbdLayout:
@@ -22,13 +22,13 @@ def build_layout(topo: Topology, forward_tp: int | None) -> FbdLayout:
 
 def print_layout(topo: Topology, forward_tp: int | None, as_json: bool) -> int:
     layout = build_layout(topo, forward_tp)
-    groups = [list(g) for g in collective_groups(layout)]
+    groups = [list(g) for g in coordinated_groups(layout)]
     if as_json:
         print(json.dumps({"devices": layout.mapping_rows(), "coordinator_groups": groups}))
         return 0
     print(layout.format_mapping())
-    print(f"cross-device collective groups (worker ids; F v = v, B v = "
-          f"{layout.virtual_ranks} + v): {groups}")
+    print(f"coordinator groups: cross-device p2p pairs and DP groups (worker ids; F v = v, "
+          f"B v = {layout.virtual_ranks} + v): {groups}")
     return 0
 
 

@@ -6,9 +6,10 @@ events, these turn them into the numbers of the comparison table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import fmean
 from typing import Iterable, Mapping, Sequence
 
-from megatronapp.config import Scenario
+from megatronapp.config import Scenario, ScenarioError
 from megatronapp.costs import StageCosts, layer_forward_flops
 from megatronapp.summary import iteration_spans
 from megatronapp.tracer import Event
@@ -76,14 +77,20 @@ class PlanResult:
         return out
 
 
-def mean_iteration_s(events: Mapping[int, Sequence[Event]]) -> float:
-    """Steady-state period: mean gap between consecutive iteration ends (a
-    decoupled forward worker waits for new weights inside its next iteration,
-    so iteration spans would overlap and overstate the time)."""
-    spans = list(iteration_spans(events).values())
-    if len(spans) < 2:
-        return spans[0][1] - spans[0][0]
-    return (spans[-1][1] - spans[0][1]) / (len(spans) - 1)
+def iteration_periods(events: Mapping[int, Sequence[Event]]) -> list[float]:
+    """Time from the previous iteration's end to this one's (the first from the
+    run's start). A decoupled forward worker starts iteration i+1 before
+    iteration i has ended, so spans would overlap; periods add up to the run."""
+    start = min((e.start_s for evs in events.values() for e in evs), default=0.0)
+    ends = [end for _, end in iteration_spans(events).values()]
+    return [b - a for a, b in zip([start] + ends[:-1], ends)]
+
+
+def steady_iteration_s(events: Mapping[int, Sequence[Event]]) -> float:
+    """The iteration time of a run: the mean period after the first iteration
+    (whose period includes the pipeline fill), decoupled or co-located alike."""
+    periods = iteration_periods(events)
+    return fmean(periods[1:]) if len(periods) > 1 else periods[0]
 
 
 def busy_fraction(events: Iterable[Event], wall_s: float) -> float:
@@ -144,3 +151,34 @@ def fbd_device_peak_bytes(costs: StageCosts, layout: FbdLayout,
                 peak += backward_worker_bytes(costs, fwd, events[w])
         peaks[device] = peak
     return peaks
+
+
+def backward_worker_bound_bytes(costs: StageCosts, microbatches: int) -> float:
+    """A backward worker's most: model states, one recomputed microbatch and
+    every stage input of one iteration waiting (a forward worker cannot run
+    further ahead: it waits for the weights of the previous step)."""
+    return (costs.model_mem_bytes + costs.activation_mem_bytes_per_chunk
+            + microbatches * costs.activation_bytes)
+
+
+def fbd_memory_bound_bytes(costs: StageCosts, layout: FbdLayout,
+                           microbatches: int) -> dict[int, float]:
+    """Per device, the most its workers can hold at once, known before running."""
+    return {device: sum(forward_worker_bytes(costs) if layout.worker(w).phase == "F"
+                        else backward_worker_bound_bytes(costs, microbatches) for w in workers)
+            for device, workers in layout.workers_by_device.items()}
+
+
+def check_fbd_memory(s: Scenario, costs: StageCosts, layout: FbdLayout,
+                     capacities: Sequence[tuple[str, float]]) -> None:
+    """Refuse a placement whose workers cannot fit a device (``capacities``:
+    per device, its class name and memory in bytes)."""
+    field = "cluster.device_classes" if s.cluster.device_classes else "cluster.gpu.memory_gb"
+    bounds = fbd_memory_bound_bytes(costs, layout, s.parallel.microbatches)
+    for device, need in bounds.items():
+        name, capacity = capacities[device]
+        if need > capacity:
+            role = "forward" if layout.phase_of_device(device) == "F" else "backward"
+            raise ScenarioError(field, f"MegaFBD needs {need / 1e9:.2f} GB on device {device} "
+                                f"({role}, class {name}) at its peak, the device has "
+                                f"{capacity / 1e9:.2f} GB")

@@ -2,10 +2,12 @@
 
 Workers run a program: the ids of the groups they join, in order; a worker
 blocks on each collective until it has run. Control threads serve the workers
-mapped onto them. Two ways to decide when a control thread runs a collective:
+mapped onto them. Three ways to decide when a control thread runs a collective:
 
-- ``CoordinatedSystem``: the bit-vector ``Coordinator`` (rounds of OR
-  alignment, ready groups in ascending order);
+- ``CoordinatedSystem``: the production round loop (``control.control_thread``
+  with the bit-vector ``Coordinator``, the code both backends run), untimed;
+- ``ModelSystem``: what that loop must do, stated without bit vectors (the
+  reference the stateful tests compare it with);
 - ``NaiveSystem``: launch on the first local request, FIFO. The control
   thread is then blocked inside that collective until all its members have
   joined, which deadlocks on the paper's example.
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, Callable, Mapping, Sequence
 
+from .control import Align, Aligned, ControlOp, Execute, Nap, Requests, control_thread
 from .coordinator import Coordinator, GroupTable, Launch, or_tables
 
 Programs = Mapping[int, Sequence[int]]  # worker -> group ids, in order
@@ -88,7 +92,11 @@ class _Workers:
 
 
 class CoordinatedSystem:
-    """Workers and control threads driven by bit-vector coordinators."""
+    """Workers served by the production control threads (``control.control_thread``
+    over ``Requests`` and a ``Coordinator`` each), interpreted untimed: an
+    ``Align`` waits for the round, an ``Execute`` is a blocking rendezvous of
+    the control threads of the launched group's members (a control thread
+    that executed out of order would deadlock here)."""
 
     def __init__(self, table: GroupTable, owner: Mapping[int, int], programs: Programs):
         check_programs(table, owner, programs)
@@ -98,52 +106,133 @@ class CoordinatedSystem:
         threads = sorted(set(self.owner.values()))
         self.coordinators = {c: Coordinator(table, [w for w, o in self.owner.items() if o == c])
                              for c in threads}
-        self._snapshots: dict[int, tuple[int, ...]] = {}
+        self.requests = {c: Requests[int](coord) for c, coord in self.coordinators.items()}
+        self.programs = {c: control_thread(self.requests[c], partial(self._working, c), 0.0)
+                         for c in threads}
+        self.at: dict[int, ControlOp | None] = {c: None for c in threads}  # None: parked
+        self.stopped: set[int] = set()
         self.round_log: list[tuple[int, ...]] = []  # ready groups of each round
+
+    def _working(self, thread: int) -> bool:
+        return any(self.workers.current(w) is not None
+                   for w in self.workers.programs if self.owner[w] == thread)
 
     def request(self, worker: int) -> None:
         gid = self.workers.current(worker)
         if gid is None or worker in self.workers.waiting:
             raise ValueError(f"worker {worker} cannot request now")
-        self.coordinators[self.owner[worker]].register(worker, gid)
+        self.requests[self.owner[worker]].post(worker, gid, worker)
         self.workers.waiting.add(worker)
 
     def not_contributed(self) -> list[int]:
         """Control threads that have not entered the current alignment yet."""
-        return [c for c in self.coordinators if c not in self._snapshots]
+        return [c for c, op in self.at.items() if op is None and c not in self.stopped]
 
     def contribute(self, thread: int) -> None:
         """One control thread enters the alignment all-reduce (others may lag)."""
-        self._snapshots[thread] = self.coordinators[thread].begin_round()
+        self._resume(thread, None)
+
+    def _resume(self, thread: int, value: Any) -> None:
+        try:
+            op = self.programs[thread].send(value)
+        except StopIteration:
+            self.at[thread] = None
+            self.stopped.add(thread)
+            return
+        self.at[thread] = None if isinstance(op, Nap) else op
 
     def complete_round(self) -> list[Launch]:
-        """The all-reduce finishes once every control thread has entered it."""
-        for c in self.coordinators:
-            if c not in self._snapshots:
-                self.contribute(c)
-        merged = or_tables(self._snapshots.values())
-        self._snapshots.clear()
-        per_thread = {c: coord.finish_round(merged) for c, coord in self.coordinators.items()}
-        ready = sorted({launch.group for launches in per_thread.values() for launch in launches})
-        self.round_log.append(tuple(ready))
-        for gid in ready:  # execution in ascending group order
-            members = tuple(sorted(w for launches in per_thread.values()
-                                   for launch in launches if launch.group == gid
-                                   for w in launch.local))
-            self.workers.release(gid, members)
-        return [launch for launches in per_thread.values() for launch in launches]
+        """The all-reduce finishes once every control thread has entered it;
+        then the ready operations run as blocking rendezvous."""
+        if self.stopped:
+            raise ValueError("the control threads have stopped")
+        for c in self.not_contributed():
+            self.contribute(c)
+        aligns = {c: op for c, op in self.at.items() if isinstance(op, Align)}
+        merged = or_tables(op.table for op in aligns.values())
+        reply = Aligned(merged, any(op.active for op in aligns.values()))
+        launched_before = {c: len(coord.launched) for c, coord in self.coordinators.items()}
+        for c in aligns:
+            self._resume(c, reply)
+        self._execute_all()
+        launches = [l for c, coord in self.coordinators.items()
+                    for l in coord.launched[launched_before[c]:]]
+        self.round_log.append(tuple(sorted({l.group for l in launches})))
+        return launches
+
+    def _execute_all(self) -> None:
+        """Run the executions whose control threads have all reached them,
+        lowest group first, until none is left."""
+        while True:
+            executing = {c: (op.launch.group, op.launch.seq) for c, op in self.at.items()
+                         if isinstance(op, Execute)}
+            if not executing:
+                return
+            runnable = sorted(instance for instance in executing.values()
+                              if all(executing.get(self.owner[w]) == instance
+                                     for w in self.table.groups[instance[0]]))
+            if not runnable:
+                raise AssertionError(f"control threads deadlocked executing {executing}")
+            gid, _ = runnable[0]
+            group = self.table.groups[gid]
+            self.workers.release(gid, group)
+            for thread in sorted({self.owner[w] for w in group}):
+                self._resume(thread, None)
 
     def finished(self) -> bool:
         return self.workers.finished()
 
     def events(self) -> list[tuple[str, Callable[[], object]]]:
         out: list[tuple[str, Callable[[], object]]] = [
-            (f"request {w}", lambda w=w: self.request(w)) for w in self.workers.idle()]
-        out += [(f"contribute {c}", lambda c=c: self.contribute(c))
+            (f"request {w}", partial(self.request, w)) for w in self.workers.idle()]
+        out += [(f"contribute {c}", partial(self.contribute, c))
                 for c in self.not_contributed()]
-        if not self.finished():
+        if not self.stopped and not self.finished():
             out.append(("round", self.complete_round))
         return out
+
+
+class ModelSystem:
+    """The untimed model the coordinator must agree with, without bit vectors:
+    a worker blocks in one request at a time; a control thread's snapshot is
+    the set of its workers waiting when it enters the alignment; a group
+    instance is ready in a round when every member is waiting on it in its
+    thread's snapshot; ready instances run in ascending group order; a thread
+    that ran one enters the next alignment at once, the others nap (enter when
+    told, or when the round completes)."""
+
+    def __init__(self, table: GroupTable, owner: Mapping[int, int], programs: Programs):
+        check_programs(table, owner, programs)
+        self.table = table
+        self.owner = dict(owner)
+        self.workers = _Workers(programs)
+        self.snapshots: dict[int, frozenset[int]] = {}
+
+    def request(self, worker: int) -> None:
+        if self.workers.current(worker) is None or worker in self.workers.waiting:
+            raise ValueError(f"worker {worker} cannot request now")
+        self.workers.waiting.add(worker)
+
+    def not_contributed(self) -> list[int]:
+        return [c for c in sorted(set(self.owner.values())) if c not in self.snapshots]
+
+    def contribute(self, thread: int) -> None:
+        self.snapshots[thread] = frozenset(w for w in self.workers.waiting
+                                           if self.owner[w] == thread)
+
+    def complete_round(self) -> tuple[int, ...]:
+        for c in self.not_contributed():
+            self.contribute(c)
+        seen = frozenset().union(*self.snapshots.values())
+        ready = [gid for gid, members in enumerate(self.table.groups)
+                 if all(w in seen and self.workers.current(w) == gid for w in members)]
+        for gid in ready:
+            self.workers.release(gid, self.table.groups[gid])
+        busy = {self.owner[w] for gid in ready for w in self.table.groups[gid]}
+        self.snapshots = {}
+        for c in sorted(busy):
+            self.contribute(c)
+        return tuple(ready)
 
 
 class NaiveSystem:
@@ -190,8 +279,8 @@ class NaiveSystem:
 
     def events(self) -> list[tuple[str, Callable[[], object]]]:
         out: list[tuple[str, Callable[[], object]]] = [
-            (f"request {w}", lambda w=w: self.request(w)) for w in self.workers.idle()]
-        out += [(f"launch {c}", lambda c=c: self.step(c)) for c in sorted(self.queues)
+            (f"request {w}", partial(self.request, w)) for w in self.workers.idle()]
+        out += [(f"launch {c}", partial(self.step, c)) for c in sorted(self.queues)
                 if self.busy[c] is None and self.queues[c]]
         return out
 

@@ -9,8 +9,14 @@ so the coordinator's bit vectors span ``2N`` bits.
 Physical devices are numbered forward instance first, then backward instance.
 An instance with physical TP degree ``d`` (dividing the virtual tp) packs
 ``tp / d`` consecutive TP shards onto one device; its devices follow the same
-Megatron order in the reduced topology. The co-located baseline puts both
-workers of a virtual rank on one device.
+Megatron order in the reduced topology.
+
+On torch every worker is a process of its own. megatron-core keeps its
+parallel state in process globals, so a process holds one model; with
+``2N`` processes, ``initialize_model_parallel(tp, pp)`` sees a data-parallel
+degree of ``2·dp``. ``process_rank`` folds the phase into that degree (rank
+``tp + T·((phase·D + dp) + 2D·pp)``), so each of megatron's TP and PP groups
+holds workers of one instance only.
 """
 from __future__ import annotations
 
@@ -37,21 +43,18 @@ class FbdLayout:
     """Where every worker thread runs.
 
     ``topo``: the virtual topology (both instances); ``forward_tp`` and
-    ``backward_tp``: physical TP degrees; ``colocated``: baseline placement.
+    ``backward_tp``: physical TP degrees.
     """
 
     topo: Topology
     forward_tp: int
     backward_tp: int
-    colocated: bool = False
 
     def __post_init__(self) -> None:
         for name in ("forward_tp", "backward_tp"):
             degree = getattr(self, name)
             if degree < 1 or self.topo.tp % degree:
                 raise ValueError(f"{name} = {degree} must divide the virtual tp = {self.topo.tp}")
-        if self.colocated and self.forward_tp != self.backward_tp:
-            raise ValueError("co-located instances need forward_tp == backward_tp")
 
     # -------------------------------------------------------------- workers
     @property
@@ -87,8 +90,6 @@ class FbdLayout:
 
     @property
     def num_devices(self) -> int:
-        if self.colocated:
-            return self.forward_devices
         return self.forward_devices + self.backward_devices
 
     def threads_per_device(self, phase: Phase) -> int:
@@ -99,14 +100,26 @@ class FbdLayout:
         c = self.topo.coord(worker.vrank)
         local = self._instance_topo(worker.phase).rank(
             c.dp, c.pp, c.tp // self.threads_per_device(worker.phase))
-        if worker.phase == "B" and not self.colocated:
-            return self.forward_devices + local
-        return local
+        return local + (self.forward_devices if worker.phase == "B" else 0)
 
     def phase_of_device(self, device: int) -> str:
-        if self.colocated:
-            return "FB"
         return "F" if device < self.forward_devices else "B"
+
+    # ------------------------------------------------------------ processes
+    def process_rank(self, worker_id: int) -> int:
+        """The worker's torch.distributed rank: megatron order with the phase
+        folded into the data-parallel index."""
+        worker = self.worker(worker_id)
+        c, t = self.topo.coord(worker.vrank), self.topo
+        dp = c.dp + (t.dp if worker.phase == "B" else 0)
+        return c.tp + t.tp * (dp + 2 * t.dp * c.pp)
+
+    def worker_of_process(self, rank: int) -> int:
+        t = self.topo
+        tp, rest = rank % t.tp, rank // t.tp
+        dp, pp = rest % (2 * t.dp), rest // (2 * t.dp)
+        phase = "B" if dp >= t.dp else "F"
+        return self.worker_id(Worker(phase, t.rank(dp % t.dp, pp, tp)))  # type: ignore[arg-type]
 
     @cached_property
     def workers_by_device(self) -> dict[int, tuple[int, ...]]:
@@ -137,20 +150,35 @@ class FbdLayout:
     def format_mapping(self) -> str:
         lines = [f"virtual topology tp {self.topo.tp}, pp {self.topo.pp}, dp {self.topo.dp}: "
                  f"{self.virtual_ranks} virtual ranks per instance, {self.num_devices} devices "
-                 f"(forward tp {self.forward_tp}, backward tp {self.backward_tp}"
-                 f"{', co-located' if self.colocated else ''})"]
+                 f"(forward tp {self.forward_tp}, backward tp {self.backward_tp})"]
         for row in self.mapping_rows():
             workers = " ".join(row["workers"])  # type: ignore[arg-type]
             lines.append(f"device {row['device']} [{row['instance']}]: {workers}")
+        ranks = ", ".join(f"{self.worker(w)} {self.process_rank(w)}"
+                          for w in range(self.num_workers))
+        lines.append(f"torch process rank of each worker: {ranks}")
         return "\n".join(lines)
 
 
-def collective_groups(layout: FbdLayout) -> tuple[Group, ...]:
-    """Worker groups of the collectives that cross devices (the coordinator's
-    groups), in a fixed order every process computes alike: forward TP,
-    backward TP, backward DP."""
-    topo, n = layout.topo, layout.virtual_ranks
-    candidates = [tuple(g) for g in topo.tp_groups]
-    candidates += [tuple(v + n for v in g) for g in topo.tp_groups]
-    candidates += [tuple(v + n for v in g) for g in topo.dp_groups]
-    return tuple(g for g in candidates if len(g) > 1 and layout.crosses_devices(g))
+def p2p_pairs(layout: FbdLayout) -> tuple[Group, ...]:
+    """Worker pairs that exchange tensors across devices: forward activations,
+    stage inputs and weights (forward <-> backward worker), input gradients."""
+    topo, pairs = layout.topo, set()
+    for v in range(layout.virtual_ranks):
+        f, b = layout.worker_id(Worker("F", v)), layout.worker_id(Worker("B", v))
+        pairs.add((f, b))
+        if topo.coord(v).pp + 1 < topo.pp:
+            nxt = topo.pp_neighbor(v, 1)
+            pairs.add((f, layout.worker_id(Worker("F", nxt))))
+            pairs.add((b, layout.worker_id(Worker("B", nxt))))
+    return tuple(sorted(tuple(sorted(p)) for p in pairs if layout.crosses_devices(p)))
+
+
+def coordinated_groups(layout: FbdLayout) -> tuple[Group, ...]:
+    """The coordinator's groups, in one order every process computes alike:
+    the cross-device p2p pairs, then the backward instance's DP groups. TP
+    collectives are not among them: they run inside the model's layers
+    (megatron-core's TP group on torch), among shards of one instance."""
+    n = layout.virtual_ranks
+    dp = [tuple(v + n for v in g) for g in layout.topo.dp_groups if len(g) > 1]
+    return p2p_pairs(layout) + tuple(g for g in dp if layout.crosses_devices(g))

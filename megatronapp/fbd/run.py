@@ -9,15 +9,18 @@ virtual rank and the physical device it ran on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from megatronapp.config import Fbd, Scenario
-from megatronapp.costs import layer_forward_flops
-from megatronapp.layout import topology_of
+from megatronapp.costs import layer_forward_flops, stage_costs
 from megatronapp.kinds import COMPUTE_NAMES
+from megatronapp.layout import topology_of
+from megatronapp.ops import RankProgram
 from megatronapp.tracer import Event, RunResult
 
+from .hetero import iteration_periods, steady_iteration_s
 from .ranks import FbdLayout
+from .workers import worker_programs
 
 Events = Mapping[int, Sequence[Event]]
 PHASE_NAMES = {"F": "forward", "B": "backward"}
@@ -28,9 +31,17 @@ def fbd_settings(s: Scenario) -> Fbd:
     return s.fbd or Fbd()
 
 
-def layout_of(s: Scenario) -> FbdLayout:
+def fbd_layout(s: Scenario) -> FbdLayout:
     return FbdLayout(topology_of(s), forward_tp=fbd_settings(s).forward_tp or s.parallel.tp,
                      backward_tp=s.parallel.tp)
+
+
+def fbd_programs(s: Scenario, stage_for: Callable[[int], Any] | None = None
+                 ) -> dict[int, RankProgram]:
+    """worker id -> program of every forward and backward worker of ``s``
+    (``stage_for``: virtual rank -> its ``DecoupledStage``)."""
+    return worker_programs(fbd_layout(s), stage_costs(s), s.parallel.microbatches,
+                           s.iterations, stage_for)
 
 
 @dataclass(frozen=True)
@@ -63,31 +74,6 @@ def worker_label(layout: FbdLayout, wid: int, device_class: str) -> str:
 def worker_labels(layout: FbdLayout, classes: Sequence[str]) -> dict[int, str]:
     return {w: worker_label(layout, w, classes[layout.device_of(layout.worker(w))])
             for w in range(layout.num_workers)}
-
-
-def iteration_ends(events: Events) -> list[float]:
-    ends: dict[int, float] = {}
-    for evs in events.values():
-        for e in evs:
-            it = e.args.get("iteration")
-            if it is not None:
-                ends[it] = max(ends.get(it, e.end_s), e.end_s)
-    return [ends[it] for it in sorted(ends)]
-
-
-def iteration_periods(events: Events) -> list[float]:
-    """Time from the previous iteration's end to this one's (the first from the
-    run's start). A decoupled forward worker starts iteration i+1 before
-    iteration i has ended, so spans would overlap; periods add up to the run."""
-    start = min((e.start_s for evs in events.values() for e in evs), default=0.0)
-    ends = iteration_ends(events)
-    return [b - a for a, b in zip([start] + ends[:-1], ends)]
-
-
-def steady_iteration_s(events: Events) -> float:
-    """Mean period after the first iteration (the pipeline fill is not hidden)."""
-    periods = iteration_periods(events)
-    return sum(periods[1:]) / (len(periods) - 1) if len(periods) > 1 else periods[0]
 
 
 def gpt_stage_flops(s: Scenario) -> list[float]:
@@ -148,7 +134,7 @@ def device_rows(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo],
 def fbd_extra(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo], events: Events,
               stages: str, stage_flops: Sequence[float], **more: Any) -> dict[str, Any]:
     """The keys a decoupled run adds to (and overrides in) summary.json.
-    ``stages``: what ran ("analytic" GPT costs, or "mlp" on torch)."""
+    ``stages``: what ran ("analytic" GPT costs in simulation, "gpt" on torch)."""
     rows = device_rows(s, layout, devices, events, stage_flops)
     period = steady_iteration_s(events)
     return {

@@ -14,10 +14,9 @@ One extra trailing element carries "this process still has work" (MAX/SUM >
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
-from .coordinator import or_tables
+from .coordinator import GroupTable
 
 Encoding = Literal["bits", "words"]
 WORD_BITS = 62  # stays clear of the int64 sign bit even when summed
@@ -61,34 +60,7 @@ def decode(flat: Sequence[int], groups: int, width: int, encoding: Encoding) -> 
     return decode_words(flat, groups, width)
 
 
-@dataclass(frozen=True)
-class Exchange:
-    merged: tuple[int, ...]
-    anyone_active: bool
-
-
-class SimTransport:
-    """All coordinators in one process: OR their tables directly."""
-
-    def exchange_all(self, tables: Sequence[Sequence[int]]) -> tuple[int, ...]:
-        return or_tables(tables)
-
-
-class TorchTransport:
-    """``dist.all_reduce`` of the encoded table over a process group (MAX for
-    ``bits``, SUM for ``words``)."""
-
-    def __init__(self, groups: int, width: int, encoding: Encoding = "bits", group: Any = None):
-        self.groups, self.width, self.encoding, self.group = groups, width, encoding, group
-
-    def exchange(self, table: Sequence[int], active: bool) -> Exchange:
-        import torch
-        import torch.distributed as dist
-
-        flat = encode(table, self.width, self.encoding) + [int(active)]
-        tensor = torch.tensor(flat, dtype=torch.int64)
-        op = dist.ReduceOp.MAX if self.encoding == "bits" else dist.ReduceOp.SUM
-        dist.all_reduce(tensor, op=op, group=self.group)
-        values = tensor.tolist()
-        merged = decode(values[:-1], self.groups, self.width, self.encoding)
-        return Exchange(merged, values[-1] > 0)
+def table_bytes(table: GroupTable, encoding: Encoding = "words") -> int:
+    """What one alignment all-reduce moves: the encoded table and the busy flag."""
+    groups = (0,) * len(table)
+    return 8 * (len(encode(groups, table.width, encoding)) + 1)

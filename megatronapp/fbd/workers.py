@@ -22,6 +22,9 @@ from .ranks import FbdLayout, Worker
 class DecoupledStage(Protocol):
     """The real work of one virtual rank's two workers (placeholders in simulation)."""
 
+    does_tp_comm: bool  # True when the model runs its own TP collectives
+
+    def start_iteration(self, iteration: int) -> None: ...
     def forward_no_grad(self, microbatch: int, x: Any) -> Any: ...
     def recompute(self, microbatch: int, x: Any) -> Any: ...
     def backward(self, microbatch: int, grad: Any) -> Any: ...
@@ -33,6 +36,11 @@ class DecoupledStage(Protocol):
 
 class NullDecoupledStage:
     """Shape-only stand-in: every call returns None."""
+
+    does_tp_comm = False
+
+    def start_iteration(self, iteration: int) -> None:
+        return None
 
     def forward_no_grad(self, microbatch: int, x: Any) -> Any:
         return None
@@ -96,9 +104,10 @@ class WorkerContext:
 
 def _tp_allreduce(ctx: WorkerContext, phase: str, meta: dict[str, Any]) -> AllReduce | None:
     """TP all-reduce among the workers of a TP group that sit on different
-    devices; shards packed on one device share memory and skip it."""
+    devices; shards packed on one device share memory and skip it, and a
+    model that runs its own TP collectives (megatron-core) needs none."""
     group = ctx.tp_workers(phase)
-    if len(ctx.layout.devices_of(group)) < 2:
+    if len(ctx.layout.devices_of(group)) < 2 or ctx.stage.does_tp_comm:
         return None
     return AllReduce(group=group, nbytes=ctx.costs.tp_allreduce_bytes, name="tp_allreduce",
                      meta=meta)
@@ -106,9 +115,11 @@ def _tp_allreduce(ctx: WorkerContext, phase: str, meta: dict[str, Any]) -> AllRe
 
 def forward_worker(ctx: WorkerContext) -> RankProgram:
     for it in range(ctx.iterations):
+        ctx.stage.start_iteration(it)
         if it > 0:
             weights = yield Recv(src=ctx.wid("B"), tag=("weights", it), nbytes=ctx.weight_bytes,
-                                 name="recv_weights", meta={"iteration": it})
+                                 like=ctx.stage.weights(), name="recv_weights",
+                                 meta={"iteration": it})
             ctx.stage.load_weights(weights)
         sends = []
         for mb in range(ctx.microbatches):
@@ -136,6 +147,7 @@ def forward_worker(ctx: WorkerContext) -> RankProgram:
 
 def backward_worker(ctx: WorkerContext) -> RankProgram:
     for it in range(ctx.iterations):
+        ctx.stage.start_iteration(it)
         sends = []
         for mb in range(ctx.microbatches):
             meta = {"iteration": it, "microbatch": mb, "chunk": 0}

@@ -1,14 +1,21 @@
 """Clock alignment from matched communications.
 
-Every member of a synchronous op *finishes* at the same moment (start times
-differ: they carry the straggler signal), so completion times are anchor
-points. Each rank's local clock maps to the reference rank's clock by a line
-``ref = a·local + b`` (offset and drift). Ranks are fitted in breadth-first
-order from the reference, each against the already fitted members of the ops
-it shares, with an outlier-trimmed least-squares fit.
+Each rank's local clock maps to the reference rank's clock by a line
+``ref = a·local + b`` (offset and drift), fitted breadth-first from the
+reference against the already fitted members of the ops it shares.
+
+Where every member of a synchronous op *finishes* at the same moment (start
+times differ: they carry the straggler signal), completion times are anchor
+points, fitted by outlier-trimmed least squares. Real collectives release
+their members at different times and a receive may end long after delivery,
+so a fit is kept only when its anchors agree to a microsecond and it breaks
+no causal bound; otherwise the rank is fitted to the causal bounds alone
+(``bounds.py``: a receive ends after its send started, nobody leaves an
+all-reduce before the last member arrived).
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -18,13 +25,19 @@ import numpy as np
 
 from megatronapp.tracer import Event
 
+from .bounds import Bounds, all_to_all, maximin_line
 from .deps import SyncOp
 from .load import RankEvents
+from .pairwise import combine, pair_estimates, transfer_components
 
 MIN_TRIM_S = 2e-7  # residuals below this are timestamp rounding, never outliers
 # A receive posted after its message arrived ends when posted, not at delivery:
 # only receives that waited at least this long are completion anchors.
 MIN_RECV_WAIT_S = 1e-6
+# Completions that coincide to within this (median residual) are synchronous
+# (the simulator, or a clean trace); anything looser is fitted by causal bounds.
+ANCHOR_SPREAD_S = 1e-6
+MIN_JUDGED_ANCHORS = 4  # a line through fewer anchors says nothing of how well they agree
 
 
 def is_anchor(op: SyncOp, events: RankEvents) -> bool:
@@ -40,9 +53,13 @@ class ClockFit:
 
     a: float = 1.0
     b: float = 0.0
-    anchors: int = 0
+    anchors: int = 0  # sync ops (or causal bounds) the fit used
+    method: str = "anchors"  # "anchors": completions coincide; "bounds": causal bounds
 
     def to_ref(self, local_s: float) -> float:
+        return self.a * local_s + self.b
+
+    def to_ref_array(self, local_s: np.ndarray) -> np.ndarray:
         return self.a * local_s + self.b
 
     @property
@@ -109,32 +126,156 @@ def robust_line(x: np.ndarray, y: np.ndarray, rounds: int = 6) -> tuple[float, f
     return a, float(icpt) - float(slope) * x0
 
 
-def fit_clocks(events: RankEvents, ops: list[SyncOp], ref: int | None = None) -> dict[int, ClockFit]:
-    """One ClockFit per rank, mapping its local clock onto the reference rank's."""
+def _anchor_points(rank: int, ops: list[SyncOp], events: RankEvents,
+                   fits: Mapping[int, ClockFit]) -> tuple[np.ndarray, np.ndarray]:
+    """(this rank's completion, the fitted members' median completion) per op."""
+    xs, ys = [], []
+    for op in ops:
+        if not is_anchor(op, events):
+            continue
+        mine = [events[r][i].end_s for r, i in op.members if r == rank]
+        anchors = [fits[r].to_ref(events[r][i].end_s) for r, i in op.members if r in fits]
+        if mine and anchors:
+            xs.append(mine[0])
+            ys.append(statistics.median(anchors))
+    return np.array(xs), np.array(ys)
+
+
+def causal_bounds(rank: int, ops: list[SyncOp], events: RankEvents,
+                  fits: Mapping[int, ClockFit]) -> Bounds:
+    """Half-planes on ``rank``'s clock from its sync ops with fitted ranks."""
+    lx: list[float] = []
+    ly: list[float] = []
+    ux: list[float] = []
+    uy: list[float] = []
+    lp: list[bool] = []
+    up: list[bool] = []
+    for op in ops:
+        members = [(r, events[r][i]) for r, i in op.members]
+        others = [(r, e) for r, e in members if r != rank and r in fits]
+        mine = [e for r, e in members if r == rank]
+        if not others or not mine:
+            continue
+        if op.kind == "p2p":
+            (s, send), (_, recv) = members
+            if s == rank:  # my send started before the receive ended
+                ux.append(send.start_s)
+                uy.append(fits[others[0][0]].to_ref(recv.end_s))
+                up.append(True)
+            else:  # my receive ended after the send started
+                lx.append(recv.end_s)
+                ly.append(fits[others[0][0]].to_ref(send.start_s))
+                lp.append(True)
+        elif all_to_all(op.name):
+            # I left after the last of them arrived; I arrived before the first left.
+            lx.append(mine[0].end_s)
+            ly.append(max(fits[r].to_ref(e.start_s) for r, e in others))
+            ux.append(mine[0].start_s)
+            uy.append(min(fits[r].to_ref(e.end_s) for r, e in others))
+            lp.append(False)
+            up.append(False)
+    return Bounds(np.array(lx), np.array(ly), np.array(ux), np.array(uy),
+                  np.array(lp, dtype=bool), np.array(up, dtype=bool))
+
+
+@dataclass(frozen=True)
+class AnchorFit:
+    fit: ClockFit
+    spread_s: float  # median distance of its anchors from the line
+    anchors: int
+
+
+def _anchor_fit(rank: int, ops: list[SyncOp], events: RankEvents,
+                fits: Mapping[int, ClockFit]) -> AnchorFit:
+    xs, ys = _anchor_points(rank, ops, events, fits)
+    if not len(xs):
+        return AnchorFit(ClockFit(), math.inf, 0)
+    a, b = robust_line(xs, ys)
+    return AnchorFit(ClockFit(a, b, len(xs)), float(np.median(np.abs(ys - (a * xs + b)))), len(xs))
+
+
+def completions_coincide(anchored: Mapping[int, AnchorFit]) -> bool:
+    """Whether this trace's completions are synchronous: the ranks with
+    enough anchors to tell (more than a line's two parameters) fit them to a
+    microsecond. With none able to tell, they are taken to be."""
+    judged = [f.spread_s for f in anchored.values() if f.anchors >= MIN_JUDGED_ANCHORS]
+    return not judged or float(np.median(judged)) <= ANCHOR_SPREAD_S
+
+
+def fit_clocks(events: RankEvents, ops: list[SyncOp], ref: int | None = None
+               ) -> dict[int, ClockFit]:
+    """One ClockFit per rank, mapping its local clock onto the reference rank's.
+
+    Ranks are fitted breadth-first from the reference by completion anchors.
+    If the trace's completions do not coincide (real traces), or a rank's
+    fit breaks a causal bound, those ranks are solved together from pairwise
+    estimates (``pairwise.py``) and moved inside their causal bounds."""
     ranks = sorted(events)
     if not ranks:
         return {}
-    ops = [op for op in ops if is_anchor(op, events)]
     ref = ranks[0] if ref is None else ref
+    ops = [op for op in ops if len(op.members) > 1]
     ops_of: dict[int, list[SyncOp]] = defaultdict(list)
     for op in ops:
         for r in set(op.ranks):
             ops_of[r].append(op)
     fits: dict[int, ClockFit] = {ref: ClockFit()}
+    anchored: dict[int, AnchorFit] = {}
     for rank in bfs_order(ranks, ops, ref)[1:]:
-        xs, ys = [], []
-        for op in ops_of.get(rank, ()):
-            mine = [events[r][i].end_s for r, i in op.members if r == rank]
-            anchors = [fits[r].to_ref(events[r][i].end_s) for r, i in op.members if r in fits]
-            if mine and anchors:
-                xs.append(mine[0])
-                ys.append(statistics.median(anchors))
-        if xs:
-            a, b = robust_line(np.array(xs), np.array(ys))
-            fits[rank] = ClockFit(a, b, len(xs))
-        else:
-            fits[rank] = ClockFit()
+        anchored[rank] = _anchor_fit(rank, ops_of.get(rank, []), events, fits)
+        fits[rank] = anchored[rank].fit
+    synchronous = completions_coincide(anchored)
+    free = [r for r, f in anchored.items() if not synchronous or f.anchors == 0
+            or causal_bounds(r, ops_of.get(r, []), events, fits).violation(f.fit.a, f.fit.b)
+            > MIN_TRIM_S]
+    if free:
+        for r in free:
+            fits[r] = ClockFit(fits[r].a, fits[r].b, fits[r].anchors, "bounds")
+        fits.update(_solve_real_clocks(events, ops, ops_of, fits, free))
     return fits
+
+
+def _solve_real_clocks(events: RankEvents, ops: list[SyncOp], ops_of: Mapping[int, list[SyncOp]],
+                       fits: dict[int, ClockFit], free: list[int]) -> dict[int, ClockFit]:
+    def bounds_of(j: int, i: int, pair_ops: list[SyncOp]) -> Bounds:
+        return causal_bounds(j, pair_ops, events, {i: ClockFit()})
+
+    fixed = {r: (f.a - 1.0, f.b) for r, f in fits.items() if f.method != "bounds"}
+    estimates = pair_estimates(events, ops, set(free), bounds_of)
+    solved = combine(estimates, fixed, free)
+    out = {r: ClockFit(1.0 + s, c, fits[r].anchors, "bounds") for r, (s, c) in solved.items()}
+    component = transfer_components(sorted(events), estimates)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for r in out:
+        groups[component[r]].append(r)
+    everyone = {**fits, **out}
+    for members in groups.values():
+        if any(component[r] == component[f] for f in fixed for r in members):
+            continue  # tied by transfers to a rank already placed
+        shift = _component_shift(members, ops_of, events, everyone)
+        for r in members:
+            out[r] = ClockFit(out[r].a, out[r].b + shift, out[r].anchors, "bounds")
+            everyone[r] = out[r]
+    return out
+
+
+def _component_shift(members: list[int], ops_of: Mapping[int, list[SyncOp]], events: RankEvents,
+                     everyone: Mapping[int, ClockFit]) -> float:
+    """How far a group of ranks tied by transfers must move, all together,
+    to keep every causal bound against the ranks outside it (0 if none)."""
+    inside = set(members)
+    outside = {r: f for r, f in everyone.items() if r not in inside}
+    low, high = -math.inf, math.inf
+    for r in members:
+        b = causal_bounds(r, ops_of.get(r, []), events, outside)
+        fit = everyone[r]
+        if len(b.lower_x):
+            low = max(low, float(np.max(b.lower_y - fit.to_ref_array(b.lower_x))))
+        if len(b.upper_x):
+            high = min(high, float(np.min(b.upper_y - fit.to_ref_array(b.upper_x))))
+    if low > high:
+        return (low + high) / 2
+    return min(max(0.0, low), high)
 
 
 def apply_clocks(events: RankEvents, fits: Mapping[int, ClockFit]) -> RankEvents:
@@ -146,26 +287,46 @@ def apply_clocks(events: RankEvents, fits: Mapping[int, ClockFit]) -> RankEvents
     return out
 
 
+def trace_span(events: RankEvents) -> tuple[float, float]:
+    """First start and last end over every rank (in the events' clock)."""
+    starts = [e.start_s for ev in events.values() for e in ev]
+    ends = [e.end_s for ev in events.values() for e in ev]
+    return (min(starts), max(ends)) if starts else (0.0, 0.0)
+
+
 def score_against_truth(fits: Mapping[int, ClockFit], truth: Mapping[str, Any],
-                        ref: int) -> dict[str, float]:
-    """Offset (µs, at local time 0) and drift (ppm) errors against injected clocks.
+                        ref: int, span: tuple[float, float] = (0.0, 0.0)) -> dict[str, float]:
+    """Clock errors against injected clocks over a window of reference time.
 
     ``truth`` maps rank -> {offset_us, drift_ppm} with local = true·(1+d) + o.
-    The reference rank's own skew is composed in, so errors are like for like.
+    A rank's error at true time t is how far its aligned clock lands from the
+    reference's reading of t; it is linear in t, so over ``span`` (the
+    trace's window) its middle is the rank's typical error and its ends the
+    worst. Reported: the median over ranks of the typical error
+    (``offset_err_median_us``), the worst error of any rank at any moment of
+    the span (``offset_err_max_us``), and drift errors in ppm. The reference
+    rank's own skew is composed in, so errors are like for like; the
+    reference itself is left out of the statistics.
     """
     def clock(rank: int) -> tuple[float, float]:
         c = truth.get(str(rank), {})
         return 1.0 + c.get("drift_ppm", 0.0) * 1e-6, c.get("offset_us", 0.0) * 1e-6
 
     ref_scale, ref_offset = clock(ref)
-    offset_err, drift_err = [], []
-    for rank, fit in fits.items():
+
+    def error_us(fit: ClockFit, scale: float, offset: float, true_s: float) -> float:
+        aligned = fit.to_ref(true_s * scale + offset)
+        return abs(aligned - (true_s * ref_scale + ref_offset)) * 1e6
+
+    middle = (span[0] + span[1]) / 2
+    typical, worst, drift_err = [], [], []
+    # The reference is exact by construction: counting it would pull the median down.
+    for rank, fit in ((r, f) for r, f in fits.items() if r != ref or len(fits) == 1):
         scale, offset = clock(rank)
-        a_true = ref_scale / scale
-        b_true = ref_offset - a_true * offset
-        offset_err.append(abs(fit.b - b_true) * 1e6)
-        drift_err.append(abs(fit.a - a_true) * 1e6)
-    off, dr = np.array(offset_err), np.array(drift_err)
-    return {"ranks": len(off), "offset_err_median_us": float(np.median(off)),
-            "offset_err_max_us": float(off.max()), "drift_err_median_ppm": float(np.median(dr)),
+        typical.append(error_us(fit, scale, offset, middle))
+        worst.append(max(error_us(fit, scale, offset, t) for t in span))
+        drift_err.append(abs(fit.a - ref_scale / scale) * 1e6)
+    dr = np.array(drift_err)
+    return {"ranks": len(typical), "offset_err_median_us": float(np.median(typical)),
+            "offset_err_max_us": float(max(worst)), "drift_err_median_ppm": float(np.median(dr)),
             "drift_err_max_ppm": float(dr.max())}

@@ -42,15 +42,22 @@ def cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
+# Above this many events a stored run is scanned as columns: per-event objects
+# would not fit in memory. Below it, the per-event scan, whose clock alignment
+# also falls back to causal bounds (the columnar one fits completion anchors only).
+PER_EVENT_MAX_EVENTS = 1_000_000
+
+
 def _diagnose(target: str, method: str, say: Say) -> Any:
-    """MegaScan on a stored run reads columns (millions of events); other
-    inputs and the baselines go through per-event objects."""
+    """MegaScan on a stored run too large for per-event objects reads columns
+    (millions of events); other inputs and the baselines go through per-event
+    objects."""
     from .methods import detector
-    from .table import load_table_scan, store_of
+    from .table import load_table_scan, store_of, stored_events
     from .table_detect import megascan_table
 
     store = store_of(target)
-    if store is not None and method == "megascan":
+    if store is not None and method == "megascan" and stored_events(store) > PER_EVENT_MAX_EVENTS:
         say(f"reading {store} as columns")
         table = _side_file(load_table_scan, store)
         say("detecting (megascan)")
@@ -73,19 +80,30 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
                 yield (f"  its compute ops take {ev['slowdown']:.3f}x as long as the same ops on "
                        f"its {ev['peers']} peer(s); {100 * ev['slow_op_share']:.0f}% of "
                        f"{ev['ops_compared']} ops are slow")
+            if "floor_slowdown" in ev:
+                yield (f"  at their fastest, its ops take {ev['floor_slowdown']:.3f}x as long as "
+                       "its peers' fastest (in every op it runs)")
             if ev.get("collectives"):
+                waited = 2 * ev["last_to_start"] > ev["collectives"]
                 yield (f"  it started last in {ev['last_to_start']} of its {ev['collectives']} "
-                       "TP/DP collectives: the others waited for it")
+                       "TP/DP collectives" + (": the others waited for it" if waited else ""))
             extra = {k: v for k, v in ev.items() if k not in ("slowdown", "slow_op_share",
-                     "ops_compared", "peers", "last_to_start", "collectives", "z")}
+                     "ops_compared", "peers", "last_to_start", "collectives", "z",
+                     "floor_slowdown")}
             if extra:
                 yield "  " + ", ".join(f"{k}={v}" for k, v in extra.items())
         else:
             what = "slow" if ev.get("problem") == "slow" else "erratic"
             yield (f"root cause: link {c['rank']} <-> {c['peer']} ({what}, confidence "
                    f"{c['confidence']:.2f})")
-            yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
-                   f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs {ev['class_spread']:.3f}")
+            if "bandwidth_ratio" in ev:
+                yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
+                       f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs "
+                       f"{ev['class_spread']:.3f}")
+            else:
+                yield (f"  over {ev['transfers']} transfers, receives end after the send started "
+                       f"{ev['delivery_floor_ratio']:.2f}x later than on its link class at the "
+                       f"fastest, {ev['delivery_median_ratio']:.2f}x at the median")
     if d["victims"]:
         shown = ", ".join(map(str, d["victims"][:16]))
         more = f" and {len(d['victims']) - 16} more" if len(d["victims"]) > 16 else ""
@@ -135,7 +153,7 @@ def cmd_align(args: argparse.Namespace) -> int:
     from megatronapp.outdirs import record_outputs
     from megatronapp.tracer import chrome_events, write_json
 
-    from .align import score_against_truth
+    from .align import score_against_truth, trace_span
     from .deps import annotate
     from .load import read_truth_clocks
 
@@ -161,7 +179,7 @@ def cmd_align(args: argparse.Namespace) -> int:
                                                   "anchors": f.anchors} for r, f in scan.clocks.items()}}
     if truth_clocks is not None:
         report["error_vs_ground_truth"] = score_against_truth(
-            scan.clocks, truth_clocks, ref=min(scan.clocks))
+            scan.clocks, truth_clocks, ref=min(scan.clocks), span=trace_span(scan.events))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -178,31 +196,104 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------- validate-detector
 def cmd_validate(args: argparse.Namespace) -> int:
-    from backends.sim import run_sim
+    from megatronapp.executors import Where, where_from
     from megatronapp.files import check_file_target
-    from megatronapp.progress import counter
 
-    from .validate import alignment_summary, markdown_table, run_trials, summarize, write_csv
+    from .trials import PLANS
+    from .validate import replay_trials, run_trials
 
-    from megatronapp.executors import where_from
-
-    if args.trials < 1:
+    if args.replay:
+        corpora = [Path(d) for d in args.replay]
+        for corpus in corpora:
+            if not corpus.is_dir():
+                raise UserError(f"--replay: {corpus} is not a directory")
+        check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the scoring
+        return _report(_collect(lambda _started: (r for c in corpora for r in replay_trials(c)),
+                                None, "scoring saved trials"), args, "replayed")
+    trials = args.trials if args.trials is not None else DEFAULT_TRIALS[args.backend]
+    if trials < 1:
         raise UserError("--trials: must be >= 1")
-    where = where_from(args)
+    run, plan = _validation_backend(args), PLANS["real" if args.backend == "torch" else "sim"]
+    where = where_from(args) if args.backend == "sim" else Where()  # real runs: one at a time
+    keep = Path(args.save_runs) if args.save_runs else (
+        Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if args.backend == "torch" else None)
+    if keep is not None and where.ray_address:
+        raise UserError("--save-runs: trials on a Ray cluster write on its machines; "
+                        "keep runs only on local processes")
     check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
-    outcomes, alignment = [], []
-    with counter("simulating and scoring trials", args.trials) as advance:
-        for trial_outcomes, align in run_trials(args.seed, args.trials, where, run_sim,
-                                                advance):
-            outcomes += trial_outcomes
-            alignment.append(align)
-    rows = summarize(outcomes)
+    label = "running and scoring real trials" if args.backend == "torch" else \
+        "simulating and scoring trials"
+    done = _collect(lambda started: run_trials(args.seed, trials, where, run, plan, keep,
+                                               on_start=started), trials, label)
+    if keep is not None:
+        print(f"kept every trial's run directory under {keep} (score again with --replay {keep})")
+    return _report(done, args, plan.name, plan.bands)
+
+
+DEFAULT_TRIALS = {"sim": 500, "torch": 100}
+DEFAULT_REAL_CORPUS = "runs/validate-detector-torch"
+
+
+def _validation_backend(args: argparse.Namespace) -> Any:
+    """The run function handed to the harness (module-level: it is pickled)."""
+    if args.backend == "sim":
+        from backends.sim import run_sim
+
+        return run_sim
+    if args.jobs not in (None, 1):
+        raise UserError("--jobs: real runs share this machine's cores; run them one at a time (1)")
+    if args.ray is not None:
+        raise UserError("--ray: real trials run on this machine, not on a Ray cluster")
+    from functools import partial
+
+    from backends.torch import run_scenario
+
+    return partial(run_scenario, stall_timeout_s=REAL_STALL_TIMEOUT_S)
+
+
+REAL_STALL_TIMEOUT_S = 120.0
+
+
+def _collect(reports: Callable[[Callable[[Any], None]], Iterator[Any]], total: int | None,
+             label: str) -> list[Any]:
+    """Every report of ``reports(started)``, while the progress line says how
+    many are done and which trial runs now (``started`` is told each trial)."""
+    of = f"/{total}" if total else ""
+    done: list[Any] = []
+    with status(f"{label}: starting") as say:
+        def started(trial: Any) -> None:
+            p = trial.scenario.parallel
+            say(f"{label}: {len(done)}{of} done; trial {trial.index}: {trial.band}, "
+                f"tp {p.tp} pp {p.pp} dp {p.dp}")
+
+        for report in reports(started):
+            done.append(report)
+            say(f"{label}: {len(done)}{of} done")
+    return done
+
+
+def _report(reports: list[Any], args: argparse.Namespace, what: str,
+            bands: Any = None) -> int:
+    from .trials import CONTROLS, PLANS
+    from .validate import alignment_line, markdown_table, real_run_lines, summarize, write_csv
+
+    ok = [r for r in reports if r.error is None]
+    if bands is None:  # replayed: every plan's bands, controls last
+        faults = [b for plan in PLANS.values() for b in plan.bands if b not in CONTROLS]
+        bands = faults + list(CONTROLS)
+    rows = summarize([o for r in ok for o in r.outcomes], bands)
     write_csv(rows, Path(args.csv))
     print(markdown_table(rows))
-    a = alignment_summary(alignment)
-    print(f"\nclock alignment over {a['trials']} trials: offset error median "
-          f"{a['offset_err_median_us']:.4f} us, worst {a['offset_err_worst_us']:.4f} us; "
-          f"drift error worst {a['drift_err_worst_ppm']:.4f} ppm")
+    print("\n" + alignment_line(ok))
+    real = real_run_lines(reports, bands)
+    if real:
+        print("\n".join(real))
+    seconds = sum(r.seconds for r in reports)
+    print(f"{len(ok)} {what} trials scored in {seconds:.1f} s of trial time "
+          f"({seconds / max(1, len(reports)):.2f} s per trial)")
+    for r in reports:
+        if r.error is not None:
+            print(f"trial {r.index} failed to run: {r.error}")
     print(f"wrote {args.csv}")
     return 0
 
@@ -252,8 +343,17 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     align.set_defaults(func=cmd_align)
 
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
-    val.add_argument("--trials", type=int, default=500, help="simulated jobs with a known fault")
+    val.add_argument("--backend", default="sim", choices=("sim", "torch"),
+                     help="sim (default): simulated jobs of 2-64 ranks; torch: real jobs of 2-4 "
+                          "ranks (one thread each) with real injected faults")
+    val.add_argument("--trials", type=int, default=None,
+                     help=f"default {DEFAULT_TRIALS['sim']} (sim) or {DEFAULT_TRIALS['torch']} (torch)")
     val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")
     add_where_options(val)
     val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
+    val.add_argument("--save-runs", metavar="DIR", default=None,
+                     help="keep each trial's run directory here, replacing trials kept there before "
+                          f"(torch default: {DEFAULT_REAL_CORPUS}/seedS)")
+    val.add_argument("--replay", metavar="DIR", nargs="+", default=None,
+                     help="score the trials saved in each DIR again (one table), running nothing")
     val.set_defaults(func=cmd_validate)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from .inputs import ScanInput, stage_peers
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median = 1.2533·σ/√n for normal data
 SIGMA_FLOOR = 1e-3
+MIN_DELIVERY_S = 5e-6  # no transport delivers faster: a smaller class floor is clock error
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,17 @@ class Thresholds:
     jitter_ratio: float = 3.0  # pair's spread this many times the class's typical spread
     jitter_floor: float = 0.15  # ... and at least this (log units)
     min_transfers: int = 4
+    # Real machines add heavy-tailed, one-sided delays (a descheduled
+    # process), never speed-ups: a rank's *fastest* runs of an op show its
+    # speed. These read low quantiles of durations.
+    floor_quantile: float = 5.0  # percent: a rank's floor for an op name
+    floor_excess: float = 0.15  # slow at its best in every op it runs, by this much
+    min_floor_ops: int = 4  # runs of an op name needed for its floor
+    agree_quantile: float = 10.0  # a median-based candidate must be slow here too ...
+    agree_share: float = 0.5  # ... by at least this share of its median slowdown
+    wait_ratio: float = 3.0  # slow: a link's fastest deliveries this many times its class's
+    erratic_ratio: float = 1.5  # erratic: its typical delivery this many times its class's
+    z_erratic: float = 2.0  # ... and its waits rank this far above the class's in both directions
 
 
 @dataclass(frozen=True)
@@ -159,27 +171,121 @@ def late_arrivals(scan: ScanInput) -> dict[int, tuple[int, int]]:
     return {r: (last.get(r, 0), n) for r, n in joined.items()}
 
 
+def _durations(events: Iterable[Event]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.dur_s > 0 and event_kind(e.name, e.args) == "compute":
+            out[e.name].append(e.dur_s)
+    return out
+
+
+Durations = Mapping[int, Mapping[str, Sequence[float]]]  # rank -> op name -> compute durations
+
+
+def durations_of(scan: ScanInput) -> dict[int, dict[str, list[float]]]:
+    return {r: _durations(ev) for r, ev in scan.events.items()}
+
+
+def quantile_ratios(durations: Durations, peers: Mapping[int, tuple[int, ...]], quantile: float,
+                    min_ops: int) -> dict[int, dict[str, tuple[float, int]]]:
+    """rank -> op name -> (log(its ``quantile`` duration / its peers' median of
+    theirs), its runs of that op). Peers: its stage peers, else the other
+    peerless ranks (pipeline stages, compared op name by op name)."""
+    quantiles = {}
+    for r, by_name in durations.items():
+        quantiles[r] = {n: (float(np.percentile(v, quantile)), len(v))
+                        for n, v in by_name.items() if len(v) >= min_ops}
+    lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
+    out: dict[int, dict[str, tuple[float, int]]] = {}
+    for r, mine in quantiles.items():
+        group = [p for p in (peers[r] if len(peers[r]) > 1 else lonely) if p != r]
+        out[r] = {n: (math.log(q / float(np.median(theirs))), count)
+                  for n, (q, count) in mine.items()
+                  if (theirs := [quantiles[p][n][0] for p in group if n in quantiles[p]])}
+    return out
+
+
+def floor_scores(durations: Durations, peers: Mapping[int, tuple[int, ...]], quantile: float,
+                 min_ops: int) -> dict[int, float]:
+    """rank -> the smallest, over the op names it runs, of its floor ratio
+    (``quantile_ratios``). A throttled device is slower at everything, at its
+    best too; a rank delayed by contention is slow in some ops, not at its
+    best in all of them."""
+    return {r: min(v for v, _ in by_name.values())
+            for r, by_name in quantile_ratios(durations, peers, quantile, min_ops).items()
+            if by_name}
+
+
+def slow_at_quartile_too(durations: Durations, peers: Mapping[int, tuple[int, ...]],
+                         th: Thresholds) -> dict[int, bool]:
+    """rank -> whether, in most of the runs of the ops where its median is
+    slow, its lower quartile is slow too (by ``agree_share`` of the median's
+    excess). A slow device stretches every run; contention stretches some."""
+    medians = quantile_ratios(durations, peers, 50.0, th.min_floor_ops)
+    quartiles = quantile_ratios(durations, peers, th.agree_quantile, th.min_floor_ops)
+    out = {}
+    for r, by_name in medians.items():
+        slow = {n: (m, count) for n, (m, count) in by_name.items() if m > math.log1p(th.min_excess)}
+        agreeing = sum(count for n, (m, count) in slow.items()
+                       if quartiles[r].get(n, (m, 0))[0] >= th.agree_share * m)
+        out[r] = 2 * agreeing >= sum(count for _, count in slow.values())
+    return out
+
+
 def compute_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
-    return judge_compute(compute_scores(scan, th), late_arrivals(scan), th)
+    """Candidates: a rank slow by its matched medians (and at a low quantile
+    too, so contention that only stretches some runs is not taken for a slow
+    device), or slow at its best in every op it runs. A median-based
+    candidate that is rarely the last to arrive at its collectives is a
+    victim and is dropped."""
+    durations, peers = durations_of(scan), stage_peers(scan)
+    return judge_compute(sorted(scan.events), compute_scores(scan, th), late_arrivals(scan),
+                         durations, peers, th)
 
 
-def judge_compute(scores: dict[int, ComputeScore], late: dict[int, tuple[int, int]],
-                  th: Thresholds) -> list[RootCause]:
-    """Slow ranks that are also late to their collectives (``late``: rank ->
-    (times last to start, collectives joined))."""
+def judge_compute(ranks: Iterable[int], scores: Mapping[int, ComputeScore],
+                  late: Mapping[int, tuple[int, int]], durations: Durations,
+                  peers: Mapping[int, tuple[int, ...]], th: Thresholds) -> list[RootCause]:
+    """Each rank judged from its median scores, its durations' quantiles
+    against its peers' (``durations``: rank -> op name -> durations) and how
+    often it was last to its collectives (``late``: rank -> (last, joined))."""
+    floors = floor_scores(durations, peers, th.floor_quantile, th.min_floor_ops)
+    consistent = slow_at_quartile_too(durations, peers, th)
     causes = []
-    for r, s in scores.items():
-        if s.log_excess <= math.log1p(th.min_excess) or s.z <= th.z_compute:
+    for r in ranks:
+        s = scores.get(r)
+        by_median = (s is not None and s.log_excess > math.log1p(th.min_excess)
+                     and s.z > th.z_compute
+                     and consistent.get(r, True))
+        by_floor = floors.get(r, 0.0) > math.log1p(th.floor_excess)
+        if not (by_median or by_floor):
             continue
         n_last, n_joined = late.get(r, (0, 0))
         share = n_last / n_joined if n_joined else None
-        if share is not None and n_joined >= th.min_collectives and share < th.late_share_veto:
+        if (not by_floor and share is not None and n_joined >= th.min_collectives
+                and share < th.late_share_veto):
             continue  # slow here, but others arrive after it: not the source
-        causes.append(RootCause(r, "compute", None, s.z / (s.z + th.z_compute), {
-            "slowdown": round(math.exp(s.log_excess), 4), "slow_op_share": round(s.slow_share, 3),
-            "ops_compared": s.ops, "peers": len(s.peers) - 1, "z": round(s.z, 1),
-            "last_to_start": n_last, "collectives": n_joined}))
+        # (slow even at its best is no victim's mark: waiting happens between ops,
+        # and on a real machine who arrives last depends on much more than this rank)
+        causes.append(_compute_cause(r, s, floors.get(r), by_median, th, n_last, n_joined))
     return causes
+
+
+def _compute_cause(r: int, s: ComputeScore | None, floor: float | None, by_median: bool,
+                   th: Thresholds, n_last: int, n_joined: int) -> RootCause:
+    evidence: dict[str, Any] = {"last_to_start": n_last, "collectives": n_joined}
+    if s is not None:
+        evidence.update(slowdown=round(math.exp(s.log_excess), 4),
+                        slow_op_share=round(s.slow_share, 3), ops_compared=s.ops,
+                        peers=len(s.peers) - 1, z=round(s.z, 1))
+    if floor is not None:
+        evidence["floor_slowdown"] = round(math.exp(floor), 4)
+    if by_median and s is not None:
+        confidence = s.z / (s.z + th.z_compute)
+    else:
+        excess = floor if floor is not None else 0.0
+        confidence = excess / (excess + math.log1p(th.floor_excess))
+    return RootCause(r, "compute", None, confidence, evidence)
 
 
 # --------------------------------------------------------------- stage 3
@@ -217,11 +323,32 @@ def _pair_stats(samples: dict[tuple[int, int], list[float]], th: Thresholds) -> 
 
 
 def link_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
-    stats = _pair_stats(transfer_samples(scan), th)
-    node = scan.gpus_per_node
+    return judge_links(_bandwidth_causes(scan, th), delivery_waits(scan), scan.gpus_per_node, th)
+
+
+def judge_links(bandwidth: list[RootCause], waits: Mapping[Channel, Sequence[float]],
+                gpus_per_node: int, th: Thresholds) -> list[RootCause]:
+    """Slow or erratic bandwidth first; a pair it did not name may still be
+    slow or erratic to deliver."""
+    flagged = {(c.rank, c.peer) for c in bandwidth}
+    return bandwidth + [c for c in _delivery_causes(waits, gpus_per_node, th)
+                        if (c.rank, c.peer) not in flagged]
+
+
+def link_class(pair: tuple[int, int], gpus_per_node: int) -> bool:
+    return pair[0] // gpus_per_node == pair[1] // gpus_per_node
+
+
+def _bandwidth_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
+    """Effective bandwidth per pair against pairs of the same link class."""
+    return judge_bandwidth(_pair_stats(transfer_samples(scan), th), scan.gpus_per_node, th)
+
+
+def judge_bandwidth(stats: Iterable[PairStats], gpus_per_node: int,
+                    th: Thresholds) -> list[RootCause]:
     classes: dict[bool, list[PairStats]] = defaultdict(list)
     for p in stats:
-        classes[p.pair[0] // node == p.pair[1] // node].append(p)
+        classes[link_class(p.pair, gpus_per_node)].append(p)
     causes = []
     for members in classes.values():
         if len(members) < 3:
@@ -230,6 +357,139 @@ def link_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
         typical = max(float(np.median([p.spread for p in members])), SIGMA_FLOOR)
         for p in members:
             causes += judge_pair(p, centre, typical, th)
+    return causes
+
+
+Channel = tuple[tuple[int, int], str]  # (unordered rank pair, direction)
+
+
+def delivery_waits(scan: ScanInput) -> dict[Channel, list[float]]:
+    """(pair, direction) -> how long each receive went on after both sides
+    were ready (after its send started, or after it was posted if later).
+    The direction (forward, backward, or which way when unnamed) keeps
+    a pipeline's two flows apart: they wait for different things."""
+    waits: dict[Channel, list[float]] = defaultdict(list)
+    for op in scan.ops:
+        if op.kind != "p2p":
+            continue
+        (s, si), (r, ri) = op.members
+        send, recv = scan.events[s][si], scan.events[r][ri]
+        direction = flow_of(send.name) or ("up" if s < r else "down")
+        waits[((min(s, r), max(s, r)), direction)].append(
+            max(recv.end_s - max(send.start_s, recv.start_s), 0.0))
+    return waits
+
+
+def flow_of(name: str) -> str:
+    """A transfer's flow from its name: ``send_forward`` -> ``forward`` ("" if unnamed)."""
+    lowered = name.lower()
+    for role in ("send", "recv"):
+        if role in lowered:
+            return lowered.replace(role, "", 1).strip("_")
+    return ""
+
+
+def rank_sum_z(sample: np.ndarray, reference: np.ndarray) -> float:
+    """Mann-Whitney: how many standard errors ``sample`` ranks above
+    ``reference`` (no assumption on how the waits are distributed)."""
+    ranks = _average_ranks(np.concatenate([sample, reference]))
+    return _rank_sum_to_z(float(ranks[:len(sample)].sum()), len(sample), len(reference))
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    # tied waits share their average rank (equal waits favour neither side)
+    _, which, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return (np.cumsum(counts) - (counts - 1) / 2)[which]
+
+
+def _rank_sum_to_z(rank_sum: float, n1: int, n2: int) -> float:
+    u = rank_sum - n1 * (n1 + 1) / 2
+    return (u - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One direction of one pair against the same direction of its link class."""
+
+    floor_ratio: float
+    median_ratio: float
+    z: float  # rank-sum z of its waits against the class's
+    transfers: int
+
+
+def _deliveries(all_waits: Mapping[Channel, Sequence[float]], node: int,
+                th: Thresholds) -> dict[tuple[int, int], list[Delivery]]:
+    """Each channel against the other channels of its class (same direction,
+    same link class), class by class: its class's floor and median leave the
+    channel out, and one ranking of the class's waits serves every rank-sum
+    (linear in channels, not quadratic: a 12,288-GPU job has tens of thousands)."""
+    classes: dict[tuple[str, bool], list[tuple[tuple[int, int], np.ndarray]]] = defaultdict(list)
+    for (pair, direction), w in sorted(all_waits.items()):
+        if len(w) >= th.min_transfers:
+            classes[(direction, link_class(pair, node))].append((pair, np.asarray(w)))
+    out: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
+    for members in classes.values():
+        if len(members) < 2:
+            continue
+        floors = np.array([np.percentile(w, th.floor_quantile) for _, w in members])
+        medians = np.array([np.median(w) for _, w in members])
+        class_floor, class_median = _medians_without_each(floors), _medians_without_each(medians)
+        for i, ((pair, mine), z) in enumerate(zip(members, _rank_sum_zs([w for _, w in members]))):
+            out[pair].append(Delivery(
+                floors[i] / max(class_floor[i], MIN_DELIVERY_S),
+                medians[i] / max(class_median[i], MIN_DELIVERY_S), z, len(mine)))
+    return out
+
+
+def _medians_without_each(values: np.ndarray) -> np.ndarray:
+    """For each i, the median of ``values`` without its i-th (at least 2 values)."""
+    order = np.argsort(values, kind="stable")
+    v = values[order]
+    n = len(v) - 1  # values left
+    place = np.empty(len(v), np.int64)
+    place[order] = np.arange(len(v))
+
+    def kth(k: int) -> np.ndarray:  # k-th smallest once each one is left out
+        return np.where(k < place, v[k], v[np.minimum(k + 1, len(v) - 1)])
+
+    if n % 2:
+        return kth(n // 2).astype(float)
+    return (kth(n // 2 - 1) + kth(n // 2)) / 2
+
+
+def _rank_sum_zs(samples: list[np.ndarray]) -> list[float]:
+    """``rank_sum_z`` of each sample against all the others together: the
+    others and the sample make the whole class, so one ranking serves all."""
+    ranks = _average_ranks(np.concatenate(samples))
+    cuts = np.cumsum([0] + [len(w) for w in samples])
+    return [_rank_sum_to_z(float(ranks[lo:hi].sum()), int(hi - lo), int(len(ranks) - (hi - lo)))
+            for lo, hi in zip(cuts[:-1], cuts[1:])]
+
+
+def _delivery_causes(waits: Mapping[Channel, Sequence[float]], gpus_per_node: int,
+                     th: Thresholds) -> list[RootCause]:
+    """Each pair against the other pairs of its link class, direction by
+    direction, keeping the pair's least striking direction (a faulty link
+    delays both): slow if its fastest deliveries are late (waiting on a busy
+    receiver only ever adds time, so fast deliveries are clean), erratic if
+    its typical delivery is, and its waits rank above the class's beyond
+    what a busy machine's noise makes of them."""
+    causes = []
+    for pair, per_direction in _deliveries(waits, gpus_per_node, th).items():
+        floor_ratio = min(d.floor_ratio for d in per_direction)
+        median_ratio = min(d.median_ratio for d in per_direction)
+        z = min(d.z for d in per_direction)
+        evidence: dict[str, Any] = {
+            "transfers": sum(d.transfers for d in per_direction),
+            "delivery_floor_ratio": round(floor_ratio, 2),
+            "delivery_median_ratio": round(median_ratio, 2), "z": round(z, 1)}
+        if floor_ratio > th.wait_ratio:
+            causes.append(RootCause(pair[0], "link", pair[1], floor_ratio / (floor_ratio + th.wait_ratio),
+                                    {"problem": "slow", **evidence}))
+        elif median_ratio > th.erratic_ratio and z > th.z_erratic:
+            causes.append(RootCause(pair[0], "link", pair[1],
+                                    median_ratio / (median_ratio + th.erratic_ratio),
+                                    {"problem": "erratic", **evidence}))
     return causes
 
 

@@ -15,20 +15,14 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from megatronapp.progress import Say, quiet
-from megatronapp.textio import MAX_DEPTH, TextError, load_json_bytes, structure_size
+from megatronapp.textio import MAX_DEPTH, structure_size
 from megatronapp.tracer import Event
 
+from .errors import TraceError
+from .kineto import is_kineto, kineto_files, load_kineto, read_json_any
+
 RankEvents = dict[int, list[Event]]
-
-
-class TraceError(ValueError):
-    """Unreadable trace input; the message names the file and the event."""
-
-    def __init__(self, source: str, reason: str, index: int | None = None):
-        where = f"{source}" + (f": event {index}" if index is not None else "")
-        super().__init__(f"{where}: {reason}")
-        self.source = source
-        self.index = index
+__all__ = ["LoadedTrace", "RankEvents", "TraceError", "load_trace"]
 
 
 @dataclass(frozen=True)
@@ -194,15 +188,9 @@ def _close(stack: list[tuple[int, Mapping[str, Any]]], end: Mapping[str, Any], s
 
 
 def read_json(path: Path) -> Any:
-    """A UTF-8 JSON file; anything else (binary, UTF-16, too deep) is one line."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as err:
-        raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
-    try:
-        return load_json_bytes(raw, "the file")
-    except TextError as err:
-        raise TraceError(str(path), str(err).removeprefix("the file is ")) from None
+    """A UTF-8 JSON file (gzipped if its name ends in .gz); anything else
+    (binary, UTF-16, too deep) is one line."""
+    return read_json_any(path)
 
 
 def read_object(path: Path) -> dict[str, Any]:
@@ -292,12 +280,14 @@ TRACE_STORE = "trace.parquet"
 
 
 def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) -> LoadedTrace:
-    """A run directory or a single trace file.
+    """A run directory, a directory of torch.profiler (Kineto) traces, or a
+    single trace file (gzipped or not).
 
     A run directory is read from its ``trace.parquet`` (older ones: from
     ``ranks/``, or the merged ``trace.json``); with ``raw_clocks`` every rank
     keeps its own clock (unaligned, as a real job would hand it over). A
-    single file is taken as it is (aligned if its metadata says so).
+    single Chrome file is taken as it is (aligned if its metadata says so);
+    Kineto files from one host share its clock, from several are aligned.
     """
     path = Path(target)
     if path.is_dir() and (path / TRACE_STORE).is_file():
@@ -310,15 +300,22 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) ->
             say(f"loading {len(files)} rank files")
             return LoadedTrace(merge_rank_files(files), False, str(path), path)
         merged = path / "trace.json"
-        if not merged.is_file():
-            raise TraceError(str(path), "no trace.parquet, ranks/rank*.json or trace.json in "
-                             "this directory")
-        say(f"loading {merged}")
-        return LoadedTrace(load_chrome_file(merged), True, str(merged), path)
+        if merged.is_file():
+            say(f"loading {merged}")
+            return LoadedTrace(load_chrome_file(merged), True, str(merged), path)
+        profiles = kineto_files(path)
+        if profiles:
+            say(f"loading {len(profiles)} torch.profiler files")
+            job = load_kineto(profiles)
+            return LoadedTrace(job.events, job.one_clock, str(path))
+        raise TraceError(str(path), "no trace.parquet, ranks/rank*.json, trace.json or "
+                         "torch.profiler *.pt.trace.json(.gz) files in this directory")
     if not path.is_file():
         raise TraceError(str(path), "no such file or directory")
     say(f"loading {path}")
-    data = read_json(path)
+    data = read_json_any(path)
+    if is_kineto(data):
+        return LoadedTrace(load_kineto([path]).events, True, str(path))
     meta = data.get("metadata", {}) if isinstance(data, dict) else {}
     aligned = not isinstance(meta, dict) or meta.get("clock", "aligned") != "local"
     return LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))

@@ -168,8 +168,14 @@ class _Memberships:
         return rows, np.repeat(np.arange(len(ops)), lens)
 
 
-def _memberships(cols: EventColumns, sync: SyncTable) -> _Memberships:
-    keep = _anchors(cols, sync)[sync.member_op]
+def _linked(sync: SyncTable) -> np.ndarray:
+    """Ops of 2+ members: they tie their ranks' clocks (the breadth-first order)."""
+    return np.diff(np.r_[sync.op_start, len(sync.member_row)]) > 1
+
+
+def _memberships(cols: EventColumns, sync: SyncTable, ops: np.ndarray) -> _Memberships:
+    """Memberships of the ops marked in ``ops``."""
+    keep = ops[sync.member_op]
     m_op, m_row = sync.member_op[keep], sync.member_row[keep]
     ranks = np.unique(cols.rank).astype(np.int64)
     m_rank = cols.rank[m_row].astype(np.int64)
@@ -186,8 +192,11 @@ def _memberships(cols: EventColumns, sync: SyncTable) -> _Memberships:
 
 def fit_clocks(cols: EventColumns, sync: SyncTable, ref: int | None = None) -> dict[int, ClockFit]:
     """``align.fit_clocks`` over columns: ranks in breadth-first order from the
-    reference, each fitted against the already fitted members of its anchor ops."""
-    m = _memberships(cols, sync)
+    reference (through every op of 2+ members), each fitted against the already
+    fitted members of its anchor ops. Only the anchor stage: the causal-bound
+    fallback of ``align.fit_clocks`` (for completions that do not coincide,
+    or a fit that breaks a bound) is not done here."""
+    m = _memberships(cols, sync, _anchors(cols, sync))
     if not len(m.ranks):
         return {}
     ref = int(m.ranks[0]) if ref is None else ref
@@ -196,7 +205,7 @@ def fit_clocks(cols: EventColumns, sync: SyncTable, ref: int | None = None) -> d
     k_ref = int(np.searchsorted(m.ranks, ref))
     a[k_ref], b[k_ref] = 1.0, 0.0
     fits = {ref: ClockFit()}
-    for k in _bfs(m, k_ref)[1:]:
+    for k in _bfs(_memberships(cols, sync, _linked(sync)), k_ref)[1:]:
         mine = m.of_rank(k)
         ops, first = np.unique(m.op[mine], return_index=True)
         xs = m.end[mine[first]]
@@ -285,6 +294,16 @@ def store_of(target: str | Path) -> Path | None:
     if path.is_dir() and (path / TRACE_FILE).is_file():
         return path / TRACE_FILE
     return path if path.suffix == ".parquet" and path.is_file() else None
+
+
+def stored_events(store: Path) -> int:
+    """Rows of a ``trace.parquet``, from its footer (nothing else is read)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.ParquetFile(store).metadata.num_rows)
+    except (OSError, ValueError) as err:
+        raise TraceError(str(store), f"not a readable trace table ({err})") from None
 
 
 def load_table_scan(store: Path, raw_clocks: bool = True) -> TableScan:

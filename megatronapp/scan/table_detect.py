@@ -5,8 +5,8 @@ import numpy as np
 
 from megatronapp.metrics import group_ids
 
-from .detect import (MAD_TO_SIGMA, SIGMA_FLOOR, ComputeScore, PairStats, Thresholds, judge_compute,
-                     judge_pair, relative_to_peers, row_scores)
+from .detect import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds, flow_of,
+                     judge_bandwidth, judge_compute, judge_links, relative_to_peers, row_scores)
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import STAGE_PEER_WORDS
 from .table import COLLECTIVE, COMPUTE_KIND, P2P, TableScan
@@ -139,8 +139,24 @@ def late_arrivals(scan: TableScan) -> dict[int, tuple[int, int]]:
     return {int(r): (int(lasts[r]), int(joined[r])) for r in np.flatnonzero(joined)}
 
 
+def durations_of(scan: TableScan) -> dict[int, dict[str, np.ndarray]]:
+    """``detect.durations_of``: rank -> op name -> its compute durations."""
+    c = scan.cols
+    rows = np.flatnonzero((c.kind == COMPUTE_KIND) & (c.dur_s > 0))
+    group, n = group_ids(c.rank[rows], c.name[rows])
+    order = np.argsort(group, kind="stable")
+    cuts = np.r_[0, np.flatnonzero(np.diff(group[order])) + 1, len(order)]
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for i in range(n):
+        idx = rows[order[cuts[i]:cuts[i + 1]]]
+        out.setdefault(int(c.rank[idx[0]]), {})[c.names[int(c.name[idx[0]])]] = c.dur_s[idx]
+    return out
+
+
 def compute_root_causes(scan: TableScan, th: Thresholds) -> list[RootCause]:
-    return judge_compute(compute_scores(scan, th), late_arrivals(scan), th)
+    ranks = np.unique(scan.cols.rank).astype(np.int64).tolist()
+    return judge_compute(ranks, compute_scores(scan, th), late_arrivals(scan), durations_of(scan),
+                         stage_peers(scan), th)
 
 
 # --------------------------------------------------------------- stage 3
@@ -171,20 +187,35 @@ def pair_stats(scan: TableScan, th: Thresholds) -> list[PairStats]:
     return out
 
 
+def delivery_waits(scan: TableScan) -> dict[Channel, np.ndarray]:
+    """``detect.delivery_waits``: per (pair, direction), how long each receive
+    went on after both sides were ready."""
+    sync, cols = scan.sync, scan.cols
+    p2p = np.flatnonzero(sync.op_kind == P2P)
+    send, recv = sync.sender[p2p], sync.receiver[p2p]
+    end = cols.start_s[recv] + cols.dur_s[recv]
+    wait = np.maximum(end - np.maximum(cols.start_s[send], cols.start_s[recv]), 0.0)
+    s, r = cols.rank[send].astype(np.int64), cols.rank[recv].astype(np.int64)
+    flows = np.array([flow_of(n) for n in cols.names] + [""], dtype=object)
+    named = flows[cols.name[send].astype(np.int64)]
+    direction = np.where(named != "", named, np.where(s < r, "up", "down"))
+    lo, hi = np.minimum(s, r), np.maximum(s, r)
+    codes, which = np.unique(direction.astype(str), return_inverse=True)
+    channel, n = group_ids(lo, hi, which)
+    order = np.argsort(channel, kind="stable")
+    cuts = np.r_[0, np.flatnonzero(np.diff(channel[order])) + 1, len(order)]
+    out: dict[Channel, np.ndarray] = {}
+    for i in range(n):
+        idx = order[cuts[i]:cuts[i + 1]]
+        j = idx[0]
+        out[((int(lo[j]), int(hi[j])), str(codes[which[j]]))] = wait[idx]
+    return out
+
+
 def link_root_causes(scan: TableScan, th: Thresholds) -> list[RootCause]:
     node = scan.gpus_per_node
-    classes: dict[bool, list[PairStats]] = {}
-    for p in pair_stats(scan, th):
-        classes.setdefault(p.pair[0] // node == p.pair[1] // node, []).append(p)
-    causes: list[RootCause] = []
-    for members in classes.values():
-        if len(members) < 3:
-            continue
-        centre = float(np.median([p.median for p in members]))
-        typical = max(float(np.median([p.spread for p in members])), SIGMA_FLOOR)
-        for p in members:
-            causes += judge_pair(p, centre, typical, th)
-    return causes
+    return judge_links(judge_bandwidth(pair_stats(scan, th), node, th), delivery_waits(scan),
+                       node, th)
 
 
 # ------------------------------------------------------------- detector

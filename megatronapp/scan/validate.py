@@ -1,105 +1,38 @@
-"""Detector validation: random jobs with a known injected fault (or none), run
-on the simulator, handed to every detector through the same unaligned per-rank
-traces a real job would produce, and scored against the ground truth."""
+"""Detector validation: random jobs with a known injected fault (or none)
+(``trials.py``), run by a backend's run function (the simulator, or real
+processes), handed to every detector through the same unaligned per-rank
+traces a real job produces, and scored against the ground truth. Real runs
+can be kept and scored again later (``replay_trial``)."""
 from __future__ import annotations
 
 import csv
+import json
 import math
+import os
+import shutil
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from megatronapp import seeds
-from megatronapp.config import Scenario, parse_scenario
+from megatronapp.errors import UserError
 from megatronapp.executors import Where, map_unordered
 from megatronapp.files import atomic_file
-from megatronapp.topology import Topology
+from megatronapp.runs import write_traces
 from megatronapp.tracer import RunResult, RunScenario, chrome_events
 
-from .align import score_against_truth
-from .diagnosis import Detector, Diagnosis, RootCause
-from .inputs import ScanInput, prepare
-from .load import events_from_chrome
+from .align import score_against_truth, trace_span
+from .diagnosis import Detector, Diagnosis
+from .inputs import ScanInput, prepare, prepare_loaded
+from .load import events_from_chrome, load_trace
 from .methods import DETECTORS, detector
+from .trials import CONTROLS, PLANS, REAL, SIM, Trial, TrialPlan, matches
 
 METHODS: dict[str, Detector] = {name: detector(name) for name in DETECTORS}
-# Severity bands drawn with equal probability; controls have no performance fault.
-BANDS = ("throttle 1.05-1.1", "throttle 1.1-1.2", "throttle 1.2-2", "slow_link 1.5-4",
-         "link_jitter 0.3-1", "clock_skew only", "healthy")
-CONTROLS = ("clock_skew only", "healthy")
-MAX_RANKS = 64
-
-
-@dataclass(frozen=True)
-class Trial:
-    index: int
-    band: str
-    scenario: Scenario
-    truth_rank: int | None  # the throttled rank
-    truth_pair: tuple[int, int] | None  # the faulty link
-
-
-def _shape(rng: np.random.Generator, needs_links: bool) -> tuple[int, int, int]:
-    while True:
-        tp, pp, dp = (int(rng.choice(c)) for c in ((1, 2, 4), (1, 2, 4), (1, 2, 4, 8)))
-        world = tp * pp * dp
-        if not 2 <= world <= MAX_RANKS:
-            continue
-        if needs_links and (pp < 2 or (pp - 1) * tp * dp < 6):
-            continue  # a link is judged against other pipeline links of its kind
-        return tp, pp, dp
-
-
-def _fault(band: str, rng: np.random.Generator, topo: Topology) -> tuple[list[dict], int | None, tuple | None]:
-    if band.startswith("throttle"):
-        lo, hi = (float(x) for x in band.split()[1].split("-"))
-        rank = int(rng.integers(topo.world_size))
-        return [{"kind": "throttle", "rank": rank, "factor": float(rng.uniform(lo, hi))}], rank, None
-    if band.startswith(("slow_link", "link_jitter")):
-        upstream = [r for r in range(topo.world_size) if topo.coord(r).pp < topo.pp - 1]
-        a = int(rng.choice(upstream))
-        pair = (a, topo.pp_neighbor(a, 1))
-        if band.startswith("slow_link"):
-            return [{"kind": "slow_link", "ranks": list(pair), "factor": float(rng.uniform(1.5, 4))}], None, pair
-        return [{"kind": "link_jitter", "ranks": list(pair), "sigma": float(rng.uniform(0.3, 1.0))}], None, pair
-    return [], None, None
-
-
-def _clock_skews(rng: np.random.Generator, world: int, count: int) -> list[dict]:
-    """Offsets up to ±10 ms and drifts up to ±100 ppm on ``count`` ranks (never rank 0,
-    the reference: its skew would only shift the whole timeline)."""
-    ranks = rng.choice(np.arange(1, world), size=min(count, world - 1), replace=False)
-    return [{"kind": "clock_skew", "rank": int(r), "offset_us": float(rng.uniform(-1e4, 1e4)),
-             "drift_ppm": float(rng.uniform(-100, 100))} for r in ranks]
-
-
-def make_trial(seed: int, index: int) -> Trial:
-    rng = seeds.rng(seed, index)
-    band = BANDS[int(rng.integers(len(BANDS)))]
-    tp, pp, dp = _shape(rng, band.startswith(("slow_link", "link_jitter")))
-    topo = Topology(tp=tp, pp=pp, dp=dp)
-    faults, rank, pair = _fault(band, rng, topo)
-    skewed = int(rng.integers(1, 4)) if band == "clock_skew only" else int(rng.integers(0, 3))
-    faults += _clock_skews(rng, topo.world_size, skewed)
-    scenario = parse_scenario({
-        "name": f"trial{index}", "seed": int(rng.integers(2**31)), "iterations": 2,
-        "parallel": {"tp": tp, "pp": pp, "dp": dp, "microbatches": max(4, 2 * pp)},
-        "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024},
-        "cluster": {"jitter": {"compute_sigma": float(rng.uniform(0.01, 0.04)),
-                               "link_sigma": float(rng.uniform(0.02, 0.1))}},
-        "faults": faults})
-    return Trial(index, band, scenario, rank, pair)
-
-
-def matches(cause: RootCause, trial: Trial) -> bool:
-    if trial.truth_rank is not None:
-        return cause.rank == trial.truth_rank and cause.kind == "compute"
-    if trial.truth_pair is not None:
-        return cause.peer is not None and {cause.rank, cause.peer} == set(trial.truth_pair)
-    return False
+TRIAL_FILE = "trial.json"  # in a saved trial's run directory: plan, seed, index, band
 
 
 @dataclass(frozen=True)
@@ -114,22 +47,90 @@ class Outcome:
 
 
 def scan_of_result(result: RunResult, name: str = "<sim>") -> ScanInput:
-    """What a detector sees of a simulated run: per-rank Chrome events in each
-    rank's local clock (as the run directory stores them), aligned again."""
+    """What a detector sees of a run: per-rank Chrome events in each rank's
+    local clock (as the run directory stores them), aligned again."""
     raw = [ev for r in sorted(result.events) for ev in chrome_events(
         r, result.label(r), result.events[r], result.clocks[r].local)]
     return prepare(events_from_chrome(raw, name), aligned=False, ref=0)
 
 
-def run_trial(seed: int, index: int, run: RunScenario) -> tuple[list[Outcome], dict[str, float]]:
-    """Run one trial with ``run`` (a backend's run function) and score every
-    method on it, plus the clock alignment."""
-    trial = make_trial(seed, index)
-    result = run(trial.scenario)
-    scan = scan_of_result(result, trial.scenario.name)
-    truth = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm} for r, c in result.clocks.items()}
-    alignment = score_against_truth(scan.clocks, truth, ref=0)
+def score_trial(trial: Trial, scan: ScanInput, clocks: Mapping[str, Any]
+                ) -> tuple[list[Outcome], dict[str, float]]:
+    """Every method's outcome on one trial, and the clock alignment's error
+    against the injected ``clocks`` (rank -> {offset_us, drift_ppm})."""
+    alignment = score_against_truth(scan.clocks, clocks, ref=0, span=trace_span(scan.events))
     return [_outcome(trial, name, method(scan)) for name, method in METHODS.items()], alignment
+
+
+def run_trial(seed: int, index: int, run: RunScenario, plan: TrialPlan = SIM,
+              keep: Path | None = None) -> "TrialReport":
+    """Run one trial with ``run`` (a backend's run function) and score every
+    method on it, plus the clock alignment. With ``keep``, the run directory
+    is saved as ``keep/trial{index:04d}`` for ``replay_trial``. The machine's
+    load (1-minute average, before and after) is kept with the scores: on a
+    shared machine it decides how noisy a real run is."""
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
+    trial = plan.make(seed, index)
+    result = run(trial.scenario)
+    load = (load_before + os.getloadavg()[0]) / 2
+    if keep is not None:
+        save_trial(trial, result, plan, seed, keep, load)
+    outcomes, alignment = score_trial(trial, scan_of_result(result, trial.scenario.name),
+                                      injected_clocks(result))
+    return TrialReport(index, tuple(outcomes), alignment, time.perf_counter() - start,
+                       load=load, shape=shape_of(trial), plan=plan.name)
+
+
+def shape_of(trial: Trial) -> str:
+    p = trial.scenario.parallel
+    return f"tp{p.tp} pp{p.pp} dp{p.dp}"
+
+
+def injected_clocks(result: RunResult) -> dict[str, dict[str, float]]:
+    return {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm}
+            for r, c in result.clocks.items()}
+
+
+def save_trial(trial: Trial, result: RunResult, plan: TrialPlan, seed: int, keep: Path,
+               load: float | None = None) -> Path:
+    """The trial's trace (``trace.parquet``, each rank's clock in its metadata;
+    ``trace.json`` too when small), the injected truth and how to make the
+    trial again."""
+    final = keep / f"trial{trial.index:04d}"
+    tmp = keep / f".{final.name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write_traces(trial.scenario, result, tmp)
+    faults = [f.model_dump(mode="json") for f in trial.scenario.faults]
+    (tmp / "ground_truth.json").write_text(json.dumps({"clocks": injected_clocks(result),
+                                                       "faults": faults}))
+    (tmp / TRIAL_FILE).write_text(json.dumps({"plan": plan.name, "seed": seed, "index": trial.index,
+                                              "band": trial.band, "machine_load": load}))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def saved_trials(corpus: Path) -> list[Path]:
+    return sorted(p.parent for p in Path(corpus).glob(f"trial*/{TRIAL_FILE}"))
+
+
+def clear_saved_trials(corpus: Path) -> None:
+    """A kept directory holds one validation's trials: drop an earlier one's."""
+    for run_dir in saved_trials(corpus):
+        shutil.rmtree(run_dir)
+
+
+def replay_trial(run_dir: Path) -> "TrialReport":
+    """Score a saved trial again from its trace on each rank's clock (no run)."""
+    start = time.perf_counter()
+    meta = json.loads((run_dir / TRIAL_FILE).read_text())
+    trial = PLANS[meta["plan"]].make(int(meta["seed"]), int(meta["index"]))
+    scan = prepare_loaded(load_trace(run_dir))
+    clocks = json.loads((run_dir / "ground_truth.json").read_text())["clocks"]
+    outcomes, alignment = score_trial(trial, scan, clocks)
+    return TrialReport(trial.index, tuple(outcomes), alignment, time.perf_counter() - start,
+                       load=meta.get("machine_load"), shape=shape_of(trial), plan=meta["plan"])
 
 
 def _outcome(trial: Trial, method: str, d: Diagnosis) -> Outcome:
@@ -154,13 +155,13 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def summarize(outcomes: Iterable[Outcome]) -> list[Row]:
+def summarize(outcomes: Iterable[Outcome], bands: Iterable[str] = SIM.bands) -> list[Row]:
     """Per method: one row per band, one for all faults, one for all controls."""
     groups: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
     for o in outcomes:
         groups[(o.method, o.band)].append(o)
         groups[(o.method, "all controls" if o.band in CONTROLS else "all faults")].append(o)
-    order = list(BANDS) + ["all faults", "all controls"]
+    order = list(bands) + ["all faults", "all controls"]
     rows = []
     for method in METHODS:
         for band in order:
@@ -200,16 +201,85 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def run_trials(seed: int, trials: int, where: Where, run: RunScenario,
-               on_done: Callable[[], None] = lambda: None) -> Iterator[tuple[list[Outcome], dict]]:
-    """Every trial's outcomes, in completion order, wherever ``where`` says
-    (``run`` must be a module-level function: it is pickled)."""
-    tasks = [(seed, i, run) for i in range(trials)]
-    yield from map_unordered(_run_trial_star, tasks, where, on_done)
+@dataclass(frozen=True)
+class TrialReport:
+    """One trial's scores, or why it could not run (a real run can fail)."""
+
+    index: int
+    outcomes: tuple[Outcome, ...]
+    alignment: dict[str, float] | None
+    seconds: float
+    error: str | None = None
+    load: float | None = None  # the machine's 1-minute load average while it ran
+    shape: str = ""
+    plan: str = ""
 
 
-def _run_trial_star(args: tuple[int, int, RunScenario]) -> tuple[list[Outcome], dict]:
-    return run_trial(*args)
+def run_trials(seed: int, trials: int, where: Where, run: RunScenario, plan: TrialPlan = SIM,
+               keep: Path | None = None, on_start: Callable[[Trial], None] = lambda t: None,
+               ) -> Iterator[TrialReport]:
+    """Every trial's report, in completion order, wherever ``where`` says
+    (``run`` must be a module-level function: it is pickled). ``on_start``
+    hears of each trial when they run one at a time here. A trial whose run
+    fails with a ``UserError`` (a real job that hung or lost a rank) is
+    reported as failed and the others go on."""
+    args = [(seed, i, run, plan, keep) for i in range(trials)]
+    if keep is not None:
+        clear_saved_trials(keep)
+    if where.jobs <= 1 and not where.ray_address:
+        for a in args:
+            on_start(plan.make(seed, a[1]))
+            yield _run_trial_star(a)
+        return
+    yield from map_unordered(_run_trial_star, args, where)
+
+
+def _run_trial_star(args: tuple[int, int, RunScenario, TrialPlan, Path | None]) -> TrialReport:
+    start = time.perf_counter()
+    try:
+        return run_trial(*args)
+    except UserError as err:
+        return TrialReport(args[1], (), None, time.perf_counter() - start, str(err))
+
+
+def replay_trials(corpus: Path) -> Iterator[TrialReport]:
+    for run_dir in saved_trials(corpus):
+        yield replay_trial(run_dir)
+
+
+QUIET_LOAD = 6.0  # 1-min load average: a 4-rank job plus light background work
+
+
+def alignment_line(reports: list[TrialReport], label: str = "") -> str:
+    a = alignment_summary([r.alignment for r in reports if r.alignment is not None])
+    return (f"clock alignment over {a['trials']} trials{label}: offset error median "
+            f"{a['offset_err_median_us']:.4f} us, worst {a['offset_err_worst_us']:.4f} us; "
+            f"drift error worst {a['drift_err_worst_ppm']:.4f} ppm")
+
+
+def real_run_lines(reports: list[TrialReport], bands: Iterable[str]) -> list[str]:
+    """For real runs: alignment by job shape, and MegaScan's accuracy on a
+    quiet machine against a loaded one (the machine brings the noise)."""
+    ok = [r for r in reports if r.error is None and r.plan == REAL.name]
+    lines = []
+    for shape in sorted({r.shape for r in ok}):
+        lines.append(alignment_line([r for r in ok if r.shape == shape], f" ({shape})"))
+    loads = [r.load for r in ok if r.load is not None]
+    if not loads:
+        return lines
+    lines.append(f"machine load (1-min average) during the trials: median {np.median(loads):.1f}, "
+                 f"range {min(loads):.1f}-{max(loads):.1f}")
+    for label, keep in ((f"load <= {QUIET_LOAD:g}", lambda x: x <= QUIET_LOAD),
+                        (f"load > {QUIET_LOAD:g}", lambda x: x > QUIET_LOAD)):
+        part = [o for r in ok if r.load is not None and keep(r.load) for o in r.outcomes
+                if o.method == "megascan"]
+        rows = {row.band: row for row in summarize(part, bands)}
+        faults, controls = rows.get("all faults"), rows.get("all controls")
+        lines.append(f"megascan at {label}: top-1 {_pct(faults.top1 if faults else None)} over "
+                     f"{faults.trials if faults else 0} faults, false positives "
+                     f"{_pct(controls.fpr if controls else None)} over "
+                     f"{controls.trials if controls else 0} controls")
+    return lines
 
 
 def alignment_summary(scores: list[dict[str, float]]) -> dict[str, float]:

@@ -1,0 +1,53 @@
+"""``--profile``: a torch.profiler (Kineto) trace per rank, beside our own.
+
+A small hook around a rank's program: the profiler runs for the whole
+program and every compute op is a ``record_function`` range named like the
+op (forward, backward, optimizer), as a profiled Megatron-LM job would
+annotate its work. Communication shows as torch's own ``c10d::``/``gloo:``
+(or NCCL) events. Each rank writes ``DIR/rank{r}.pt.trace.json.gz``.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from megatronapp.ops import Compute, RankProgram
+
+
+def annotated(program: RankProgram) -> RankProgram:
+    """The same program, each compute op inside a range named after it."""
+    result = None
+    while True:
+        try:
+            op = program.send(result)
+        except StopIteration:
+            return
+        if isinstance(op, Compute):
+            with record_function(op.name):
+                result = yield op
+        else:
+            result = yield op
+
+
+def _unchanged(program: RankProgram) -> RankProgram:
+    return program
+
+
+@contextmanager
+def kineto_profile(out_dir: str | None, rank: int
+                   ) -> Iterator[Callable[[RankProgram], RankProgram]]:
+    """Profile the block when ``out_dir`` is set; yields the program wrapper."""
+    if out_dir is None:
+        yield _unchanged
+        return
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        yield annotated
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(Path(out_dir) / f"rank{rank}.pt.trace.json.gz"))

@@ -1,0 +1,590 @@
+"""torch.profiler (Kineto) traces -> the per-rank events MegaScan reads.
+
+A job profiled with ``torch.profiler`` writes one JSON file per rank
+(``*.pt.trace.json``, often gzipped). What this reader takes from them:
+
+- the rank, from the top-level ``distributedInfo`` (``rank``, ``world_size``,
+  and ``pg_config``: each process group's ranks and description); ``pid`` is
+  an OS process id (or a string such as ``"Spans"``) and is not the rank;
+- compute: on GPU, the top-level events of each CUDA stream
+  (``gpu_user_annotation`` ranges, else kernels); on CPU, the top-level
+  ``record_function`` annotations of each thread (else its top-level CPU ops);
+- communication: NCCL kernels with their ``record_param_comms`` metadata
+  (collective name, process-group ranks, message size, dtype; linked to the
+  launch through its correlation id), and gloo's ``c10d::<op>`` calls with the
+  ``gloo:<op>`` annotation that runs them (the pair spans the call's arrival to
+  its completion).
+
+Metadata (``M``), instant (``i``/``I``), counter (``C``), flow (``s``/``t``/
+``f``), async and object events are skipped on purpose; anything else, or an
+event that is not what its phase promises, is a ``TraceError`` naming the
+file and the event index.
+
+Files written on one host (the same ``host_name``) share its clock and are
+taken as aligned; files from several hosts are aligned like raw per-rank
+traces. What a trace leaves out is inferred across the files of one job: a gloo
+collective without metadata belongs to the smallest of its rank's process
+groups whose members all made as many such calls; a point-to-point op
+without a recorded peer is paired with the other rank's opposite op that
+overlaps it in time (files of one host share its clock). Ops that are the
+same work on data-parallel peers are matched by name and occurrence (no
+microbatch index is recorded); a group whose members run the same compute
+and send nothing to each other is named as such a peer group (``dp_``).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+import zlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from megatronapp.textio import TextError, load_json_bytes
+from megatronapp.tracer import Event
+
+from .errors import TraceError
+
+RankEvents = dict[int, list[Event]]
+
+SKIPPED_PHASES = frozenset({"M", "i", "I", "C", "s", "t", "f", "b", "e", "n", "N", "O", "D",
+                            "P", "R", "S", "T", "F", "v", "V", "c"})
+LOADED_PHASES = frozenset({"X"})
+KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+CPU_CATS = frozenset({"cpu_op", "user_annotation"})
+P2P_OPS = ("send", "recv")
+DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8,
+               "float64": 8, "long": 8, "int64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+               "short": 2, "int16": 2, "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1,
+               "float8_e4m3fn": 1, "float8_e5m2": 1}
+GROUP_ROLES = (("tensor", "tp"), ("data", "dp"), ("pipeline", "pp"), ("embedding", "embd"),
+               ("context", "cp"), ("expert", "ep"))
+STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
+SAME_WORK = "dp"  # the prefix ``stage_peers`` reads as "these ranks do identical work"
+
+
+@dataclass(frozen=True)
+class Span:
+    """One complete (``X``) event of a Kineto file, in µs on the job's time base."""
+
+    index: int
+    name: str
+    cat: str
+    lane: tuple[Any, Any]  # (pid, tid)
+    start_us: float
+    dur_us: float
+    args: Mapping[str, Any]
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.dur_us
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One communication call on one rank; group/peer may still be unknown."""
+
+    op: str  # allreduce, send, recv, allgather, ...
+    start_us: float
+    end_us: float
+    nbytes: float
+    group: tuple[int, ...] | None = None
+    role: str = ""  # tp, dp, pp, ... from the group's description
+    peer: int | None = None
+    lane: Any = None  # the thread that ran it (gloo runs each process group on its own)
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    ranks: tuple[int, ...]
+    desc: str
+
+
+@dataclass(frozen=True)
+class KinetoRank:
+    """What one file gives: the rank, its groups, compute spans, communication."""
+
+    source: str
+    rank: int
+    base_ns: int
+    groups: tuple[ProcessGroup, ...]
+    compute: tuple[Span, ...]
+    comms: tuple[Comm, ...]
+    phases: Mapping[str, int] = field(default_factory=dict)  # ph -> events seen
+
+
+# ------------------------------------------------------------------ files
+def read_json_any(path: Path) -> Any:
+    """A UTF-8 JSON file, plain or gzipped; anything else (binary, UTF-16, too
+    deep, a broken gzip stream) is a TraceError naming the file."""
+    try:
+        raw = Path(path).read_bytes()
+        if path.name.endswith(".gz"):
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise TraceError(str(path), f"cannot read: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        return load_json_bytes(raw, "the file")
+    except TextError as err:
+        raise TraceError(str(path), str(err).removeprefix("the file is ")) from None
+
+
+def is_kineto(data: Any) -> bool:
+    return isinstance(data, dict) and ("distributedInfo" in data or (
+        "schemaVersion" in data and "traceEvents" in data and "baseTimeNanoseconds" in data))
+
+
+def kineto_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir()
+                  if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
+
+
+# ---------------------------------------------------------------- parsing
+def _finite(raw: Mapping[str, Any], key: str, source: str, index: int) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TraceError(source, f"{key!r} must be a finite number, got {value!r}", index)
+    return float(value)
+
+
+def _rank_info(data: Mapping[str, Any], source: str) -> tuple[int, tuple[ProcessGroup, ...]]:
+    info = data.get("distributedInfo")
+    if info is None:
+        found = re.search(r"rank[_-]?(\d+)", Path(source).name)
+        if found is None:
+            raise TraceError(source, "no 'distributedInfo' (rank) and no rank in the file name")
+        return int(found.group(1)), ()
+    if not isinstance(info, dict) or isinstance(info.get("rank"), bool) or not isinstance(
+            info.get("rank"), int) or info["rank"] < 0:
+        raise TraceError(source, f"'distributedInfo.rank' must be a rank number, got "
+                         f"{info.get('rank') if isinstance(info, dict) else info!r}")
+    return int(info["rank"]), _groups(info.get("pg_config"), source)
+
+
+def _groups(config: Any, source: str) -> tuple[ProcessGroup, ...]:
+    if config is None:
+        return ()
+    if not isinstance(config, list):
+        raise TraceError(source, "'distributedInfo.pg_config' must be a list of groups")
+    out = []
+    for i, pg in enumerate(config):
+        ranks = pg.get("ranks") if isinstance(pg, dict) else None
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                  for r in ranks):
+            raise TraceError(source, f"'distributedInfo.pg_config[{i}].ranks' must be a list of "
+                             "ranks")
+        out.append(ProcessGroup(tuple(sorted(ranks)), str(pg.get("pg_desc", ""))))
+    return tuple(out)
+
+
+def _span(raw: Mapping[str, Any], index: int, source: str, shift_us: float) -> Span:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise TraceError(source, f"'name' must be a non-empty string, got {name!r}", index)
+    dur = _finite(raw, "dur", source, index)
+    if dur < 0:
+        raise TraceError(source, f"negative duration {dur}", index)
+    args = raw.get("args") or {}
+    if not isinstance(args, dict):
+        raise TraceError(source, "'args' must be an object", index)
+    return Span(index, name, str(raw.get("cat", "")), (raw.get("pid"), raw.get("tid")),
+                _finite(raw, "ts", source, index) + shift_us, dur, args)
+
+
+def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> KinetoRank:
+    """One Kineto file; times in µs since ``origin_ns`` (default: its own base)."""
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceError(source, "expected a Kineto trace: {\"traceEvents\": [...], ...}")
+    rank, groups = _rank_info(data, source)
+    base = data.get("baseTimeNanoseconds", 0)
+    if isinstance(base, bool) or not isinstance(base, int):
+        raise TraceError(source, f"'baseTimeNanoseconds' must be an integer, got {base!r}")
+    shift_us = (base - (base if origin_ns is None else origin_ns)) * 1e-3
+    phases: Counter[str] = Counter()
+    spans = []
+    for index, raw in enumerate(data["traceEvents"]):
+        if not isinstance(raw, dict):
+            raise TraceError(source, "not a JSON object", index)
+        ph = raw.get("ph")
+        phases[str(ph)] += 1
+        if ph in SKIPPED_PHASES:
+            continue
+        if ph not in LOADED_PHASES:
+            raise TraceError(source, f"unsupported phase {ph!r}", index)
+        span = _span(raw, index, source, shift_us)
+        if span.cat != "Trace":  # the profiler's own window, not work
+            spans.append(span)
+    return KinetoRank(source, rank, base, groups, tuple(_compute(spans)),
+                      tuple(_comms(spans, source)), dict(phases))
+
+
+# ---------------------------------------------------------------- compute
+def _op_of(name: str) -> str:
+    """c10d::allreduce_, gloo:all_reduce, nccl:all_reduce -> allreduce."""
+    return name.split(":")[-1].strip("_").replace("_", "").lower()
+
+
+def _is_comm(span: Span) -> bool:
+    lowered = span.name.lower()
+    return (lowered.startswith(("c10d::", "gloo:", "nccl:", "record_param_comms"))
+            or (span.cat == "kernel" and lowered.startswith("nccl")))
+
+
+def _top_level(spans: Iterable[Span]) -> list[Span]:
+    """Spans not inside another span of their lane (ProfilerStep ranges aside)."""
+    out: list[Span] = []
+    lanes: dict[tuple[Any, Any], list[Span]] = defaultdict(list)
+    for s in spans:
+        if not s.name.startswith(STEP_PREFIX):
+            lanes[s.lane].append(s)
+    for lane in lanes.values():
+        open_end = -math.inf
+        for s in sorted(lane, key=lambda s: (s.start_us, -s.dur_us)):
+            if s.start_us >= open_end:
+                out.append(s)
+                open_end = s.end_us
+    return out
+
+
+def _compute(spans: list[Span]) -> list[Span]:
+    """GPU work where the trace has any, else the CPU threads' annotated work."""
+    gpu = [s for s in spans if s.cat in GPU_CATS]
+    if gpu:
+        annotated = {s.lane for s in gpu if s.cat == "gpu_user_annotation"}
+        pool = [s for s in gpu if s.lane not in annotated or s.cat == "gpu_user_annotation"]
+    else:
+        cpu = [s for s in spans if s.cat in CPU_CATS]
+        annotated = {s.lane for s in cpu if s.cat == "user_annotation" and not _is_comm(s)
+                     and not s.name.startswith(STEP_PREFIX)}
+        pool = [s for s in cpu if s.lane not in annotated or s.cat == "user_annotation"
+                or _is_comm(s)]
+    steps = [s for s in spans if s.name.startswith(STEP_PREFIX)]
+    return [s for s in _top_level(pool) if not _is_comm(s)] + steps
+
+
+# ---------------------------------------------------------- communication
+def _ranks_list(value: Any) -> tuple[int, ...] | None:
+    """'Process Group Ranks' is a JSON list or its text ("[0, 1]"); never evaluated."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(value, list) and value and all(isinstance(r, int) for r in value):
+        return tuple(sorted(value))
+    return None
+
+
+def _role(desc: str) -> str:
+    lowered = desc.lower()
+    return next((role for word, role in GROUP_ROLES if word in lowered), "")
+
+
+def _meta_bytes(args: Mapping[str, Any]) -> float:
+    nelems = args.get("In msg nelems", args.get("Out msg nelems", 0))
+    size = DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
+    return float(nelems) * size if isinstance(nelems, (int, float)) else 0.0
+
+
+def _shape_bytes(args: Mapping[str, Any]) -> float:
+    """Bytes from record_shapes' ``Input Dims``/``Input type`` of a gloo:* range."""
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list) or not dims or not types:
+        return 0.0
+    first = dims[0]
+    if isinstance(first, list) and all(isinstance(d, int) for d in first):
+        return float(math.prod(first)) * DTYPE_BYTES.get(str(types[0]).lower(), 0)
+    return 0.0
+
+
+def _nccl_comms(spans: list[Span]) -> list[Comm]:
+    """NCCL kernels with the record_param_comms call that launched them."""
+    launches = {s.args.get("correlation"): s for s in spans
+                if s.cat in ("cuda_runtime", "cuda_driver") and "correlation" in s.args}
+    meta_by_lane: dict[Any, list[Span]] = defaultdict(list)
+    for s in spans:
+        if s.name == "record_param_comms":
+            meta_by_lane[s.lane].append(s)
+    out = []
+    for k in spans:
+        if k.cat != "kernel" or not k.name.lower().startswith("nccl"):
+            continue
+        meta = k.args if "Collective name" in k.args else _enclosing(
+            launches.get(k.args.get("correlation")), meta_by_lane)
+        if meta is not None:
+            out.append(_comm_from_meta(meta, k.start_us, k.end_us))
+    return out
+
+
+def _enclosing(launch: Span | None, meta_by_lane: Mapping[Any, list[Span]]
+               ) -> Mapping[str, Any] | None:
+    if launch is None:
+        return None
+    for m in meta_by_lane.get(launch.lane, ()):
+        if m.start_us <= launch.start_us <= m.end_us:
+            return m.args
+    return None
+
+
+def _comm_from_meta(args: Mapping[str, Any], start: float, end: float) -> Comm:
+    op = _op_of(str(args.get("Collective name", "")))
+    group = _ranks_list(args.get("Process Group Ranks"))
+    peer = None
+    if op in P2P_OPS:
+        raw = args.get("Dst Rank" if op == "send" else "Src Rank")
+        if isinstance(raw, int):  # group-local: map through the group when known
+            peer = group[raw] if group and 0 <= raw < len(group) else raw
+    return Comm(op, start, end, _meta_bytes(args), group if op not in P2P_OPS else None,
+                _role(str(args.get("Process Group Description", ""))), peer)
+
+
+def _gloo_comms(spans: list[Span], source: str) -> list[Comm]:
+    """c10d::<op> calls, each finished by the next gloo:<op> range of that op."""
+    calls = sorted((s for s in spans if s.name.startswith("c10d::")), key=lambda s: s.start_us)
+    runs: dict[str, list[Span]] = defaultdict(list)
+    for s in sorted((s for s in spans if s.name.startswith("gloo:")), key=lambda s: s.start_us):
+        runs[_op_of(s.name)].append(s)
+    taken: dict[str, int] = defaultdict(int)
+    out = []
+    for call in calls:
+        op = _op_of(call.name)
+        queue = runs.get(op, [])
+        run = None
+        while taken[op] < len(queue):
+            candidate = queue[taken[op]]
+            taken[op] += 1
+            if candidate.end_us >= call.start_us:
+                run = candidate
+                break
+        end = max(call.end_us, run.end_us) if run is not None else call.end_us
+        nbytes = _shape_bytes(run.args) if run is not None else 0.0
+        out.append(Comm(op, call.start_us, end, nbytes, peer=_concrete_peer(call, op),
+                        lane=run.lane if run is not None else None))
+    return out
+
+
+def _concrete_peer(call: Span, op: str) -> int | None:
+    """record_shapes keeps a send/recv's peer (default group) in 'Concrete Inputs'."""
+    inputs = call.args.get("Concrete Inputs")
+    if op in P2P_OPS and isinstance(inputs, list) and len(inputs) > 2:
+        try:
+            return int(inputs[2])
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _comms(spans: list[Span], source: str) -> list[Comm]:
+    if any(s.name == "record_param_comms" for s in spans) and any(s.cat == "kernel" for s in spans):
+        return _nccl_comms(spans)
+    return _gloo_comms(spans, source)
+
+
+# ------------------------------------------------------------------- jobs
+@dataclass(frozen=True)
+class KinetoJob:
+    """A job's Kineto files, read: events per rank (seconds since the earliest
+    file's base time), per file how many events of each phase it held, and
+    the hosts the files name."""
+
+    events: RankEvents
+    phases: dict[str, Mapping[str, int]]
+    hosts: frozenset[str]
+
+    @property
+    def one_clock(self) -> bool:
+        """Files of one host share its clock: nothing to align."""
+        return len(self.hosts) == 1 and "" not in self.hosts
+
+
+def load_kineto(paths: Iterable[Path]) -> KinetoJob:
+    datas = [(path, read_json_any(path)) for path in paths]
+    bases = [d.get("baseTimeNanoseconds", 0) for _, d in datas if isinstance(d, dict)]
+    origin = min((b for b in bases if isinstance(b, int) and not isinstance(b, bool)), default=0)
+    ranks: dict[int, KinetoRank] = {}
+    for path, data in datas:
+        parsed = parse_kineto(data, str(path), origin)
+        if parsed.rank in ranks:
+            raise TraceError(str(path), f"rank {parsed.rank} also appears in "
+                             f"{ranks[parsed.rank].source}")
+        ranks[parsed.rank] = parsed
+    comms = _resolve(ranks)
+    hosts = frozenset(str(d.get("host_name", "")) if isinstance(d, dict) else "" for _, d in datas)
+    return KinetoJob({r: _rank_events(ranks[r], comms[r]) for r in sorted(ranks)},
+                     {k.source: k.phases for k in ranks.values()}, hosts)
+
+
+def _resolve(ranks: Mapping[int, KinetoRank]) -> dict[int, list[Comm]]:
+    comms = {r: [_with_role(c, k) for c in k.comms] for r, k in ranks.items()}
+    comms = _infer_groups(comms, ranks)
+    comms = _pair_p2p(comms)
+    return _name_peer_groups(comms, ranks)
+
+
+def _with_role(c: Comm, k: KinetoRank) -> Comm:
+    if c.group is None or c.role:
+        return c
+    return replace(c, role=next((_role(g.desc) for g in k.groups if g.ranks == c.group), ""))
+
+
+def _fitting_group(c: Comm, r: int, ranks: Mapping[int, KinetoRank],
+                   by_op: Mapping[tuple[int, str], list[Comm]]) -> ProcessGroup | None:
+    """The process group of ``r`` whose every other member made a call of the
+    same op overlapping ``c`` (nobody leaves before the last arrives); among
+    several, the one whose calls end closest together."""
+    fits = []
+    for g in ranks[r].groups:
+        if len(g.ranks) < 2 or r not in g.ranks or not all(m in ranks for m in g.ranks):
+            continue
+        ends = [c.end_us]
+        for m in g.ranks:
+            if m == r:
+                continue
+            overlapping = [x.end_us for x in by_op.get((m, c.op), ())
+                           if x.start_us <= c.end_us and x.end_us >= c.start_us]
+            if not overlapping:
+                break
+            ends.append(min(overlapping, key=lambda e: abs(e - c.end_us)))
+        else:
+            fits.append((max(ends) - min(ends), len(g.ranks), g))
+    return min(fits, key=lambda f: f[:2])[2] if fits else None
+
+
+def _infer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
+                  ) -> dict[int, list[Comm]]:
+    """Groups for collectives recorded without them (gloo). Gloo runs each
+    process group on threads of its own, so all calls run by one thread share
+    a group: the one most of them fit in time (``_fitting_group``), if more
+    than half do. A group whose members end up with different numbers of
+    calls is dropped (its calls could not be matched one to one)."""
+    by_op: dict[tuple[int, str], list[Comm]] = defaultdict(list)
+    for r, cs in comms.items():
+        for c in cs:
+            if c.op not in P2P_OPS:
+                by_op[(r, c.op)].append(c)
+    votes: dict[tuple[int, str, Any], Counter[ProcessGroup | None]] = defaultdict(Counter)
+    for r, cs in comms.items():
+        for c in cs:
+            if c.op not in P2P_OPS and c.group is None:
+                votes[(r, c.op, c.lane)][_fitting_group(c, r, ranks, by_op)] += 1
+    chosen = {}
+    for key, counter in votes.items():
+        group, n = counter.most_common(1)[0]
+        if group is not None and 2 * n > sum(counter.values()):
+            chosen[key] = group
+    out = {r: [replace(c, group=chosen[(r, c.op, c.lane)].ranks,
+                       role=_role(chosen[(r, c.op, c.lane)].desc))
+               if c.group is None and (r, c.op, c.lane) in chosen else c for c in cs]
+           for r, cs in comms.items()}
+    return _drop_uneven_groups(out)
+
+
+def _drop_uneven_groups(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
+    calls: dict[tuple[tuple[int, ...], str], Counter[int]] = defaultdict(Counter)
+    for r, cs in comms.items():
+        for c in cs:
+            if c.group is not None:
+                calls[(c.group, c.op)][r] += 1
+    uneven = {key for key, per_rank in calls.items()
+              if len(set(per_rank[m] for m in key[0])) > 1}
+    return {r: [replace(c, group=None, role="") if (c.group, c.op) in uneven else c for c in cs]
+            for r, cs in comms.items()}
+
+
+MAX_INFERRED_P2P_RANKS = 64  # pairing unpeered p2p compares every rank pair
+
+
+def _fifo_overlaps(sends: list[Comm], recvs: list[Comm]) -> list[tuple[int, int]]:
+    """In-order matches of one channel: the n-th send meets the n-th receive,
+    and a matched pair overlaps in time (the receive waits for the send, or
+    the send for the receive)."""
+    out, i, j = [], 0, 0
+    while i < len(sends) and j < len(recvs):
+        send, recv = sends[i], recvs[j]
+        if send.end_us < recv.start_us:
+            i += 1
+        elif recv.end_us < send.start_us:
+            j += 1
+        else:
+            out.append((i, j))
+            i, j = i + 1, j + 1
+    return out
+
+
+def _slack(send: Comm, recv: Comm) -> float:
+    """How loosely a pair meets: one side usually waits for the other."""
+    return min(recv.end_us - send.start_us, send.end_us - recv.start_us)
+
+
+def _pair_p2p(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
+    """Peers for point-to-point ops the trace did not record: channel by
+    channel, the rank pair whose sends and receives overlap in order most
+    often (then most tightly) takes those ops, until none is left."""
+    pools = {r: {"send": [i for i, c in enumerate(cs) if c.op == "send" and c.peer is None],
+                 "recv": [i for i, c in enumerate(cs) if c.op == "recv" and c.peer is None]}
+             for r, cs in comms.items()}
+    out = {r: list(cs) for r, cs in comms.items()}
+    busy = [r for r, p in pools.items() if p["send"] or p["recv"]]
+    if len(busy) > MAX_INFERRED_P2P_RANKS:
+        return out
+    while True:
+        best: tuple[int, float, int, int, list[tuple[int, int]]] | None = None
+        for r in busy:
+            for s in busy:
+                if r == s or not pools[r]["send"] or not pools[s]["recv"]:
+                    continue
+                sends = [comms[r][i] for i in pools[r]["send"]]
+                recvs = [comms[s][j] for j in pools[s]["recv"]]
+                matched = _fifo_overlaps(sends, recvs)
+                if not matched:
+                    continue
+                slack = sorted(_slack(sends[i], recvs[j]) for i, j in matched)[len(matched) // 2]
+                if best is None or (len(matched), -slack) > (best[0], -best[1]):
+                    best = (len(matched), slack, r, s, matched)
+        if best is None:
+            return out
+        _, _, r, s, matched = best
+        send_ids = [pools[r]["send"][i] for i, _ in matched]
+        recv_ids = [pools[s]["recv"][j] for _, j in matched]
+        for i, j in zip(send_ids, recv_ids):
+            out[r][i] = replace(comms[r][i], peer=s)
+            out[s][j] = replace(comms[s][j], peer=r)
+        pools[r]["send"] = [i for i in pools[r]["send"] if i not in set(send_ids)]
+        pools[s]["recv"] = [j for j in pools[s]["recv"] if j not in set(recv_ids)]
+
+
+def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
+                      ) -> dict[int, list[Comm]]:
+    """A group with no role whose members run the same compute and exchange no
+    point-to-point messages is a group of peers doing identical work."""
+    work = {r: Counter(s.name for s in k.compute) for r, k in ranks.items()}
+    talks = {frozenset((r, c.peer)) for r, cs in comms.items() for c in cs if c.peer is not None}
+
+    def same_work(group: tuple[int, ...]) -> bool:
+        members = [m for m in group if m in work]
+        return (len(members) == len(group) and all(work[m] == work[members[0]] for m in members)
+                and not any(frozenset((a, b)) in talks for a in group for b in group if a < b))
+
+    return {r: [replace(c, role=SAME_WORK) if c.group and not c.role and same_work(c.group) else c
+                for c in cs] for r, cs in comms.items()}
+
+
+def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:
+    # the kind is recorded as our backends record it (megatronapp.kinds reads it back)
+    events = [Event(s.name, s.start_us * 1e-6, s.dur_us * 1e-6,
+                    {"cat": s.cat, "kind": "other" if s.name.startswith(STEP_PREFIX) else "compute"})
+              for s in k.compute]
+    for c in comms:
+        args: dict[str, Any] = {"bytes": c.nbytes, "cat": "comm"}
+        if c.op in P2P_OPS and c.peer is not None:
+            args.update(kind="p2p", peer=c.peer)
+        elif c.group is not None:
+            args.update(kind="collective", group=list(c.group))
+        name = f"{c.role}_{c.op}" if c.role else c.op
+        events.append(Event(name, c.start_us * 1e-6, (c.end_us - c.start_us) * 1e-6, args))
+    events.sort(key=lambda e: (e.start_s, -e.dur_s))
+    return events

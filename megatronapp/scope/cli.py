@@ -1,0 +1,170 @@
+"""MegaScope's subcommands: ``scope generate``, ``scope summary``, ``scope query``."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import UserError
+
+
+def _yaml_arg(text: str, what: str) -> Any:
+    """A YAML value given inline, or the path of a YAML file holding it."""
+    path = Path(text)
+    try:
+        source = path.read_text() if path.is_file() else text
+        return yaml.safe_load(source)
+    except (OSError, yaml.YAMLError) as err:
+        raise UserError(f"{what}: not valid YAML ({type(err).__name__})") from None
+
+
+def _perturbations(items: list[str]) -> list[Any]:
+    out: list[Any] = []
+    for text in items:
+        value = _yaml_arg(text, "--perturb")
+        out += value if isinstance(value, list) else [value]
+    return out
+
+
+def generation_scope(ckpt: Any, observe: str | None, perturb: list[str], seed: int) -> Any:
+    """The ``scope:`` section of a generation, validated like a scenario's."""
+    from ..config import parse_scenario
+    from .generate import default_observe
+
+    m = ckpt.model
+    obs = (_yaml_arg(observe, "--observe") if observe
+           else default_observe(m.hidden, m.heads, m.ffn))
+    if isinstance(obs, dict) and "observe" in obs:
+        obs = obs["observe"]
+    s = parse_scenario({"seed": seed, "model": m.model_dump(mode="json"), "data": {"kind": "random"},
+                        "scope": {"observe": obs, "perturb": _perturbations(perturb)}})
+    return s.scope
+
+
+def _step_line(rec: Any, layers: list[int]) -> str:
+    c = rec.clean
+    top = " ".join(f"{t.token!r}:{t.prob:.2f}" for t in c.topk[:3])
+    line = f"{rec.step:4d}  {c.token!r:>6}  {c.prob:6.3f}  {top}"
+    if rec.perturbed is not None:
+        dh = " ".join(f"L{n}:{rec.delta_h[n]:.3g}" for n in layers)
+        line += f"  | {rec.perturbed.token!r:>6} {rec.perturbed.prob:6.3f}  KL {rec.kl:.4f}  {dh}"
+    return line
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from backends.torch.worker import quiet_megatron_warnings
+
+    quiet_megatron_warnings()
+    from ..checkpoint import read_checkpoint
+
+    if args.tokens < 1:
+        raise UserError(f"--tokens: must be >= 1, got {args.tokens}")
+    if args.top_k < 1:
+        raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
+    ckpt = read_checkpoint(_checkpoint_dir(args.checkpoint))
+    scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} exists and is not a directory")
+    try:
+        text = _decode(args, ckpt, scope, out)
+    except OSError as err:  # the output directory (nothing half-written is left)
+        raise UserError(f"--out: cannot write {out}: {err.strerror or err}") from None
+    if not args.json:
+        print(f"text: {text!r}")
+        print(f"wrote {out}/generation.jsonl, {out}/clean/" + (", " + str(out) + "/perturbed/"
+                                                               if scope.perturb else ""))
+    return 0
+
+
+def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path) -> str:
+    """Generate into a staged ``out``, printing a line (or a JSON record) per step."""
+    from backends.torch.scope_generate import generate, one_rank
+
+    from ..runs import staged_dir
+
+    layers = list(range(1, ckpt.model.layers + 1))
+    text = args.prompt
+    with staged_dir(out) as tmp, one_rank(), open(tmp / "generation.jsonl", "w") as log:
+        if not args.json:
+            print(f"{ckpt.path}: {ckpt.model.layers} layers, hidden {ckpt.model.hidden}; "
+                  f"prompt {args.prompt!r}, {args.tokens} tokens"
+                  + (f", {len(scope.perturb)} perturbation(s) beside the clean run"
+                     if scope.perturb else ""))
+            print(" step   token       p  top-3" + ("  | perturbed     p  KL  ‖Δh‖/‖h‖ per layer"
+                                                  if scope.perturb else ""))
+        for rec in generate(ckpt, args.prompt, args.tokens, scope, seed=args.seed, k=args.top_k,
+                            temperature=args.temperature, out=tmp):
+            record = rec.to_json()
+            log.write(json.dumps(record) + "\n")
+            text += rec.clean.token
+            print(json.dumps(record) if args.json else _step_line(rec, layers), flush=True)
+    return text
+
+
+def _checkpoint_dir(target: str) -> Path:
+    """A checkpoint directory, or a run directory holding one."""
+    p = Path(target)
+    return p / "checkpoint" if (p / "checkpoint" / "checkpoint.json").is_file() else p
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from .storage import find_capture
+    from .summary import summary_lines
+
+    print("\n".join(summary_lines(find_capture(args.capture))))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from ..scan.query import format_rows
+    from .storage import find_capture
+    from .summary import query
+
+    names, rows = query(find_capture(args.capture), args.sql)
+    if args.json:
+        print(json.dumps([dict(zip(names, r)) for r in rows], default=str))
+    else:
+        print(format_rows(names, rows))
+    return 0
+
+
+def register(subparsers: Any, plot_hooks: list[Any]) -> None:
+    scope = subparsers.add_parser("scope", help="MegaScope: generation with capture, capture "
+                                  "summaries and SQL")
+    sub = scope.add_subparsers(dest="scope_command", required=True)
+
+    gen = sub.add_parser("generate", help="decode token by token with capture (and perturbation)")
+    gen.add_argument("checkpoint", help="a checkpoint directory (or a run directory holding one)")
+    gen.add_argument("--prompt", required=True, help="the text decoding starts from")
+    gen.add_argument("--tokens", type=int, default=32, help="tokens to decode (default 32)")
+    gen.add_argument("--perturb", action="append", default=[], metavar="YAML",
+                     help="a perturbation as inline YAML, e.g. '{kind: act_noise, site: resid_post, "
+                          "layers: [1], sigma: 0.5}', or a YAML file with a list (repeatable)")
+    gen.add_argument("--observe", help="YAML list of observations (inline or a file); default: "
+                     "pooled Q/K/V/MLP/residual pixels and attention statistics")
+    gen.add_argument("--out", default="runs/scope_generate", help="capture directory "
+                     "(default runs/scope_generate)")
+    gen.add_argument("--top-k", type=int, default=5,
+                     help="next-token probabilities kept per step (default 5)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    gen.add_argument("--seed", type=int, default=0,
+                     help="seeds sampling, perturbations and the PCA windows (default 0)")
+    gen.add_argument("--json", action="store_true", help="print one JSON record per step")
+    gen.set_defaults(func=cmd_generate)
+
+    summ = sub.add_parser("summary", help="a readable table of a capture")
+    summ.add_argument("capture", metavar="CAPTURE_DIR", help="a capture (or a run directory)")
+    summ.set_defaults(func=cmd_summary)
+
+    q = sub.add_parser("query", help="SQL over a capture: tables stats, raw_index, injections")
+    q.add_argument("capture", metavar="CAPTURE_DIR", help="a capture (or a run directory)")
+    q.add_argument("sql", help='e.g. "SELECT layer, avg(value) FROM stats WHERE stat = \'std\' '
+                   'GROUP BY layer"')
+    q.add_argument("--json", action="store_true", help="print the rows as JSON")
+    q.set_defaults(func=cmd_query)
+
+

@@ -1,0 +1,250 @@
+"""torch.profiler (Kineto) traces: the reader on traces built to Kineto's
+schema (GPU/NCCL, which this machine cannot produce), and on real traces of a
+profiled 4-rank gloo job (``tests/kineto_job.py``)."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from megatronapp.cli import main
+from megatronapp.scan.detect import megascan
+from megatronapp.scan.inputs import load_scan_input
+from megatronapp.scan.kineto import LOADED_PHASES, SKIPPED_PHASES, kineto_files, load_kineto
+from megatronapp.scan.load import TraceError, load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_NS = 1_790_000_000_000_000_000
+
+
+# ------------------------------------------------- Kineto's schema, by hand
+def _x(name: str, cat: str, pid: Any, tid: Any, ts: float, dur: float, **args: Any) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def _meta(pid: int) -> list[dict]:
+    """What every Kineto file carries besides work: metadata (string pids too),
+    counters, instants, flows."""
+    return [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
+            {"ph": "M", "name": "process_sort_index", "pid": "Spans", "tid": 0,
+             "args": {"sort_index": 536870912}},
+            {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces",
+             "tid": "Trace PyTorch Profiler", "ts": 1.0},
+            {"ph": "C", "name": "GPU 0 Memory", "pid": 0, "tid": 0, "ts": 2.0,
+             "args": {"Total Allocated": 1024}},
+            _x("PyTorch Profiler (0)", "Trace", "Spans", "PyTorch Profiler", 0.0, 1e6)]
+
+
+def nccl_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
+    """A data-parallel pair on GPUs: forward/backward kernels under GPU
+    annotations, an NCCL all-reduce per iteration launched from a
+    ``record_param_comms`` call (linked by correlation id and a flow)."""
+    pid, events, t, corr = 4000 + rank, _meta(4000 + rank), 100.0, 100 * rank
+    for it in range(iterations):
+        for name, base in (("forward", 900.0), ("backward", 1800.0)):
+            dur = base * (slow if rank == 1 else 1.0) * (1 + 0.01 * ((it * 7 + rank) % 3))
+            corr += 1
+            events += [_x(name, "user_annotation", pid, pid, t, 30.0),
+                       _x("cudaLaunchKernel", "cuda_runtime", pid, pid, t + 5, 4.0,
+                          correlation=corr),
+                       {"ph": "s", "id": corr, "pid": pid, "tid": pid, "ts": t + 5,
+                        "cat": "ac2g", "name": "ac2g"},
+                       _x(name, "gpu_user_annotation", 0, 7, t + 20, dur),
+                       _x("ampere_sgemm_128x64_nn", "kernel", 0, 7, t + 20, dur,
+                          correlation=corr, stream=7, device=0),
+                       {"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": t + 20, "cat": "ac2g",
+                        "name": "ac2g", "bp": "e"}]
+            t += dur + 50
+        corr += 1
+        start = 20000.0 * (it + 1)
+        last = 1 if slow > 1 else it % 2  # a slow rank keeps its peer waiting
+        arrive = start + (40.0 if rank == last else 0.0)
+        events += [_x("record_param_comms", "cpu_op", pid, pid, arrive - 10, 20.0, **{
+                       "Collective name": "allreduce", "dtype": "Float", "In msg nelems": 4096,
+                       "Out msg nelems": 4096, "Group size": 2, "Process Group Name": "1",
+                       "Process Group Description": "undefined", "Process Group Ranks": "[0, 1]"}),
+                   _x("cudaLaunchKernel", "cuda_runtime", pid, pid, arrive - 5, 3.0,
+                      correlation=corr),
+                   _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                      "kernel", 0, 20, arrive, start + 300 - arrive, correlation=corr, stream=20)]
+        t = start + 400
+    return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "traceEvents": events,
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2, "pg_config": [
+                {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
+                {"pg_name": "1", "pg_desc": "undefined", "pg_size": 2, "ranks": [0, 1]}]}}
+
+
+def _write(directory: Path, files: dict[int, dict], gz: bool = False) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank, data in files.items():
+        name = directory / f"host_{rank}.{rank}.pt.trace.json"
+        if gz:
+            with gzip.open(f"{name}.gz", "wt") as fh:
+                json.dump(data, fh)
+        else:
+            name.write_text(json.dumps(data))
+    return directory
+
+
+def test_nccl_trace_gpu_kernels_and_collective_metadata(tmp_path):
+    target = _write(tmp_path / "prof", {r: nccl_rank_file(r, slow=1.5) for r in (0, 1)})
+    job = load_kineto(kineto_files(target))
+    events, phases = job.events, job.phases
+    assert sorted(events) == [0, 1]
+    for rank, evs in events.items():
+        names = [e.name for e in evs]
+        # GPU work comes from the GPU annotations; CPU-side launches are not work
+        assert names.count("forward") == names.count("backward") == 8
+        comms = [e for e in evs if "group" in e.args]
+        assert len(comms) == 8 and all(e.args["group"] == [0, 1] for e in comms)
+        assert all(e.args["bytes"] == 4096 * 4 for e in comms)
+        assert all(e.name == "dp_allreduce" for e in comms)  # same work, no p2p: peers
+    for seen in phases.values():
+        assert set(seen) <= LOADED_PHASES | SKIPPED_PHASES and {"M", "C", "i", "s", "f"} <= set(seen)
+    d = megascan(load_scan_input(target))
+    assert [(c.rank, c.kind) for c in d.root_causes] == [(1, "compute")]
+
+
+def test_healthy_nccl_pair_is_healthy_and_gzip_reads_the_same(tmp_path):
+    plain = _write(tmp_path / "plain", {r: nccl_rank_file(r, slow=1.0) for r in (0, 1)})
+    packed = _write(tmp_path / "gz", {r: nccl_rank_file(r, slow=1.0) for r in (0, 1)}, gz=True)
+    assert megascan(load_scan_input(plain)).healthy
+    assert load_trace(plain).events == load_trace(packed).events
+
+
+def test_p2p_peers_from_metadata_map_group_ranks_to_global(tmp_path):
+    def rank_file(rank: int) -> dict:
+        role = "send" if rank == 2 else "recv"
+        key = "Dst Rank" if role == "send" else "Src Rank"
+        pid = 10 + rank
+        events = _meta(pid) + [
+            _x("record_param_comms", "cpu_op", pid, pid, 100.0, 10.0, **{
+                "Collective name": role, "dtype": "BFloat16", "In msg nelems": 8,
+                "Process Group Ranks": [2, 3], key: 1 if role == "send" else 0}),
+            _x("cudaLaunchKernel", "cuda_runtime", pid, pid, 105.0, 2.0, correlation=1),
+            _x("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "kernel", 0, 20,
+               110.0 + rank, 50.0, correlation=1)]
+        return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "traceEvents": events,
+                "distributedInfo": {"rank": rank, "world_size": 4}}
+
+    events = load_kineto(kineto_files(_write(tmp_path, {2: rank_file(2), 3: rank_file(3)}))).events
+    (send,) = [e for e in events[2] if e.name == "send"]
+    (recv,) = [e for e in events[3] if e.name == "recv"]
+    assert (send.args["peer"], recv.args["peer"], send.args["bytes"]) == (3, 2, 16)
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda d: d["traceEvents"].append({"ph": "X", "name": "k", "cat": "kernel", "pid": 0,
+                                        "tid": 7, "ts": float("nan"), "dur": 1}),
+     "'ts' must be a finite number"),
+    (lambda d: d["traceEvents"].append({"ph": "Q", "name": "k"}), "unsupported phase 'Q'"),
+    (lambda d: d["traceEvents"].append({"ph": "X", "name": "", "pid": 0, "ts": 1, "dur": 1}),
+     "'name' must be a non-empty string"),
+    (lambda d: d["distributedInfo"].update(rank="zero"), "'distributedInfo.rank'"),
+    (lambda d: d["traceEvents"].append(7), "not a JSON object"),
+])
+def test_malformed_kineto_trace_names_the_file_and_the_event(tmp_path, edit, fragment):
+    data = nccl_rank_file(0, 1.0, iterations=1)
+    edit(data)
+    path = _write(tmp_path, {0: data}) / "host_0.0.pt.trace.json"
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(err.value).startswith(str(path)) and fragment in str(err.value)
+
+
+def test_cli_exit_2_on_a_malformed_kineto_directory(tmp_path, capsys):
+    data = nccl_rank_file(0, 1.0, iterations=1)
+    bad_index = len(data["traceEvents"])
+    data["traceEvents"].append({"ph": "X", "name": "k", "cat": "kernel", "pid": 0, "tid": 7,
+                                "ts": 5.0, "dur": -1.0})
+    _write(tmp_path, {0: data, 1: nccl_rank_file(1, 1.0, iterations=1)}, gz=True)
+    code = main(["detect", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "host_0.0.pt.trace.json.gz" in err and f"event {bad_index}" in err
+
+
+def test_two_files_claiming_one_rank_are_refused(tmp_path):
+    _write(tmp_path, {0: nccl_rank_file(0, 1.0, 1), 1: nccl_rank_file(0, 1.0, 1)})
+    with pytest.raises(TraceError, match="rank 0 also appears"):
+        load_trace(tmp_path)
+
+
+# ------------------------------------------------------ real profiled jobs
+def _profiled_job(out: Path, *flags: str) -> Path:
+    subprocess.run([sys.executable, str(ROOT / "tests" / "kineto_job.py"), str(out), *flags],
+                   check=True, capture_output=True, timeout=600, cwd=ROOT)
+    return out
+
+
+@pytest.fixture(scope="module")
+def slow_job(tmp_path_factory) -> Path:
+    """Rank 1 does three times the work of its peers in every op."""
+    return _profiled_job(tmp_path_factory.mktemp("kineto") / "slow", "--slow-rank", "1",
+                         "--factor", "3", "--gzip")
+
+
+@pytest.mark.slow
+def test_real_profiled_job_names_the_slow_rank_plain_or_gzipped(slow_job, tmp_path, capsys):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for packed in kineto_files(slow_job):
+        with gzip.open(packed, "rb") as src, open(plain / packed.name[:-3], "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    answers = []
+    for target in (slow_job, plain):
+        assert main(["detect", str(target), "--json"]) == 0
+        answers.append(json.loads(capsys.readouterr().out))
+    assert answers[0] == answers[1]
+    assert [(c["rank"], c["kind"]) for c in answers[0]["root_causes"]] == [(1, "compute")]
+
+
+@pytest.mark.slow
+def test_every_phase_of_a_real_trace_is_loaded_or_skipped_on_purpose(slow_job):
+    job = load_kineto(kineto_files(slow_job))
+    events, phases = job.events, job.phases
+    assert job.one_clock  # one host: its clock is shared, nothing to align
+    for path in kineto_files(slow_job):
+        with gzip.open(path, "rt") as fh:
+            raw = json.load(fh)["traceEvents"]
+        present = Counter(str(e.get("ph")) for e in raw)
+        assert phases[str(path)] == present  # the reader went through every event ...
+        assert set(present) <= LOADED_PHASES | SKIPPED_PHASES  # ... each loaded or skipped
+        assert {"X", "M"} <= set(present)
+    for rank, evs in events.items():
+        names = [e.name for e in evs]
+        assert names.count("forward") == names.count("backward") == 12
+        assert sum(1 for e in evs if e.name == "dp_allreduce") == 3  # its gradient all-reduces
+        assert sum(1 for e in evs if "peer" in e.args) == 24  # every send and receive paired
+
+
+@pytest.mark.slow
+def test_analyze_align_query_and_plot_read_a_profile_directory(slow_job, tmp_path, capsys):
+    assert main(["analyze", str(slow_job), "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["ranks"]) == {"0", "1", "2", "3"}
+    assert main(["query", str(slow_job), "SELECT count(*) AS n FROM events WHERE name = "
+                 "'forward'", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 48}]
+    out = tmp_path / "aligned.json"
+    assert main(["align", str(slow_job), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # 3 all-reduces on each of 2 groups; 12 sends each way on each of 2 pipelines
+    assert report["sync_ops"] == 3 * 2 + 2 * 24 and out.is_file()
+    plots = tmp_path / "plots"
+    shutil.copytree(slow_job, plots)
+    assert main(["plot", str(plots)]) == 0
+    assert (plots / "timeline.png").is_file() and (plots / "scan_heatmap.png").is_file()
+
+
+@pytest.mark.slow
+def test_real_profiled_healthy_job_names_nobody(tmp_path):
+    healthy = _profiled_job(tmp_path / "healthy")
+    assert megascan(load_scan_input(healthy)).healthy

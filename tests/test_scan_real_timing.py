@@ -1,0 +1,197 @@
+"""MegaScan on real-like timing, without spawning anything.
+
+A simulated run is made to look like a real one the way a shared CPU machine
+distorts it (what the torch backend's traces show): a receive ends when its
+thread wakes up (later than delivery, by a heavy-tailed delay); a send is
+only seen to end when the program waits for it at the end of the iteration;
+the members of a collective leave it at different times; compute ops are
+stretched at random by contention; a faulty link delays its receiver after
+the receive completed, as the torch backend injects it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backends.sim import run_sim
+from megatronapp.config import parse_scenario
+from megatronapp.scan.align import score_against_truth, trace_span
+from megatronapp.scan.bounds import Bounds, maximin_line
+from megatronapp.scan.detect import Thresholds, megascan, rank_sum_z
+from megatronapp.scan.pairwise import shorth
+from megatronapp.scan.validate import injected_clocks, scan_of_result
+from megatronapp.tracer import Event, RunResult
+
+SKEWS = [{"kind": "clock_skew", "rank": 1, "offset_us": 7300.0, "drift_ppm": 60.0},
+         {"kind": "clock_skew", "rank": 2, "offset_us": -4100.0, "drift_ppm": -80.0}]
+NO_SLOW_LINK = Thresholds(wait_ratio=math.inf, link_excess=math.inf)  # judge spread only
+
+
+def _realistic(result: RunResult, seed: int, contended: dict[int, float] | None = None,
+               link: tuple[tuple[int, int], str, float] | None = None) -> RunResult:
+    """``contended``: rank -> share of its compute ops stretched 1.5-4x;
+    ``link``: (pair, "slow" | "erratic", extra seconds) added after its receives."""
+    rng = np.random.default_rng(seed)
+    contended = contended or {}
+    events: dict[int, list[Event]] = {}
+    for rank, evs in result.events.items():
+        iteration_end: dict[object, float] = {}
+        for e in evs:
+            key = e.args.get("iteration")
+            iteration_end[key] = max(iteration_end.get(key, e.end_s), e.end_s)
+        out = []
+        for e in evs:
+            end = e.end_s
+            if "peer" in e.args and e.name.startswith("send"):
+                end = iteration_end[e.args.get("iteration")]  # waited for at the end
+            elif "peer" in e.args:
+                end += 50e-6 + float(rng.exponential(1e-3))  # the receiver wakes up late
+                pair = tuple(sorted((rank, int(e.args["peer"]))))
+                if link is not None and pair == link[0]:
+                    kind, extra = link[1], link[2]
+                    end += extra if kind == "slow" else extra * float(rng.random() < 0.5)
+            elif "group" in e.args:
+                end += float(rng.exponential(0.5e-3))  # members leave at different times
+            elif rng.random() < contended.get(rank, 0.0):
+                end += e.dur_s * float(rng.uniform(0.5, 3.0))
+            out.append(Event(e.name, e.start_s, end - e.start_s, e.args))
+        events[rank] = out
+    return RunResult(result.backend, result.topo, events, result.clocks, result.extra)
+
+
+def _run(tp: int, pp: int, dp: int, iterations: int, seed: int = 4,
+         faults: tuple[dict, ...] = ()) -> RunResult:
+    return run_sim(parse_scenario({
+        "seed": seed, "iterations": iterations,
+        "parallel": {"tp": tp, "pp": pp, "dp": dp, "microbatches": 8},
+        "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024},
+        "cluster": {"jitter": {"compute_sigma": 0.02, "link_sigma": 0.05}},
+        "faults": SKEWS + list(faults)}))
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> RunResult:
+    """Four stages, six iterations as the real trials (no stage peers: stages
+    are compared with each other, so only links are judged here)."""
+    return _run(1, 4, 1, iterations=6)
+
+
+@pytest.fixture(scope="module")
+def data_parallel() -> RunResult:
+    """Two pipelines of two stages, six iterations (as the real trials)."""
+    return _run(1, 2, 2, iterations=6)
+
+
+# ------------------------------------------------------------- alignment
+def test_bounds_centre_between_one_sided_noise_and_see_the_drift():
+    rng = np.random.default_rng(1)
+    x = np.sort(rng.uniform(0, 2.0, 400))
+    true_a, true_b = 1 + 80e-6, 3e-3
+    slack = 80e-6 + rng.exponential(2e-3, 400)  # a late wake-up only ever loosens a bound
+    lower, upper = x[::2], x[1::2]
+    bounds = Bounds(lower, true_a * lower + true_b - slack[::2], upper,
+                    true_a * upper + true_b + slack[1::2], np.ones(200, bool), np.ones(200, bool))
+    a, b, margin = maximin_line(bounds)
+    assert abs((a * 1.0 + b) - (true_a * 1.0 + true_b)) < 30e-6  # mid-trace error
+    assert abs(a - true_a) < 30e-6 and margin > 0
+
+
+def test_shorth_keeps_the_agreeing_half():
+    late = np.array([0.0, 0.01, -0.02, 3.9, -4.1, 3.2]) * 1e-3
+    mid, width = shorth(late)
+    assert abs(mid) < 20e-6 and width < 40e-6
+
+
+def _errors_us(real: RunResult) -> dict[int, float]:
+    """Each rank's aligned-clock error at the middle of the trace."""
+    scan = scan_of_result(real)
+    assert all(f.method == "bounds" for r, f in scan.clocks.items() if r != 0)
+    middle = sum(trace_span(scan.events)) / 2
+    return {r: (scan.clocks[r].to_ref(c.local(middle)) - middle) * 1e6
+            for r, c in real.clocks.items()}
+
+
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_real_like_pipeline_clocks_are_tied_by_transfers(pipeline, seed):
+    """Completions are off by up to milliseconds here; transfers in both
+    directions still place every stage within a few hundred microseconds,
+    most within tens (a stage whose receives are mostly posted late has
+    tight bounds on one side only)."""
+    errors = sorted(abs(e) for r, e in _errors_us(_realistic(pipeline, seed=seed)).items() if r)
+    assert errors[len(errors) // 2] < 100 and errors[-1] < 300
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_real_like_data_parallel_clocks(data_parallel, seed):
+    """Each pipeline is tied by its transfers; the two replicas meet only in
+    all-reduces whose members leave ~0.5 ms apart, which place them within
+    a millisecond of each other."""
+    errors = _errors_us(_realistic(data_parallel, seed=seed))
+    assert abs(errors[2] - errors[0]) < 100 and abs(errors[3] - errors[1]) < 100
+    assert max(abs(e) for e in errors.values()) < 1000
+
+
+def test_exact_completions_still_take_the_anchor_fit(pipeline):
+    scan = scan_of_result(pipeline)
+    assert all(f.method == "anchors" for f in scan.clocks.values())
+    err = score_against_truth(scan.clocks, injected_clocks(pipeline), 0, trace_span(scan.events))
+    assert err["offset_err_max_us"] < 1.0
+
+
+# ------------------------------------------------------------- detection
+def test_a_throttle_is_named_and_contention_is_not():
+    throttled = _run(1, 2, 2, iterations=6, faults=({"kind": "throttle", "rank": 1, "factor": 1.6},))
+    real = _realistic(throttled, seed=3, contended={2: 0.7, 0: 0.3})
+    d = megascan(scan_of_result(real))
+    assert [(c.rank, c.kind) for c in d.root_causes] == [(1, "compute")]
+
+
+def test_contention_alone_is_healthy_though_medians_differ(data_parallel):
+    real = _realistic(data_parallel, seed=5, contended={2: 0.8, 1: 0.2})
+    scan = scan_of_result(real)
+    assert megascan(scan).healthy
+    # without the lower-quartile check, the contended rank's medians blame it
+    blind = Thresholds(agree_share=-math.inf)
+    assert [c.rank for c in megascan(scan, blind).root_causes] == [2]
+
+
+def test_slow_link_is_late_even_at_its_fastest(pipeline):
+    real = _realistic(pipeline, seed=6, link=((1, 2), "slow", 4e-3))
+    d = megascan(scan_of_result(real))
+    (top,) = [c for c in d.root_causes if c.kind == "link"]
+    assert (top.kind, {top.rank, top.peer}, top.evidence["problem"]) == ("link", {1, 2}, "slow")
+
+
+def test_erratic_link_is_late_at_its_median(pipeline):
+    real = _realistic(pipeline, seed=7, link=((2, 3), "erratic", 6e-3))
+    d = megascan(scan_of_result(real), NO_SLOW_LINK)
+    (top,) = [c for c in d.root_causes if c.kind == "link"]
+    assert (top.kind, {top.rank, top.peer}, top.evidence["problem"]) == ("link", {2, 3}, "erratic")
+
+
+@pytest.mark.parametrize("seed", [8, 9, 10])
+def test_real_like_links_are_not_blamed_without_a_fault(pipeline, seed):
+    d = megascan(scan_of_result(_realistic(pipeline, seed=seed, contended={1: 0.5})))
+    assert not [c for c in d.root_causes if c.kind == "link"]
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_real_like_healthy_run_is_healthy(data_parallel, seed):
+    assert megascan(scan_of_result(_realistic(data_parallel, seed=seed, contended={1: 0.5}))).healthy
+
+
+@given(st.lists(st.floats(0, 1), min_size=3, max_size=30),
+       st.lists(st.floats(0, 1), min_size=3, max_size=30), st.floats(0.01, 2))
+def test_rank_sum_z_is_antisymmetric_and_grows_with_a_shift(a, b, shift):
+    x, y = np.asarray(a), np.asarray(b)
+    z = rank_sum_z(x, y)
+    assert z == pytest.approx(-rank_sum_z(y, x), abs=1e-9)
+    assert rank_sum_z(x + shift, y) >= z - 1e-9
+    # every waiting time above the class's: the largest z these sizes allow
+    n1, n2 = len(x), len(y)
+    assert rank_sum_z(y.max() + 1 + x, y) == pytest.approx(
+        n1 * n2 / 2 / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12))
