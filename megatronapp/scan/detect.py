@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -179,7 +179,8 @@ def _durations(events: Iterable[Event]) -> dict[str, list[float]]:
     return out
 
 
-Durations = Mapping[int, Mapping[str, Sequence[float]]]  # rank -> op name -> compute durations
+Samples = Union[Sequence[float], np.ndarray]  # per-event lists, or columns
+Durations = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> compute durations
 
 
 def durations_of(scan: ScanInput) -> dict[int, dict[str, list[float]]]:
@@ -326,7 +327,7 @@ def link_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
     return judge_links(_bandwidth_causes(scan, th), delivery_waits(scan), scan.gpus_per_node, th)
 
 
-def judge_links(bandwidth: list[RootCause], waits: Mapping[Channel, Sequence[float]],
+def judge_links(bandwidth: list[RootCause], waits: Mapping[Channel, Samples],
                 gpus_per_node: int, th: Thresholds) -> list[RootCause]:
     """Slow or erratic bandwidth first; a pair it did not name may still be
     slow or erratic to deliver."""
@@ -417,7 +418,7 @@ class Delivery:
     transfers: int
 
 
-def _deliveries(all_waits: Mapping[Channel, Sequence[float]], node: int,
+def _deliveries(all_waits: Mapping[Channel, Samples], node: int,
                 th: Thresholds) -> dict[tuple[int, int], list[Delivery]]:
     """Each channel against the other channels of its class (same direction,
     same link class), class by class: its class's floor and median leave the
@@ -466,7 +467,7 @@ def _rank_sum_zs(samples: list[np.ndarray]) -> list[float]:
             for lo, hi in zip(cuts[:-1], cuts[1:])]
 
 
-def _delivery_causes(waits: Mapping[Channel, Sequence[float]], gpus_per_node: int,
+def _delivery_causes(waits: Mapping[Channel, Samples], gpus_per_node: int,
                      th: Thresholds) -> list[RootCause]:
     """Each pair against the other pairs of its link class, direction by
     direction, keeping the pair's least striking direction (a faulty link

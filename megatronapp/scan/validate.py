@@ -21,7 +21,7 @@ import numpy as np
 from megatronapp.errors import UserError
 from megatronapp.executors import Where, map_unordered
 from megatronapp.files import atomic_file
-from megatronapp.runs import write_traces
+from megatronapp.run_trace import write_traces
 from megatronapp.tracer import RunResult, RunScenario, chrome_events
 
 from .align import score_against_truth, trace_span
