@@ -31,7 +31,7 @@ SKEWS = [{"kind": "clock_skew", "rank": 1, "offset_us": 7300.0, "drift_ppm": 60.
 NO_SLOW_LINK = Thresholds(wait_ratio=math.inf, link_excess=math.inf)  # judge spread only
 
 
-def _realistic(result: RunResult, seed: int, contended: dict[int, float] | None = None,
+def real_like(result: RunResult, seed: int, contended: dict[int, float] | None = None,
                link: tuple[tuple[int, int], str, float] | None = None) -> RunResult:
     """``contended``: rank -> share of its compute ops stretched 1.5-4x;
     ``link``: (pair, "slow" | "erratic", extra seconds) added after its receives."""
@@ -63,7 +63,7 @@ def _realistic(result: RunResult, seed: int, contended: dict[int, float] | None 
     return RunResult(result.backend, result.topo, events, result.clocks, result.extra)
 
 
-def _run(tp: int, pp: int, dp: int, iterations: int, seed: int = 4,
+def real_like_run(tp: int, pp: int, dp: int, iterations: int, seed: int = 4,
          faults: tuple[dict, ...] = ()) -> RunResult:
     return run_sim(parse_scenario({
         "seed": seed, "iterations": iterations,
@@ -77,13 +77,13 @@ def _run(tp: int, pp: int, dp: int, iterations: int, seed: int = 4,
 def pipeline() -> RunResult:
     """Four stages, six iterations as the real trials (no stage peers: stages
     are compared with each other, so only links are judged here)."""
-    return _run(1, 4, 1, iterations=6)
+    return real_like_run(1, 4, 1, iterations=6)
 
 
 @pytest.fixture(scope="module")
 def data_parallel() -> RunResult:
     """Two pipelines of two stages, six iterations (as the real trials)."""
-    return _run(1, 2, 2, iterations=6)
+    return real_like_run(1, 2, 2, iterations=6)
 
 
 # ------------------------------------------------------------- alignment
@@ -121,7 +121,7 @@ def test_real_like_pipeline_clocks_are_tied_by_transfers(pipeline, seed):
     directions still place every stage within a few hundred microseconds,
     most within tens (a stage whose receives are mostly posted late has
     tight bounds on one side only)."""
-    errors = sorted(abs(e) for r, e in _errors_us(_realistic(pipeline, seed=seed)).items() if r)
+    errors = sorted(abs(e) for r, e in _errors_us(real_like(pipeline, seed=seed)).items() if r)
     assert errors[len(errors) // 2] < 100 and errors[-1] < 300
 
 
@@ -130,7 +130,7 @@ def test_real_like_data_parallel_clocks(data_parallel, seed):
     """Each pipeline is tied by its transfers; the two replicas meet only in
     all-reduces whose members leave ~0.5 ms apart, which place them within
     a millisecond of each other."""
-    errors = _errors_us(_realistic(data_parallel, seed=seed))
+    errors = _errors_us(real_like(data_parallel, seed=seed))
     assert abs(errors[2] - errors[0]) < 100 and abs(errors[3] - errors[1]) < 100
     assert max(abs(e) for e in errors.values()) < 1000
 
@@ -144,14 +144,14 @@ def test_exact_completions_still_take_the_anchor_fit(pipeline):
 
 # ------------------------------------------------------------- detection
 def test_a_throttle_is_named_and_contention_is_not():
-    throttled = _run(1, 2, 2, iterations=6, faults=({"kind": "throttle", "rank": 1, "factor": 1.6},))
-    real = _realistic(throttled, seed=3, contended={2: 0.7, 0: 0.3})
+    throttled = real_like_run(1, 2, 2, iterations=6, faults=({"kind": "throttle", "rank": 1, "factor": 1.6},))
+    real = real_like(throttled, seed=3, contended={2: 0.7, 0: 0.3})
     d = megascan(scan_of_result(real))
     assert [(c.rank, c.kind) for c in d.root_causes] == [(1, "compute")]
 
 
 def test_contention_alone_is_healthy_though_medians_differ(data_parallel):
-    real = _realistic(data_parallel, seed=5, contended={2: 0.8, 1: 0.2})
+    real = real_like(data_parallel, seed=5, contended={2: 0.8, 1: 0.2})
     scan = scan_of_result(real)
     assert megascan(scan).healthy
     # without the lower-quartile check, the contended rank's medians blame it
@@ -160,14 +160,14 @@ def test_contention_alone_is_healthy_though_medians_differ(data_parallel):
 
 
 def test_slow_link_is_late_even_at_its_fastest(pipeline):
-    real = _realistic(pipeline, seed=6, link=((1, 2), "slow", 4e-3))
+    real = real_like(pipeline, seed=6, link=((1, 2), "slow", 4e-3))
     d = megascan(scan_of_result(real))
     (top,) = [c for c in d.root_causes if c.kind == "link"]
     assert (top.kind, {top.rank, top.peer}, top.evidence["problem"]) == ("link", {1, 2}, "slow")
 
 
 def test_erratic_link_is_late_at_its_median(pipeline):
-    real = _realistic(pipeline, seed=7, link=((2, 3), "erratic", 6e-3))
+    real = real_like(pipeline, seed=7, link=((2, 3), "erratic", 6e-3))
     d = megascan(scan_of_result(real), NO_SLOW_LINK)
     (top,) = [c for c in d.root_causes if c.kind == "link"]
     assert (top.kind, {top.rank, top.peer}, top.evidence["problem"]) == ("link", {2, 3}, "erratic")
@@ -175,13 +175,13 @@ def test_erratic_link_is_late_at_its_median(pipeline):
 
 @pytest.mark.parametrize("seed", [8, 9, 10])
 def test_real_like_links_are_not_blamed_without_a_fault(pipeline, seed):
-    d = megascan(scan_of_result(_realistic(pipeline, seed=seed, contended={1: 0.5})))
+    d = megascan(scan_of_result(real_like(pipeline, seed=seed, contended={1: 0.5})))
     assert not [c for c in d.root_causes if c.kind == "link"]
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
 def test_real_like_healthy_run_is_healthy(data_parallel, seed):
-    assert megascan(scan_of_result(_realistic(data_parallel, seed=seed, contended={1: 0.5}))).healthy
+    assert megascan(scan_of_result(real_like(data_parallel, seed=seed, contended={1: 0.5}))).healthy
 
 
 @given(st.lists(st.floats(0, 1), min_size=3, max_size=30),

@@ -1,21 +1,26 @@
 """The columnar MegaScan (``scan.table``) against the per-event one, on the
-detector-validation trials: same sync ops, same clock fits, same diagnosis."""
+detector-validation trials and on real-like timing: same sync ops, same
+clock fits, same diagnosis."""
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from backends.sim import run_sim
 from megatronapp.columns import columns_from_events
+from megatronapp.scan.align import ClockFit, causal_bounds
 from megatronapp.scan.deps import reconstruct
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.load import events_from_chrome
-from megatronapp.scan.table import prepare_table, sorted_like_loader, sync_table
+from megatronapp.scan.table import causal_violations, prepare_table, sorted_like_loader, sync_table
 from megatronapp.scan.table_detect import megascan_table
 from megatronapp.scan.trials import make_sim_trial
 from megatronapp.scan.validate import scan_of_result
 from megatronapp.tracer import chrome_events
+
+from .test_scan_real_timing import real_like, real_like_run
 
 # One trial of each band: skew only, slow link, healthy, jittered link, three throttles.
 TRIALS = (0, 1, 2, 5, 8, 9, 11)
@@ -29,13 +34,56 @@ def _raw_events(result: Any) -> dict[int, list[Any]]:
 
 @pytest.mark.parametrize("index", TRIALS)
 def test_columnar_scan_diagnoses_like_the_per_event_scan(index: int) -> None:
-    result = run_sim(make_sim_trial(0, index).scenario)
+    _same_scan(run_sim(make_sim_trial(0, index).scenario))
+
+
+# Real-like timing (completions do not coincide: every clock is solved from
+# causal bounds and pairwise estimates): a slow link on a pipeline, a
+# throttle among contended data-parallel ranks, contention alone.
+REAL_LIKE = {
+    "slow link": (dict(tp=1, pp=4, dp=1), (), dict(seed=6, link=((1, 2), "slow", 4e-3))),
+    "throttle": (dict(tp=1, pp=2, dp=2), ({"kind": "throttle", "rank": 1, "factor": 1.6},),
+                 dict(seed=3, contended={2: 0.7, 0: 0.3})),
+    "contention": (dict(tp=1, pp=2, dp=2), (), dict(seed=5, contended={2: 0.8, 1: 0.2})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REAL_LIKE))
+def test_columnar_scan_aligns_and_diagnoses_real_like_timing_alike(case: str) -> None:
+    shape, faults, distort = REAL_LIKE[case]
+    real = real_like(real_like_run(**shape, iterations=6, faults=faults), **distort)
+    clocks = _same_scan(real)
+    assert {f.method for r, f in clocks.items() if r != 0} == {"bounds"}
+
+
+@pytest.mark.parametrize("case", sorted(REAL_LIKE))
+def test_causal_violations_match_the_per_event_bounds(case: str) -> None:
+    """Every rank's worst broken causal bound, under clock lines that break
+    some (each rank's fit shifted by its own amount), as ``align`` finds it."""
+    shape, faults, distort = REAL_LIKE[case]
+    raw = _raw_events(real_like(real_like_run(**shape, iterations=6, faults=faults), **distort))
+    cols = sorted_like_loader(columns_from_events(raw))
+    sync = sync_table(cols)
+    ranks = np.unique(cols.rank).astype(np.int64)
+    fits = {int(r): ClockFit(1.0 + 1e-5 * k, 1e-3 * (k % 3)) for k, r in enumerate(ranks)}
+    got = causal_violations(cols, sync, ranks, np.array([fits[int(r)].a for r in ranks]),
+                            np.array([fits[int(r)].b for r in ranks]))
+    ops = [op for op in reconstruct(raw) if len(op.members) > 1]
+    expected = [causal_bounds(int(r), [op for op in ops if int(r) in op.ranks], raw, fits)
+                .violation(fits[int(r)].a, fits[int(r)].b) for r in ranks]
+    assert max(expected) > 0  # some bounds are broken
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def _same_scan(result: Any) -> dict[int, Any]:
+    """The columnar scan's clock fits and diagnosis against the per-event scan's."""
     per_event = scan_of_result(result)
     table = prepare_table(columns_from_events(_raw_events(result)), aligned=False, ref=0)
+    assert sorted(table.clocks) == sorted(per_event.clocks)
     for rank, fit in per_event.clocks.items():
         assert table.clocks[rank].a == pytest.approx(fit.a, rel=1e-12, abs=1e-12)
         assert table.clocks[rank].b == pytest.approx(fit.b, rel=1e-9, abs=1e-12)
-        assert table.clocks[rank].anchors == fit.anchors
+        assert (table.clocks[rank].anchors, table.clocks[rank].method) == (fit.anchors, fit.method)
     expected, got = megascan(per_event), megascan_table(table)
     assert [(c.rank, c.kind, c.peer) for c in got.root_causes] == \
         [(c.rank, c.kind, c.peer) for c in expected.root_causes]
@@ -43,6 +91,7 @@ def test_columnar_scan_diagnoses_like_the_per_event_scan(index: int) -> None:
         assert a.confidence == pytest.approx(b.confidence, rel=1e-9)
         assert a.evidence == b.evidence
     assert got.victims == expected.victims
+    return per_event.clocks
 
 
 def test_sync_ops_link_the_same_events() -> None:

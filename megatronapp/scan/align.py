@@ -19,7 +19,7 @@ import math
 import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -184,14 +184,18 @@ class AnchorFit:
     spread_s: float  # median distance of its anchors from the line
     anchors: int
 
+    @classmethod
+    def through(cls, xs: np.ndarray, ys: np.ndarray) -> "AnchorFit":
+        """The outlier-trimmed line through (local completion, reference completion)."""
+        if not len(xs):
+            return cls(ClockFit(), math.inf, 0)
+        a, b = robust_line(xs, ys)
+        return cls(ClockFit(a, b, len(xs)), float(np.median(np.abs(ys - (a * xs + b)))), len(xs))
+
 
 def _anchor_fit(rank: int, ops: list[SyncOp], events: RankEvents,
                 fits: Mapping[int, ClockFit]) -> AnchorFit:
-    xs, ys = _anchor_points(rank, ops, events, fits)
-    if not len(xs):
-        return AnchorFit(ClockFit(), math.inf, 0)
-    a, b = robust_line(xs, ys)
-    return AnchorFit(ClockFit(a, b, len(xs)), float(np.median(np.abs(ys - (a * xs + b)))), len(xs))
+    return AnchorFit.through(*_anchor_points(rank, ops, events, fits))
 
 
 def completions_coincide(anchored: Mapping[int, AnchorFit]) -> bool:
@@ -224,15 +228,33 @@ def fit_clocks(events: RankEvents, ops: list[SyncOp], ref: int | None = None
     for rank in bfs_order(ranks, ops, ref)[1:]:
         anchored[rank] = _anchor_fit(rank, ops_of.get(rank, []), events, fits)
         fits[rank] = anchored[rank].fit
+    free = freed_ranks(anchored, lambda r: causal_bounds(r, ops_of.get(r, []), events, fits)
+                       .violation(fits[r].a, fits[r].b))
+    return solve_freed(events, ops, fits, free) if free else fits
+
+
+def freed_ranks(anchored: Mapping[int, AnchorFit], violation: Callable[[int], float]
+                ) -> list[int]:
+    """Ranks whose anchor fit cannot stand: every one when the trace's
+    completions do not coincide, else those without anchors or whose fit
+    breaks a causal bound (``violation(rank)``: by how much, in seconds)."""
     synchronous = completions_coincide(anchored)
-    free = [r for r, f in anchored.items() if not synchronous or f.anchors == 0
-            or causal_bounds(r, ops_of.get(r, []), events, fits).violation(f.fit.a, f.fit.b)
-            > MIN_TRIM_S]
-    if free:
-        for r in free:
-            fits[r] = ClockFit(fits[r].a, fits[r].b, fits[r].anchors, "bounds")
-        fits.update(_solve_real_clocks(events, ops, ops_of, fits, free))
-    return fits
+    return [r for r, f in anchored.items()
+            if not synchronous or f.anchors == 0 or violation(r) > MIN_TRIM_S]
+
+
+def solve_freed(events: RankEvents, ops: list[SyncOp], fits: Mapping[int, ClockFit],
+                free: list[int]) -> dict[int, ClockFit]:
+    """``fits`` with the ``free`` ranks solved from pairwise estimates and
+    causal bounds (``ops``: the sync ops of 2+ members)."""
+    ops_of: dict[int, list[SyncOp]] = defaultdict(list)
+    for op in ops:
+        for r in set(op.ranks):
+            ops_of[r].append(op)
+    out = {r: ClockFit(f.a, f.b, f.anchors, "bounds") if r in free else f
+           for r, f in fits.items()}
+    out.update(_solve_real_clocks(events, ops, ops_of, out, free))
+    return out
 
 
 def _solve_real_clocks(events: RankEvents, ops: list[SyncOp], ops_of: Mapping[int, list[SyncOp]],

@@ -42,22 +42,15 @@ def cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-# Above this many events a stored run is scanned as columns: per-event objects
-# would not fit in memory. Below it, the per-event scan, whose clock alignment
-# also falls back to causal bounds (the columnar one fits completion anchors only).
-PER_EVENT_MAX_EVENTS = 1_000_000
-
-
 def _diagnose(target: str, method: str, say: Say) -> Any:
-    """MegaScan on a stored run too large for per-event objects reads columns
-    (millions of events); other inputs and the baselines go through per-event
-    objects."""
+    """MegaScan on a stored run reads columns (millions of events); other
+    inputs and the baselines go through per-event objects."""
     from .methods import detector
-    from .table import load_table_scan, store_of, stored_events
+    from .table import load_table_scan, store_of
     from .table_detect import megascan_table
 
     store = store_of(target)
-    if store is not None and method == "megascan" and stored_events(store) > PER_EVENT_MAX_EVENTS:
+    if store is not None and method == "megascan":
         say(f"reading {store} as columns")
         table = _side_file(load_table_scan, store)
         say("detecting (megascan)")

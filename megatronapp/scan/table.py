@@ -16,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from megatronapp.columns import KINDS, TIMELESS_FIELDS, EventColumns
+from megatronapp.columns import KINDS, TIMELESS_FIELDS, EventColumns, RankEventsView, TableSource
 from megatronapp.eventstore import TRACE_FILE, StoreError, local_clock_view, read_columns
 from megatronapp.metrics import group_ids, nth_in_group
 
-from .align import MIN_RECV_WAIT_S, ClockFit, robust_line
+from .align import MIN_RECV_WAIT_S, AnchorFit, ClockFit, freed_ranks, solve_freed
+from .bounds import all_to_all
+from .deps import SyncOp
 from .inputs import DEFAULT_GPUS_PER_NODE, gpus_per_node_of
 from .load import TraceError
 
@@ -193,9 +195,11 @@ def _memberships(cols: EventColumns, sync: SyncTable, ops: np.ndarray) -> _Membe
 def fit_clocks(cols: EventColumns, sync: SyncTable, ref: int | None = None) -> dict[int, ClockFit]:
     """``align.fit_clocks`` over columns: ranks in breadth-first order from the
     reference (through every op of 2+ members), each fitted against the already
-    fitted members of its anchor ops. Only the anchor stage: the causal-bound
-    fallback of ``align.fit_clocks`` (for completions that do not coincide,
-    or a fit that breaks a bound) is not done here."""
+    fitted members of its anchor ops. Ranks whose fit cannot stand
+    (``align.freed_ranks``: completions that do not coincide, no anchors, a
+    broken causal bound) are solved as ``align.solve_freed`` does, over
+    per-event views of the columns (real traces; simulated ones never get
+    there)."""
     m = _memberships(cols, sync, _anchors(cols, sync))
     if not len(m.ranks):
         return {}
@@ -205,15 +209,83 @@ def fit_clocks(cols: EventColumns, sync: SyncTable, ref: int | None = None) -> d
     k_ref = int(np.searchsorted(m.ranks, ref))
     a[k_ref], b[k_ref] = 1.0, 0.0
     fits = {ref: ClockFit()}
+    anchored: dict[int, AnchorFit] = {}
     for k in _bfs(_memberships(cols, sync, _linked(sync)), k_ref)[1:]:
         mine = m.of_rank(k)
         ops, first = np.unique(m.op[mine], return_index=True)
         xs = m.end[mine[first]]
         ys, ok = _fitted_median(m, ops, a, b)
-        fit = ClockFit(*robust_line(xs[ok], ys[ok]), int(ok.sum())) if ok.any() else ClockFit()
-        fits[int(m.ranks[k])] = fit
-        a[k], b[k] = fit.a, fit.b
-    return fits
+        rank = int(m.ranks[k])
+        anchored[rank] = AnchorFit.through(xs[ok], ys[ok])
+        fits[rank] = anchored[rank].fit
+        a[k], b[k] = fits[rank].a, fits[rank].b
+    violation = causal_violations(cols, sync, m.ranks, a, b)
+    free = freed_ranks(anchored, lambda r: float(violation[np.searchsorted(m.ranks, r)]))
+    if not free:
+        return fits
+    return solve_freed(dict(RankEventsView(TableSource(cols))), sync_ops(cols, sync), fits, free)
+
+
+def causal_violations(cols: EventColumns, sync: SyncTable, ranks: np.ndarray, a: np.ndarray,
+                b: np.ndarray) -> np.ndarray:
+    """Per rank (position in ``ranks``): by how much its line breaks its worst
+    causal bound against the others' lines (``align.causal_bounds``)."""
+    worst = np.zeros(len(ranks))
+    k = np.searchsorted(ranks, cols.rank).astype(np.int64)
+
+    def to_ref(row: np.ndarray, local: np.ndarray) -> np.ndarray:
+        return a[k[row]] * local + b[k[row]]
+
+    end = cols.start_s + cols.dur_s
+    p2p = np.flatnonzero(sync.op_kind == P2P)
+    send, recv = sync.sender[p2p], sync.receiver[p2p]
+    apart = k[send] != k[recv]
+    send, recv = send[apart], recv[apart]
+    # my send started before the receive ended; my receive ended after the send started
+    np.maximum.at(worst, k[send], to_ref(send, cols.start_s[send]) - to_ref(recv, end[recv]))
+    np.maximum.at(worst, k[recv], to_ref(send, cols.start_s[send]) - to_ref(recv, end[recv]))
+    rows, op = _all_to_all_members(cols, sync)
+    if len(rows):
+        arrived = _max_of_others(op, to_ref(rows, cols.start_s[rows]))
+        left = -_max_of_others(op, -to_ref(rows, end[rows]))
+        # I left after the last of them arrived; I arrived before the first left
+        np.maximum.at(worst, k[rows], arrived - to_ref(rows, end[rows]))
+        np.maximum.at(worst, k[rows], to_ref(rows, cols.start_s[rows]) - left)
+    return worst
+
+
+def _all_to_all_members(cols: EventColumns, sync: SyncTable) -> tuple[np.ndarray, np.ndarray]:
+    """Memberships of all-to-all collectives of 2+ members: (row, op)."""
+    word = np.array([all_to_all(n) for n in cols.names] + [False])
+    ops = (sync.op_kind == COLLECTIVE) & _linked(sync) & word[sync.op_name.astype(np.int64)]
+    keep = ops[sync.member_op]
+    return sync.member_row[keep], sync.member_op[keep]
+
+
+def _max_of_others(op: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Per membership (``op`` sorted), the largest ``value`` among the other
+    members of its op."""
+    order = np.lexsort((-value, op))
+    first = np.r_[True, op[order][1:] != op[order][:-1]]
+    starts = np.flatnonzero(first)
+    top_at = np.repeat(starts, np.diff(np.r_[starts, len(op)]))
+    top, second = value[order][top_at], value[order][np.minimum(top_at + 1, len(op) - 1)]
+    out = np.empty(len(op))
+    out[order] = np.where(np.arange(len(op)) == top_at, second, top)
+    return out
+
+
+def sync_ops(cols: EventColumns, sync: SyncTable) -> list[SyncOp]:
+    """The per-event ``SyncOp`` list of the ops of 2+ members (member index
+    within its rank, as the per-event view numbers events)."""
+    first_row = {r: lo for r, (lo, _hi) in cols.rank_bounds().items()}
+    out = []
+    for op in np.flatnonzero(_linked(sync)).tolist():
+        rows = sync.members(op).tolist()
+        members = tuple((int(cols.rank[x]), x - first_row[int(cols.rank[x])]) for x in rows)
+        out.append(SyncOp(str(op), "p2p" if sync.op_kind[op] == P2P else "collective",
+                          cols.names[int(sync.op_name[op])], members, float(sync.op_bytes[op])))
+    return out
 
 
 def _fitted_median(m: _Memberships, ops: np.ndarray, a: np.ndarray,
@@ -294,16 +366,6 @@ def store_of(target: str | Path) -> Path | None:
     if path.is_dir() and (path / TRACE_FILE).is_file():
         return path / TRACE_FILE
     return path if path.suffix == ".parquet" and path.is_file() else None
-
-
-def stored_events(store: Path) -> int:
-    """Rows of a ``trace.parquet``, from its footer (nothing else is read)."""
-    import pyarrow.parquet as pq
-
-    try:
-        return int(pq.ParquetFile(store).metadata.num_rows)
-    except (OSError, ValueError) as err:
-        raise TraceError(str(store), f"not a readable trace table ({err})") from None
 
 
 def load_table_scan(store: Path, raw_clocks: bool = True) -> TableScan:
