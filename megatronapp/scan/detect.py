@@ -197,13 +197,19 @@ def quantile_ratios(durations: Durations, peers: Mapping[int, tuple[int, ...]], 
         quantiles[r] = {n: (float(np.percentile(v, quantile)), len(v))
                         for n, v in by_name.items() if len(v) >= min_ops}
     lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
-    out: dict[int, dict[str, tuple[float, int]]] = {}
-    for r, mine in quantiles.items():
-        group = [p for p in (peers[r] if len(peers[r]) > 1 else lonely) if p != r]
-        out[r] = {n: (math.log(q / float(np.median(theirs))), count)
-                  for n, (q, count) in mine.items()
-                  if (theirs := [quantiles[p][n][0] for p in group if n in quantiles[p]])}
-    return out
+    class_of = {r: peers[r] if len(peers[r]) > 1 else lonely for r in quantiles}
+    theirs: dict[tuple[int, str], float] = {}  # (rank, name) -> its peers' median quantile
+    for cls in set(class_of.values()):
+        by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for r in cls:
+            for n, (q, _count) in quantiles.get(r, {}).items():
+                by_name[n].append((r, q))
+        for n, members in by_name.items():
+            if len(members) > 1:  # each against the others (a stage holds thousands)
+                others = _medians_without_each(np.array([q for _, q in members]))
+                theirs.update(((r, n), float(m)) for (r, _q), m in zip(members, others))
+    return {r: {n: (math.log(q / theirs[(r, n)]), count) for n, (q, count) in mine.items()
+                if (r, n) in theirs} for r, mine in quantiles.items()}
 
 
 def floor_scores(durations: Durations, peers: Mapping[int, tuple[int, ...]], quantile: float,
