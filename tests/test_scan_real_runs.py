@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from megatronapp.cli import main
+from megatronapp.eventstore import read_columns
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.kinds import event_kind
 from megatronapp.scan.trials import REAL, REAL_BANDS, make_real_trial
@@ -64,7 +65,8 @@ def test_real_validation_runs_scores_keeps_and_replays_a_trial(tmp_path, capsys)
     assert "machine load" in out and "s per trial" in out
     saved = corpus / "trial0000"
     assert json.loads((saved / "trial.json").read_text())["band"] == trial.band
-    assert len(list((saved / "ranks").glob("rank*.json"))) == trial.scenario.world_size
+    cols, _meta = read_columns(saved / "trace.parquet")  # every rank's events, as runs keep them
+    assert sorted(set(cols.rank.tolist())) == list(range(trial.scenario.world_size))
     code, out, _ = _run_cli(capsys, "validate-detector", "--replay", str(corpus), "--csv", str(again))
     assert code == 0
     with open(first) as a, open(again) as b:
