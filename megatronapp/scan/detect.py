@@ -200,11 +200,11 @@ def quantile_ratios(durations: Durations, peers: Mapping[int, tuple[int, ...]], 
     class_of = {r: peers[r] if len(peers[r]) > 1 else lonely for r in quantiles}
     theirs: dict[tuple[int, str], float] = {}  # (rank, name) -> its peers' median quantile
     for cls in set(class_of.values()):
-        by_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        of_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
         for r in cls:
             for n, (q, _count) in quantiles.get(r, {}).items():
-                by_name[n].append((r, q))
-        for n, members in by_name.items():
+                of_name[n].append((r, q))
+        for n, members in of_name.items():
             if len(members) > 1:  # each against the others (a stage holds thousands)
                 others = _medians_without_each(np.array([q for _, q in members]))
                 theirs.update(((r, n), float(m)) for (r, _q), m in zip(members, others))
