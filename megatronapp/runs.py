@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import ClockSkew, Scenario, scenario_to_dict
+from .config import ClockSkew, Scenario, adjustments, scenario_to_dict
 from .dpp.windows import dpp_summary
 from .errors import UserError
 from .outdirs import staged_dir  # noqa: F401 (runs are written through it)
@@ -35,7 +35,7 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     summary = {"backend": result.backend, "world_size": result.topo.world_size,
                "schedule": s.schedule, **summarize(result.events),
                "faults": ground_truth(s, result)["faults"], **result.extra,
-               "scenario": scenario_to_dict(s)}
+               "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
     if "fbd" not in result.extra:  # MegaFBD runs report their own memory and idle time
         summary["dpp"] = dpp_summary(s, result.events)  # pipeline windows and peak memory
     return summary
