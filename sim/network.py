@@ -64,12 +64,15 @@ class Network:
     def __init__(self, env: simpy.Environment, topo: Topology, intra_gbps: float,
                  inter_gbps: float, latency_s: float, faults: LinkFaults,
                  background_sigma: float, seed: int,
-                 fixed_p2p_s: float | None = None, fixed_allreduce_s: float | None = None):
+                 fixed_p2p_s: float | None = None, fixed_allreduce_s: float | None = None,
+                 inter_latency_s: float | None = None, nics_per_node: int | None = None):
         self.env = env
         self.topo = topo
         self.intra_bw = gbps_to_bytes_per_s(intra_gbps)
         self.inter_bw = gbps_to_bytes_per_s(inter_gbps)
-        self.latency_s = latency_s
+        self.latency_s = latency_s  # within a node
+        self.inter_latency_s = latency_s if inter_latency_s is None else inter_latency_s
+        self.nics_per_node = nics_per_node
         self.faults = faults
         self.background_sigma = background_sigma
         self.seed = seed
@@ -99,6 +102,9 @@ class Network:
     def bandwidth(self, a: int, b: int) -> float:
         return self.intra_bw if self.topo.same_node(a, b) else self.inter_bw
 
+    def latency(self, a: int, b: int) -> float:
+        return self.latency_s if self.topo.same_node(a, b) else self.inter_latency_s
+
     def _port(self, kind: str, rank: int, bandwidth: float) -> Port:
         key = (kind, rank)
         if key not in self._ports:
@@ -117,8 +123,10 @@ class Network:
         bw = self.bandwidth(src, dst)
         ports = (self._port(kind + "_out", src, bw), self._port(kind + "_in", dst, bw))
 
+        latency = self.latency(src, dst)
+
         def delivered() -> None:
-            self.env.timeout(self.latency_s).callbacks.append(succeeds(done))
+            self.env.timeout(latency).callbacks.append(succeeds(done))
 
         if nbytes <= 0:
             delivered()
@@ -165,13 +173,28 @@ class Network:
     # ------------------------------------------------------------ collectives
     def ring_allreduce_s(self, group: tuple[int, ...], nbytes: int) -> float:
         """2(n-1)/n·S/B + 2(n-1)·α over the ring's slowest edge."""
+        return self.ring_collective_s("all_reduce", group, nbytes)
+
+    def ring_collective_s(self, kind: str, group: tuple[int, ...], nbytes: int) -> float:
+        """A ring all-reduce is a reduce-scatter then an all-gather, each
+        (n-1)/n·S/B + (n-1)·α for a buffer of S bytes."""
         n = len(group)
         if n == 1:
             return 0.0
+        steps = 2 if kind == "all_reduce" else 1
         edges = [(group[i], group[(i + 1) % n]) for i in range(n)]
         stream = (len(group), *group)
         worst = max(self.slowdown(a, b, stream) for a, b in edges)
         if self.fixed_allreduce_s is not None:
             return self.fixed_allreduce_s * worst
-        bw = min(self.bandwidth(a, b) for a, b in edges) / worst
-        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * self.latency_s
+        bw = min(self._ring_bandwidth(group, a, b) for a, b in edges) / worst
+        alpha = max(self.latency(a, b) for a, b in edges)
+        return steps * ((n - 1) / n * nbytes / bw + (n - 1) * alpha)
+
+    def _ring_bandwidth(self, group: tuple[int, ...], a: int, b: int) -> float:
+        if self.topo.same_node(a, b) or self.nics_per_node is None:
+            return self.bandwidth(a, b)
+        per_node: dict[int, int] = {}
+        for r in group:
+            per_node[self.topo.node(r)] = per_node.get(self.topo.node(r), 0) + 1
+        return self.inter_bw * min(min(per_node.values()), self.nics_per_node)
