@@ -1,0 +1,89 @@
+"""Narayanan et al. 2021 (SC21) Table 1, weak scaling, predicted by the simulator.
+
+The efficiency model's two constants (``cluster.gpu.efficiency``: GEMM share
+of peak; ``cluster.gpu.elementwise_traffic``: HBM bytes moved per stored
+activation byte) are fitted on two rows; every other row is predicted with
+them. Each row is simulated as one data-parallel replica plus its
+data-parallel collectives (``megatronapp predict --replica``; exact without
+faults or jitter). Prints the table for README.
+
+    python paper_figs/narayanan_table1.py [--fit 1,4]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backends.sim import simulate_iteration_times  # noqa: E402
+from megatronapp.config import Scenario, load_scenario  # noqa: E402
+from megatronapp.fidelity.fit import Knob, fit_constants, with_settings  # noqa: E402
+from megatronapp.fidelity.predict import predict  # noqa: E402
+from megatronapp.flops import hardware_flops_per_iteration  # noqa: E402
+
+# Published TFLOP/s per GPU, Table 1 (A100 peak 312).
+PUBLISHED = {1: 137, 2: 138, 3: 142, 4: 135, 5: 138, 6: 140, 7: 148, 8: 155, 9: 163, 10: 163}
+KNOBS = (Knob("cluster.gpu.efficiency", 0.6, 0.05, 1.0),
+         Knob("cluster.gpu.elementwise_traffic", 1.0, 0.0, 20.0))
+
+
+def row_scenario(i: int) -> Scenario:
+    return load_scenario(ROOT / "scenarios" / "narayanan2021" / f"row{i:02d}.yaml")
+
+
+def measured_iteration_s(s: Scenario, tflops: float) -> float:
+    """The paper's throughput back to an iteration time (its Eq. 3 FLOPs)."""
+    return hardware_flops_per_iteration(s) / s.world_size / (tflops * 1e12)
+
+
+def replica_time(s: Scenario) -> float:
+    return simulate_iteration_times(s, replica=True)[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", default="1,4", help="the two rows to fit on (default 1,4)")
+    args = parser.parse_args()
+    fit_rows = [int(r) for r in args.fit.split(",")]
+    rows = {i: row_scenario(i) for i in PUBLISHED}
+    targets = [(rows[i], measured_iteration_s(rows[i], PUBLISHED[i])) for i in fit_rows]
+    t0 = time.perf_counter()
+    fit = fit_constants(targets, KNOBS, replica_time,
+                        progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(f"fitted on rows {fit_rows} in {time.perf_counter() - t0:.0f} s: "
+          + ", ".join(f"{k.split('.')[-1]} = {v:.4f}" for k, v in fit.values.items()))
+    print()
+    print("| row | params (B) | GPUs | tp | pp | published TFLOP/s | predicted | error | "
+          "predicted iteration (s) | simulated ops in | role |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    errors = []
+    for i, s in rows.items():
+        start = time.perf_counter()
+        p = predict(with_settings(s, fit.values), lambda sc, rep: simulate_iteration_times(sc, rep),
+                    replica=True)
+        wall = time.perf_counter() - start
+        err = p.hardware_tflops_per_gpu / PUBLISHED[i] - 1
+        role = "fitted" if i in fit_rows else "predicted"
+        if role == "predicted":
+            errors.append(abs(err))
+        params = s.name  # row label
+        print(f"| {i} | {params_b(s):.1f} | {s.world_size} | {s.parallel.tp} | {s.parallel.pp} "
+              f"| {PUBLISHED[i]} | {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% "
+              f"| {p.iteration_s:.2f} | {wall:.0f} s | {role} |", flush=True)
+    print(f"\npredicted rows: mean |error| {sum(errors) / len(errors) * 100:.1f}%, "
+          f"max {max(errors) * 100:.1f}%")
+    return 0
+
+
+def params_b(s: Scenario) -> float:
+    m = s.model
+    return (12 * m.layers * m.hidden ** 2 * (1 + 13 / (12 * m.hidden))
+            + m.vocab * m.hidden + m.seq_len * m.hidden) / 1e9
+
+
+if __name__ == "__main__":
+    sys.exit(main())
