@@ -57,26 +57,45 @@ def main() -> int:
     print(f"fitted on rows {fit_rows} in {time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{k.split('.')[-1]} = {v:.4f}" for k, v in fit.values.items()))
     print()
-    print("| row | params (B) | GPUs | tp | pp | published TFLOP/s | predicted | error | "
-          "predicted iteration (s) | simulated ops in | role |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| row | params (B) | GPUs | tp | pp | vpp | published TFLOP/s | predicted | error | "
+          "predicted iteration (s) | simulation CPU / wall (s) | role |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     errors = []
     for i, s in rows.items():
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         p = predict(with_settings(s, fit.values), lambda sc, rep: simulate_iteration_times(sc, rep),
                     replica=True)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         err = p.hardware_tflops_per_gpu / PUBLISHED[i] - 1
         role = "fitted" if i in fit_rows else "predicted"
         if role == "predicted":
             errors.append(abs(err))
-        params = s.name  # row label
-        print(f"| {i} | {params_b(s):.1f} | {s.world_size} | {s.parallel.tp} | {s.parallel.pp} "
+        q = s.parallel
+        print(f"| {i} | {params_b(s):.1f} | {s.world_size} | {q.tp} | {q.pp} | {q.vpp} "
               f"| {PUBLISHED[i]} | {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% "
-              f"| {p.iteration_s:.2f} | {wall:.0f} s | {role} |", flush=True)
+              f"| {p.iteration_s:.2f} | {cpu:.0f} / {wall:.0f} | {role} |", flush=True)
     print(f"\npredicted rows: mean |error| {sum(errors) / len(errors) * 100:.1f}%, "
           f"max {max(errors) * 100:.1f}%")
+    strong_scaling(rows[STRONG_ROW], fit.values)
     return 0
+
+
+STRONG_ROW = 7  # 145.6B, global batch 2304
+
+
+def strong_scaling(s: Scenario, values: dict[str, float]) -> None:
+    """The same model and global batch on more GPUs (more data-parallel
+    replicas, fewer microbatches each): predicted only, no published series."""
+    batch = s.parallel.dp * s.parallel.microbatches * s.model.micro_batch_size
+    print(f"\nstrong scaling, row {STRONG_ROW}'s model at global batch {batch} (predicted):\n")
+    print("| GPUs | dp | microbatches per replica | TFLOP/s per GPU | iteration (s) |")
+    print("|---:|---:|---:|---:|---:|")
+    for dp in (s.parallel.dp // 2, s.parallel.dp, s.parallel.dp * 2):
+        m = batch // (dp * s.model.micro_batch_size)
+        scaled = with_settings(s, {**values, "parallel.dp": dp, "parallel.microbatches": m})
+        p = predict(scaled, lambda sc, rep: simulate_iteration_times(sc, rep), replica=True)
+        print(f"| {scaled.world_size} | {dp} | {m} | {p.hardware_tflops_per_gpu:.1f} "
+              f"| {p.iteration_s:.2f} |", flush=True)
 
 
 def params_b(s: Scenario) -> float:

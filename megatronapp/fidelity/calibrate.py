@@ -12,8 +12,13 @@ from the events that expose it:
   non-negative least squares over the distinct chunk kinds (first / middle /
   last / only);
 - backward compute / forward compute of the same chunk kind: ``backward_ratio``;
+- the spread of the same task's compute times (log scale, robust): the
+  machine's noise, ``cluster.jitter.compute_sigma``; in a pipeline every stage
+  waits for the slowest of its inputs, so noise lengthens iterations beyond
+  what median durations add up to;
 - the optimizer step (memory-bound: read and write every state byte): HBM bandwidth;
-- the gap between a compute's end and the rank's next operation: ``op_overhead_us``;
+- the time between operations that none of them covers, per operation issued:
+  ``op_overhead_us``;
 - a collective's shortest member time (the last to arrive waits for no one):
   ring latency per link class;
 - a message's transfer time (receive end minus send post, for messages whose
@@ -48,6 +53,8 @@ from .fit import with_settings
 
 Events = Mapping[int, list[Event]]
 GEMMS_PER_LAYER = 6
+MAD_TO_SIGMA = 1.4826
+CHECK_ITERATIONS = 21
 
 
 @dataclass(frozen=True)
@@ -120,8 +127,9 @@ def chunk_features(s: Scenario, first: bool, last: bool) -> np.ndarray:
                      gpu.elementwise_traffic * nbytes / (gpu.hbm_tbps * 1e12)], dtype=float)
 
 
-def median_compute(s: Scenario, events: Events, name: str) -> dict[tuple[bool, bool], float]:
-    """Median duration of ``name`` per chunk kind (pieces of one task summed)."""
+def task_durations(s: Scenario, events: Events, name: str
+                   ) -> dict[tuple[bool, bool], list[float]]:
+    """Durations of ``name`` per chunk kind (pieces of one task summed)."""
     topo = topology_of(s)
     per_task: dict[tuple[Any, ...], float] = defaultdict(float)
     for rank, ev in events.items():
@@ -134,7 +142,19 @@ def median_compute(s: Scenario, events: Events, name: str) -> dict[tuple[bool, b
     by_kind: dict[tuple[bool, bool], list[float]] = defaultdict(list)
     for key, dur in per_task.items():
         by_kind[key[0]].append(dur)
-    return {kind: median(durs) for kind, durs in by_kind.items()}
+    return dict(by_kind)
+
+
+def log_spread(samples: Iterable[list[float]]) -> float:
+    """Pooled robust sigma of log durations around each group's median: the
+    lognormal noise (``cluster.jitter.compute_sigma``) that makes the same work
+    take different times."""
+    deviations = []
+    for durs in samples:
+        logs = np.log([d for d in durs if d > 0])
+        if len(logs) > 1:
+            deviations += list(np.abs(logs - np.median(logs)))
+    return MAD_TO_SIGMA * float(np.median(deviations)) if deviations else 0.0
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -159,8 +179,10 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_compute(s: Scenario, events: Events, cal: Calibration) -> None:
-    forward = median_compute(s, events, "forward")
-    backward = median_compute(s, events, "backward")
+    fwd_samples = task_durations(s, events, "forward")
+    bwd_samples = task_durations(s, events, "backward")
+    forward = {k: median(v) for k, v in fwd_samples.items()}
+    backward = {k: median(v) for k, v in bwd_samples.items()}
     if not forward:
         raise UserError("measured: no forward events with a chunk to calibrate compute from")
     kinds = sorted(forward)
@@ -181,6 +203,8 @@ def fit_compute(s: Scenario, events: Events, cal: Calibration) -> None:
     cal.evidence["effective_tflops"] = float(1.0 / inv_rate / 1e12)
     if cal.evidence["effective_tflops"] * 1e12 > gpu.tflops * 1e12:
         cal.evidence["note"] = "measured rate above the scenario's peak: efficiency capped at 1"
+    sigma = log_spread(list(fwd_samples.values()) + list(bwd_samples.values()))
+    cal.settings["cluster.jitter.compute_sigma"] = min(sigma, 1.0)
     common = [k for k in kinds if k in backward]
     if common:
         cal.settings["cluster.gpu.backward_ratio"] = (sum(backward[k] for k in common)
@@ -211,17 +235,18 @@ def fit_memory_bound(s: Scenario, events: Events, cal: Calibration) -> None:
 
 
 def fit_op_overhead(events: Events, cal: Calibration) -> None:
-    """The host time between a compute's end and the next operation's start."""
-    from ..tracer import COMPUTE_NAMES
-
-    gaps = []
+    """Host time per issued operation: per rank, the time between its
+    operations that no blocking one covers (sends run in the background),
+    over the operations issued after its first."""
+    per_rank = []
     for ev in events.values():
-        ordered = sorted(ev, key=lambda e: e.start_s)
-        for prev, nxt in zip(ordered, ordered[1:]):
-            if prev.name in COMPUTE_NAMES and nxt.start_s >= prev.end_s:
-                gaps.append(nxt.start_s - prev.end_s)
-    if gaps:
-        cal.settings["cluster.gpu.op_overhead_us"] = median(gaps) * 1e6
+        blocking = sorted((e for e in ev if not e.name.startswith("send")),
+                          key=lambda e: e.start_s)
+        gaps = sum(max(0.0, b.start_s - a.end_s) for a, b in zip(blocking, blocking[1:]))
+        if len(ev) > 1:
+            per_rank.append(gaps / (len(ev) - 1))
+    if per_rank:
+        cal.settings["cluster.gpu.op_overhead_us"] = median(per_rank) * 1e6
 
 
 # ----------------------------------------------------------------- links
@@ -328,7 +353,9 @@ def calibrate_command(args: argparse.Namespace, simulate: Callable[[Scenario], l
     except ScenarioError as err:
         raise UserError(f"calibrate: the fitted constants make an invalid scenario ({err})"
                         ) from None
-    check = with_settings(measured.scenario, cal.settings)
+    # the fitted noise makes simulated iterations differ: compare over many
+    iterations = max(measured.scenario.iterations, CHECK_ITERATIONS)
+    check = with_settings(measured.scenario, {**cal.settings, "iterations": iterations})
     simulated = simulate(check)
     sim_s = median(simulated[1:] if len(simulated) > 1 else simulated)
     measured_s = cal.evidence["measured_iteration_s"]
