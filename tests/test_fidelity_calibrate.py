@@ -112,3 +112,12 @@ def test_calibrate_measures_the_noise_of_a_jittered_run() -> None:
     s = load_scenario(CPU_TINY, ["iterations=12", "cluster.jitter.compute_sigma=0.2"])
     cal = calibrate(Measured(s, run_sim(s).events))
     assert cal.settings["cluster.jitter.compute_sigma"] == pytest.approx(0.2, rel=0.15)
+
+
+def test_gpt3_175b_runs_and_fits() -> None:
+    proc = run_cli("predict", "scenarios/gpt3_175b.yaml", "--replica", "--json",
+                   "--set", "parallel.microbatches=8")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["iteration_s"] > 0 and 0 < out["mfu"] < 1
+    assert out["peak_memory_bytes"] < out["memory_capacity_bytes"] == 80e9

@@ -132,3 +132,10 @@ def test_each_option_alone_is_named_when_it_suffices() -> None:
         check_memory(s)
     for option in ("parallel.sequence_parallel: true", "training.recompute: selective"):
         assert option in err.value.reason
+
+
+def test_every_table1_row_and_fidelity_scenario_loads_and_fits() -> None:
+    paths = sorted((ROOT / "scenarios" / "narayanan2021").glob("row*.yaml"))
+    assert len(paths) == 10
+    for path in paths + sorted((ROOT / "scenarios" / "fidelity").glob("*.yaml")):
+        check_memory(load_scenario(path))
