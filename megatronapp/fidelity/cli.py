@@ -1,34 +1,30 @@
-"""``megatronapp predict`` and ``megatronapp calibrate`` (the simulator's fidelity)."""
+"""``megatronapp predict`` and ``megatronapp calibrate`` (the simulator's fidelity).
+
+Heavy modules (pydantic, numpy, the simulator) are imported inside the
+commands, so ``--help`` stays fast."""
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from typing import Any, Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ..config import Scenario, load_scenario
-from ..dpp.memory import MemoryExceeded
-from ..jobs import stage_memory
-from .predict import Prediction, predict, prediction_lines
+from ..progress import shown, status
+
+if TYPE_CHECKING:
+    from ..config import Scenario
 
 
 @contextmanager
 def sim_progress(enabled: bool, what: str) -> Iterator[Callable[[int, Any], None]]:
     """A live count of simulated operations (the simulation keeps no trace)."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    bar = Progress(SpinnerColumn(), TextColumn(f"[bold]{what}[/] {{task.completed:,}} operations"),
-                   TimeElapsedColumn(), transient=True, disable=not enabled)
-    task = bar.add_task(what, total=None)
     count = [0]
+    with status(f"{what} starting", enabled) as say:
+        def on_record(_rank: int, _event: Any) -> None:
+            count[0] += 1
+            if count[0] % 20_000 == 0:
+                say(f"{what} {count[0]:,} operations")
 
-    def on_record(_rank: int, _event: Any) -> None:
-        count[0] += 1
-        if count[0] % 20_000 == 0:
-            bar.update(task, completed=count[0])
-
-    with bar:
         yield on_record
 
 
@@ -36,11 +32,15 @@ def simulate(s: Scenario, replica: bool, quiet: bool = False) -> list[float]:
     """The simulator's iteration times, with progress on a terminal."""
     from backends.sim import simulate_iteration_times
 
-    with sim_progress(sys.stderr.isatty() and not quiet, f"simulating {s.name}:") as on_record:
+    with sim_progress(shown() and not quiet, f"simulating {s.name}:") as on_record:
         return simulate_iteration_times(s, replica, on_record)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from ..config import load_scenario
+    from ..dpp.memory import MemoryExceeded
+    from .predict import predict, prediction_lines
+
     s = load_scenario(args.scenario, args.set)
     try:
         result = predict(s, lambda sc, rep: simulate(sc, rep, args.quiet), replica=args.replica)
@@ -54,6 +54,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _memory_only(s: Scenario) -> list[str]:
+    from ..jobs import stage_memory
+    from .predict import Prediction, prediction_lines
+
     memory = tuple(stage_memory(s).values()) if s.schedule != "adaptive" else ()
     blank = Prediction(s.name, s.world_size, 1.0, (float("nan"),), 0.0, 0.0, memory,
                        s.cluster.gpu.memory_gb * 1e9, (), False)
