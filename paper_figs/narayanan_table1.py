@@ -21,23 +21,15 @@ sys.path.insert(0, str(ROOT))
 
 from backends.sim import simulate_iteration_times  # noqa: E402
 from megatronapp.config import Scenario, load_scenario  # noqa: E402
-from megatronapp.fidelity.fit import Knob, fit_constants, with_settings  # noqa: E402
+from megatronapp.fidelity.fit import fit_constants, with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict  # noqa: E402
-from megatronapp.flops import hardware_flops_per_iteration  # noqa: E402
-
-# Published TFLOP/s per GPU, Table 1 (A100 peak 312).
-PUBLISHED = {1: 137, 2: 138, 3: 142, 4: 135, 5: 138, 6: 140, 7: 148, 8: 155, 9: 163, 10: 163}
-KNOBS = (Knob("cluster.gpu.efficiency", 0.6, 0.05, 1.0),
-         Knob("cluster.gpu.elementwise_traffic", 1.0, 0.0, 20.0))
+from megatronapp.fidelity.published import NARAYANAN_TABLE1_TFLOPS as PUBLISHED  # noqa: E402
+from megatronapp.fidelity.published import TABLE1_KNOBS as KNOBS  # noqa: E402
+from megatronapp.fidelity.published import iteration_s_from_tflops  # noqa: E402
 
 
 def row_scenario(i: int) -> Scenario:
     return load_scenario(ROOT / "scenarios" / "narayanan2021" / f"row{i:02d}.yaml")
-
-
-def measured_iteration_s(s: Scenario, tflops: float) -> float:
-    """The paper's throughput back to an iteration time (its Eq. 3 FLOPs)."""
-    return hardware_flops_per_iteration(s) / s.world_size / (tflops * 1e12)
 
 
 def replica_time(s: Scenario) -> float:
@@ -50,7 +42,7 @@ def main() -> int:
     args = parser.parse_args()
     fit_rows = [int(r) for r in args.fit.split(",")]
     rows = {i: row_scenario(i) for i in PUBLISHED}
-    targets = [(rows[i], measured_iteration_s(rows[i], PUBLISHED[i])) for i in fit_rows]
+    targets = [(rows[i], iteration_s_from_tflops(rows[i], PUBLISHED[i])) for i in fit_rows]
     t0 = time.perf_counter()
     fit = fit_constants(targets, KNOBS, replica_time,
                         progress=lambda m: print(m, file=sys.stderr, flush=True))
