@@ -45,6 +45,7 @@ import yaml
 from ..config import Scenario, ScenarioError, load_scenario, parse_scenario, read_scenario_data
 from ..errors import UserError
 from ..flops import layer_gemms, logits_forward_flops
+from ..kinds import event_kind, p2p_side
 from ..layout import pipe_shape, topology_of
 from ..memory import BYTES, layer_activation_bytes, state_bytes
 from ..summary import iteration_times
@@ -240,13 +241,18 @@ def fit_op_overhead(events: Events, cal: Calibration) -> None:
     over the operations issued after its first."""
     per_rank = []
     for ev in events.values():
-        blocking = sorted((e for e in ev if not e.name.startswith("send")),
+        blocking = sorted((e for e in ev if not _is_send(e)),
                           key=lambda e: e.start_s)
         gaps = sum(max(0.0, b.start_s - a.end_s) for a, b in zip(blocking, blocking[1:]))
         if len(ev) > 1:
             per_rank.append(gaps / (len(ev) - 1))
     if per_rank:
         cal.settings["cluster.gpu.op_overhead_us"] = median(per_rank) * 1e6
+
+
+def _is_send(e: Event) -> bool:
+    side = p2p_side(e.name, e.args)
+    return side is not None and side[0] == "send"
 
 
 # ----------------------------------------------------------------- links
@@ -274,7 +280,7 @@ def _collective_latency(events: Events, same_node: Callable[[int, int], bool]) -
     for ev in events.values():
         seen: dict[tuple[int, ...], int] = defaultdict(int)
         for e in sorted(ev, key=lambda e: e.start_s):
-            if "group" in e.args:
+            if event_kind(e.name, e.args) == "collective" and "group" in e.args:
                 g = tuple(e.args["group"])
                 instances[(g, seen[g])].append(e)
                 seen[g] += 1
@@ -294,15 +300,14 @@ def _transfers(events: Events, same_node: Callable[[int, int], bool]
     sends: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     recvs: dict[tuple[Any, ...], list[Event]] = defaultdict(list)
     for rank, ev in events.items():
-        for e in ev:
-            if "peer" not in e.args or not e.name.startswith(("send", "recv")):
+        for e in sorted(ev, key=lambda e: e.start_s):  # a stream pairs up in order
+            side = p2p_side(e.name, e.args)
+            if side is None:
                 continue
-            direction = e.name.split("_", 1)[-1]
-            outgoing = e.name.startswith("send")
-            src, dst = (rank, e.args["peer"]) if outgoing else (e.args["peer"], rank)
-            key = (src, dst, direction, e.args.get("iteration"), e.args.get("microbatch"),
-                   e.args.get("chunk"))
-            (sends if outgoing else recvs)[key].append(e)
+            role, stream = side
+            src, dst = (rank, e.args["peer"]) if role == "send" else (e.args["peer"], rank)
+            key = (src, dst, stream, e.args.get("iteration"))
+            (sends if role == "send" else recvs)[key].append(e)
     per_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for key, sent in sends.items():
         for s_ev, r_ev in zip(sent, recvs.get(key, [])):
