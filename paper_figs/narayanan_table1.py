@@ -49,9 +49,9 @@ def main() -> int:
     print(f"fitted on rows {fit_rows} in {time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{k.split('.')[-1]} = {v:.4f}" for k, v in fit.values.items()))
     print()
-    print("| row | params (B) | GPUs | tp | pp | vpp | published TFLOP/s | predicted | error | "
-          "predicted iteration (s) | simulation CPU / wall (s) | role |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| row | params (B) | GPUs | tp | pp | vpp | microbatches | bubble | published TFLOP/s "
+          "| predicted | error | predicted iteration (s) | simulation CPU / wall (s) | role |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     errors = []
     for i, s in rows.items():
         start, cpu = time.perf_counter(), time.process_time()
@@ -64,7 +64,7 @@ def main() -> int:
             errors.append(abs(err))
         q = s.parallel
         print(f"| {i} | {params_b(s):.1f} | {s.world_size} | {q.tp} | {q.pp} | {q.vpp} "
-              f"| {PUBLISHED[i]} | {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% "
+              f"| {q.microbatches} | {bubble(s) * 100:.1f}% | {PUBLISHED[i]} | {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% "
               f"| {p.iteration_s:.2f} | {cpu:.0f} / {wall:.0f} | {role} |", flush=True)
     print(f"\npredicted rows: mean |error| {sum(errors) / len(errors) * 100:.1f}%, "
           f"max {max(errors) * 100:.1f}%")
@@ -88,6 +88,12 @@ def strong_scaling(s: Scenario, values: dict[str, float]) -> None:
         p = predict(scaled, lambda sc, rep: simulate_iteration_times(sc, rep), replica=True)
         print(f"| {scaled.world_size} | {dp} | {m} | {p.hardware_tflops_per_gpu:.1f} "
               f"| {p.iteration_s:.2f} |", flush=True)
+
+
+def bubble(s: Scenario) -> float:
+    """The pipeline bubble over ideal time, (p - 1) / (v m) (Narayanan et al. §2.2)."""
+    q = s.parallel
+    return (q.pp - 1) / (q.vpp * q.microbatches)
 
 
 def params_b(s: Scenario) -> float:
