@@ -89,3 +89,9 @@ def test_sequence_parallel_at_tp_1_is_turned_off_and_said_so(tmp_path: Path) -> 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["adjustments"] == adjustments(s)
     assert not adjustments(parse_scenario(GOOD))
+
+
+def test_recompute_true_or_false_reads_as_full_or_none() -> None:
+    """Scenarios written for the torch backend's boolean ``recompute`` still load."""
+    assert parse_scenario(with_("training", recompute=True)).training.recompute == "full"
+    assert parse_scenario(with_("training", recompute=False)).training.recompute == "none"
