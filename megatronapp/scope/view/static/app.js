@@ -4,7 +4,7 @@
 
 const $ = (id) => document.getElementById(id);
 const state = {
-  info: null, steps: [], latencies: [], series: null, ws: null, playing: null,
+  info: null, steps: [], latencies: [], shown: [], series: null, ws: null, playing: null,
   sel: { layer: 1, head: 0, token: -1, step: 0 }, topkOpen: false,
 };
 window.megascope = state; // read by the browser test and the latency benchmark
@@ -19,6 +19,8 @@ function colour(t) {
 }
 const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"];
 const fmt = (v) => Number.isInteger(v) ? String(v) : (Math.abs(v) >= 1000 || (Math.abs(v) < 0.01 && v !== 0)) ? v.toExponential(2) : v.toFixed(3);
+const UNITS = { entropy: "nats", prev_token_mass: "share of attention", sink_mass: "share of attention", sparsity: "share", nan_count: "count", inf_count: "count", kurtosis: "excess, no unit" };
+const unit = (stat) => UNITS[stat.split("(")[0]] || "tensor units";
 const show = (c) => JSON.stringify(c).slice(1, -1) || " ";
 
 // ---------------------------------------------------------------- frames
@@ -206,7 +208,7 @@ function renderStats() {
   if (!rec || !site) { message($("stats-canvas"), "no step yet"); message($("pixels-canvas"), "no step yet"); return; }
   const a = rec.arrays[`clean/stats/${site}/${stat}`], win = rec.header.window;
   const tok = (c) => show(win[c]);
-  if (a) heatmap($("stats-canvas"), matrix(a), { xlabels: tok, ylabels: (r) => r + 1, xtitle: "token (window position)", ytitle: "layer", title: `${stat} of ${site} per layer and token (mean over heads)`, legend: `${stat} (tensor units)`, mark: { row: state.sel.layer - 1 } });
+  if (a) heatmap($("stats-canvas"), matrix(a), { xlabels: tok, ylabels: (r) => r + 1, xtitle: "token (window position)", ytitle: "layer", title: `${stat} of ${site} per layer and token (mean over heads)`, legend: `${stat} (${unit(stat)})`, mark: { row: state.sel.layer - 1 } });
   else message($("stats-canvas"), `no ${stat} at ${site}`);
   const px = rec.arrays[`clean/pixels/${site}`];
   if (px) heatmap($("pixels-canvas"), matrix(px, [state.sel.layer - 1]), { xlabels: (c) => c, ylabels: tok, xtitle: "channel block (heads side by side for per-head sites)", ytitle: "token", title: `pooled pixels (absmax per channel block) of ${site}, layer ${state.sel.layer}`, legend: "absmax (tensor units)", mark: { row: selectedToken(rec) } });
@@ -271,7 +273,7 @@ function renderTraining() {
   if (!s) { message(canvas, state.info && Object.keys(state.info.series).length ? "loading…" : "the capture has no scalar statistics"); return; }
   const steps = Array.from(s.arrays.steps.data), v = s.arrays.values;
   const lines = s.header.layers.map((layer, i) => ({ name: `layer ${layer}`, xs: steps, ys: steps.map((_, j) => v.data[i * steps.length + j]), colour: PALETTE[i % PALETTE.length] }));
-  lineChart(canvas, lines, { xtitle: "step", ytitle: `${s.header.stat} (tensor units)`, title: `${s.header.stat} of ${s.header.site} per layer over steps` });
+  lineChart(canvas, lines, { xtitle: "step", ytitle: `${s.header.stat} (${unit(s.header.stat)})`, title: `${s.header.stat} of ${s.header.site} per layer over steps` });
 }
 function renderQuick() {
   const rec = current(), n = state.steps.length;
@@ -283,8 +285,10 @@ function renderQuick() {
     $("q-token-label").textContent = `${t} ${show(rec.header.window[t])}`;
   }
 }
-function renderAll() {
-  renderQuick(); renderTokens(); renderTopk(); renderStats(); renderAttention(); renderPca(); renderPerturbation();
+const VIEWS = { generation: renderTopk, tensors: renderStats, attention: renderAttention, pca: renderPca, perturbation: renderPerturbation, training: renderTraining };
+function activeTab() { const b = document.querySelector("#tabs button.active"); return b ? b.dataset.tab : "generation"; }
+function renderAll() { // only what is on screen: the others draw when their tab opens
+  renderQuick(); renderTokens(); VIEWS[activeTab()]();
 }
 
 // ---------------------------------------------------------------- messages
@@ -319,6 +323,7 @@ function onStep(frame) {
   if ($("follow").checked) state.sel.step = state.steps.length - 1;
   const t0 = performance.now();
   renderAll();
+  state.shown.push(document.querySelectorAll("#tokens .tok").length); // tokens on screen after each frame
   requestAnimationFrame(() => { // the view is on screen: decoded -> shown
     const shown = performance.timeOrigin + performance.now();
     state.latencies.push({ step: frame.header.step, latency_ms: shown - frame.header.decoded_at * 1000, render_ms: performance.now() - t0, decode_cpu_s: frame.header.decode_cpu_s, decode_wall_s: frame.header.decode_wall_s });
@@ -385,7 +390,7 @@ function replay() {
 function wire() {
   $("gen-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    state.steps = []; state.latencies = []; state.done = false; state.sel.step = 0; state.topkOpen = false;
+    state.steps = []; state.latencies = []; state.shown = []; state.done = false; state.sel.step = 0; state.topkOpen = false;
     $("prompt").dataset.sent = $("prompt").value;
     const msg = { type: "generate", prompt: $("prompt").value, tokens: Number($("ntokens").value), top_k: Number($("topk-n").value) };
     const p = perturbation(); if (p) msg.perturb = p;
@@ -411,6 +416,7 @@ function wire() {
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => {
     for (const o of document.querySelectorAll("#tabs button, .tab")) o.classList.remove("active");
     b.classList.add("active"); $(`tab-${b.dataset.tab}`).classList.add("active");
+    VIEWS[b.dataset.tab]();
   });
   renderAll(); renderTraining();
 }
