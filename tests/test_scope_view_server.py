@@ -175,3 +175,24 @@ def test_a_directory_that_is_not_a_capture_is_exit_2_one_line(run_dir: Path) -> 
         r = run_cli("scope", "serve", str(target))
         assert r.returncode == 2 and r.stdout == ""
         assert r.stderr.count("\n") == 1 and "CAPTURE_DIR_OR_RUN_DIR" in r.stderr
+
+
+def test_another_host_name_is_refused(server: ViewServer) -> None:
+    """A page on another name resolving to 127.0.0.1 (DNS rebinding) gets nothing."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(server.url, headers={"Host": "attacker.example"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=20)
+    assert err.value.code == 400
+
+
+def test_stop_ends_a_generation_early(server: ViewServer) -> None:
+    with client(server) as ws:
+        receive_json(ws)
+        ws.send(json.dumps({"type": "generate", "prompt": "def", "tokens": 200}))
+        decode_frame(ws.recv(timeout=120))  # type: ignore[arg-type]
+        ws.send(json.dumps({"type": "stop"}))
+        done = receive_json(ws)
+    assert done["kind"] == "done" and done["stopped"] is True and done["steps"] < 200
