@@ -161,7 +161,7 @@ class Connection:
                     await self.ws.send_bytes(item)
                 else:
                     await self.ws.send_json(item)
-        except (WebSocketDisconnect, RuntimeError):
+        except (WebSocketDisconnect, RuntimeError, OSError):  # the page went away
             self.stop.set()
         finally:
             await asyncio.to_thread(worker.join)
