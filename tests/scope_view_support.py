@@ -7,7 +7,9 @@ a subprocess and reads the URL (with its token) that it prints.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -98,6 +100,15 @@ class ViewServer:
         return self.proc is not None and self.proc.poll() is None
 
 
+def client(srv: ViewServer, token: str | None = "", origin: str | None = "") -> Any:
+    """A websocket client of ``srv``: its token and origin unless others are given."""
+    from websockets.sync.client import connect
+
+    return connect(srv.ws_url(srv.token if token == "" else token), proxy=None,
+                   origin=srv.origin if origin == "" else origin,  # type: ignore[arg-type]
+                   open_timeout=20)
+
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 
@@ -114,6 +125,48 @@ def chromium_path() -> str:
                        "installs it")
 
 
+def blank_of(page: Any, width: int, height: int) -> str:
+    """What an empty canvas of this size looks like, as a data URL."""
+    return page.evaluate(  # type: ignore[no-any-return]
+        f"(() => {{ const c = document.createElement('canvas'); c.width = {width}; "
+        f"c.height = {height}; return c.toDataURL(); }})()")
+
+
+def shoot(page: Any, tmp_path: Path, name: str) -> None:
+    """A screenshot in ``tmp_path``, copied to ``$MEGASCOPE_SCREENSHOTS`` when set."""
+    path = tmp_path / f"megascope-{name}.png"
+    page.screenshot(path=str(path))
+    target = os.environ.get("MEGASCOPE_SCREENSHOTS")
+    if target:
+        shutil.copyfile(path, Path(target) / path.name)
+
+
 def launch_chromium(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=chromium_path(), headless=True,
                                       args=CHROMIUM_ARGS)
+
+
+def write_training_step(writer: Any, step: int, layers: int = 2, tokens: int = 8) -> None:
+    """One training step's statistics of ``resid_post`` (mean, std per layer and
+    token), reduced and written as a run's rank does: partial columns of real
+    tensors through ``stats.partials``, then ``PartWriter.write`` and a flush."""
+    import numpy as np
+    import torch
+
+    from megatronapp.scope import stats
+    from megatronapp.scope.storage import HostRecord, RecordKey, Rows
+    from megatronapp.scope_spec import parse_stat
+
+    specs = (parse_stat("mean"), parse_stat("std"))
+    gen = torch.Generator().manual_seed(step)
+    rows = np.arange(tokens)
+    records = []
+    for layer in range(1, layers + 1):
+        x = torch.randn(tokens, 16, generator=gen) * (1 + step) + layer  # spreads out as it trains
+        part = stats.partials(x, specs, stats.Slice(0, 16)).numpy()
+        records.append(HostRecord(RecordKey(step, 0, 0, layer, "resid_post"),
+                                  Rows(rows * 0, rows * 0 - 1, rows),
+                                  tuple(s.label for s in specs), tuple(stats.widths(specs, 16)),
+                                  part))
+    writer.write(records, [])
+    writer.flush()

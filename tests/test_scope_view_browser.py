@@ -12,14 +12,14 @@ untrained one made here, or the run directory ``MEGASCOPE_VIEW_RUN`` names
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from tests.scope_view_support import ViewServer, launch_chromium, make_run
+from tests.scope_view_support import (ViewServer, blank_of, launch_chromium, make_run,
+                                      shoot)
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]
@@ -37,14 +37,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ViewServer]:
 
 def pixels(page: Any, canvas: str) -> str:
     return page.evaluate(f"document.getElementById({canvas!r}).toDataURL()")  # type: ignore
-
-
-def shoot(page: Any, tmp_path: Path, name: str) -> None:
-    path = tmp_path / f"megascope-{name}.png"
-    page.screenshot(path=str(path))
-    target = os.environ.get("MEGASCOPE_SCREENSHOTS")
-    if target:
-        shutil.copyfile(path, Path(target) / path.name)
 
 
 def tab(page: Any, name: str) -> None:
@@ -105,11 +97,27 @@ def test_the_view_in_a_browser(server: ViewServer, tmp_path: Path) -> None:
             fourth = pixels(page, "attn-canvas")
             assert fourth not in {first, second, third}
             assert page.locator("#attn-perturbed-fig").is_visible()
+
+            # a second prompt beside the first: same layer, head and step, its own attention
+            assert page.locator("#attn-b-fig").is_hidden()
+            page.fill("#prompt-b", "class Foo:")
+            page.click("#generate-b")
+            page.wait_for_function("() => window.megascope.doneB === true")
+            assert page.evaluate("window.megascope.stepsB.length") == TOKENS
+            assert page.evaluate("window.megascope.steps.length") == TOKENS  # A is kept
+            assert page.evaluate("window.megascope.stepsB[0].header.window.join('')"
+                                 ).startswith("class Foo:")
+            assert page.locator("#attn-b-fig").is_visible()
+            assert page.text_content("#attn-prompt-b") == "class Foo:"
+            b_last = pixels(page, "attn-canvas-b")
+            assert b_last not in {pixels(page, "attn-canvas"), blank_of(page, 460, 460)}
+            page.fill("#timeline", "2")
+            assert pixels(page, "attn-canvas-b") != b_last  # B follows the timeline too
+            page.fill("#timeline", str(TOKENS - 1))
             shoot(page, tmp_path, "attention")
 
             tab(page, "pca")
-            blank = page.evaluate("(() => { const c = document.createElement('canvas'); "
-                                  "c.width = 760; c.height = 520; return c.toDataURL(); })()")
+            blank = blank_of(page, 760, 520)
             pca_layer2 = pixels(page, "pca-canvas")
             assert pca_layer2 != blank
             page.select_option("#q-layer", "1")
@@ -125,6 +133,15 @@ def test_the_view_in_a_browser(server: ViewServer, tmp_path: Path) -> None:
             tab(page, "training")
             page.wait_for_function("() => window.megascope.series !== null")
             assert "dropped records in this capture: 0" in page.text_content("#dropped")
+            steps = page.evaluate("window.megascope.series.arrays.steps.data.length")
+            assert steps >= 1 and page.evaluate("window.megascope.ridges") == min(steps, 40)
+            ridges = pixels(page, "ridge-canvas")
+            assert ridges != blank_of(page, 900, 420)
+            other = [v for v in page.eval_on_selector_all("#t-stat option", "os => os.map(o => o.value)")
+                     if v != page.input_value("#t-stat")][0]
+            page.select_option("#t-stat", other)
+            page.wait_for_function(f"() => window.megascope.series.header.stat === {other!r}")
+            assert pixels(page, "ridge-canvas") != ridges
             shoot(page, tmp_path, "training")
 
             # the replay walks the timeline from the first step

@@ -15,11 +15,11 @@ from typing import Any, Iterator
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
 from megatronapp.scope.view.protocol import MAX_FRAME_BYTES, decode_frame
 from tests.conftest import run_cli
-from tests.scope_view_support import ViewServer, make_run
+from tests.scope_view_support import ViewServer, client, make_run
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]
@@ -36,12 +36,6 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(run_dir: Path) -> Iterator[ViewServer]:
     with ViewServer(run_dir / "gen") as srv:
         yield srv
-
-
-def client(srv: ViewServer, token: str | None = "", origin: str | None = "") -> ClientConnection:
-    return connect(srv.ws_url(srv.token if token == "" else token), proxy=None,
-                   origin=srv.origin if origin == "" else origin,  # type: ignore[arg-type]
-                   open_timeout=20)
 
 
 def receive_json(ws: ClientConnection) -> dict[str, Any]:

@@ -156,9 +156,10 @@ def _live_model(checkpoint: Path) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .view.server import ServerConfig, ViewApp, bind, log_to_stderr, run_server
+    from .view.follow import PartsFollower
     from .view.source import open_source
 
-    source = open_source(args.capture)
+    source = open_source(args.capture, follow=args.follow)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: must be 0..65535, got {args.port}")
     sock = bind(args.host, args.port)
@@ -175,15 +176,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"loading {source.checkpoint_dir} for live generation ...", flush=True)
             stack.enter_context(one_rank())
             live = _live_model(source.checkpoint_dir)
-        _announce(args.host, port, config, source, live)
-        run_server(ViewApp(source, live, config), sock)
+        _announce(args.host, port, config, source, live, args.follow)
+        follower = PartsFollower(source.capture_dir) if args.follow else None
+        run_server(ViewApp(source, live, config, follower), sock)
     return 0
 
 
-def _announce(host: str, port: int, config: Any, source: Any, live: Any) -> None:
+def _announce(host: str, port: int, config: Any, source: Any, live: Any,
+              follow: bool) -> None:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     print(f"MegaScope view of {source.capture_dir} "
           f"({'live generation on ' + str(source.checkpoint_dir) if live else 'capture only'}"
+          f"{', following the run as it writes' if follow else ''}"
           f"{', perturbations allowed' if config.allow_perturb else ''}):", flush=True)
     print(f"  http://{shown}:{port}/?token={config.token}", flush=True)
 
@@ -232,6 +236,9 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
                      help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--allow-perturb", action="store_true",
                      help="let the page run perturbed generations (bounded parameters)")
+    srv.add_argument("--follow", action="store_true",
+                     help="follow a run still writing its capture (parts/): the training view "
+                          "gains each step as it arrives; no live generation")
     srv.set_defaults(func=cmd_serve)
 
 

@@ -10,6 +10,9 @@
 - Arrays travel as binary frames; perturbations only with ``allow_perturb``.
 - One generation runs at a time, in a worker thread, so the server keeps
   answering while a model decodes.
+- Following a run (``follower``), every connection polls the capture's files
+  (at most one read per ``POLL_S`` for all connections) and is sent a
+  ``training`` record whenever new steps' statistics have arrived.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,12 +39,14 @@ from ...errors import UserError
 from ..generate import GenerationStep
 from .protocol import (MAX_FRAME_BYTES, Generate, Refused, Series, Stop, encode_frame,
                        parse_message)
-from .source import ViewSource
+from .follow import PartsFollower
+from .source import TrainingSeries, ViewSource
 from .steps import step_message
 
 log = logging.getLogger("megatronapp.scope.view")
 STATIC = Path(__file__).parent / "static"
 POLICY_CLOSE = 1008  # websocket close code: policy violation
+POLL_S = 1.0  # a followed capture is read at most this often
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,20 @@ class Connection:
         log.warning("refused a message from %s: %s", self.peer, reason)
         await self.ws.send_json({"kind": "refused", "reason": reason})
 
+    async def watch(self) -> None:
+        """Following a run: tell the page whenever new statistics have arrived."""
+        seen = -1
+        while True:
+            version = await self.app.refresh()
+            if version != seen:
+                seen = version
+                await self.ws.send_json({"kind": "training",
+                                         **self.app.source.training_info()})
+            await asyncio.sleep(POLL_S)
+
     async def serve(self) -> None:
         await self.ws.send_json({"kind": "info", **self.app.info()})
+        watcher = asyncio.create_task(self.watch()) if self.app.follower else None
         try:
             while True:
                 msg = await self.ws.receive()
@@ -118,6 +135,8 @@ class Connection:
             pass
         finally:
             self.stop.set()
+            if watcher is not None:
+                watcher.cancel()
 
     async def handle(self, m: Generate | Stop | Series) -> None:
         if isinstance(m, Stop):
@@ -132,8 +151,11 @@ class Connection:
         values = series.values.get((m.site, m.stat))
         if values is None:
             raise Refused(f"series: the capture has no statistic {m.stat!r} at {m.site!r}")
+        ridges = series.ridges(m.site, m.stat)
         header = {"kind": "series", "site": m.site, "stat": m.stat, "layers": series.layers}
-        await self.ws.send_bytes(encode_frame(header, {"steps": series.steps, "values": values}))
+        await self.ws.send_bytes(encode_frame(header, {
+            "steps": series.steps, "values": values, "ridge_edges": ridges.edges,
+            "ridge_counts": ridges.counts}))
 
     async def start_generation(self, m: Generate) -> None:
         live = self.app.live
@@ -206,13 +228,31 @@ def _decode(live: LiveModel, m: Generate, perturb: list[dict[str, Any]], stop: t
 class ViewApp:
     """The application's state: what it shows and how it is guarded."""
 
-    def __init__(self, source: ViewSource, live: LiveModel | None, config: ServerConfig):
+    def __init__(self, source: ViewSource, live: LiveModel | None, config: ServerConfig,
+                 follower: PartsFollower | None = None):
         self.source, self.live, self.config = source, live, config
         self.generation_lock = threading.Lock()
+        self.follower = follower
+        self.version = 0  # how many times the followed capture has changed
+        self._polled = -POLL_S
+        self._poll_lock = asyncio.Lock()
+
+    async def refresh(self) -> int:
+        """Read the followed capture if the last read is ``POLL_S`` old; the version."""
+        async with self._poll_lock:
+            if self.follower is not None and time.monotonic() - self._polled >= POLL_S:
+                self._polled = time.monotonic()
+                snap = await asyncio.to_thread(self.follower.poll)
+                if snap is not None:
+                    self.source = replace(self.source, manifest=snap.manifest,
+                                          series=TrainingSeries.of(snap.stats))
+                    self.version += 1
+        return self.version
 
     def info(self) -> dict[str, Any]:
         live = self.live
         return {**self.source.info(), "allow_perturb": self.config.allow_perturb,
+                "following": self.follower is not None,
                 "live": None if live is None else {"layers": live.layers, "heads": live.heads,
                                                    "seq_len": live.seq_len}}
 

@@ -4,6 +4,8 @@ live generation runs on.
 Accepted: a capture directory (``manifest.json``), a run directory
 (``RUN/scope/`` and ``RUN/checkpoint/``) or a ``scope generate`` output
 (``OUT/clean/``). A generation capture names its checkpoint in its manifest.
+When following (``--follow``), a capture still being written (only its
+``parts/``) is accepted too; ``follow.PartsFollower`` reads it as it grows.
 """
 from __future__ import annotations
 
@@ -16,15 +18,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import UserError
-from ..storage import Capture
+from ..storage import STATS_SCHEMA, Capture
 
 
-def _capture_dir(root: Path) -> Path:
+def _capture_dir(root: Path, follow: bool = False) -> Path:
     for candidate in (root, root / "scope", root / "clean"):
         if (candidate / "manifest.json").is_file():
             return candidate
-    raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a MegaScope capture "
-                    "(no manifest.json, scope/manifest.json or clean/manifest.json)")
+        if follow and (candidate / "parts").is_dir():
+            return candidate
+    what = ("no manifest.json, scope/manifest.json or clean/manifest.json"
+            + (", nor parts/ or scope/parts/ of a run being written" if follow else ""))
+    raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a MegaScope capture ({what})")
 
 
 def _checkpoint_dir(root: Path, capture: Capture) -> Path | None:
@@ -35,13 +40,25 @@ def _checkpoint_dir(root: Path, capture: Capture) -> Path | None:
 
 
 @dataclass(frozen=True)
+class Ridges:
+    """The per-step distribution of one scalar statistic over every row of a
+    step (layers, heads, tokens, microbatches): one histogram per step on
+    shared bin edges, for ridgelines."""
+
+    steps: np.ndarray  # (steps,)
+    edges: np.ndarray  # (bins + 1,)
+    counts: np.ndarray  # (steps, bins)
+
+
+@dataclass(frozen=True)
 class TrainingSeries:
     """Every scalar statistic of a capture averaged per (site, stat, layer, step)
-    over microbatches, replicas, heads and tokens."""
+    over microbatches, replicas, heads and tokens, and the rows behind the means."""
 
     steps: np.ndarray  # (steps,)
     layers: list[int]
     values: dict[tuple[str, str], np.ndarray]  # (site, stat) -> (layers, steps), NaN where absent
+    rows: pa.Table  # site, stat, layer, step, value: the scalar rows
 
     @classmethod
     def of(cls, table: pa.Table) -> "TrainingSeries":
@@ -57,7 +74,21 @@ class TrainingSeries:
                                                 ("site", "stat", "layer", "step", "value_mean"))):
             m = values.setdefault((site, stat), np.full((len(layers), len(steps)), np.nan))
             m[row[layer], col[step]] = v
-        return cls(steps, layers, values)
+        return cls(steps, layers, values, t)
+
+    def ridges(self, site: str, stat: str, bins: int = 32) -> Ridges:
+        """Histograms of ``stat`` at ``site`` per step of the series (empty rows
+        for steps without it), on bins spanning all its values."""
+        t = self.rows.filter(pc.and_(pc.equal(self.rows["site"], site),
+                                     pc.equal(self.rows["stat"], stat)))
+        values = np.asarray(t["value"], dtype=np.float64)
+        finite = np.isfinite(values)  # a NaN or Inf has no place on a value axis
+        values = values[finite]
+        where = np.searchsorted(self.steps, np.asarray(t["step"], dtype=np.int64)[finite])
+        edges = np.histogram_bin_edges(values, bins) if len(values) else np.linspace(0, 1, bins + 1)
+        counts, _, _ = np.histogram2d(where, values, bins=(np.arange(len(self.steps) + 1) - 0.5,
+                                                           edges))
+        return Ridges(self.steps, edges, counts)
 
     def names(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
@@ -78,18 +109,29 @@ class ViewSource:
         m = self.manifest
         return {"capture": str(self.capture_dir), "source": m.get("source"),
                 "scenario": m.get("scenario"), "model": m.get("model"),
-                "rows": m.get("rows"), "dropped_records": m.get("dropped_records", 0),
-                "injections": m.get("injections", 0),
-                "series": self.series.names(), "series_layers": self.series.layers,
-                "steps": len(self.series.steps),
-                "checkpoint": str(self.checkpoint_dir) if self.checkpoint_dir else None}
+                "checkpoint": str(self.checkpoint_dir) if self.checkpoint_dir else None,
+                **self.training_info()}
+
+    def training_info(self) -> dict[str, Any]:
+        """What changes while a followed run writes: the series, rows, drops."""
+        m = self.manifest
+        return {"rows": m.get("rows"), "dropped_records": m.get("dropped_records", 0),
+                "injections": m.get("injections", 0), "series": self.series.names(),
+                "series_layers": self.series.layers, "steps": len(self.series.steps),
+                "last_step": int(self.series.steps[-1]) if len(self.series.steps) else None}
 
 
-def open_source(path: str | Path) -> ViewSource:
-    """The capture and checkpoint under ``path``; ``UserError`` when it is not a capture."""
+def open_source(path: str | Path, follow: bool = False) -> ViewSource:
+    """The capture and checkpoint under ``path``; ``UserError`` when it is not a
+    capture. Following, a capture still being written starts empty and has no
+    checkpoint (the run writes it last): ``follow.PartsFollower`` fills it."""
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a directory")
-    capture = Capture(_capture_dir(root))
+    found = _capture_dir(root, follow)
+    if follow:
+        return ViewSource(found, {"source": "followed run", "rows": 0},
+                          TrainingSeries.of(STATS_SCHEMA.empty_table()), None)
+    capture = Capture(found)
     return ViewSource(capture.path, capture.manifest, TrainingSeries.of(capture.stats()),
                       _checkpoint_dir(root, capture))

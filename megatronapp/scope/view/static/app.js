@@ -5,6 +5,7 @@
 const $ = (id) => document.getElementById(id);
 const state = {
   info: null, steps: [], latencies: [], shown: [], series: null, ws: null, playing: null,
+  stepsB: [], promptB: "", target: "a", doneB: false, trainingUpdates: 0,
   sel: { layer: 1, head: 0, token: -1, step: 0 }, topkOpen: false,
 };
 window.megascope = state; // read by the browser test and the latency benchmark
@@ -214,16 +215,26 @@ function renderStats() {
   if (px) heatmap($("pixels-canvas"), matrix(px, [state.sel.layer - 1]), { xlabels: (c) => c, ylabels: tok, xtitle: "channel block (heads side by side for per-head sites)", ytitle: "token", title: `pooled pixels (absmax per channel block) of ${site}, layer ${state.sel.layer}`, legend: "absmax (tensor units)", mark: { row: selectedToken(rec) } });
   else message($("pixels-canvas"), `no pooled pixels at ${site}`);
 }
+function attentionMap(canvas, rec, which, step) {
+  const a = rec.arrays[`${which}/attention/layer${state.sel.layer}`];
+  if (!a) { message(canvas, "no attention at this layer"); return false; }
+  const win = rec.header.window, tok = (i) => show(win[i]);
+  heatmap(canvas, matrix(a, [state.sel.head]), { xlabels: tok, ylabels: tok, xtitle: "key token", ytitle: "query token", title: `layer ${state.sel.layer}, head ${state.sel.head}, step ${step}`, legend: "attention probability", lo: 0, hi: 1, mark: { row: selectedToken(rec) } });
+  return true;
+}
 function renderAttention() {
   const rec = current();
-  if (!rec) { message($("attn-canvas"), "no step yet"); return; }
-  const win = rec.header.window, tok = (i) => show(win[i]);
-  for (const [which, id] of [["clean", "attn-canvas"], ["perturbed", "attn-canvas-p"]]) {
-    const a = rec.arrays[`${which}/attention/layer${state.sel.layer}`];
-    if (which === "perturbed") $("attn-perturbed-fig").hidden = !a;
-    if (!a) { message($(id), "no attention at this layer"); continue; }
-    heatmap($(id), matrix(a, [state.sel.head]), { xlabels: tok, ylabels: tok, xtitle: "key token", ytitle: "query token", title: `layer ${state.sel.layer}, head ${state.sel.head}, step ${state.sel.step}`, legend: "attention probability", lo: 0, hi: 1, mark: { row: selectedToken(rec) } });
+  $("attn-prompt-a").textContent = show($("prompt").dataset.sent || "");
+  if (!rec) { message($("attn-canvas"), "no step yet"); } else {
+    attentionMap($("attn-canvas"), rec, "clean", state.sel.step);
+    $("attn-perturbed-fig").hidden = !attentionMap($("attn-canvas-p"), rec, "perturbed", state.sel.step);
   }
+  // prompt B: the same layer, head and step (its last step when it is shorter)
+  $("attn-b-fig").hidden = !state.stepsB.length;
+  if (!state.stepsB.length) return;
+  const stepB = Math.min(state.sel.step, state.stepsB.length - 1);
+  $("attn-prompt-b").textContent = show(state.promptB);
+  attentionMap($("attn-canvas-b"), state.stepsB[stepB], "clean", stepB);
 }
 function pcaRange() { // one range over every step and layer: the basis is fixed
   const xs = [], ys = [];
@@ -274,6 +285,41 @@ function renderTraining() {
   const steps = Array.from(s.arrays.steps.data), v = s.arrays.values;
   const lines = s.header.layers.map((layer, i) => ({ name: `layer ${layer}`, xs: steps, ys: steps.map((_, j) => v.data[i * steps.length + j]), colour: PALETTE[i % PALETTE.length] }));
   lineChart(canvas, lines, { xtitle: "step", ytitle: `${s.header.stat} (${unit(s.header.stat)})`, title: `${s.header.stat} of ${s.header.site} per layer over steps` });
+  renderRidges();
+}
+const MAX_RIDGES = 40; // the latest steps, so the ridges stay readable
+function renderRidges() {
+  const s = state.series, canvas = $("ridge-canvas");
+  if (!s) { message(canvas, "no statistic selected"); return; }
+  const edges = s.arrays.ridge_edges.data, counts = matrix(s.arrays.ridge_counts);
+  const steps = Array.from(s.arrays.steps.data), first = Math.max(0, steps.length - MAX_RIDGES);
+  const shown = steps.slice(first), bins = counts.cols;
+  state.ridges = shown.length;
+  if (!shown.length) { message(canvas, "no steps yet"); return; }
+  const ctx = clear(canvas), box = plotBox(canvas);
+  const x0 = edges[0], x1 = edges[bins];
+  const px = (x) => box.x + (x - x0) / (x1 - x0) * box.w;
+  const gap = box.h / (shown.length + 1.5), height = gap * 2.5; // ridges overlap a little
+  ctx.strokeStyle = "#222"; ctx.strokeRect(box.x, box.y, box.w, box.h); ctx.fillStyle = "#222";
+  ctx.textAlign = "center";
+  for (let i = 0; i <= 4; i++) ctx.fillText(fmt(x0 + (x1 - x0) * i / 4), box.x + box.w * i / 4, box.y + box.h + 14);
+  ctx.textAlign = "right";
+  const every = Math.max(1, Math.ceil(shown.length / Math.max(1, box.h / 14)));
+  shown.forEach((step, i) => { // earliest at the top, drawn first so later ridges overlap it
+    const base = box.y + gap * (i + 1.5), row = first + i;
+    let peak = 0; for (let b = 0; b < bins; b++) peak = Math.max(peak, counts.at(row, b));
+    if (i % every === 0) { ctx.fillStyle = "#222"; ctx.fillText(step, box.x - 4, base + 4); }
+    if (peak === 0) return;
+    const [R, G, B] = colour(shown.length > 1 ? i / (shown.length - 1) : 1);
+    ctx.beginPath(); ctx.moveTo(px(x0), base);
+    for (let b = 0; b < bins; b++) ctx.lineTo(px((edges[b] + edges[b + 1]) / 2), base - height * counts.at(row, b) / peak);
+    ctx.lineTo(px(x1), base); ctx.closePath();
+    ctx.fillStyle = `rgba(${R},${G},${B},0.75)`; ctx.fill(); ctx.strokeStyle = "#fff"; ctx.stroke();
+  });
+  ctx.textAlign = "left"; ctx.fillStyle = "#222";
+  ctx.fillText(`distribution of ${s.header.stat} of ${s.header.site} per step over layers, heads and tokens (each ridge scaled to its own peak)`, box.x, 14);
+  axisTitles(ctx, box, `${s.header.stat} (${unit(s.header.stat)})`, "step");
+  legend(ctx, box.x + box.w + 20, box.y, box.h, shown[0], shown[shown.length - 1], "step (ridge colour)");
 }
 function renderQuick() {
   const rec = current(), n = state.steps.length;
@@ -308,13 +354,14 @@ function onInfo(info) {
   for (const e of $("perturb-controls").querySelectorAll("select, input")) e.disabled = !info.allow_perturb;
   $("use-perturb").disabled = !info.allow_perturb;
   $("generate").disabled = !live;
-  $("dropped").textContent = `dropped records in this capture: ${info.dropped_records}; captured rows: ${info.rows}; steps: ${info.steps}`;
+  $("dropped").textContent = trainingText(info);
   const dl = $("capture-info");
   dl.replaceChildren(...[["capture", info.capture], ["source", info.source], ["model", info.model ? `${info.model.layers} layers, hidden ${info.model.hidden}, ${info.model.heads} heads` : "?"], ["live generation", live ? "on" : "off (no checkpoint)"], ["dropped records", info.dropped_records]]
     .flatMap(([k, v]) => { const dt = document.createElement("dt"), dd = document.createElement("dd"); dt.textContent = k; dd.textContent = v; return [dt, dd]; }));
-  status(live ? "ready: enter a prompt" : "capture only (no checkpoint)");
+  status(live ? "ready: enter a prompt" : info.following ? "following the run (no live generation)" : "capture only (no checkpoint)");
 }
 function onStep(frame) {
+  if (state.target === "b") { state.stepsB.push(frame); if (activeTab() === "attention") renderAttention(); return; }
   state.steps.push(frame);
   if (state.steps.length === 1) {
     const sites = [...new Set(Object.keys(frame.arrays).filter((n) => n.startsWith("clean/stats/")).map((n) => n.split("/")[2]))];
@@ -339,9 +386,20 @@ function onMessage(ev) {
   }
   const m = JSON.parse(ev.data);
   if (m.kind === "info") onInfo(m);
-  else if (m.kind === "done") { status(`done: ${m.steps} tokens${m.stopped ? " (stopped)" : ""}`); state.done = true; }
+  else if (m.kind === "done") { status(`done: ${m.steps} tokens${m.stopped ? " (stopped)" : ""}`); if (state.target === "b") state.doneB = true; else state.done = true; }
+  else if (m.kind === "training") onTraining(m);
   else if (m.kind === "refused") status(`refused: ${m.reason}`);
   else if (m.kind === "error") status(`error: ${m.message}`);
+}
+function trainingText(info) {
+  const follow = info.following ? `following the run: ${info.steps} steps so far${info.last_step === null ? "" : ` (last step ${info.last_step})`}; ` : "";
+  return `${follow}dropped records in this capture: ${info.dropped_records}; captured rows: ${info.rows}; steps: ${info.steps}`;
+}
+function onTraining(m) { // a followed run wrote more statistics: refresh the training view
+  Object.assign(state.info, m); state.trainingUpdates += 1;
+  fillSelect($("t-site"), Object.keys(m.series)); // keeps the chosen site and statistic
+  $("dropped").textContent = trainingText(state.info);
+  onTrainingSite();
 }
 function send(obj) { if (state.ws && state.ws.readyState === WebSocket.OPEN) state.ws.send(JSON.stringify(obj)); }
 function connect() {
@@ -390,13 +448,19 @@ function replay() {
 function wire() {
   $("gen-form").addEventListener("submit", (e) => {
     e.preventDefault();
-    state.steps = []; state.latencies = []; state.shown = []; state.done = false; state.sel.step = 0; state.topkOpen = false;
+    state.steps = []; state.latencies = []; state.shown = []; state.done = false; state.sel.step = 0; state.topkOpen = false; state.target = "a";
     $("prompt").dataset.sent = $("prompt").value;
     const msg = { type: "generate", prompt: $("prompt").value, tokens: Number($("ntokens").value), top_k: Number($("topk-n").value) };
     const p = perturbation(); if (p) msg.perturb = p;
     renderAll(); status("decoding…"); send(msg);
   });
   $("stop").addEventListener("click", () => send({ type: "stop" }));
+  $("gen-b-form").addEventListener("submit", (e) => { // a second prompt, same settings, for comparison
+    e.preventDefault();
+    state.stepsB = []; state.doneB = false; state.target = "b"; state.promptB = $("prompt-b").value;
+    renderAttention(); status("decoding prompt B…");
+    send({ type: "generate", prompt: state.promptB, tokens: Number($("ntokens").value), top_k: Number($("topk-n").value) });
+  });
   $("tokens").addEventListener("click", (e) => {
     const t = e.target.closest(".tok"); if (!t) return;
     const i = Number(t.dataset.step);
