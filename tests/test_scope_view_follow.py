@@ -11,6 +11,7 @@ page in chromium see steps arrive while rows are appended.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,8 +21,8 @@ import pytest
 
 from megatronapp.errors import UserError
 from megatronapp.scope.storage import HostRecord, PartWriter, RecordKey, Rows, merge_capture
-from megatronapp.scope.view.follow import PartsFollower
-from megatronapp.scope.view.source import TrainingSeries, open_source
+from megatronapp.scope.view.follow import PartsFollower, followed_capture
+from megatronapp.scope.view.source import TrainingSeries, followed_source
 from tests.scope_view_support import (ViewServer, blank_of, client, launch_chromium, shoot,
                                       write_training_step)
 
@@ -42,7 +43,7 @@ def test_the_follower_sees_each_step_once_as_the_parts_grow(tmp_path: Path) -> N
     write_training_step(writer, 1)
     write_training_step(PartWriter(tmp_path, 1), 1)  # another rank, same step
     snap = follower.poll()
-    assert snap is not None and snap.manifest["following"] == "parts"
+    assert snap is not None and snap.manifest["capture_state"] == "parts"
     assert TrainingSeries.of(snap.stats).steps.tolist() == [0, 1]
     assert snap.stats.num_rows == 3 * 2 * 2 * 8  # (step 0 + 2 ranks at step 1) x layers x stats x tokens
 
@@ -81,7 +82,7 @@ def test_the_merged_capture_replaces_the_parts(tmp_path: Path) -> None:
     merge_capture(tmp_path, {"source": "train"})
     after = follower.poll()
     assert before is not None and after is not None
-    assert after.manifest["following"] == "merged capture" and after.manifest["dropped_records"] == 4
+    assert after.manifest["capture_state"] == "merged" and after.manifest["dropped_records"] == 4
     key = [("step", "ascending"), ("layer", "ascending"), ("stat", "ascending"),
            ("token", "ascending")]
     assert after.stats.sort_by(key).equals(before.stats.sort_by(key))
@@ -89,12 +90,36 @@ def test_the_merged_capture_replaces_the_parts(tmp_path: Path) -> None:
 
 
 def test_following_needs_parts_or_a_manifest(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="parts/"):
-        open_source(tmp_path, follow=True)
-    (tmp_path / "scope" / "parts").mkdir(parents=True)
-    src = open_source(tmp_path, follow=True)
-    assert src.capture_dir == tmp_path / "scope" and src.checkpoint_dir is None
+    run = tmp_path / "run"
+    with pytest.raises(UserError, match="no capture being written"):
+        followed_source(run)
+    run.mkdir()
+    with pytest.raises(UserError, match="no capture being written"):
+        followed_source(run)
+    (run / "scope" / "parts").mkdir(parents=True)
+    src = followed_source(run)
+    assert followed_capture(run) == run / "scope" and src.checkpoint_dir is None
     assert src.info()["steps"] == 0
+
+
+def test_a_run_being_staged_is_followed_until_it_moves_into_place(tmp_path: Path) -> None:
+    """``megatronapp run --out RUN`` writes a hidden sibling, renamed to RUN at the end."""
+    from megatronapp.outdirs import staged_dir
+
+    run = tmp_path / "run"
+    follower = PartsFollower(run)
+    with staged_dir(run) as tmp:
+        writer = PartWriter(tmp / "scope", 0)
+        write_training_step(writer, 0)
+        assert followed_capture(run) == tmp / "scope"
+        write_training_step(writer, 1)
+        assert series_steps(follower) == [0, 1]
+        writer.close(dropped=0)
+        merge_capture(tmp / "scope", {"source": "train"})
+    assert followed_capture(run) == run / "scope"
+    snap = follower.poll()
+    assert snap is not None and snap.manifest["capture_state"] == "merged"
+    assert TrainingSeries.of(snap.stats).steps.tolist() == [0, 1]
 
 
 def test_ridges_are_per_step_histograms_on_shared_edges() -> None:
@@ -180,8 +205,66 @@ def test_the_training_view_gains_a_step_and_draws_ridges(
             assert page.evaluate("window.megascope.ridges") == 2
             assert page.evaluate("document.getElementById('ridge-canvas').toDataURL()") != ridges_one
             assert page.evaluate("document.getElementById('train-canvas').toDataURL()") != line_one
-            assert "following the run: 2 steps so far (last step 1)" in page.text_content("#dropped")
+            assert "following the run (the run is writing): 2 steps so far (last step 1)" in page.text_content("#dropped")
             shoot(page, Path(srv.target).parent, "training-follow")
         finally:
             browser.close()
     assert errors == [] and srv.alive()
+
+
+LIVE_RUN = """seed: 3
+iterations: 600
+schedule: 1f1b
+parallel: {tp: 1, pp: 2, dp: 1, microbatches: 2}
+model: {layers: 2, hidden: 64, heads: 4, seq_len: 32, vocab: 96, micro_batch_size: 4}
+data: {kind: text}
+training: {optimizer: adam, lr: 0.003}
+scope:
+  observe:
+    - {site: resid_post, every_n_steps: 20, microbatches: [0], tokens: pooled, stats: [mean, std]}
+"""
+
+
+def wait_for(ready: Any, proc: Any, what: str) -> None:
+    """Until ``ready()``; fails when ``proc`` ends first or after 300 s."""
+    for _ in range(3000):
+        if ready():
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the training run ended before {what}")
+        time.sleep(0.1)
+    pytest.fail(f"no {what} after 300 s")
+
+
+@pytest.mark.slow
+def test_following_a_real_torch_training_run(tmp_path: Path) -> None:
+    """A two-stage torch training run writes its capture while ``scope serve
+    --follow`` serves it: the page's training records count more steps as the
+    run goes on, and the last one is the merged capture with every step."""
+    import subprocess
+    import sys
+
+    from tests.scope_view_support import ROOT
+
+    (tmp_path / "live.yaml").write_text(LIVE_RUN)
+    run = tmp_path / "run"
+    with open(tmp_path / "run.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "megatronapp.cli", "run",
+                                 str(tmp_path / "live.yaml"), "--backend", "torch", "--out",
+                                 str(run)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: followed_capture(run) is not None, proc, "its capture's parts/")
+            seen: list[tuple[str, int]] = []  # (capture state, steps) of each update
+            with ViewServer(run, ("--follow",)) as srv, client(srv) as ws:
+                while not seen or seen[-1][0] != "merged":
+                    update = next_json(ws, "training")
+                    seen.append((update["capture_state"], update["steps"]))
+            assert proc.wait(timeout=300) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert seen[-1] == ("merged", 600 // 20)
+    live = [steps for state, steps in seen if state == "parts"]
+    assert live == sorted(live)
+    assert any(0 < steps < 600 // 20 for steps in live), f"no step arrived while it ran: {seen}"

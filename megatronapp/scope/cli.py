@@ -157,9 +157,9 @@ def _live_model(checkpoint: Path) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .view.server import ServerConfig, ViewApp, bind, log_to_stderr, run_server
     from .view.follow import PartsFollower
-    from .view.source import open_source
+    from .view.source import followed_source, open_source
 
-    source = open_source(args.capture, follow=args.follow)
+    source = followed_source(args.capture) if args.follow else open_source(args.capture)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: must be 0..65535, got {args.port}")
     sock = bind(args.host, args.port)

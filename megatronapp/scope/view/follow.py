@@ -4,6 +4,9 @@ A run's ranks write self-contained part files under ``CAPTURE/parts/rank{r}/``
 (``stats-*.parquet`` and, for tensor-parallel slices, ``partials-*.parquet``),
 each renamed into place only when complete; at the end the run merges them
 into ``stats.parquet`` + ``manifest.json`` and removes ``parts/``.
+``megatronapp run --out RUN`` writes all this in a hidden sibling
+(``outdirs.staged_siblings``) renamed to ``RUN`` when the run is done, so a
+followed ``RUN`` is looked for in both, newest first, at every poll.
 ``PartsFollower.poll`` reads only the part files it has not read yet (the
 partials again whenever one is added, since their slices combine across
 files), and switches to the merged capture once its manifest appears.
@@ -18,7 +21,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...outdirs import staged_siblings
 from ..storage import PARTIAL_SCHEMA, STATS_SCHEMA, Capture, merge_partials
+
+
+def _written_at(capture: Path) -> float | None:
+    """When the capture under ``capture`` last showed signs of life (None: none there)."""
+    for marker in (capture / "manifest.json", capture / "parts"):
+        try:
+            return marker.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def followed_capture(root: Path) -> Path | None:
+    """The capture ``root`` names (a capture or a run directory), or the one a
+    run writing ``root`` is filling now; the newest when both are there."""
+    found = [(at, c) for base in (root, *staged_siblings(root)) for c in (base, base / "scope")
+             if (at := _written_at(c)) is not None]
+    return max(found)[1] if found else None
 
 
 @dataclass(frozen=True)
@@ -31,7 +53,8 @@ class Snapshot:
 
 @dataclass
 class PartsFollower:
-    root: Path  # the capture directory
+    target: Path  # the capture or run directory given
+    root: Path | None = None  # where its capture is being read from now
     _stats: dict[Path, pa.Table] = field(default_factory=dict)
     _partials: frozenset[Path] = frozenset()
     _merged: pa.Table | None = None
@@ -39,23 +62,29 @@ class PartsFollower:
 
     def poll(self) -> Snapshot | None:
         """What changed since the last poll, or ``None`` when nothing did."""
+        root = followed_capture(self.target)
+        if root is None:
+            return None
+        if root != self.root:  # a new capture, or the run moved its directory into place
+            self.root, self._stats, self._partials = root, {}, frozenset()
+            self._merged, self._merged_mtime = None, None
         try:
-            if (self.root / "manifest.json").is_file():
-                return self._poll_merged()
-            return self._poll_parts()
-        except FileNotFoundError:  # the run merged its parts between listing and reading
+            if (root / "manifest.json").is_file():
+                return self._poll_merged(root)
+            return self._poll_parts(root)
+        except FileNotFoundError:  # the run merged or moved its parts while they were read
             return None
 
-    def _poll_merged(self) -> Snapshot | None:
-        mtime = (self.root / "manifest.json").stat().st_mtime
+    def _poll_merged(self, root: Path) -> Snapshot | None:
+        mtime = (root / "manifest.json").stat().st_mtime
         if mtime == self._merged_mtime:
             return None
-        capture = Capture(self.root)
+        capture = Capture(root)
         self._merged_mtime = mtime
-        return Snapshot(capture.stats(), {**capture.manifest, "following": "merged capture"})
+        return Snapshot(capture.stats(), {**capture.manifest, "capture_state": "merged"})
 
-    def _poll_parts(self) -> Snapshot | None:
-        parts = self.root / "parts"
+    def _poll_parts(self, root: Path) -> Snapshot | None:
+        parts = root / "parts"
         new = [f for f in sorted(parts.glob("rank*/stats-*.parquet")) if f not in self._stats]
         partials = frozenset(parts.glob("rank*/partials-*.parquet"))
         if not new and partials == self._partials:
@@ -70,7 +99,7 @@ class PartsFollower:
         stats = pa.concat_tables(tables) if tables else STATS_SCHEMA.empty_table()
         return Snapshot(stats, {"source": "followed run (parts being written)",
                                 "rows": stats.num_rows, "dropped_records": _dropped(parts),
-                                "following": "parts"})
+                                "capture_state": "parts"})
 
 
 def _dropped(parts: Path) -> int:

@@ -4,8 +4,9 @@ live generation runs on.
 Accepted: a capture directory (``manifest.json``), a run directory
 (``RUN/scope/`` and ``RUN/checkpoint/``) or a ``scope generate`` output
 (``OUT/clean/``). A generation capture names its checkpoint in its manifest.
-When following (``--follow``), a capture still being written (only its
-``parts/``) is accepted too; ``follow.PartsFollower`` reads it as it grows.
+Following (``--follow``, ``followed_source``), a capture still being written
+(only its ``parts/``, possibly in the hidden directory a run writes before
+it becomes ``RUN``) is accepted too; ``follow.PartsFollower`` reads it as it grows.
 """
 from __future__ import annotations
 
@@ -21,15 +22,12 @@ from ...errors import UserError
 from ..storage import STATS_SCHEMA, Capture
 
 
-def _capture_dir(root: Path, follow: bool = False) -> Path:
+def _capture_dir(root: Path) -> Path:
     for candidate in (root, root / "scope", root / "clean"):
         if (candidate / "manifest.json").is_file():
             return candidate
-        if follow and (candidate / "parts").is_dir():
-            return candidate
-    what = ("no manifest.json, scope/manifest.json or clean/manifest.json"
-            + (", nor parts/ or scope/parts/ of a run being written" if follow else ""))
-    raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a MegaScope capture ({what})")
+    raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a MegaScope capture "
+                    "(no manifest.json, scope/manifest.json or clean/manifest.json)")
 
 
 def _checkpoint_dir(root: Path, capture: Capture) -> Path | None:
@@ -116,22 +114,30 @@ class ViewSource:
         """What changes while a followed run writes: the series, rows, drops."""
         m = self.manifest
         return {"rows": m.get("rows"), "dropped_records": m.get("dropped_records", 0),
+                "capture_state": m.get("capture_state", "merged"),
                 "injections": m.get("injections", 0), "series": self.series.names(),
                 "series_layers": self.series.layers, "steps": len(self.series.steps),
                 "last_step": int(self.series.steps[-1]) if len(self.series.steps) else None}
 
 
-def open_source(path: str | Path, follow: bool = False) -> ViewSource:
-    """The capture and checkpoint under ``path``; ``UserError`` when it is not a
-    capture. Following, a capture still being written starts empty and has no
-    checkpoint (the run writes it last): ``follow.PartsFollower`` fills it."""
+def open_source(path: str | Path) -> ViewSource:
+    """The capture and checkpoint under ``path``; ``UserError`` when it is not a capture."""
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a directory")
-    found = _capture_dir(root, follow)
-    if follow:
-        return ViewSource(found, {"source": "followed run", "rows": 0},
-                          TrainingSeries.of(STATS_SCHEMA.empty_table()), None)
-    capture = Capture(found)
+    capture = Capture(_capture_dir(root))
     return ViewSource(capture.path, capture.manifest, TrainingSeries.of(capture.stats()),
                       _checkpoint_dir(root, capture))
+
+
+def followed_source(path: str | Path) -> ViewSource:
+    """A capture being written, empty until ``follow.PartsFollower`` fills it; no
+    checkpoint (a run writes it last). ``UserError`` when there is nothing to follow."""
+    from .follow import followed_capture
+
+    root = Path(path)
+    if followed_capture(root) is None:
+        raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} has no capture being written "
+                        "(no parts/ or scope/parts/ there or in a run writing it, no manifest)")
+    return ViewSource(root, {"source": "followed run", "rows": 0, "capture_state": "parts"},
+                      TrainingSeries.of(STATS_SCHEMA.empty_table()), None)

@@ -392,7 +392,8 @@ function onMessage(ev) {
   else if (m.kind === "error") status(`error: ${m.message}`);
 }
 function trainingText(info) {
-  const follow = info.following ? `following the run: ${info.steps} steps so far${info.last_step === null ? "" : ` (last step ${info.last_step})`}; ` : "";
+  const written = info.capture_state === "merged" ? "the run has finished" : "the run is writing";
+  const follow = info.following ? `following the run (${written}): ${info.steps} steps so far${info.last_step === null ? "" : ` (last step ${info.last_step})`}; ` : "";
   return `${follow}dropped records in this capture: ${info.dropped_records}; captured rows: ${info.rows}; steps: ${info.steps}`;
 }
 function onTraining(m) { // a followed run wrote more statistics: refresh the training view
