@@ -132,10 +132,10 @@ def blank_of(page: Any, width: int, height: int) -> str:
         f"c.height = {height}; return c.toDataURL(); }})()")
 
 
-def shoot(page: Any, tmp_path: Path, name: str) -> None:
+def shoot(page: Any, tmp_path: Path, name: str, full_page: bool = False) -> None:
     """A screenshot in ``tmp_path``, copied to ``$MEGASCOPE_SCREENSHOTS`` when set."""
     path = tmp_path / f"megascope-{name}.png"
-    page.screenshot(path=str(path))
+    page.screenshot(path=str(path), full_page=full_page)
     target = os.environ.get("MEGASCOPE_SCREENSHOTS")
     if target:
         shutil.copyfile(path, Path(target) / path.name)

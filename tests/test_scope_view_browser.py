@@ -142,7 +142,7 @@ def test_the_view_in_a_browser(server: ViewServer, tmp_path: Path) -> None:
             page.select_option("#t-stat", other)
             page.wait_for_function(f"() => window.megascope.series.header.stat === {other!r}")
             assert pixels(page, "ridge-canvas") != ridges
-            shoot(page, tmp_path, "training")
+            shoot(page, tmp_path, "training", full_page=True)
 
             # the replay walks the timeline from the first step
             page.click("#play")

@@ -206,7 +206,7 @@ def test_the_training_view_gains_a_step_and_draws_ridges(
             assert page.evaluate("document.getElementById('ridge-canvas').toDataURL()") != ridges_one
             assert page.evaluate("document.getElementById('train-canvas').toDataURL()") != line_one
             assert "following the run (the run is writing): 2 steps so far (last step 1)" in page.text_content("#dropped")
-            shoot(page, Path(srv.target).parent, "training-follow")
+            shoot(page, Path(srv.target).parent, "training-follow", full_page=True)
         finally:
             browser.close()
     assert errors == [] and srv.alive()

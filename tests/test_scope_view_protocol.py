@@ -143,11 +143,11 @@ def test_a_steps_arrays_lay_the_rows_out_by_layer_and_token() -> None:
 
 def test_training_series_are_per_step_means() -> None:
     table = pa.table({
-        "step": [0, 0, 0, 10, 10, 10],
-        "layer": [1, 1, 2, 1, 2, 2],
-        "site": ["resid_post"] * 6,
-        "stat": ["std"] * 5 + ["hist"],
-        "value": [1.0, 3.0, 5.0, 7.0, 9.0, None],
+        "step": [0, 0, 0, 10, 10, 10, 0],
+        "layer": [1, 1, 2, 1, 2, 2, 1],
+        "site": ["resid_post"] * 7,
+        "stat": ["std"] * 5 + ["hist", "std"],
+        "value": [1.0, 3.0, 5.0, 7.0, 9.0, None, float("nan")],  # a NaN row is left out
     })
     s = TrainingSeries.of(table)
     assert s.steps.tolist() == [0, 10] and s.layers == [1, 2]

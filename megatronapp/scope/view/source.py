@@ -51,17 +51,20 @@ class Ridges:
 @dataclass(frozen=True)
 class TrainingSeries:
     """Every scalar statistic of a capture averaged per (site, stat, layer, step)
-    over microbatches, replicas, heads and tokens, and the rows behind the means."""
+    over microbatches, replicas, heads and tokens, and the rows behind the means.
+    Non-finite values are left out (the capture's ``nan_count``/``inf_count``
+    statistics count them)."""
 
     steps: np.ndarray  # (steps,)
     layers: list[int]
     values: dict[tuple[str, str], np.ndarray]  # (site, stat) -> (layers, steps), NaN where absent
-    rows: pa.Table  # site, stat, layer, step, value: the scalar rows
+    rows: pa.Table  # site, stat, layer, step, value: the finite scalar rows
 
     @classmethod
     def of(cls, table: pa.Table) -> "TrainingSeries":
         t = table.filter(pc.is_valid(table["value"])).select(["site", "stat", "layer", "step",
                                                               "value"])
+        t = t.filter(pc.is_finite(t["value"]))  # one NaN row (no previous token, say) would blank a mean
         g = t.group_by(["site", "stat", "layer", "step"]).aggregate([("value", "mean")])
         steps = np.unique(np.asarray(g["step"], dtype=np.int64))
         layers = sorted({int(x) for x in g["layer"].to_pylist()})
@@ -80,9 +83,7 @@ class TrainingSeries:
         t = self.rows.filter(pc.and_(pc.equal(self.rows["site"], site),
                                      pc.equal(self.rows["stat"], stat)))
         values = np.asarray(t["value"], dtype=np.float64)
-        finite = np.isfinite(values)  # a NaN or Inf has no place on a value axis
-        values = values[finite]
-        where = np.searchsorted(self.steps, np.asarray(t["step"], dtype=np.int64)[finite])
+        where = np.searchsorted(self.steps, np.asarray(t["step"], dtype=np.int64))
         edges = np.histogram_bin_edges(values, bins) if len(values) else np.linspace(0, 1, bins + 1)
         counts, _, _ = np.histogram2d(where, values, bins=(np.arange(len(self.steps) + 1) - 0.5,
                                                            edges))

@@ -299,14 +299,14 @@ function renderRidges() {
   const ctx = clear(canvas), box = plotBox(canvas);
   const x0 = edges[0], x1 = edges[bins];
   const px = (x) => box.x + (x - x0) / (x1 - x0) * box.w;
-  const gap = box.h / (shown.length + 1.5), height = gap * 2.5; // ridges overlap a little
+  const gap = box.h / (shown.length + 1.5), height = gap * 2.5; // ridges overlap a little; the first fits
   ctx.strokeStyle = "#222"; ctx.strokeRect(box.x, box.y, box.w, box.h); ctx.fillStyle = "#222";
   ctx.textAlign = "center";
   for (let i = 0; i <= 4; i++) ctx.fillText(fmt(x0 + (x1 - x0) * i / 4), box.x + box.w * i / 4, box.y + box.h + 14);
   ctx.textAlign = "right";
   const every = Math.max(1, Math.ceil(shown.length / Math.max(1, box.h / 14)));
   shown.forEach((step, i) => { // earliest at the top, drawn first so later ridges overlap it
-    const base = box.y + gap * (i + 1.5), row = first + i;
+    const base = box.y + gap * (i + 2.5), row = first + i;
     let peak = 0; for (let b = 0; b < bins; b++) peak = Math.max(peak, counts.at(row, b));
     if (i % every === 0) { ctx.fillStyle = "#222"; ctx.fillText(step, box.x - 4, base + 4); }
     if (peak === 0) return;
