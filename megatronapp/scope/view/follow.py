@@ -22,12 +22,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...outdirs import staged_siblings
-from ..storage import PARTIAL_SCHEMA, STATS_SCHEMA, Capture, merge_partials
+from ..storage import FORMAT, PARTIAL_SCHEMA, STATS_SCHEMA, Capture, merge_partials
+
+
+def _is_capture_manifest(path: Path) -> bool:
+    """A run directory has a manifest.json of its own (the files of the result)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _written_at(capture: Path) -> float | None:
     """When the capture under ``capture`` last showed signs of life (None: none there)."""
-    for marker in (capture / "manifest.json", capture / "parts"):
+    manifest = capture / "manifest.json"
+    for marker in (manifest, capture / "parts"):
+        if marker == manifest and not _is_capture_manifest(manifest):
+            continue
         try:
             return marker.stat().st_mtime
         except FileNotFoundError:
