@@ -3,7 +3,7 @@
 Each rank program runs inside one SimPy process. Sends are eager (the
 transfer starts when the send is posted); a receive completes when its
 message has arrived. Collectives rendezvous per (group, sequence number) and
-end together, ``ring_allreduce_s`` after the last member arrives. Events are
+end together, their ring cost after the last member arrives. Events are
 recorded in true simulated time; the rank clocks keep the injected skew.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from megatronapp.gc_pause import paused_gc
 from megatronapp.progress import Say, quiet
 from megatronapp.jobs import StagesFor, compile_programs, rank_programs
 from megatronapp.scope.cost import capture_plan, predicted_overhead
-from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send,
-                             Wait, WaitAny, describe, trace_args)
+from megatronapp.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
+                             ReduceScatter, Send, Wait, WaitAny, describe, trace_args)
 from megatronapp.tracer import Event, RunResult, Tracer
 from sim.cluster import Cluster, build_cluster
 from sim.network import succeeds
@@ -74,22 +74,48 @@ class _Rendezvous:
     arrived: int = 0
 
 
-class SimBackend:
-    """One simulation of a set of rank programs on a cluster."""
+COLLECTIVE_KINDS = {AllReduce: "all_reduce", ReduceScatter: "reduce_scatter",
+                    AllGather: "all_gather"}
 
-    def __init__(self, cluster: Cluster, on_record: Callable[[int, Event], None] | None = None):
+
+class SpanTracer(Tracer):
+    """Hands each event to ``on_record`` and keeps none (predictions need no trace)."""
+
+    def record(self, name: str, start_s: float, end_s: float, args: Any) -> None:
+        if self.on_record is not None:
+            self.on_record(self.rank, Event(name, start_s, end_s - start_s, args))
+
+
+class SimBackend:
+    """One simulation of a set of rank programs on a cluster.
+
+    ``simulated``: the ranks whose programs run (default all). A collective
+    completes once its simulated members have arrived and is priced for its
+    whole group: with no faults or jitter, data-parallel replicas have
+    identical timelines, so one replica stands for all (``run_replica``).
+    """
+
+    def __init__(self, cluster: Cluster, on_record: Callable[[int, Event], None] | None = None,
+                 simulated: frozenset[int] | None = None, keep_events: bool = True,
+                 op_overhead_s: float = 0.0):
         self.cluster = cluster
+        self.op_overhead_s = op_overhead_s  # host time to issue each op (not Wait)
         self.env = cluster.env
         self.mailbox = Mailbox(self.env)
-        self.tracers = {r: Tracer(r, now=lambda: self.env.now, on_record=on_record)
-                        for r in range(cluster.topo.world_size)}
+        self.simulated = simulated
+        ranks = range(cluster.topo.world_size) if simulated is None else sorted(simulated)
+        tracer = Tracer if keep_events else SpanTracer
+        self.tracers = {r: tracer(r, now=lambda: self.env.now, on_record=on_record)
+                        for r in ranks}
         self._collectives: dict[tuple[tuple[int, ...], int], _Rendezvous] = {}
         self._seq: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
+        self._busy_until: dict[tuple[int, ...], float] = {}  # one stream per communicator
         self._blocked_on: dict[int, Op | None] = {}
         self._handlers: dict[type, Callable[[int, Any], Any]] = {
             Compute: self._compute, ISend: self._isend, IRecv: self._irecv,
             Send: self._send, Recv: self._recv, Wait: self._wait, WaitAny: self._wait_any,
-            AllReduce: self._allreduce,
+            AllReduce: self._allreduce, ReduceScatter: self._collective,
+            AllGather: self._collective,
         }
 
     # ----------------------------------------------------------------- driver
@@ -112,6 +138,8 @@ class SimBackend:
                 del self._blocked_on[rank]
                 return
             self._blocked_on[rank] = op
+            if self.op_overhead_s > 0 and not isinstance(op, (Wait, WaitAny)):
+                yield self.env.timeout(self.op_overhead_s)
             result = yield from self._handlers[type(op)](rank, op)
 
     # -------------------------------------------------------------- handlers
@@ -140,9 +168,9 @@ class SimBackend:
         """The network move behind a send (subclasses map ranks onto devices)."""
         return self.cluster.network.transfer(src, dst, nbytes)
 
-    def _ring_s(self, group: tuple[int, ...], nbytes: int) -> float:
-        """How long an all-reduce over ``group`` takes (subclasses map ranks onto devices)."""
-        return self.cluster.network.ring_allreduce_s(group, nbytes)
+    def _ring_s(self, group: tuple[int, ...], nbytes: int, kind: str = "all_reduce") -> float:
+        """How long a ring collective over ``group`` takes (subclasses map ranks onto devices)."""
+        return self.cluster.network.ring_collective_s(kind, group, nbytes)
 
     def _irecv(self, rank: int, op: IRecv | Recv):
         start = self.env.now
@@ -172,10 +200,15 @@ class SimBackend:
             yield self.env.any_of(list(op.handles))
         return next(i for i, h in enumerate(op.handles) if h.processed or h.triggered)
 
-    def _allreduce(self, rank: int, op: AllReduce):
+    def _members(self, group: tuple[int, ...]) -> int:
+        if self.simulated is None:
+            return len(group)
+        return sum(1 for r in group if r in self.simulated)
+
+    def _collective(self, rank: int, op: AllReduce):
         group = op.group
         if rank not in group:
-            raise ValueError(f"rank {rank} is not in all-reduce group {group}")
+            raise ValueError(f"rank {rank} is not in collective group {group}")
         seq_key = (rank, group)
         key = (group, self._seq[seq_key])
         self._seq[seq_key] += 1
@@ -183,17 +216,35 @@ class SimBackend:
         if rv is None:
             rv = self._collectives[key] = _Rendezvous(self.env.event(), op.nbytes)
         elif rv.nbytes != op.nbytes:
-            raise ValueError(f"rank {rank}: all-reduce on {group} with {op.nbytes} bytes, "
-                             f"others use {rv.nbytes}")
+            raise ValueError(f"rank {rank}: {type(op).__name__} on {group} with {op.nbytes} "
+                             f"bytes, others use {rv.nbytes}")
         rv.arrived += 1
-        if rv.arrived == len(group):
+        if rv.arrived == self._members(group):
             del self._collectives[key]
-            cost = self._ring_s(group, op.nbytes)
-            self.env.timeout(cost).callbacks.append(succeeds(rv.event))
+            self._start_collective(COLLECTIVE_KINDS[type(op)], group, op.nbytes, rv.event)
         start = self.env.now
+        args = trace_args(op)
+        if op.async_op:
+            rv.event.callbacks.append(
+                lambda _e: self.tracers[rank].record(op.name, start, self.env.now, args))
+            return rv.event
         yield rv.event
-        self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))
+        self.tracers[rank].record(op.name, start, self.env.now, args)
         return op.tensor
+
+    _allreduce = _collective  # the name subclasses override (MegaFBD's coordinator)
+
+    def _start_collective(self, kind: str, group: tuple[int, ...], nbytes: int,
+                          done: simpy.Event) -> None:
+        """Collectives on one communicator run one after another (NCCL's stream order)."""
+        begin = max(self.env.now, self._busy_until.get(group, 0.0))
+        end = begin + self._ring_s(group, nbytes, kind)
+        self._busy_until[group] = end
+        self.env.timeout(end - self.env.now).callbacks.append(succeeds(done))
+
+
+def op_overhead_s(s: Scenario) -> float:
+    return s.cluster.gpu.op_overhead_us * 1e-6
 
 
 def run_sim(s: Scenario, stages_for: StagesFor | None = None,
@@ -203,8 +254,10 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     """Simulate a scenario end to end.
 
     ``engine``: "auto" runs static schedules (with placeholder stages and no
-    per-event hook or MegaScope capture) on the compiled engine, anything else on the SimPy
-    generator path; "generator" forces the latter. ``reduce`` simulates one
+    per-event hook or MegaScope capture) on the compiled engine, unless a rank
+    program is not static (``megatronapp.compiled.NotStatic``: among others,
+    asynchronous collectives, i.e. overlapped gradient reduction with dp > 1);
+    anything else runs on the SimPy generator path; "generator" forces the latter. ``reduce`` simulates one
     pipeline per class of identical ones (exact; see ``sim.symmetry``).
     """
     cluster = build_cluster(s)
@@ -217,13 +270,67 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     if program is not None:
         classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)
         try:
-            run = run_compiled(cluster, program, classes, progress)
+            run = run_compiled(cluster, program, classes, progress, op_overhead_s(s))
         except CompiledDeadlock as err:
             raise SimDeadlock(err.blocked) from None
         return RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks, source=run)
-    backend = SimBackend(cluster, on_record)
+    backend = SimBackend(cluster, on_record, op_overhead_s=op_overhead_s(s))
     events = backend.run(rank_programs(s, stages_for))
     return RunResult("sim", cluster.topo, events, cluster.clocks)
+
+
+def replica_ranks(s: Scenario) -> frozenset[int]:
+    """The ranks of data-parallel replica 0."""
+    topo = build_cluster(s).topo
+    return frozenset(r for r in range(topo.world_size) if topo.coord(r).dp == 0)
+
+
+def run_replica(s: Scenario, on_record: Callable[[int, Event], None] | None = None,
+                keep_events: bool = False) -> RunResult:
+    """Simulate data-parallel replica 0 only; dp collectives are priced for their
+    whole group. Exact for scenarios without faults or jitter (identical replicas)."""
+    cluster = build_cluster(s)
+    ranks = replica_ranks(s)
+    backend = SimBackend(cluster, on_record, simulated=ranks, keep_events=keep_events,
+                         op_overhead_s=op_overhead_s(s))
+    programs = rank_programs(s)
+    events = backend.run({r: programs[r] for r in sorted(ranks)})
+    return RunResult("sim", cluster.topo, events, cluster.clocks)
+
+
+class SpanCollector:
+    """Per-iteration first start and last end over all ranks, from a stream of events."""
+
+    def __init__(self, then: Callable[[int, Event], None] | None = None):
+        self.spans: dict[int, tuple[float, float]] = {}
+        self.events = 0
+        self.then = then
+
+    def __call__(self, rank: int, e: Event) -> None:
+        self.events += 1
+        it = e.args.get("iteration")
+        if it is not None:
+            lo, hi = self.spans.get(it, (e.start_s, e.end_s))
+            self.spans[it] = (min(lo, e.start_s), max(hi, e.end_s))
+        if self.then is not None:
+            self.then(rank, e)
+
+    def iteration_times(self) -> list[float]:
+        return [hi - lo for _it, (lo, hi) in sorted(self.spans.items())]
+
+
+def simulate_iteration_times(s: Scenario, replica: bool = False,
+                             on_record: Callable[[int, Event], None] | None = None) -> list[float]:
+    """Iteration times of a scenario, keeping no events (``megatronapp predict``);
+    ``replica``: simulate one data-parallel replica (see ``run_replica``)."""
+    spans = SpanCollector(on_record)
+    if replica:
+        run_replica(s, spans)
+    else:
+        cluster = build_cluster(s)
+        SimBackend(cluster, spans, keep_events=False,
+                   op_overhead_s=op_overhead_s(s)).run(rank_programs(s))
+    return spans.iteration_times()
 
 
 def run_scenario(s: Scenario, stages_for: StagesFor | None = None,

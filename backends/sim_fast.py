@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from megatronapp.compiled import (COLLECTIVE, COMPUTE, RECV, RECV_WAIT, SEND, CompiledRun,
-                                  PipeProgram, kind_group, pipe_ranks)
+from megatronapp.compiled import (COLLECTIVE, COMPUTE, GROUP_KINDS, RECV, RECV_WAIT, SEND, WAIT,
+                                  CompiledRun, PipeProgram, kind_group, pipe_ranks)
 from sim.cluster import Cluster
 from sim.network import Flow
 from sim.symmetry import PipeClasses
@@ -49,8 +49,9 @@ class Engine:
     """One run of a compiled pipeline program over the representatives of ``classes``."""
 
     def __init__(self, cluster: Cluster, program: PipeProgram, classes: PipeClasses,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, op_overhead_s: float = 0.0):
         topo = cluster.topo
+        self.op_overhead_s = op_overhead_s  # host time to issue each operation but a wait
         self.cluster, self.program, self.classes = cluster, program, classes
         self.progress = progress
         reps = classes.representatives
@@ -103,7 +104,8 @@ class Engine:
         net = cluster.network
         self.link_row = [[net.link(self.ranks[i], self.ranks[i - self.stage[i] + d])
                           for d in range(p_count)] for i in range(len(self.ranks))]
-        self.latency = net.latency_s
+        self.latency_row = [[net.latency(self.ranks[i], self.ranks[i - self.stage[i] + d])
+                             for d in range(p_count)] for i in range(len(self.ranks))]
         self.fixed_p2p = net.fixed_p2p_s
         self.fluid = net.fluid
 
@@ -116,7 +118,7 @@ class Engine:
         self.ring: list[list[Any]] = []
         for rank in self.ranks:
             row_keys, row_rings = [], []
-            for kind in range(3):
+            for kind in range(len(GROUP_KINDS)):
                 key, need = classes.rendezvous(rank, kind, rep_of)
                 if key not in keys:
                     keys[key] = len(keys)
@@ -134,7 +136,7 @@ class Engine:
             self.advance(i)
         self.drain()
         heap, pop, push, seq = self.heap, heapq.heappop, heapq.heappush, self.seq
-        fluid, latency, deliver = self.fluid, self.latency, self.deliver
+        fluid, deliver = self.fluid, self.deliver
         while heap:
             now, _, flow, version = pop(heap)
             a, b = flow.ports
@@ -154,7 +156,7 @@ class Engine:
             else:
                 for f, eta in fluid.finish(flow, version, now) or ():
                     push(heap, (now + eta, next(seq), f, f.version))
-            deliver(flow.tag, now + latency)
+            deliver(flow.tag, now + flow.tag[3])
             self.drain()
         blocked = {self.ranks[i]: self._describe(i) for i in range(len(self.ranks))
                    if self.pc[i] < len(self.ops[i])}
@@ -169,9 +171,10 @@ class Engine:
             self.progress(self.executed, self.total_ops)
             self.executed = 0
 
-    def deliver(self, note: tuple[int, int, int], when: float) -> None:
-        """Message ``m`` (slot ``slot``) of rank ``sender`` has arrived at ``when``."""
-        slot, sender, m = note
+    def deliver(self, note: tuple[int, int, int, float], when: float) -> None:
+        """Message ``m`` (slot ``slot``) of rank ``sender`` has arrived at ``when``
+        (``note``'s last field: the link's latency, added by the caller)."""
+        slot, sender, m, _latency = note
         self.arrive[slot] = when
         self.ends[sender][self.send_ev[m]] = when
         if self.posted[slot]:
@@ -192,11 +195,13 @@ class Engine:
         """Run rank ``i`` until it blocks or ends."""
         ops, pc, t = self.ops[i], self.pc[i], self.t[i]
         st, en, sbase = self.starts[i], self.ends[i], self.slot_base[i]
-        arrive, pricing = self.arrive, self.pricing[i]
+        arrive, pricing, overhead = self.arrive, self.pricing[i], self.op_overhead_s
         start_pc, n = pc, len(ops)
         while pc < n:
             op = ops[pc]
             code = op[0]
+            if overhead and code != WAIT:
+                t = t + overhead
             if code == RECV_WAIT or code == RECV:
                 ev = op[1]
                 st[ev] = t
@@ -248,18 +253,18 @@ class Engine:
     def _send(self, i: int, m: int, nbytes: int, t: float, slot: int) -> None:
         link = self.link_row[i][self.msg_dst[m]]
         slow = link.slowdown()
-        note = (slot, i, m)
+        note = (slot, i, m, self.latency_row[i][self.msg_dst[m]])
         if self.fixed_p2p is not None:
             self.deliver(note, t + self.fixed_p2p * slow)
         elif nbytes <= 0:
-            self.deliver(note, t + self.latency)
+            self.deliver(note, t + note[3])
         else:  # starts in time order: it may share a port with flows not started yet
             flow = Flow(nbytes * slow, link.ports, None, note)
             heapq.heappush(self.heap, (t, next(self.seq), flow, -1))
 
     def _arrive(self, i: int, op: tuple[Any, ...], t: float) -> float | None:
         """Arrive at a collective: its end time if this rank is the last, else None."""
-        _code, ev, kind, nbytes, nth = op
+        _code, ev, kind, nbytes, nth, steps = op
         ck = self.coll_key[i][kind]
         key = (ck, nth)
         rv = self.rendezvous.get(key)
@@ -267,7 +272,7 @@ class Engine:
             if self.need[ck] > 1:
                 self.rendezvous[key] = [self.need[ck] - 1, t, [(i, ev)]]
                 return None
-            return t + self.ring[i][kind].seconds(nbytes)
+            return t + self.ring[i][kind].seconds(nbytes, steps)
         rv[0] -= 1
         if t > rv[1]:
             rv[1] = t
@@ -275,7 +280,7 @@ class Engine:
             rv[2].append((i, ev))
             return None
         del self.rendezvous[key]
-        done: float = rv[1] + self.ring[i][kind].seconds(nbytes)
+        done: float = rv[1] + self.ring[i][kind].seconds(nbytes, steps)
         times, pcs, ready, ends = self.t, self.pc, self.ready, self.ends
         for j, ev_j in rv[2]:
             ends[j][ev_j] = done
@@ -287,7 +292,7 @@ class Engine:
     def _describe(self, i: int) -> str:
         op = self.ops[i][self.pc[i]]
         if op[0] == COLLECTIVE:
-            return f"AllReduce({('tp', 'dp', 'mp')[op[2]]} group)"
+            return f"collective({GROUP_KINDS[op[2]]} group)"
         m = op[1] if len(op) == 2 else op[2]
         base = i - self.stage[i]
         src, dst = self.ranks[base + self.msg_src[m]], self.ranks[base + self.msg_dst[m]]
@@ -305,7 +310,8 @@ class Engine:
 
 
 def run_compiled(cluster: Cluster, program: PipeProgram, classes: PipeClasses,
-                 progress: Callable[[int, int], None] | None = None) -> CompiledRun:
-    engine = Engine(cluster, program, classes, progress)
+                 progress: Callable[[int, int], None] | None = None,
+                 op_overhead_s: float = 0.0) -> CompiledRun:
+    engine = Engine(cluster, program, classes, progress, op_overhead_s)
     engine.run()
     return engine.result()

@@ -216,8 +216,8 @@ class FbdSimBackend(SimBackend):
         self.tracers[rank].record(op.name, start, self.env.now, trace_args(op))
         return op.tensor
 
-    def _ring_s(self, group: tuple[int, ...], nbytes: int) -> float:
-        return self.cluster.network.ring_allreduce_s(self.layout.devices_of(group), nbytes)
+    def _ring_s(self, group: tuple[int, ...], nbytes: int, kind: str = "all_reduce") -> float:
+        return self.cluster.network.ring_collective_s(kind, self.layout.devices_of(group), nbytes)
 
     # ------------------------------------------------------ control threads
     def _control(self, worker: int):

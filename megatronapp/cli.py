@@ -32,7 +32,7 @@ BACKENDS = ("sim", "torch")
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
-               "megatronapp.sweep.cli", "megatronapp.scope.cli")
+               "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli")
 
 
 def load_backend(name: str) -> Callable[..., Any]:
@@ -108,6 +108,8 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         print("\n".join(summary_lines(summary)))
     else:
         _print_pipeline_summary(summary)
+    for note in summary.get("adjustments", []):  # what Megatron would silently change
+        print(f"  note: {note}")
     losses = summary.get("loss_per_iteration")
     if losses:  # a real run trains: say whether it learns
         print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))

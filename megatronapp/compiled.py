@@ -6,9 +6,14 @@ interpreter that answers every operation at once. A program whose operations
 do not depend on what it is answered (every static schedule) yields the same
 sequence on any backend, so that sequence *is* the program. ``WaitAny`` (a
 dynamic policy choosing by what has completed), point-to-point traffic that
-leaves the pipeline, or collectives on groups other than the rank's own TP,
-DP or model-parallel group make a program not static (``NotStatic``): it keeps
-the generator path.
+leaves the pipeline, collectives on groups other than the rank's own TP, DP,
+model-parallel or embedding group, asynchronous collectives (overlapped
+gradient reduction: their completion is waited on later, and collectives on
+one communicator queue behind each other) and trace arguments other than
+plain values make a program not static (``NotStatic``): it keeps the
+generator path. Blocking collectives on one communicator can never overlap,
+so the SimPy path's per-communicator queue never delays them and the
+compiled engine needs none.
 
 The compiled form names no global rank: peers are pipeline stages, groups are
 kinds (tp, dp, mp), messages are indices into the pipeline's message table.
@@ -17,6 +22,7 @@ Every pipeline of a job therefore compiles to the same ``PipeProgram``
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,13 +31,13 @@ from typing import Any, Hashable, Iterator, Sequence
 import numpy as np
 
 from .columns import KINDS, ROLES, EventColumns, concat_same
-from .ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send, Wait, WaitAny,
-                  encode_tag)
+from .ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
+                  ReduceScatter, Send, Wait, WaitAny, encode_tag)
 from .topology import Group, Topology
 
 # Operation codes of the flat arrays.
 COMPUTE, SEND, RECV, WAIT, COLLECTIVE, RECV_WAIT = range(6)
-GROUP_KINDS = ("tp", "dp", "mp")
+GROUP_KINDS = ("tp", "dp", "mp", "emb")  # emb: first and last stage (tied embeddings)
 META_KEYS = ("iteration", "microbatch", "chunk")
 
 
@@ -50,7 +56,7 @@ class StageProgram:
 
     ops: (COMPUTE, event, cost_s) | (SEND, event, message, nbytes) |
     (RECV, event, message) | (WAIT, message) | (RECV_WAIT, event, message) |
-    (COLLECTIVE, event, group kind, nbytes, n-th collective of that kind).
+    (COLLECTIVE, event, group kind, nbytes, n-th collective of that kind, ring passes).
     A RECV only posts the receive (IRecv); a WAIT on its message blocks;
     RECV_WAIT is both at once (Recv).
     """
@@ -66,6 +72,7 @@ class StageProgram:
     op_kind: tuple[int, ...]  # codes into columns.KINDS
     role: tuple[int, ...]  # codes into columns.ROLES
     tag: tuple[int, ...]  # ops.encode_tag
+    extra: tuple[str | None, ...]  # JSON of the other trace arguments (columns.EventColumns.extra)
 
     @property
     def events(self) -> int:
@@ -99,8 +106,14 @@ class PipeProgram:
                         "microbatch": np.asarray(st.microbatch, np.int32),
                         "chunk": np.asarray(st.chunk, np.int32),
                         "nbytes": np.asarray(st.nbytes, np.int64), "peer_stage": peer,
-                        "group_kind": np.asarray(st.group_kind, np.int64)})
+                        "group_kind": np.asarray(st.group_kind, np.int64),
+                        "extra": np.asarray(st.extra, object)})
         return out
+
+    @cached_property
+    def has_extra(self) -> bool:
+        """Whether any event carries trace arguments beyond the columns."""
+        return any(x is not None for st in self.stages for x in st.extra)
 
 
 def record(program: RankProgram) -> list[Op]:
@@ -120,7 +133,7 @@ def record(program: RankProgram) -> list[Op]:
 
 
 def group_kind(topo: Topology, rank: int, group: Group) -> int:
-    own = (topo.tp_group(rank), topo.dp_group(rank), topo.model_parallel_group(rank))
+    own = tuple(kind_group(topo, kind, rank) for kind in range(len(GROUP_KINDS)))
     for kind, candidate in enumerate(own):
         if tuple(group) == candidate:
             return kind
@@ -130,14 +143,25 @@ def group_kind(topo: Topology, rank: int, group: Group) -> int:
 def kind_group(topo: Topology, kind: int, rank: int) -> Group:
     if kind == 0:
         return topo.tp_group(rank)
+    if kind == 3:
+        return embedding_group(topo.pp_group(rank))
     return topo.dp_group(rank) if kind == 1 else topo.model_parallel_group(rank)
 
 
-def _meta(op: Any) -> tuple[int, int, int]:
-    extra = set(op.meta) - set(META_KEYS)
-    if extra:
-        raise NotStatic(f"trace arguments {sorted(extra)} have no column")
-    return tuple(int(op.meta.get(k, -1)) for k in META_KEYS)  # type: ignore[return-value]
+def embedding_group(pipeline: Group) -> Group:
+    """The group that reduces tied embeddings: a pipeline's first and last stage."""
+    return (pipeline[0], pipeline[-1])
+
+
+def _meta(op: Any) -> tuple[int, int, int, str | None]:
+    """The meta's column values, and its other arguments as JSON (as the event
+    table keeps them); arguments JSON would not give back unchanged keep the
+    generator path."""
+    other = {k: v for k, v in op.meta.items() if k not in META_KEYS}
+    if any(type(v) not in (int, float, str, bool) for v in other.values()):
+        raise NotStatic(f"trace arguments {sorted(other)} are not plain values")
+    it, mb, chunk = (int(op.meta.get(k, -1)) for k in META_KEYS)
+    return it, mb, chunk, (json.dumps(other) if other else None)
 
 
 class _StageBuilder:
@@ -146,20 +170,20 @@ class _StageBuilder:
         self.fields: dict[str, list[Any]] = defaultdict(list)
 
     def event(self, name: str, op: Any, nbytes: int = -1, peer: int = -1, kind: int = -1) -> int:
-        it, mb, chunk = _meta(op)
+        it, mb, chunk, extra = _meta(op)
         p2p = isinstance(op, (ISend, IRecv))
         for key, value in (("names", name), ("iteration", it), ("microbatch", mb),
                            ("chunk", chunk), ("nbytes", nbytes), ("peer_stage", peer),
                            ("group_kind", kind), ("op_kind", KINDS.index(op.kind)),
                            ("role", ROLES.index(op.role) if p2p else -1),
-                           ("tag", encode_tag(op.tag) if p2p else -1)):
+                           ("tag", encode_tag(op.tag) if p2p else -1), ("extra", extra)):
             self.fields[key].append(value)
         return len(self.fields["names"]) - 1
 
     def build(self) -> StageProgram:
         return StageProgram(tuple(self.ops), **{k: tuple(self.fields[k]) for k in (
             "names", "iteration", "microbatch", "chunk", "nbytes", "peer_stage", "group_kind",
-            "op_kind", "role", "tag")})
+            "op_kind", "role", "tag", "extra")})
 
 
 def _messages(recorded: Sequence[list[Op]], ranks: Sequence[int]) -> dict[tuple[int, int], int]:
@@ -224,9 +248,12 @@ def _compile_op(b: _StageBuilder, op: Op, msg: int | None, ops: list[Op],
             raise NotStatic("Wait on something that is not a send or receive handle")
         b.ops.append((WAIT, message[(stage, handle.op_index)]))
     elif isinstance(op, AllReduce):
+        if op.async_op:
+            raise NotStatic("an asynchronous collective (overlapped with what follows)")
         kind = group_kind(topo, rank, op.group)
         ev = b.event(op.name, op, op.nbytes, kind=kind)
-        b.ops.append((COLLECTIVE, ev, kind, int(op.nbytes), seen[kind]))
+        steps = 1 if isinstance(op, (ReduceScatter, AllGather)) else 2  # ring passes
+        b.ops.append((COLLECTIVE, ev, kind, int(op.nbytes), seen[kind], steps))
         seen[kind] += 1
     else:
         raise NotStatic(f"no compiled form for {type(op).__name__}")
@@ -271,9 +298,11 @@ class CompiledRun:
 
     @cached_property
     def groups(self) -> tuple[tuple[int, ...], ...]:
-        """Group ids: every TP group, then every DP group, then every model-parallel group."""
+        """Group ids: every TP group, then every DP group, every model-parallel
+        group, every pipeline's embedding group."""
         t = self.topo
-        return tuple(t.tp_groups) + tuple(t.dp_groups) + tuple(t.model_parallel_groups)
+        return (tuple(t.tp_groups) + tuple(t.dp_groups) + tuple(t.model_parallel_groups)
+                + tuple(embedding_group(g) for g in t.pp_groups))
 
     @cached_property
     def _in_time_order(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -304,7 +333,9 @@ class CompiledRun:
         tp_id = stage * t.dp + dp
         dp_id = t.pp * t.dp + stage * t.tp + tp
         mp_id = t.pp * t.dp + t.pp * t.tp + dp
-        gid = np.where(kind == 0, tp_id, np.where(kind == 1, dp_id, np.where(kind == 2, mp_id, -1)))
+        emb_id = t.pp * t.dp + t.pp * t.tp + t.dp + pipes[:, None]
+        gid = np.select([kind == 0, kind == 1, kind == 2, kind == 3],
+                        [tp_id, dp_id, mp_id, emb_id], -1)
         return EventColumns(
             rank=np.repeat(rank, order.shape[1]), name=static["name"].ravel(),
             kind=static["kind"].ravel(), start_s=start.ravel(), dur_s=(end - start).ravel(),
@@ -312,7 +343,8 @@ class CompiledRun:
             chunk=static["chunk"].ravel(), nbytes=static["nbytes"].ravel(),
             peer=peer.astype(np.int32).ravel(), group=gid.astype(np.int32).ravel(),
             role=static["role"].ravel(), tag=static["tag"].ravel(),
-            names=self.program.names, groups=self.groups)
+            names=self.program.names, groups=self.groups,
+            extra=static["extra"].ravel() if self.program.has_extra else None)
 
     def batches(self, max_rows: int = 1 << 20) -> Iterator[EventColumns]:
         """Every event, ranks in ascending order, at most about ``max_rows`` at a time."""

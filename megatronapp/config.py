@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError,
-                      model_validator)
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError,
+                      field_validator, model_validator)
 
 from .textio import TextError, check_depth, load_yaml, read_text
 
@@ -101,6 +101,10 @@ class Parallel(_Strict):
     vpp: PositiveInt = 1
     microbatches: PositiveInt = 1
     microbatch_group_size: PositiveInt | None = None  # Megatron's default: pp
+    sequence_parallel: bool = False  # Megatron turns it off at tp = 1 (see adjustments)
+    # Megatron-LM 2021's scatter/gather of pipeline messages: each tp rank sends
+    # 1/tp of the activation, the receiver all-gathers it over the tp group.
+    scatter_gather_p2p: bool = False
 
     @property
     def world_size(self) -> int:
@@ -118,23 +122,49 @@ class Model(_Strict):
     seq_len: PositiveInt = 1024
     vocab: PositiveInt = 32000
     micro_batch_size: PositiveInt = 1
-    ffn_hidden: PositiveInt | None = None  # default 4·hidden
+    # Megatron's name; ``ffn_hidden`` is still accepted. Default 4·hidden
+    # (gelu) or Megatron's swiglu default, 8·hidden/3 rounded down to 64.
+    ffn_hidden: PositiveInt | None = Field(
+        None, validation_alias=AliasChoices("ffn_hidden_size", "ffn_hidden"))
+    num_query_groups: PositiveInt | None = None  # grouped-query attention; default heads
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    untie_embeddings: bool = False  # Megatron ties input embedding and output layer
 
     @property
     def ffn(self) -> int:
-        return self.ffn_hidden or 4 * self.hidden
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.activation == "swiglu":
+            return int(4 * self.hidden * 2 / 3 / 64) * 64
+        return 4 * self.hidden
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.heads
 
 
 class Gpu(_Strict):
     tflops: Rate = 400.0
     memory_gb: Rate = 80.0
-    efficiency: float = Field(0.5, gt=0, le=1)  # achieved share of peak FLOPs
+    efficiency: float = Field(0.5, gt=0, le=1)  # achieved share of peak FLOPs on large GEMMs
+    # The efficiency model (docs/fidelity.md), calibrated by ``megatronapp calibrate``:
+    gemm_overhead_us: Seconds = 0.0  # fixed time per GEMM: small GEMMs run slower
+    module_overhead_us: Seconds = 0.0  # per layer, embedding and output-layer call
+    hbm_tbps: Rate = 3.0  # memory bandwidth (elementwise work, optimizer)
+    elementwise_traffic: float = Field(0.0, ge=0, le=MAX_FACTOR)  # HBM bytes per activation byte
+    backward_ratio: Factor = 2.0  # backward time / forward time (FLOPs: 2)
+    op_overhead_us: Seconds = 0.0  # host time to issue each operation
 
 
 class Links(_Strict):
     intra_node_gbps: Rate = 2400.0  # GB/s·8, i.e. Gbit/s
     inter_node_gbps: Rate = 400.0
     latency_us: float = Field(5.0, ge=0, le=MAX_SECONDS)
+    intra_node_latency_us: Seconds | None = None  # default latency_us
+    inter_node_latency_us: Seconds | None = None
+    # A collective spanning nodes with k members on each node drives min(k, nics)
+    # NICs at once (NCCL's rings); None: one NIC's bandwidth, as a single ring.
+    nics_per_node: PositiveInt | None = None
 
 
 class Jitter(_Strict):
@@ -229,12 +259,28 @@ class Data(_Strict):
 
 
 class Training(_Strict):
-    """How the torch backend trains (the simulator prices the same steps)."""
+    """How a run trains: the torch backend's optimizer and checkpoint, and
+    Megatron-core's options that change time and memory (docs/fidelity.md)."""
 
     optimizer: Literal["adam", "sgd"] = "adam"
     lr: float = Field(1e-3, gt=0)
     checkpoint: bool = False  # save the trained model under RUN_DIR/checkpoint/
-    recompute: bool = False  # megatron-core full activation recomputation
+    # activation recomputation; true / false (older scenarios) read as full / none
+    recompute: Literal["none", "selective", "full"] = "none"
+    distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
+    overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
+    overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # parameters and activations
+    grad_reduce_in_fp32: bool = False  # fp32 main gradients (Megatron-LM's bf16 default)
+    bucket_params: PositiveInt | None = None  # default Megatron's max(40 M, 1 M·dp)
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute_as_bool(cls, value: Any) -> Any:
+        flag = value.value if isinstance(value, _NotANumber) else value
+        if isinstance(flag, bool):
+            return "full" if flag else "none"
+        return value
 
 
 class Scenario(_Strict):
@@ -256,6 +302,11 @@ class Scenario(_Strict):
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Effective sequence parallelism: Megatron disables it at tp = 1."""
+        return self.parallel.sequence_parallel and self.parallel.tp > 1
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
@@ -288,6 +339,7 @@ def check_consistency(s: Scenario) -> None:
     if p.vpp > 1 and grouped and p.group_size < p.pp:
         raise ScenarioError(
             "parallel.microbatch_group_size", f"{p.group_size} is smaller than pp = {p.pp}")
+    _check_megatron_options(s)
     for i, fault in enumerate(s.faults):
         _check_fault_ranks(f"faults[{i}]", fault, world,
                            " (MegaFBD: a fault rank is a physical device)" if s.fbd else "")
@@ -333,6 +385,40 @@ def _check_product(index: int, what: str, product: float) -> None:
     if not 1 / MAX_FACTOR <= product <= MAX_FACTOR:
         raise ScenarioError(f"faults[{index}].factor", f"{what} multiply to {product:.3g}, "
                             f"outside [{1 / MAX_FACTOR:g}, {MAX_FACTOR:g}]")
+
+
+def _check_megatron_options(s: Scenario) -> None:
+    """The combinations Megatron-LM itself rejects (its arguments.py asserts)."""
+    p, m, t = s.parallel, s.model, s.training
+    if m.heads % m.query_groups:
+        raise ScenarioError("model.num_query_groups",
+                            f"{m.query_groups} does not divide heads = {m.heads}")
+    if m.query_groups % p.tp:
+        raise ScenarioError("model.num_query_groups",
+                            f"{m.query_groups} is not divisible by tp = {p.tp}")
+    if m.ffn % p.tp:
+        raise ScenarioError("model.ffn_hidden_size", f"{m.ffn} is not divisible by tp = {p.tp}")
+    if s.sequence_parallel and m.seq_len % p.tp:
+        raise ScenarioError("model.seq_len", f"{m.seq_len} is not divisible by tp = {p.tp} "
+                            "(sequence parallelism splits the sequence)")
+    if t.overlap_param_gather and not t.distributed_optimizer:
+        raise ScenarioError("training.overlap_param_gather",
+                            "needs training.distributed_optimizer (Megatron-LM rejects it too)")
+    if t.overlap_param_gather and not t.overlap_grad_reduce:
+        raise ScenarioError("training.overlap_param_gather",
+                            "needs training.overlap_grad_reduce (Megatron-LM rejects it too)")
+    if t.grad_reduce_in_fp32 and t.precision == "fp32":
+        raise ScenarioError("training.grad_reduce_in_fp32",
+                            "only applies to bf16/fp16 training (precision is fp32)")
+
+
+def adjustments(s: Scenario) -> list[str]:
+    """Settings Megatron-LM silently changes, applied here the same way."""
+    notes = []
+    if s.parallel.sequence_parallel and not s.sequence_parallel:
+        notes.append("parallel.sequence_parallel is off: tp = 1 "
+                     "(Megatron-LM disables sequence parallelism without tensor parallelism)")
+    return notes
 
 
 def _check_fbd(s: Scenario) -> None:

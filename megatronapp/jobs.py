@@ -5,6 +5,7 @@ from .compiled import NotStatic, PipeProgram, compile_pipe, pipe_ranks
 from .config import Scenario
 from .costs import stage_costs
 from .layout import pipe_shape, topology_of
+from .memory import RankMemory, rank_memory
 from .ops import RankProgram
 from .programs import OrderFor, StagesFor, pipeline_contexts, pipeline_rank
 from .schedules import Order, static_order
@@ -22,14 +23,81 @@ def _every_iteration(order: Order) -> OrderFor:
     return lambda _iteration: order
 
 
-def check_memory(s: Scenario) -> None:
-    """A static schedule whose activations would not fit fails before it runs."""
-    from .dpp.memory import MemoryModel, check_static_memory
+def stage_memory(s: Scenario) -> dict[int, RankMemory]:
+    """pp rank -> peak memory of one of its ranks under a static schedule."""
+    from .dpp.memory import BUFFERS, order_peak_slots
 
-    topo, shape = topology_of(s), pipe_shape(s)
+    # A static schedule keeps one message of each kind in flight; received
+    # inputs kept for backward are counted in the activations.
+    buffers = BUFFERS * stage_costs(s).activation_bytes
+    return {pp: rank_memory(s, pp, order_peak_slots(order), buffers)
+            for pp, order in static_orders(s).items()}
+
+
+def static_peaks(s: Scenario) -> dict[int, float]:
+    return {pp: m.total for pp, m in stage_memory(s).items()}
+
+
+def check_memory(s: Scenario) -> None:
+    """A static schedule whose activations would not fit fails before it runs,
+    naming the Megatron options that would make it fit."""
+    from .dpp.memory import GB, MemoryExceeded
+
+    topo = topology_of(s)
+    capacity = int(s.cluster.gpu.memory_gb * GB)
     first_rank = {topo.coord(r).pp: r for r in reversed(range(topo.world_size))}
-    check_static_memory(s.schedule, static_orders(s),
-                        MemoryModel.of(s, stage_costs(s), shape), first_rank)
+    for pp, peak in sorted(static_peaks(s).items()):
+        if peak > capacity:
+            raise MemoryExceeded(s.schedule, first_rank[pp], pp, int(peak), capacity,
+                                 memory_hint(s))
+
+
+# Options that cut memory, in the order Megatron users usually reach for them.
+MEMORY_OPTIONS: tuple[tuple[str, str, object], ...] = (
+    ("parallel", "sequence_parallel", True),
+    ("training", "recompute", "selective"),
+    ("training", "distributed_optimizer", True),
+    ("training", "recompute", "full"),
+)
+
+
+def _with_option(s: Scenario, section: str, key: str, value: object) -> Scenario | None:
+    """``s`` with one option set, or None when it is already set or does nothing."""
+    part = getattr(s, section)
+    if getattr(part, key) == value or (key == "recompute" and part.recompute == "full"):
+        return None
+    if (key == "sequence_parallel" and s.parallel.tp == 1) or (
+            key == "distributed_optimizer" and s.parallel.dp == 1):
+        return None
+    return s.model_copy(update={section: part.model_copy(update={key: value})})
+
+
+def _fits(s: Scenario) -> float | None:
+    peak = max(static_peaks(s).values())
+    return peak if peak <= s.cluster.gpu.memory_gb * 1e9 else None
+
+
+def memory_hint(s: Scenario) -> str:
+    """Which option alone (else which options together) would make ``s`` fit."""
+    alone = []
+    for section, key, value in MEMORY_OPTIONS:
+        variant = _with_option(s, section, key, value)
+        peak = _fits(variant) if variant is not None else None
+        if peak is not None:
+            alone.append(f"{section}.{key}: {str(value).lower()} ({peak / 1e9:.2f} GB)")
+    if alone:
+        return "it fits with " + " or with ".join(alone)
+    combined, names = s, []
+    for section, key, value in MEMORY_OPTIONS:
+        variant = _with_option(combined, section, key, value)
+        if variant is None:
+            continue
+        combined = variant
+        names.append(f"{section}.{key}: {str(value).lower()}")
+        peak = _fits(combined)
+        if peak is not None:
+            return f"it fits with {' and '.join(names)} ({peak / 1e9:.2f} GB)"
+    return "no Megatron memory option makes it fit; add pipeline or tensor parallelism"
 
 
 def compile_programs(programs: dict[int, RankProgram], topo: Topology) -> PipeProgram | None:

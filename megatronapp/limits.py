@@ -128,15 +128,27 @@ def _duration(seconds: float) -> str:
 # ---------------------------------------------------------------- sizes
 def _per_rank_iteration(s: Scenario) -> tuple[int, int, int]:
     """(events, group entries, compute ops) one rank records in one iteration:
-    per task a compute op, a receive and a send between stages, a TP all-reduce;
-    per iteration the DP gradient all-reduce, the grad-norm all-reduce, the step."""
-    p = s.parallel
+    per task its plan's compute pieces and TP collectives (taskplan), a receive
+    and a send between stages (and the receiver's all-gather with scattered
+    messages); per iteration the DP gradient reduction (buckets when
+    overlapped), the parameter all-gather of a distributed optimizer, the
+    embedding and grad-norm all-reduces and the step."""
+    from .costs import stage_costs
+    from .taskplan import TpCollective, backward_plan, bucket_sizes, forward_plan
+
+    p, c = s.parallel, stage_costs(s)
     tasks = 2 * p.microbatches * p.vpp
     tp, pp, dp = p.tp, p.pp, p.dp
-    per_task = 1 + (2 if pp > 1 else 0) + (1 if tp > 1 else 0)
-    events = tasks * per_task + 1 + (dp > 1) + (tp * pp > 1)
-    groups = tasks * tp * (tp > 1) + dp * (dp > 1) + tp * pp * (tp * pp > 1)
-    return events, groups, tasks + 1
+    plans = (forward_plan(c, 0, 0.0, 0.0, tp > 1), backward_plan(c, 0, 0.0, 0.0, tp > 1, []))
+    steps = max(len(plan) for plan in plans)
+    tp_ops = max(sum(isinstance(st, TpCollective) for st in plan) for plan in plans)
+    p2p = (3 if p.scatter_gather_p2p and tp > 1 else 2) if pp > 1 else 0
+    buckets = p.vpp * len(bucket_sizes(c.grad_bytes // p.vpp, c.bucket_bytes))
+    dp_ops = (2 * buckets + 2) if dp > 1 else 0  # gradient buckets or one reduction, gathers
+    events = tasks * (steps + p2p) + 2 + dp_ops + (tp * pp > 1)
+    groups = (tasks * tp * (tp_ops + (p2p == 3)) + dp * dp_ops + 2
+              + tp * pp * (tp * pp > 1))
+    return events, groups, tasks * steps + 1
 
 
 def estimate_run(s: Scenario) -> Estimate:

@@ -89,7 +89,8 @@ class WaitAny:
 @dataclass(frozen=True, slots=True, eq=False)
 class AllReduce:
     """Sum-all-reduce over ``group`` (global ranks, sorted); every member must
-    issue the same sequence of collectives on a group."""
+    issue the same sequence of collectives on a group. ``nbytes`` is the whole
+    buffer. With ``async_op`` it resumes at once with a handle for Wait."""
 
     kind: ClassVar[OpKind] = "collective"
 
@@ -98,6 +99,7 @@ class AllReduce:
     tensor: Any = None
     name: str = "allreduce"
     meta: Meta = field(default_factory=dict)
+    async_op: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,19 @@ class Report:
     values: Mapping[str, float]
 
 
-Op = Union[Compute, Send, Recv, ISend, IRecv, Wait, WaitAny, AllReduce]
+@dataclass(frozen=True, slots=True, eq=False)
+class ReduceScatter(AllReduce):
+    """Sum over ``group``; member i keeps the i-th of n equal shares of the
+    ``nbytes`` buffer (in place: the other shares are left as they were)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AllGather(AllReduce):
+    """Member i contributes the i-th share of the ``nbytes`` buffer; every
+    member ends with all shares (in place)."""
+
+
+Op = Union[Compute, Send, Recv, ISend, IRecv, Wait, WaitAny, AllReduce, ReduceScatter, AllGather]
 RankProgram = Generator[Op, Any, None]
 
 

@@ -179,6 +179,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def staged_siblings(out: Path) -> list[Path]:
+    """The hidden directories runs are being written into before they become
+    ``out`` (more than one only when an earlier run was killed)."""
+    out = Path(out)
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return []
+    return sorted(e for e in entries if e.is_dir() and not e.is_symlink()
+                  and (m := _PARTIAL.match(e.name)) is not None and m["name"] == out.name)
+
+
 def clean_leftovers(parent: Path) -> list[Path]:
     """Remove staging directories of runs that were killed (their process is
     gone): only ours, recognised by name, marker and this host's name."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .columns import source_of
-from .config import ClockSkew, Scenario, scenario_to_dict
+from .config import ClockSkew, Scenario, adjustments, scenario_to_dict
 from .dpp.windows import dpp_summary_source
 from .errors import UserError
 from .files import atomic_file
@@ -43,7 +43,7 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     summary = {"backend": result.backend, "world_size": result.topo.world_size,
                "schedule": s.schedule, **summarize_source(source),
                "faults": ground_truth(s, result)["faults"], **result.extra,
-               "scenario": scenario_to_dict(s)}
+               "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
     if "fbd" not in result.extra:  # MegaFBD runs report their own memory and idle time
         summary["dpp"] = dpp_summary_source(s, source)  # pipeline windows and peak memory
     return summary

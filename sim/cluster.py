@@ -56,11 +56,17 @@ def clocks_of(s: Scenario) -> dict[int, RankClock]:
     return clocks
 
 
+def _latency_s(per_class_us: float | None, default_us: float) -> float:
+    return (default_us if per_class_us is None else per_class_us) * 1e-6
+
+
 def build_cluster(s: Scenario, env: simpy.Environment | None = None) -> Cluster:
     env = env or simpy.Environment()
     topo = topology_of(s)
     links = s.cluster.links
     network = Network(env, topo, links.intra_node_gbps, links.inter_node_gbps,
-                      links.latency_us * 1e-6, _link_faults(s), s.cluster.jitter.link_sigma,
-                      s.seed, s.costs.p2p_s, s.costs.allreduce_s)
+                      _latency_s(links.intra_node_latency_us, links.latency_us), _link_faults(s), s.cluster.jitter.link_sigma,
+                      s.seed, s.costs.p2p_s, s.costs.allreduce_s,
+                      _latency_s(links.inter_node_latency_us, links.latency_us),
+                      links.nics_per_node)
     return Cluster(env, topo, _devices(s), network, clocks_of(s))

@@ -140,7 +140,11 @@ class Link:
 
 
 class Ring:
-    """A collective group's ring: the α-β cost over its slowest edge."""
+    """A collective group's ring: the α-β cost over its slowest edge.
+
+    A ring all-reduce is a reduce-scatter then an all-gather (``steps`` 2),
+    each (n-1)/n·S/B + (n-1)·α for a buffer of S bytes; B is the slowest edge's
+    bandwidth (NIC-shared between nodes), α the longest edge latency."""
 
     __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s")
 
@@ -153,8 +157,8 @@ class Ring:
         self.latency_s = latency_s
         self.fixed_s = fixed_s
 
-    def seconds(self, nbytes: int) -> float:
-        """2(n-1)/n·S/B + 2(n-1)·α over the ring's slowest edge."""
+    def seconds(self, nbytes: int, steps: int = 2) -> float:
+        """``steps`` (2: all-reduce, 1: reduce-scatter or all-gather) ring passes."""
         n = self.n
         if n == 1:
             return 0.0
@@ -166,29 +170,36 @@ class Ring:
         if self.fixed_s is not None:
             return self.fixed_s * worst
         bw = self.min_bandwidth / worst
-        return 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * self.latency_s
+        return steps * ((n - 1) / n * nbytes / bw + (n - 1) * self.latency_s)
 
     @property
     def random(self) -> bool:
         return any(z is not None for _f, _s, z in self.edges)
 
-    def signature(self) -> tuple[int, float, float] | None:
+    def signature(self) -> tuple[int, float, float, float] | None:
         """What the cost depends on, or None when it draws jitter."""
         if self.random:
             return None
-        return (self.n, self.min_bandwidth, max((f for f, _s, _z in self.edges), default=1.0))
+        return (self.n, self.min_bandwidth, max((f for f, _s, _z in self.edges), default=1.0),
+                self.latency_s)
+
+
+STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 
 
 class Network:
     def __init__(self, env: simpy.Environment, topo: Topology, intra_gbps: float,
                  inter_gbps: float, latency_s: float, faults: LinkFaults,
                  background_sigma: float, seed: int,
-                 fixed_p2p_s: float | None = None, fixed_allreduce_s: float | None = None):
+                 fixed_p2p_s: float | None = None, fixed_allreduce_s: float | None = None,
+                 inter_latency_s: float | None = None, nics_per_node: int | None = None):
         self.env = env
         self.topo = topo
         self.intra_bw = gbps_to_bytes_per_s(intra_gbps)
         self.inter_bw = gbps_to_bytes_per_s(inter_gbps)
-        self.latency_s = latency_s
+        self.latency_s = latency_s  # within a node
+        self.inter_latency_s = latency_s if inter_latency_s is None else inter_latency_s
+        self.nics_per_node = nics_per_node
         self.faults = faults
         self.background_sigma = background_sigma
         self.seed = seed
@@ -236,6 +247,9 @@ class Network:
     def bandwidth(self, a: int, b: int) -> float:
         return self.intra_bw if self.topo.same_node(a, b) else self.inter_bw
 
+    def latency(self, a: int, b: int) -> float:
+        return self.latency_s if self.topo.same_node(a, b) else self.inter_latency_s
+
     def _port(self, kind: str, rank: int, bandwidth: float) -> Port:
         key = (kind, rank)
         if key not in self._ports:
@@ -258,8 +272,10 @@ class Network:
             self.env.timeout(self.fixed_p2p_s * slow).callbacks.append(succeeds(done))
             return done
 
+        latency = self.latency(src, dst)
+
         def delivered() -> None:
-            self.env.timeout(self.latency_s).callbacks.append(succeeds(done))
+            self.env.timeout(latency).callbacks.append(succeeds(done))
 
         if nbytes <= 0:
             delivered()
@@ -292,11 +308,23 @@ class Network:
             fs = [self.factor_and_sigma(a, b) for a, b in edges]
             noisy = any(s > 0 for _f, s in fs)
             ring = self._rings[group] = Ring(
-                n, min((self.bandwidth(a, b) for a, b in edges), default=math.inf), fs,
-                self.stream((n, *group)) if noisy else None, self.latency_s,
-                self.fixed_allreduce_s)
+                n, min((self._ring_bandwidth(group, a, b) for a, b in edges), default=math.inf),
+                fs, self.stream((n, *group)) if noisy else None,
+                max((self.latency(a, b) for a, b in edges), default=0.0), self.fixed_allreduce_s)
         return ring
 
     def ring_allreduce_s(self, group: tuple[int, ...], nbytes: int) -> float:
         """2(n-1)/n·S/B + 2(n-1)·α over the ring's slowest edge."""
-        return self.ring(group).seconds(nbytes)
+        return self.ring_collective_s("all_reduce", group, nbytes)
+
+    def ring_collective_s(self, kind: str, group: tuple[int, ...], nbytes: int) -> float:
+        """A ``kind`` collective over ``group`` (see ``Ring``)."""
+        return self.ring(group).seconds(nbytes, STEPS[kind])
+
+    def _ring_bandwidth(self, group: tuple[int, ...], a: int, b: int) -> float:
+        if self.topo.same_node(a, b) or self.nics_per_node is None:
+            return self.bandwidth(a, b)
+        per_node: dict[int, int] = {}
+        for r in group:
+            per_node[self.topo.node(r)] = per_node.get(self.topo.node(r), 0) + 1
+        return self.inter_bw * min(min(per_node.values()), self.nics_per_node)

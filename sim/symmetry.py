@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable
 
-from megatronapp.compiled import GROUP_KINDS, kind_group, pipe_ranks
+from megatronapp.compiled import GROUP_KINDS, embedding_group, kind_group, pipe_ranks
 from megatronapp.topology import Topology
 
 from .cluster import Cluster
@@ -98,7 +98,7 @@ class _Signatures:
         devices = tuple(_device_signature(self.devices[r]) for r in ranks)
         links = tuple(self.link(ranks[i], ranks[j]) for i in range(len(ranks))
                       for j in range(i + 1, len(ranks)))
-        return devices, links
+        return devices, links, self.ring(embedding_group(ranks))
 
     def replica(self, dp: int) -> Hashable:
         """TP groups of every stage and the model-parallel group of replica ``dp``."""

@@ -10,10 +10,17 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from megatronapp.config import Scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# No wall-clock bound in any test: hypothesis' per-example deadline and its
+# too-slow health check fail examples on a loaded machine, not on wrong code.
+settings.register_profile("megatronapp", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("megatronapp")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

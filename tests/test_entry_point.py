@@ -97,6 +97,19 @@ def test_the_command_line_imports_no_heavy_module_until_a_command_runs() -> None
 
 
 @pytest.mark.slow
+def test_a_simulated_run_never_imports_torch(tmp_path) -> None:
+    """torch costs a second of start-up; a scenario without scope: never needs it."""
+    out = tmp_path / "run"
+    code = ("import sys, megatronapp.cli as c; "
+            f"code = c.main(['run', {str(ROOT / 'scenarios' / 'throttle.yaml')!r}, '--quiet', "
+            f"'--out', {str(out)!r}]); print(code, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "0 False"
+
+
+@pytest.mark.slow
 def test_the_installed_entry_point_prints_one_line_errors() -> None:
     result = subprocess.run([sys.executable, "-m", "megatronapp.cli", "topology", "--tp", "x"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -74,6 +74,11 @@ def test_seconds_options_must_be_finite_and_positive(capsys, option, value):
     {"parallel": {"tp": 2, "pp": 2, "dp": 2, "microbatches": 4}, "iterations": 2},
     {"schedule": "interleaved", "parallel": {"pp": 2, "vpp": 2, "dp": 2, "microbatches": 4}},
     {"parallel": {"tp": 4, "dp": 3, "microbatches": 3}},
+    {"parallel": {"tp": 2, "pp": 2, "dp": 2, "microbatches": 4, "sequence_parallel": True},
+     "training": {"recompute": "full"}},
+    {"parallel": {"tp": 2, "pp": 2, "dp": 2, "microbatches": 4, "scatter_gather_p2p": True},
+     "training": {"distributed_optimizer": True, "overlap_grad_reduce": True,
+                  "overlap_param_gather": True, "bucket_params": 1000}, "iterations": 2},
 ])
 def test_the_event_estimate_bounds_what_the_simulator_records(shape):
     data = {"model": {"layers": 8, "hidden": 64, "heads": 4, "seq_len": 64, "vocab": 128},

@@ -19,7 +19,7 @@ from megatronapp.compiled import NotStatic, compile_pipe, pipe_ranks, record
 from megatronapp.config import parse_scenario
 from megatronapp.jobs import rank_programs
 from megatronapp.layout import topology_of
-from megatronapp.ops import Recv, Send, WaitAny
+from megatronapp.ops import AllReduce, Recv, Send, WaitAny
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event
 from sim.cluster import build_cluster
@@ -36,7 +36,7 @@ def _flat(events: Any) -> list[tuple[Any, ...]]:
 
 
 @st.composite
-def jobs(draw: Any) -> dict[str, Any]:
+def jobs(draw: Any, overlap: bool = False) -> dict[str, Any]:
     tp, pp, dp = draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 4)), draw(st.integers(1, 4))
     schedule = draw(st.sampled_from(SCHEDULES))
     vpp = draw(st.sampled_from([1, 2, 3])) if schedule not in ("gpipe", "1f1b") else 1
@@ -53,10 +53,29 @@ def jobs(draw: Any) -> dict[str, Any]:
                                "link_sigma": 0.2 if noisy else 0.0}},
         "faults": draw(st.lists(faults(tp * pp * dp), max_size=3)),
     }
+    _megatron_options(draw, data, overlap)
     if draw(st.booleans()):  # fixed costs: ties everywhere, the hardest case for ordering
         data["costs"] = {"forward_s": 1.0, "backward_s": 2.0, "p2p_s": 0.25,
                          "allreduce_s": 0.5, "optimizer_s": 0.1}
     return data
+
+
+def _megatron_options(draw: Any, data: dict[str, Any], overlap: bool = False) -> None:
+    """Issue overhead, per-class latencies, NIC sharing, sequence parallelism
+    (reduce-scatter/all-gather), recomputation, the distributed optimizer, untied
+    embeddings; ``overlap``: overlapped (asynchronous) gradient reduction too."""
+    data["parallel"]["sequence_parallel"] = draw(st.booleans())
+    data["model"]["untie_embeddings"] = draw(st.booleans())
+    data["cluster"]["gpu"] = {"op_overhead_us": draw(st.sampled_from([0.0, 7.0]))}
+    data["cluster"]["links"] = {
+        "intra_node_latency_us": draw(st.sampled_from([None, 2.0])),
+        "inter_node_latency_us": draw(st.sampled_from([None, 9.0])),
+        "nics_per_node": draw(st.sampled_from([None, 1, 2]))}
+    training = {"recompute": draw(st.sampled_from(["none", "selective", "full"])),
+                "distributed_optimizer": draw(st.booleans())}
+    if overlap:
+        training["overlap_grad_reduce"] = draw(st.booleans())
+    data["training"] = training
 
 
 def faults(world: int) -> Any:
@@ -137,6 +156,25 @@ def test_dynamic_programs_keep_the_generator_path() -> None:
 
     with pytest.raises(NotStatic):
         record(polls())
+
+
+@FAST
+@given(data=jobs(overlap=True))
+def test_exactly_the_jobs_with_asynchronous_collectives_keep_the_generator_path(
+        data: dict[str, Any]) -> None:
+    """The compiled engine's predicate: it takes every static schedule whose
+    collectives block (overlapped gradient reduction with dp > 1 posts them
+    asynchronously), and then records what the generator path records."""
+    s = parse_scenario(data)
+    topo = topology_of(s)
+    programs = rank_programs(s)
+    recorded = [op for r in pipe_ranks(topo, 0) for op in record(programs[r])]
+    asynchronous = any(isinstance(op, AllReduce) and op.async_op for op in recorded)
+    assert asynchronous == (s.training.overlap_grad_reduce and topo.dp > 1)
+    result = run_sim(s)
+    assert (result.source is None) == asynchronous
+    if not asynchronous:
+        assert _flat(result.events) == _flat(run_sim(s, engine="generator").events)
 
 
 def test_a_compiled_deadlock_names_each_blocked_rank() -> None:

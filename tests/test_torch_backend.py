@@ -30,6 +30,7 @@ from megatronapp import cli
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.layout import topology_of
 from megatronapp.ops import Compute, Recv
+from megatronapp.programs import NullStages
 from megatronapp.kinds import COMPUTE_NAMES
 from megatronapp.scan.load import load_trace
 from megatronapp.tracer import Event
@@ -103,6 +104,14 @@ def compute_sequence(events: Sequence[Event]) -> list[tuple[Any, ...]]:
             for e in sorted(events, key=lambda e: e.start_s) if e.name in COMPUTE_NAMES]
 
 
+class LikeMegatronStages(NullStages):
+    """What the simulator needs to know of megatron-core stages: they run their
+    TP collectives inside each compute and keep embedding and output apart."""
+
+    does_tp_comm = True
+    ties_embeddings = False
+
+
 def recorded_args(events: Sequence[Event]) -> Counter[tuple[Any, ...]]:
     """Each event's name and trace args but its size (real tensors vs the cost
     model) and what a real step reports (loss, gradient norm)."""
@@ -115,7 +124,7 @@ def assert_same_compute_order_as_sim(s: Scenario, events: dict[int, list[Event]]
     """Same compute order on every rank, and the same trace args for every op
     both backends record (megatron-core stages run their TP collectives inside
     their computes, where the simulator has tp_allreduce ops)."""
-    sim_events = run_sim(s).events
+    sim_events = run_sim(s, lambda _rank: LikeMegatronStages()).events
     assert events.keys() == sim_events.keys()
     for rank in events:
         assert compute_sequence(events[rank]) == compute_sequence(sim_events[rank]), rank

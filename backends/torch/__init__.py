@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from megatronapp.config import Scenario
+from megatronapp.config import Scenario, ScenarioError
 from megatronapp.errors import UserError
 from megatronapp.tracer import Event, RunResult
 
@@ -25,6 +25,7 @@ def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = N
     ``profile_dir`` (also write a torch.profiler trace per rank there),
     ``out_dir`` (the run directory: a ``scope:`` capture goes to ``scope/``,
     a ``training.checkpoint`` to ``checkpoint/``)."""
+    check_supported(s)
     from megatronapp.progress import quiet
 
     from .launch import STALL_TIMEOUT_S, spawn_run
@@ -54,3 +55,16 @@ def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = N
 
         result.extra.update(finalize(s, Path(out_dir), result.extra["loss_per_iteration"]))
     return result
+
+
+def check_supported(s: Scenario) -> None:
+    """Options the simulator models that these stages do not run (one line, exit 2)."""
+    import torch
+
+    for key in ("overlap_grad_reduce", "overlap_param_gather"):
+        if getattr(s.training, key):
+            raise ScenarioError(f"training.{key}", "the torch backend reduces gradients after "
+                                "the last backward; simulate overlap with --backend sim")
+    if s.sequence_parallel and not torch.cuda.is_available():
+        raise ScenarioError("parallel.sequence_parallel", "needs NCCL (gloo has no "
+                            "reduce-scatter for megatron-core's sequence-parallel layers)")

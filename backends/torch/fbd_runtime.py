@@ -38,7 +38,7 @@ from megatronapp.fbd.control import Align, Aligned, Execute, Nap, Requests, cont
 from megatronapp.fbd.coordinator import Coordinator, GroupTable
 from megatronapp.fbd.ranks import FbdLayout, p2p_pairs
 from megatronapp.fbd.transport import Encoding, decode, encode
-from megatronapp.ops import encode_tag
+from megatronapp.ops import AllReduce, encode_tag
 from megatronapp.topology import Group
 
 from .faults import InjectedFaults
@@ -217,7 +217,9 @@ class CoordinatedInterpreter(Interpreter):
         handle.work = self.control.post(kind, (self.rank, handle.peer), handle.tensor,
                                         handle.peer, handle.op.tag)
 
-    def _reduce(self, tensor: torch.Tensor, group: Group) -> float | None:
+    def _reduce(self, tensor: torch.Tensor, group: Group,
+                op: AllReduce | None = None) -> float | None:
+        """MegaFBD's collectives are all-reduces, met by the coordinator."""
         request = self.control.post("allreduce", group, tensor)
         request.wait()
         return request.injected_s

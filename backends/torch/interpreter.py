@@ -33,8 +33,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from megatronapp.ops import (AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv, Send, Wait,
-                             WaitAny, encode_tag, trace_args)
+from megatronapp.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
+                             ReduceScatter, Send, Wait, WaitAny, encode_tag, trace_args)
 from megatronapp.topology import Group, Topology
 from megatronapp.tracer import Tracer
 
@@ -239,7 +239,8 @@ class Interpreter:
         self._handlers: dict[type, Callable[[Any], Any]] = {
             Compute: self._compute, ISend: self._isend, IRecv: self._irecv, Send: self._send,
             Recv: self._recv, Wait: self._wait, WaitAny: self._wait_any,
-            AllReduce: self._allreduce}
+            AllReduce: self._allreduce, ReduceScatter: self._allreduce,
+            AllGather: self._allreduce}
 
     def run(self, program: RankProgram) -> None:
         result: Any = None
@@ -379,22 +380,60 @@ class Interpreter:
 
     # ---------------------------------------------------------- collective
     def _allreduce(self, op: AllReduce) -> Any:
+        """AllReduce, ReduceScatter and AllGather, in place on ``op.tensor``."""
+        if op.async_op:
+            raise NotImplementedError("the torch backend runs collectives blocking")
         tensor = op.tensor if op.tensor is not None else self._scratch
         start = self.clock.mark()
         args = trace_args(op, _nbytes(tensor))
-        injected = self._reduce(tensor, tuple(sorted(op.group)))
+        injected = self._reduce(tensor, tuple(sorted(op.group)), op)
         if injected is not None:
             args[INJECTED] = injected
         self._note(op.name, start, self.clock.mark(), args)
         return op.tensor
 
-    def _reduce(self, tensor: torch.Tensor, group: Group) -> float | None:
-        """Sum ``tensor`` over ``group`` in place; a slow link delays it first
-        (returns the seconds injected, None on a rank without link faults)."""
+    def _reduce(self, tensor: torch.Tensor, group: Group,
+                op: AllReduce | None = None) -> float | None:
+        """Run ``op`` (an all-reduce by default) over ``group`` in place; a slow
+        link delays it first (returns the seconds injected, None on a rank
+        without link faults)."""
         if len(group) < 2:
             return None
         injected = None
         if self.faults.links:
             injected = _sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
-        dist.all_reduce(tensor, group=self.groups.get(group))
+        run_collective(op or AllReduce(group, 0), tensor, self.groups.get(group),
+                       group.index(self.rank), len(group))
         return injected
+
+
+def run_collective(op: AllReduce, tensor: torch.Tensor, pg: Any, index: int, n: int) -> None:
+    """One collective in place on a tensor. A reduce-scatter leaves member i's
+    share summed (gloo has no reduce-scatter: it all-reduces, so the other
+    shares hold sums too); an all-gather fills every share from its owner."""
+    if isinstance(op, AllGather):
+        _all_gather_in_place(tensor, pg, index, n)
+    elif isinstance(op, ReduceScatter) and dist.get_backend(pg) == "nccl":
+        flat = _padded(tensor.reshape(-1), n)
+        share = flat.numel() // n
+        out = torch.empty(share, dtype=flat.dtype, device=flat.device)
+        dist.reduce_scatter_tensor(out, flat, group=pg)
+        lo = index * share
+        tensor.reshape(-1)[lo:lo + share].copy_(out[:max(0, min(share, tensor.numel() - lo))])
+    else:
+        dist.all_reduce(tensor, group=pg)
+
+
+def _padded(flat: torch.Tensor, n: int) -> torch.Tensor:
+    extra = -flat.numel() % n
+    return torch.cat([flat, flat.new_zeros(extra)]) if extra else flat
+
+
+def _all_gather_in_place(tensor: torch.Tensor, pg: Any, index: int, n: int) -> None:
+    flat = tensor.reshape(-1)
+    padded = _padded(flat, n)
+    shares = list(padded.chunk(n))
+    mine = shares[index].clone()
+    dist.all_gather(shares, mine, group=pg)
+    if padded is not flat:
+        flat.copy_(padded[:flat.numel()])

@@ -63,15 +63,28 @@ def transformer_config(s: Scenario) -> Any:
     p, m = s.parallel, s.model
     return TransformerConfig(
         num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads,
-        ffn_hidden_size=m.ffn, tensor_model_parallel_size=p.tp,
+        num_query_groups=m.query_groups, ffn_hidden_size=m.ffn,
+        gated_linear_unit=m.activation == "swiglu",
+        activation_func=torch.nn.functional.silu if m.activation == "swiglu"
+        else torch.nn.functional.gelu,
+        sequence_parallel=s.sequence_parallel, **recompute_options(s),
+        tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
         virtual_pipeline_model_parallel_size=p.vpp if p.vpp > 1 else None,
         pipeline_dtype=torch.float32, params_dtype=torch.float32,
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
         bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False,
-        **(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-           if s.training.recompute else {}))
+        apply_rope_fusion=False, persist_layer_norm=False)
+
+
+def recompute_options(s: Scenario) -> dict[str, Any]:
+    """Megatron-core's recomputation settings for ``training.recompute``."""
+    if s.training.recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform",
+                "recompute_num_layers": 1}
+    if s.training.recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    return {}
 
 
 def global_name(local: str, virtual_stage: int, layers_per_chunk: int) -> str:
@@ -98,6 +111,9 @@ class MegatronStages:
     """One pipeline rank's model chunks, optimizer and per-microbatch state."""
 
     does_tp_comm = True
+    # Tying across pipeline stages needs Megatron's embedding group and its
+    # gradient all-reduce; these stages always keep the two apart.
+    ties_embeddings = False
 
     def __init__(self, s: Scenario, rank: int, device: torch.device,
                  options: TrainOptions = TrainOptions()):
@@ -210,6 +226,20 @@ class MegatronStages:
         """This rank's gradients, flat, for the dp all-reduce (summed in place)."""
         self._flat = torch.cat([p.grad.reshape(-1) for _, p in self.named])
         return self._flat
+
+    def param_buffer(self) -> torch.Tensor:
+        """This rank's weights, flat, for a distributed optimizer's all-gather."""
+        return torch.cat([p.detach().reshape(-1) for _, p in self.named])
+
+    def load_param_buffer(self, flat: torch.Tensor | None) -> None:
+        if flat is None:
+            return
+        offset = 0
+        with torch.no_grad():
+            for _, p in self.named:
+                n = p.numel()
+                p.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
 
     def _settle_grads(self) -> None:
         """Average an all-reduced flat buffer back into ``param.grad``."""

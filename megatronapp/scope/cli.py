@@ -1,7 +1,8 @@
-"""MegaScope's subcommands: ``scope generate``, ``scope summary``, ``scope query``."""
+"""MegaScope's subcommands: ``scope generate``, ``scope summary``, ``scope query``, ``scope serve``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,65 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_model(checkpoint: Path) -> Any:
+    """Live generation on the torch backend (one process, one rank)."""
+    from backends.torch.scope_generate import generate
+
+    from ..checkpoint import read_checkpoint
+    from .view.server import LiveModel
+
+    ckpt = read_checkpoint(checkpoint)
+    if ckpt.vocab is None:
+        return None
+    vocab = ckpt.vocab
+
+    def run(prompt: str, tokens: int, k: int, perturb: list[dict[str, Any]]) -> Any:
+        # a JSON object is YAML: the perturbation is validated like --perturb
+        scope = generation_scope(ckpt, None, [json.dumps(p) for p in perturb], 0)
+        return generate(ckpt, prompt, tokens, scope, k=k)
+
+    m = ckpt.model
+    return LiveModel(m.layers, m.heads, m.seq_len, run, vocab.decode)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .view.server import ServerConfig, ViewApp, bind, log_to_stderr, run_server
+    from .view.follow import PartsFollower
+    from .view.source import followed_source, open_source
+
+    source = followed_source(args.capture) if args.follow else open_source(args.capture)
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port: must be 0..65535, got {args.port}")
+    sock = bind(args.host, args.port)
+    port = sock.getsockname()[1]
+    config = ServerConfig.local(args.host, port, args.allow_perturb)
+    log_to_stderr()
+    with contextlib.ExitStack() as stack:
+        live = None
+        if source.checkpoint_dir is not None:
+            from backends.torch.scope_generate import one_rank
+            from backends.torch.worker import quiet_megatron_warnings
+
+            quiet_megatron_warnings()
+            print(f"loading {source.checkpoint_dir} for live generation ...", flush=True)
+            stack.enter_context(one_rank())
+            live = _live_model(source.checkpoint_dir)
+        _announce(args.host, port, config, source, live, args.follow)
+        follower = PartsFollower(source.capture_dir) if args.follow else None
+        run_server(ViewApp(source, live, config, follower), sock)
+    return 0
+
+
+def _announce(host: str, port: int, config: Any, source: Any, live: Any,
+              follow: bool) -> None:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    print(f"MegaScope view of {source.capture_dir} "
+          f"({'live generation on ' + str(source.checkpoint_dir) if live else 'capture only'}"
+          f"{', following the run as it writes' if follow else ''}"
+          f"{', perturbations allowed' if config.allow_perturb else ''}):", flush=True)
+    print(f"  http://{shown}:{port}/?token={config.token}", flush=True)
+
+
 def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     scope = subparsers.add_parser("scope", help="MegaScope: generation with capture, capture "
                                   "summaries and SQL")
@@ -166,5 +226,19 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
                    'GROUP BY layer"')
     q.add_argument("--json", action="store_true", help="print the rows as JSON")
     q.set_defaults(func=cmd_query)
+
+    srv = sub.add_parser("serve", help="the web view of a capture, with live generation when "
+                         "a checkpoint is there (local: 127.0.0.1, a session token)")
+    srv.add_argument("capture", metavar="CAPTURE_DIR_OR_RUN_DIR",
+                     help="a capture, a run directory (scope/, checkpoint/) or a generate output")
+    srv.add_argument("--port", type=int, default=8765, help="default 8765; 0 picks a free port")
+    srv.add_argument("--host", default="127.0.0.1",
+                     help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--allow-perturb", action="store_true",
+                     help="let the page run perturbed generations (bounded parameters)")
+    srv.add_argument("--follow", action="store_true",
+                     help="follow a run still writing its capture (parts/): the training view "
+                          "gains each step as it arrives; no live generation")
+    srv.set_defaults(func=cmd_serve)
 
 

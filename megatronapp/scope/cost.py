@@ -27,7 +27,6 @@ from ..config import Scenario
 from ..costs import stage_costs
 from ..scope_spec import (PARAM_GRADS, SITES, CaptureCost, ModelShape, Observe, base_site,
                           channels_of, LAYER_PARAMS)
-from .stats import widths
 
 FLOAT_BYTES = 4
 PARTIAL_BYTES = 8
@@ -93,6 +92,8 @@ def site_work(obs: Observe, tp_rank: int, m: ModelShape, batch: int) -> Work:
     elements = batch * tokens * heads * channels
     rows = heads if obs.tokens == "pooled" else batch * tokens * heads
     full = channels * (m.tp if info.split == "channels" else 1)
+    from .stats import widths  # imports torch: only when a capture is priced
+
     partial_cols = sum(widths(obs.stat_specs, full))
     raw = elements * FLOAT_BYTES if obs.keep_raw else 0
     return Work(1, elements * FLOAT_BYTES * (1 + len(obs.stats)), rows * len(obs.stats),

@@ -1,0 +1,1 @@
+"""The simulator's fidelity: prediction, calibration against measured runs."""

@@ -1,0 +1,96 @@
+"""``megatronapp predict`` and ``megatronapp calibrate`` (the simulator's fidelity).
+
+Heavy modules (pydantic, numpy, the simulator) are imported inside the
+commands, so ``--help`` stays fast."""
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from ..progress import shown, status
+
+if TYPE_CHECKING:
+    from ..config import Scenario
+
+
+@contextmanager
+def sim_progress(enabled: bool, what: str) -> Iterator[Callable[[int, Any], None]]:
+    """A live count of simulated operations (the simulation keeps no trace)."""
+    count = [0]
+    with status(f"{what} starting", enabled) as say:
+        def on_record(_rank: int, _event: Any) -> None:
+            count[0] += 1
+            if count[0] % 20_000 == 0:
+                say(f"{what} {count[0]:,} operations")
+
+        yield on_record
+
+
+def simulate(s: Scenario, replica: bool, quiet: bool = False) -> list[float]:
+    """The simulator's iteration times, with progress on a terminal."""
+    from backends.sim import simulate_iteration_times
+
+    with sim_progress(shown() and not quiet, f"simulating {s.name}:") as on_record:
+        return simulate_iteration_times(s, replica, on_record)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ..config import load_scenario
+    from ..dpp.memory import MemoryExceeded
+    from .predict import predict, prediction_lines
+
+    s = load_scenario(args.scenario, args.set)
+    try:
+        result = predict(s, lambda sc, rep: simulate(sc, rep, args.quiet), replica=args.replica)
+    except MemoryExceeded:
+        if not args.json:  # show where the memory goes, then fail in one line
+            print("\n".join(_memory_only(s)))
+        raise
+    print(json.dumps(result.as_dict(), indent=2) if args.json
+          else "\n".join(prediction_lines(result)))
+    return 0
+
+
+def _memory_only(s: Scenario) -> list[str]:
+    from ..jobs import stage_memory
+    from .predict import Prediction, prediction_lines
+
+    memory = tuple(stage_memory(s).values()) if s.schedule != "adaptive" else ()
+    blank = Prediction(s.name, s.world_size, 1.0, (float("nan"),), 0.0, 0.0, memory,
+                       s.cluster.gpu.memory_gb * 1e9, (), False)
+    lines = prediction_lines(blank)
+    return [lines[0].split(",")[0] + ": does not fit"] + [
+        line for line in lines if line.startswith("  memory") or line.startswith("    ")]
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import calibrate_command
+
+    return calibrate_command(args, lambda sc: simulate(sc, False, quiet=True))
+
+
+def register(sub: Any, plot_hooks: list) -> None:
+    pred = sub.add_parser("predict", help="iteration time, MFU and memory per rank of a "
+                          "scenario, simulated without writing a trace")
+    pred.add_argument("scenario", help="scenario YAML file")
+    pred.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a scenario key (repeatable)")
+    pred.add_argument("--replica", action="store_true",
+                      help="simulate one data-parallel replica plus its dp collectives "
+                           "(exact without faults or jitter; much faster for large dp)")
+    pred.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    pred.add_argument("--quiet", action="store_true", help="no progress display")
+    pred.set_defaults(func=cmd_predict)
+
+    cal = sub.add_parser("calibrate", help="fit the efficiency model to a measured run and "
+                         "write a calibrated scenario")
+    cal.add_argument("measured", help="a run directory (megatronapp run --backend torch) or "
+                     "its trace.json")
+    cal.add_argument("--scenario", required=True,
+                     help="the scenario to calibrate (written with the fitted constants)")
+    cal.add_argument("--out", help="where to write the calibrated scenario "
+                     "(default: SCENARIO with .calibrated.yaml)")
+    cal.add_argument("--json", action="store_true", help="print the fit as JSON")
+    cal.set_defaults(func=cmd_calibrate)

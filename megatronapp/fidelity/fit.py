@@ -1,0 +1,76 @@
+"""Fitting a scenario's constants so that simulated iteration times match measured ones.
+
+Iteration time is close to linear in the efficiency model's constants (it is a
+max-plus combination of durations that are linear in them), so Gauss-Newton
+with finite-difference slopes converges in a few steps; each step simulates
+every target scenario once per constant plus once at the current point.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..config import Scenario, apply_overrides, parse_scenario, scenario_to_dict
+
+SimulateTime = Callable[[Scenario], float]  # a backend's iteration time, handed in
+
+
+def with_settings(s: Scenario, settings: Mapping[str, Any]) -> Scenario:
+    """``s`` with dotted keys set (validated like ``--set``)."""
+    plain = {k: v.item() if hasattr(v, "item") else v for k, v in settings.items()}
+    return parse_scenario(apply_overrides(scenario_to_dict(s),
+                                          [f"{k}={v!r}" for k, v in plain.items()]))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A constant to fit: a dotted scenario key, its start, and its bounds."""
+
+    key: str
+    start: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class FitResult:
+    values: dict[str, float]
+    residuals: tuple[float, ...]  # relative: simulated / measured - 1, per target
+    steps: int
+
+
+def fit_constants(targets: Sequence[tuple[Scenario, float]], knobs: Sequence[Knob],
+                  simulate: SimulateTime, steps: int = 6, tol: float = 1e-4,
+                  progress: Callable[[str], None] | None = None) -> FitResult:
+    """Least squares on relative errors; needs at least as many targets as knobs."""
+    if len(targets) < len(knobs):
+        raise ValueError(f"{len(knobs)} constants need at least as many measured runs, "
+                         f"got {len(targets)}")
+    x = np.array([k.start for k in knobs], dtype=float)
+
+    def errors(point: np.ndarray) -> np.ndarray:
+        settings = {k.key: float(v) for k, v in zip(knobs, point)}
+        return np.array([simulate(with_settings(s, settings)) / measured - 1.0
+                         for s, measured in targets])
+
+    err = errors(x)
+    step = 0
+    for step in range(1, steps + 1):
+        if progress:
+            progress(f"fit step {step}: max error {np.max(np.abs(err)) * 100:.2f}%")
+        jac = np.empty((len(targets), len(knobs)))
+        for j, knob in enumerate(knobs):
+            h = 1e-3 * max(abs(x[j]), 1e-3 * (knob.high - knob.low))
+            probe = x.copy()
+            probe[j] += h
+            jac[:, j] = (errors(probe) - err) / h
+        delta = np.linalg.lstsq(jac, -err, rcond=None)[0]
+        x_new = np.clip(x + delta, [k.low for k in knobs], [k.high for k in knobs])
+        err_new = errors(x_new)
+        converged = np.max(np.abs(x_new - x) / np.maximum(np.abs(x), 1e-12)) < tol
+        x, err = x_new, err_new
+        if converged or np.max(np.abs(err)) < tol:
+            break
+    return FitResult({k.key: float(v) for k, v in zip(knobs, x)}, tuple(map(float, err)), step)

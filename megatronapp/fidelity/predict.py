@@ -1,0 +1,107 @@
+"""Predict a scenario's iteration time, throughput and memory per rank.
+
+The simulation itself is handed in (``IterationTimes``: a backend's function
+from a scenario to its simulated iteration times), so this module knows no
+backend. Throughput is reported two ways: model FLOPs utilisation (forward and
+backward FLOPs the model needs, over peak) and hardware TFLOP/s per GPU
+(recomputation included: Narayanan et al.'s Eq. 3 with full recomputation).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Any, Callable
+
+from ..config import Scenario, adjustments
+from ..errors import UserError
+from ..flops import hardware_flops_per_iteration, model_flops_per_iteration
+from ..jobs import stage_memory
+from ..memory import RankMemory
+
+# scenario, replica -> simulated iteration times in seconds
+IterationTimes = Callable[[Scenario, bool], list[float]]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    name: str
+    gpus: int
+    peak_flops_per_gpu: float
+    iteration_times_s: tuple[float, ...]
+    model_flops: float  # per iteration, all GPUs
+    hardware_flops: float
+    memory: tuple[RankMemory, ...]  # one rank of each pipeline stage
+    capacity_bytes: float
+    notes: tuple[str, ...]
+    replica: bool
+
+    @property
+    def iteration_s(self) -> float:
+        """Steady state: the mean after the first iteration when there are several."""
+        times = self.iteration_times_s
+        return fmean(times[1:] if len(times) > 1 else times)
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        return self.hardware_flops / self.gpus / self.iteration_s / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / self.gpus / self.iteration_s / self.peak_flops_per_gpu
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(m.total for m in self.memory)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "gpus": self.gpus, "iteration_s": self.iteration_s,
+                "iteration_times_s": list(self.iteration_times_s),
+                "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
+                "model_flops_per_iteration": self.model_flops,
+                "hardware_flops_per_iteration": self.hardware_flops,
+                "memory_per_rank": [m.as_dict() for m in self.memory],
+                "memory_capacity_bytes": self.capacity_bytes,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "notes": list(self.notes), "method": "replica" if self.replica else "full"}
+
+
+def check_replica(s: Scenario) -> None:
+    """One replica stands for all only when nothing makes replicas differ."""
+    jitter = s.cluster.jitter
+    if s.faults or jitter.compute_sigma > 0 or jitter.link_sigma > 0:
+        raise UserError("--replica: the scenario has faults or jitter, so data-parallel "
+                        "replicas differ; simulate it in full")
+
+
+def predict(s: Scenario, iteration_times: IterationTimes, replica: bool = False) -> Prediction:
+    """Simulate ``s`` (memory is checked first: a job that does not fit fails)."""
+    if replica:
+        check_replica(s)
+    memory = tuple(stage_memory(s).values()) if s.schedule != "adaptive" else ()
+    times = iteration_times(s, replica)
+    return Prediction(
+        name=s.name, gpus=s.world_size, peak_flops_per_gpu=s.cluster.gpu.tflops * 1e12,
+        iteration_times_s=tuple(times), model_flops=model_flops_per_iteration(s),
+        hardware_flops=hardware_flops_per_iteration(s), memory=memory,
+        capacity_bytes=s.cluster.gpu.memory_gb * 1e9, notes=tuple(adjustments(s)),
+        replica=replica)
+
+
+def prediction_lines(p: Prediction) -> list[str]:
+    """The human-readable report of ``megatronapp predict``."""
+    lines = [f"{p.name}: {p.gpus} GPUs, predicted by simulating "
+             f"{'one data-parallel replica' if p.replica else 'every rank'}"]
+    lines += [f"  note: {n}" for n in p.notes]
+    lines.append(f"  iteration time: {p.iteration_s:.4f} s "
+                 f"({len(p.iteration_times_s)} iteration(s) simulated)")
+    lines.append(f"  throughput: {p.hardware_tflops_per_gpu:.1f} TFLOP/s per GPU "
+                 f"(recomputation included), MFU {p.mfu * 100:.1f}%")
+    if p.memory:
+        lines.append(f"  memory per rank (GB; device {p.capacity_bytes / 1e9:.1f}):")
+        lines.append("    stage  weights  grads  optimizer  activations  transient  buffers   total")
+        for m in p.memory:
+            lines.append(f"    {m.pp_rank:>5} {m.weights / 1e9:>8.2f} {m.grads / 1e9:>6.2f} "
+                         f"{m.optimizer / 1e9:>10.2f} {m.activations / 1e9:>12.2f} "
+                         f"{m.transient / 1e9:>10.2f} {m.buffers / 1e9:>8.2f} "
+                         f"{m.total / 1e9:>7.2f}")
+    return lines
