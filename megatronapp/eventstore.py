@@ -186,15 +186,21 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]]:
             tuple(combined.dictionary.to_pylist()))
 
 
+def _args(column: pa.ChunkedArray) -> np.ndarray:
+    """The JSON args column as objects, one string object per distinct value
+    (the compiled engine's layer/part arguments repeat across millions of rows)."""
+    encoded = column.combine_chunks().dictionary_encode()
+    distinct = np.asarray([*encoded.dictionary.to_pylist(), None], object)  # -1: no args
+    return distinct[pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)]
+
+
 def _columns(table: pa.Table, meta: StoreMeta) -> EventColumns:
     name, names = _codes(table.column("name"))
     kind_codes, kinds = _codes(table.column("kind"))
     kind = np.array([KINDS.index(k) for k in kinds], np.int8)[kind_codes] if kinds else \
         np.zeros(0, np.int8)
     arrays = {f: _ints(table, COLUMN_OF.get(f, f), DTYPES[f]) for f in NULLABLE}
-    extra = None
-    if "args" in table.column_names:
-        extra = np.asarray(table.column("args").to_pylist(), object)
+    extra = _args(table.column("args")) if "args" in table.column_names else None
     return EventColumns(rank=table.column("rank").to_numpy().astype(np.int32, copy=False),
                         name=name, kind=kind,
                         start_s=table.column("start_s").to_numpy(),
