@@ -1,12 +1,13 @@
 """Shared fixtures: scenario builders and a CLI runner."""
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import subprocess
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -21,6 +22,37 @@ ROOT = Path(__file__).resolve().parents[1]
 settings.register_profile("megatronapp", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("megatronapp")
+
+
+# Tests marked ``alone`` judge real timing (a profiled job's slow rank): no
+# other multi-process test may share the cores with them, or the suite's own
+# load becomes the slow rank. Under xdist the workers share one lock file:
+# ``slow`` tests (which spawn processes) hold it shared, ``alone`` tests
+# exclusively, from their fixtures' set-up to their teardown.
+MACHINE_LOCK = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist gives each worker the base directory <shared>/<worker id>
+    basetemp = config.option.basetemp
+    if os.environ.get("PYTEST_XDIST_WORKER") and basetemp:
+        config.stash[MACHINE_LOCK] = Path(basetemp).parent / "machine.lock"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    mode = (fcntl.LOCK_EX if item.get_closest_marker("alone") else
+            fcntl.LOCK_SH if item.get_closest_marker("slow") else None)
+    path = item.config.stash.get(MACHINE_LOCK, None)
+    if mode is None or path is None:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -193,6 +193,7 @@ def slow_job(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a slow rank judged on real timing
 def test_real_profiled_job_names_the_slow_rank_plain_or_gzipped(slow_job, tmp_path, capsys):
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -208,6 +209,7 @@ def test_real_profiled_job_names_the_slow_rank_plain_or_gzipped(slow_job, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a slow rank judged on real timing
 def test_every_phase_of_a_real_trace_is_loaded_or_skipped_on_purpose(slow_job):
     job = load_kineto(kineto_files(slow_job))
     events, phases = job.events, job.phases
@@ -227,6 +229,7 @@ def test_every_phase_of_a_real_trace_is_loaded_or_skipped_on_purpose(slow_job):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a slow rank judged on real timing
 def test_analyze_align_query_and_plot_read_a_profile_directory(slow_job, tmp_path, capsys):
     assert main(["analyze", str(slow_job), "--json"]) == 0
     assert set(json.loads(capsys.readouterr().out)["ranks"]) == {"0", "1", "2", "3"}
@@ -245,6 +248,7 @@ def test_analyze_align_query_and_plot_read_a_profile_directory(slow_job, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a slow rank judged on real timing
 def test_real_profiled_healthy_job_names_nobody(tmp_path):
     healthy = _profiled_job(tmp_path / "healthy")
     assert megascan(load_scan_input(healthy)).healthy
