@@ -4,23 +4,12 @@ from __future__ import annotations
 from .compiled import NotStatic, PipeProgram, compile_pipe, pipe_ranks
 from .config import Scenario
 from .costs import stage_costs
-from .layout import pipe_shape, topology_of
+from .layout import topology_of
 from .memory import RankMemory, rank_memory
 from .ops import RankProgram
-from .programs import OrderFor, StagesFor, pipeline_contexts, pipeline_rank
-from .schedules import Order, static_order
+from .programs import StagesFor, static_orders, static_programs
 from .topology import Topology
 from .scope.cost import capture_plan
-
-
-def static_orders(s: Scenario) -> dict[int, Order]:
-    """pp rank -> one iteration's task order for a static schedule."""
-    shape = pipe_shape(s)
-    return {r: static_order(s.schedule, r, shape, s.parallel.group_size) for r in range(shape.pp)}
-
-
-def _every_iteration(order: Order) -> OrderFor:
-    return lambda _iteration: order
 
 
 def stage_memory(s: Scenario) -> dict[int, RankMemory]:
@@ -123,7 +112,4 @@ def rank_programs(s: Scenario, stages_for: StagesFor | None = None) -> dict[int,
 
         return adaptive_programs(s, stages_for, capture_plan(s))
     check_memory(s)
-    orders = static_orders(s)
-    contexts = pipeline_contexts(s, lambda pp: _every_iteration(orders[pp]), stages_for,
-                                 capture_plan(s))
-    return {r: pipeline_rank(ctx) for r, ctx in contexts.items()}
+    return static_programs(s, stages_for, capture_plan(s))

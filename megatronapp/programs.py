@@ -16,7 +16,7 @@ from .costs import StageCosts, stage_costs
 from .layout import pipe_shape, topology_of
 from .ops import (AllGather, AllReduce, Compute, ISend, Op, Recv, RankProgram, ReduceScatter,
                   Wait)
-from .schedules import Order, PipeShape, Task
+from .schedules import Order, PipeShape, Task, static_order
 from .taskplan import Step, TpCollective, Work, backward_plan, bucket_sizes, forward_plan
 from .topology import Topology
 
@@ -351,3 +351,17 @@ def pipeline_rank(ctx: PipelineContext) -> RankProgram:
         for task in ctx.order_for(iteration):
             yield from run_task(ctx, iteration, task, sends, overlap)
         yield from finish_iteration(ctx, iteration, sends, overlap)
+
+
+def static_orders(s: Scenario) -> dict[int, Order]:
+    """pp rank -> one iteration's task order for a static schedule."""
+    shape = pipe_shape(s)
+    return {r: static_order(s.schedule, r, shape, s.parallel.group_size) for r in range(shape.pp)}
+
+
+def static_programs(s: Scenario, stages_for: StagesFor | None = None,
+                    capture: CapturePricing | None = None) -> dict[int, RankProgram]:
+    """Every rank's program under a static schedule (the same order each iteration)."""
+    orders = static_orders(s)
+    contexts = pipeline_contexts(s, lambda pp: lambda _iteration: orders[pp], stages_for, capture)
+    return {r: pipeline_rank(ctx) for r, ctx in contexts.items()}

@@ -34,7 +34,7 @@ def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
 # ---------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
     with status("reading the trace") as say:
-        diagnosis = _diagnose(args.target, args.method, say)
+        diagnosis = _diagnose(args.target, args.method, say, _scenario(args.scenario))
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:
@@ -42,9 +42,22 @@ def cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _diagnose(target: str, method: str, say: Say) -> Any:
+def _scenario(path: str | None) -> Any:
+    from megatronapp.config import ScenarioError, load_scenario
+
+    try:
+        return load_scenario(path) if path else None
+    except ScenarioError as err:
+        field = "" if err.field == "scenario" else f"{err.field}: "
+        raise UserError(f"--scenario: {field}{err.reason}") from None
+
+
+def _diagnose(target: str, method: str, say: Say, scenario: Any = None) -> Any:
     """MegaScan on a stored run reads columns (millions of events); other
-    inputs and the baselines go through per-event objects."""
+    inputs and the baselines go through per-event objects. ``scenario``, when
+    given, replaces the one a run directory records."""
+    from dataclasses import replace
+
     from .methods import detector
     from .table import load_table_scan, store_of
     from .table_detect import megascan_table
@@ -54,10 +67,10 @@ def _diagnose(target: str, method: str, say: Say) -> Any:
         say(f"reading {store} as columns")
         table = _side_file(load_table_scan, store)
         say("detecting (megascan)")
-        return megascan_table(table)
+        return megascan_table(table if scenario is None else replace(table, scenario=scenario))
     scan = _scan_input(target, say)
     say(f"detecting ({method})")
-    return detector(method)(scan)
+    return detector(method)(scan if scenario is None else replace(scan, scenario=scenario))
 
 
 def explain(d: dict[str, Any]) -> Iterator[str]:
@@ -309,6 +322,10 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     detect.add_argument("--json", action="store_true", help=JSON_HELP)
     detect.add_argument("--method", default="megascan", choices=DETECTORS,
                         help="MegaScan's detector or a baseline to compare it with")
+    detect.add_argument("--scenario", metavar="SCENARIO",
+                        help="the scenario the traced job ran, where the trace does not record "
+                             "it (a torch.profiler trace): pipeline stages without peers are "
+                             "then compared per unit of the work each op models")
     detect.set_defaults(func=cmd_detect)
 
     analyze = subparsers.add_parser(

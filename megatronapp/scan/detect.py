@@ -24,6 +24,7 @@ from megatronapp.tracer import Event
 
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import ScanInput, stage_peers
+from .work import Work, modelled_work
 
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median = 1.2533·σ/√n for normal data
@@ -124,10 +125,11 @@ def row_scores(ranks: list[int], lr: np.ndarray, th: Thresholds) -> dict[int, tu
     return out
 
 
-def compute_scores(scan: ScanInput, th: Thresholds) -> dict[int, ComputeScore]:
-    """Stage 1 for every rank; ranks without stage peers are compared across stages."""
-    tables = {r: compute_table(ev) for r, ev in scan.events.items()}
-    peers = stage_peers(scan)
+def compute_scores(scan: ScanInput, th: Thresholds, peers: Mapping[int, tuple[int, ...]],
+                   work: Work) -> dict[int, ComputeScore]:
+    """Stage 1 for every rank; ranks without stage ``peers`` are compared across
+    stages, each op's duration per unit of the ``work`` it models where known."""
+    tables = {r: per_work(compute_table(ev), work.get(r)) for r, ev in scan.events.items()}
     classes = {p for p in peers.values() if len(p) > 1}
     lonely = sorted(r for r, p in peers.items() if len(p) == 1)
     scores: dict[int, ComputeScore] = {}
@@ -138,6 +140,20 @@ def compute_scores(scan: ScanInput, th: Thresholds) -> dict[int, ComputeScore]:
     if len(lonely) >= 2:
         scores.update(_cross_stage_scores(lonely, tables, th))
     return scores
+
+
+def lonely_work(scenario: Any, peers: Mapping[int, tuple[int, ...]]) -> dict[int, dict[str, float]]:
+    """The modelled work of ranks without stage peers (compared across
+    pipeline stages, which do unequal work), when there are two or more."""
+    lonely = [r for r, p in peers.items() if len(p) == 1]
+    return modelled_work(scenario, lonely) if len(lonely) >= 2 else {}
+
+
+def per_work(table: dict[Any, float], work: Mapping[str, float] | None) -> dict[Any, float]:
+    """Durations keyed by (op name, ...) divided by the work of their op name."""
+    if not work:
+        return table
+    return {k: v / work[k[0]] if k[0] in work else v for k, v in table.items()}
 
 
 def _cross_stage_scores(ranks: list[int], tables: dict[int, dict], th: Thresholds) -> dict[int, ComputeScore]:
@@ -181,6 +197,14 @@ def _durations(events: Iterable[Event]) -> dict[str, list[float]]:
 
 Samples = Union[Sequence[float], np.ndarray]  # per-event lists, or columns
 Durations = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> compute durations
+
+
+def durations_per_work(durations: Mapping[str, Samples], work: Mapping[str, float] | None
+                       ) -> Mapping[str, Samples]:
+    """Each op name's durations divided by the work it models (``per_work``)."""
+    if not work:
+        return durations
+    return {n: np.asarray(v) / work[n] if n in work else v for n, v in durations.items()}
 
 
 def durations_of(scan: ScanInput) -> dict[int, dict[str, list[float]]]:
@@ -245,9 +269,11 @@ def compute_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
     device), or slow at its best in every op it runs. A median-based
     candidate that is rarely the last to arrive at its collectives is a
     victim and is dropped."""
-    durations, peers = durations_of(scan), stage_peers(scan)
-    return judge_compute(sorted(scan.events), compute_scores(scan, th), late_arrivals(scan),
-                         durations, peers, th)
+    peers = stage_peers(scan)
+    work = lonely_work(scan.scenario, peers)
+    durations = {r: durations_per_work(d, work.get(r)) for r, d in durations_of(scan).items()}
+    scores = compute_scores(scan, th, peers, work)
+    return judge_compute(sorted(scan.events), scores, late_arrivals(scan), durations, peers, th)
 
 
 def judge_compute(ranks: Iterable[int], scores: Mapping[int, ComputeScore],

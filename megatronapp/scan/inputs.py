@@ -1,14 +1,16 @@
 """What every detector (ours and the baselines) gets: one aligned trace, linked."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from megatronapp.config import Scenario
 from megatronapp.progress import Say, quiet
 
 from .align import ClockFit, apply_clocks, fit_clocks
 from .deps import SyncOp, reconstruct
 from .load import LoadedTrace, RankEvents, TraceError, dig, load_trace, read_object
+from .work import scenario_of_run
 
 DEFAULT_GPUS_PER_NODE = 8
 STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
@@ -20,6 +22,7 @@ class ScanInput:
     ops: tuple[SyncOp, ...]
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     clocks: dict[int, ClockFit] = field(default_factory=dict)
+    scenario: Scenario | None = None  # what the run ran, when known: the work each op models
 
     @property
     def ranks(self) -> list[int]:
@@ -76,7 +79,8 @@ def prepare(events: RankEvents, aligned: bool, gpus_per_node: int = DEFAULT_GPUS
 
 
 def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
-    return prepare(dict(trace.events), trace.aligned, gpus_per_node_of(trace.run_dir), say=say)
+    scan = prepare(dict(trace.events), trace.aligned, gpus_per_node_of(trace.run_dir), say=say)
+    return replace(scan, scenario=scenario_of_run(trace.run_dir))
 
 
 def load_scan_input(target: str | Path, say: Say = quiet) -> ScanInput:

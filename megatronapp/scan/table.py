@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from megatronapp.config import Scenario
 from megatronapp.columns import KINDS, TIMELESS_FIELDS, EventColumns, RankEventsView, TableSource
 from megatronapp.eventstore import TRACE_FILE, StoreError, local_clock_view, read_columns
 from megatronapp.metrics import group_ids, nth_in_group
@@ -25,6 +26,7 @@ from .bounds import all_to_all
 from .deps import SyncOp
 from .inputs import DEFAULT_GPUS_PER_NODE, gpus_per_node_of
 from .load import TraceError
+from .work import scenario_of_run
 
 COLLECTIVE, P2P = 0, 1
 
@@ -347,6 +349,7 @@ class TableScan:
     sync: SyncTable
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     clocks: dict[int, ClockFit] = field(default_factory=dict)
+    scenario: Scenario | None = None  # ``inputs.ScanInput.scenario``
 
 
 def prepare_table(cols: EventColumns, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
@@ -382,4 +385,5 @@ def load_table_scan(store: Path, raw_clocks: bool = True) -> TableScan:
     skewed = bool(meta.clocks) and raw_clocks
     if skewed:
         cols = local_clock_view(cols, meta.clocks)
-    return prepare_table(cols, aligned=not skewed, gpus_per_node=gpus)
+    scan = prepare_table(cols, aligned=not skewed, gpus_per_node=gpus)
+    return replace(scan, scenario=scenario_of_run(run_dir))

@@ -5,8 +5,10 @@ import numpy as np
 
 from megatronapp.metrics import group_ids
 
-from .detect import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds, flow_of,
-                     judge_bandwidth, judge_compute, judge_links, relative_to_peers, row_scores)
+from .detect import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
+                     durations_per_work, flow_of, judge_bandwidth, judge_compute, judge_links,
+                     lonely_work, relative_to_peers, row_scores)
+from .work import Work
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import STAGE_PEER_WORDS
 from .table import COLLECTIVE, COMPUTE_KIND, P2P, TableScan
@@ -83,11 +85,12 @@ def _log_ratios(ranks: list[int], rank_of_row: np.ndarray, key: np.ndarray,
     return relative_to_peers(logd)
 
 
-def compute_scores(scan: TableScan, th: Thresholds) -> dict[int, ComputeScore]:
+def compute_scores(scan: TableScan, th: Thresholds, peers: dict[int, tuple[int, ...]],
+                   work: Work) -> dict[int, ComputeScore]:
+    """``detect.compute_scores``, ``work`` that of the ranks without stage peers."""
     rows, key = _compute_keys(scan)
     rank_of_row = scan.cols.rank[rows].astype(np.int64)
-    logdur = np.log(scan.cols.dur_s[rows])
-    peers = stage_peers(scan)
+    logdur = np.log(scan.cols.dur_s[rows]) - _log_work(scan, rows, work)
     classes = sorted({p for p in peers.values() if len(p) > 1})
     lonely = sorted(r for r, p in peers.items() if len(p) == 1)
     class_of = {r: i for i, cls in enumerate(classes) for r in cls}
@@ -153,10 +156,24 @@ def durations_of(scan: TableScan) -> dict[int, dict[str, np.ndarray]]:
     return out
 
 
+def _log_work(scan: TableScan, rows: np.ndarray, work: Work) -> np.ndarray:
+    """log of the work each row's op models (0 where unknown): ``detect.per_work``."""
+    out = np.zeros(len(rows))
+    c = scan.cols
+    for rank, by_name in work.items():
+        for name, w in by_name.items():
+            code = c.name_code(name)
+            out[(c.rank[rows] == rank) & (c.name[rows] == code)] = np.log(w)
+    return out
+
+
 def compute_root_causes(scan: TableScan, th: Thresholds) -> list[RootCause]:
     ranks = np.unique(scan.cols.rank).astype(np.int64).tolist()
-    return judge_compute(ranks, compute_scores(scan, th), late_arrivals(scan), durations_of(scan),
-                         stage_peers(scan), th)
+    peers = stage_peers(scan)
+    work = lonely_work(scan.scenario, peers)
+    durations = {r: durations_per_work(d, work.get(r)) for r, d in durations_of(scan).items()}
+    return judge_compute(ranks, compute_scores(scan, th, peers, work), late_arrivals(scan), durations,
+                         peers, th)
 
 
 # --------------------------------------------------------------- stage 3

@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -22,6 +22,7 @@ from megatronapp.errors import UserError
 from megatronapp.executors import Where, map_unordered
 from megatronapp.files import atomic_file
 from megatronapp.run_trace import write_traces
+from megatronapp.config import Scenario
 from megatronapp.tracer import RunResult, RunScenario, chrome_events
 
 from .align import score_against_truth, trace_span
@@ -46,12 +47,14 @@ class Outcome:
     found: bool
 
 
-def scan_of_result(result: RunResult, name: str = "<sim>") -> ScanInput:
+def scan_of_result(result: RunResult, name: str = "<sim>", scenario: Scenario | None = None
+                   ) -> ScanInput:
     """What a detector sees of a run: per-rank Chrome events in each rank's
-    local clock (as the run directory stores them), aligned again."""
+    local clock (as the run directory stores them), aligned again, with the
+    ``scenario`` it ran (as a run directory's summary records it)."""
     raw = [ev for r in sorted(result.events) for ev in chrome_events(
         r, result.label(r), result.events[r], result.clocks[r].local)]
-    return prepare(events_from_chrome(raw, name), aligned=False, ref=0)
+    return replace(prepare(events_from_chrome(raw, name), aligned=False, ref=0), scenario=scenario)
 
 
 def score_trial(trial: Trial, scan: ScanInput, clocks: Mapping[str, Any]
@@ -59,6 +62,7 @@ def score_trial(trial: Trial, scan: ScanInput, clocks: Mapping[str, Any]
     """Every method's outcome on one trial, and the clock alignment's error
     against the injected ``clocks`` (rank -> {offset_us, drift_ppm})."""
     alignment = score_against_truth(scan.clocks, clocks, ref=0, span=trace_span(scan.events))
+    scan = replace(scan, scenario=trial.scenario)  # what a run directory's summary records
     return [_outcome(trial, name, method(scan)) for name, method in METHODS.items()], alignment
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..config import ScenarioError, parse_scenario
+from ..config import Scenario, ScenarioError, parse_scenario
 from ..errors import UserError
 from ..executors import Where, map_unordered
 from ..summary import summarize
@@ -31,7 +31,8 @@ def run_point(task: Task) -> dict[str, Any]:
                            "worker": f"{socket.gethostname()}:{os.getpid()}"}
     start = time.perf_counter()
     try:
-        result = task.run(parse_scenario(p.scenario))
+        scenario = parse_scenario(p.scenario)
+        result = task.run(scenario)
     except (ScenarioError, UserError) as err:  # e.g. a point whose memory does not fit
         return {**row, "error": str(err)}
     row["run_wall_s"] = time.perf_counter() - start
@@ -41,15 +42,15 @@ def run_point(task: Task) -> dict[str, Any]:
                bubble_fraction=summary["bubble_fraction"],
                events=sum(len(v) for v in result.events.values()), error=None)
     if task.detect:
-        row.update(_detection(result))
+        row.update(_detection(result, scenario))
     return row
 
 
-def _detection(result: Any) -> dict[str, Any]:
+def _detection(result: Any, scenario: Scenario) -> dict[str, Any]:
     from ..scan.detect import megascan
     from ..scan.validate import scan_of_result
 
-    diagnosis = megascan(scan_of_result(result))
+    diagnosis = megascan(scan_of_result(result, scenario=scenario))
     causes = [f"{c.kind}:{c.rank}" + (f"-{c.peer}" if c.peer is not None else "")
               for c in diagnosis.root_causes]
     return {"healthy": diagnosis.healthy, "root_causes": " ".join(causes)}

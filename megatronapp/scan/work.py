@@ -1,0 +1,60 @@
+"""The work a run's compute ops model, to compare pipeline stages that differ.
+
+A job with no tensor- or data-parallel peers leaves MegaScan only the other
+pipeline stages to compare a rank with, and those do not do equal work: the
+last stage also computes the output layer (on a large vocabulary that can
+double its forward), the first one the embedding. The rank programs know
+each compute op's modelled cost, so durations divided by it compare stages
+on the speed they ran at, not on the work they were given.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from megatronapp.compiled import NotStatic, record
+from megatronapp.config import Scenario, ScenarioError, parse_scenario
+from megatronapp.errors import UserError
+from megatronapp.ops import Compute
+from megatronapp.programs import static_programs
+
+from .load import read_object
+
+Work = Mapping[int, Mapping[str, float]]  # rank -> compute op name -> mean modelled seconds
+
+
+def modelled_work(s: Scenario | None, ranks: Iterable[int]) -> dict[int, dict[str, float]]:
+    """rank -> op name -> the mean modelled cost of its compute ops of that
+    name, for ``ranks``; empty when the scenario's programs do not say (none
+    given, MegaFBD's devices, a dynamic schedule)."""
+    wanted = sorted(set(ranks))
+    if s is None or s.fbd is not None or s.schedule == "adaptive" or not wanted:
+        return {}
+    try:
+        programs = static_programs(s)  # MegaScope's capture costs are not modelled
+        return {r: _mean_costs(record(programs[r])) for r in wanted if r in programs}
+    except (NotStatic, UserError, ScenarioError):
+        return {}
+
+
+def _mean_costs(ops: Iterable[object]) -> dict[str, float]:
+    costs: dict[str, list[float]] = defaultdict(list)
+    for op in ops:
+        if isinstance(op, Compute) and op.cost_s > 0:
+            costs[op.name].append(op.cost_s)
+    return {name: sum(v) / len(v) for name, v in costs.items()}
+
+
+def scenario_of_run(run_dir: Path | None) -> Scenario | None:
+    """The scenario a run directory's summary.json records, if it validates."""
+    summary = run_dir / "summary.json" if run_dir else None
+    if summary is None or not summary.is_file():
+        return None
+    data = read_object(summary).get("scenario")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return parse_scenario(data)
+    except (ScenarioError, UserError, ValueError):
+        return None

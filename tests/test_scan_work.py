@@ -1,0 +1,93 @@
+"""Pipeline-only jobs: stages do unequal work (the last one computes the
+output layer), so MegaScan compares them per unit of the work each op models."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.sim import run_sim
+from megatronapp.cli import main
+from megatronapp.config import Scenario, parse_scenario
+from megatronapp.costs import stage_costs
+from megatronapp.scan.detect import megascan
+from megatronapp.scan.inputs import load_scan_input
+from megatronapp.scan.table import load_table_scan
+from megatronapp.scan.table_detect import megascan_table
+from megatronapp.scan.validate import scan_of_result
+from megatronapp.scan.work import modelled_work, scenario_of_run
+
+PP = 4
+
+
+def _pipeline(faults: list[dict], seed: int = 3) -> Scenario:
+    """No TP or DP peers; a large vocabulary doubles the last stage's forward."""
+    return parse_scenario({
+        "seed": seed, "iterations": 2, "schedule": "1f1b",
+        "parallel": {"tp": 1, "pp": PP, "dp": 1, "microbatches": 2 * PP},
+        "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024, "vocab": 51200},
+        "cluster": {"jitter": {"compute_sigma": 0.03, "link_sigma": 0.05}},
+        "faults": faults + [{"kind": "clock_skew", "rank": 2, "offset_us": 3000}]})
+
+
+def _causes(s: Scenario, known: bool = True) -> list[tuple[int, str]]:
+    d = megascan(scan_of_result(run_sim(s), scenario=s if known else None))
+    return [(c.rank, c.kind) for c in d.root_causes]
+
+
+def test_modelled_work_is_the_cost_model_per_op_name():
+    s = _pipeline([])
+    work = modelled_work(s, range(PP))
+    costs = stage_costs(s)
+    for rank in range(1, PP - 1):  # interior stages: one chunk's layers, nothing else
+        assert work[rank]["forward"] == pytest.approx(costs.forward_chunk_s)
+    assert work[PP - 1]["forward"] == pytest.approx(costs.forward_chunk_s + costs.logits_forward_s)
+    assert work[PP - 1]["forward"] > 1.5 * work[1]["forward"]  # what raw durations would blame
+
+
+def test_a_healthy_pipeline_with_a_heavy_last_stage_is_healthy():
+    s = _pipeline([])
+    assert _causes(s) == []
+    assert (PP - 1, "compute") in _causes(s, known=False)  # by raw durations: a false alarm
+
+
+@pytest.mark.parametrize("rank", [0, 1, PP - 1])
+def test_a_throttled_stage_is_named_whatever_its_work(rank):
+    assert _causes(_pipeline([{"kind": "throttle", "rank": rank, "factor": 1.3}])) == [
+        (rank, "compute")]
+
+
+def test_no_scenario_or_a_dynamic_one_models_no_work():
+    s = _pipeline([])
+    assert modelled_work(None, range(PP)) == {}
+    assert modelled_work(s.model_copy(update={"schedule": "adaptive"}), range(PP)) == {}
+
+
+def test_a_run_directory_brings_its_scenario_to_both_detectors(tmp_path: Path, capsys):
+    scenario = tmp_path / "pipeline.yaml"
+    scenario.write_text(_pipeline([]).model_dump_json())
+    run_dir = tmp_path / "run"
+    assert main(["run", str(scenario), "--out", str(run_dir), "--quiet"]) == 0
+    assert scenario_of_run(run_dir) == _pipeline([])
+    assert megascan(load_scan_input(run_dir)).healthy
+    assert megascan_table(load_table_scan(run_dir / "trace.parquet")).healthy
+    (run_dir / "summary.json").write_text('{"scenario": {"parallel": {"pp": "four"}}}')
+    assert scenario_of_run(run_dir) is None  # an invalid record is no scenario, not a crash
+
+
+def test_detect_takes_the_scenario_a_trace_does_not_record(tmp_path: Path, capsys):
+    scenario = tmp_path / "pipeline.yaml"
+    scenario.write_text(_pipeline([]).model_dump_json())
+    run_dir = tmp_path / "run"
+    assert main(["run", str(scenario), "--out", str(run_dir), "--quiet"]) == 0
+    (run_dir / "summary.json").unlink()  # a trace that records no scenario
+    answers = []
+    for extra in ([], ["--scenario", str(scenario)]):
+        capsys.readouterr()
+        assert main(["detect", str(run_dir), "--json", *extra]) == 0
+        answers.append(json.loads(capsys.readouterr().out)["healthy"])
+    assert answers == [False, True]
+    assert main(["detect", str(run_dir), "--scenario", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("megatronapp: --scenario: ") and "missing.yaml" in err
