@@ -97,8 +97,6 @@ def _free_port() -> int:
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str], Path]]:
     """A one-CPU Ray head on 127.0.0.1 with its session files in a temporary
     directory (short: it holds Unix sockets), started here and stopped here."""
-    pytest.importorskip("ray", reason="the optional extra 'ray' is not installed "
-                                      "(pip install 'megatronapp[ray]')")
     port = _free_port()
     temp = tmp_path_factory.mktemp("ray")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}

@@ -140,7 +140,6 @@ def test_an_export_carries_what_the_backend_recorded_and_joins_the_run(small_run
 def _perfetto_classes() -> Any:
     """Perfetto's trace messages (the fields we write), built from descriptors so
     that protobuf itself parses the file."""
-    pytest.importorskip("google.protobuf")
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     f = descriptor_pb2.FileDescriptorProto(name="perfetto_subset.proto", package="p",
