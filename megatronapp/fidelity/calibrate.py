@@ -64,6 +64,7 @@ class Measured:
 
     scenario: Scenario
     events: dict[int, list[Event]]
+    profiled: bool = False  # a torch.profiler trace: it times only the ranges it annotates
 
 
 @dataclass
@@ -74,11 +75,18 @@ class Calibration:
 
 # ----------------------------------------------------------------- input
 def load_measured(path: Path, scenario_path: Path) -> Measured:
-    """A run directory (its summary.json names the scenario that ran) or a trace
-    file described by ``scenario_path``."""
+    """A run directory (its summary.json names the scenario that ran), one of
+    our trace files, or a torch.profiler trace (a file, or a directory of one
+    per rank), the last two described by ``scenario_path``."""
     from ..runs import read_events
+    from .profiled import annotate, is_profile, load_profile
 
     path = Path(path)
+    if not path.exists():
+        raise UserError(f"measured: {path} not found")
+    if is_profile(path):
+        ran = load_scenario(scenario_path)
+        return Measured(ran, annotate(load_profile(path), ran), profiled=True)
     trace = path / "trace.json" if path.is_dir() else path
     if not trace.is_file():
         raise UserError(f"measured: {trace} not found (a run directory or its trace.json)")
@@ -324,7 +332,10 @@ def calibrate(m: Measured) -> Calibration:
     cal = Calibration()
     fit_compute(m.scenario, events, cal)
     fit_memory_bound(m.scenario, events, cal)
-    fit_op_overhead(events, cal)
+    if m.profiled:  # gaps between a profile's ranges are not gaps between operations
+        cal.evidence["kept_from_scenario"] = ["cluster.gpu.op_overhead_us"]
+    else:
+        fit_op_overhead(events, cal)
     fit_links(m.scenario, events, cal)
     cal.evidence["measured_iteration_s"] = median(iteration_times(events))
     return cal
@@ -349,10 +360,13 @@ def default_out(scenario: str) -> Path:
 
 def calibrate_command(args: argparse.Namespace, simulate: Callable[[Scenario], list[float]]
                       ) -> int:
+    from ..files import atomic_file, check_file_target
+
+    out = Path(args.out) if args.out else default_out(args.scenario)
+    check_file_target(out, "--out")  # before the work, not after it
     measured = load_measured(Path(args.measured), Path(args.scenario))
     cal = calibrate(measured)
     data = calibrated_data(Path(args.scenario), cal)
-    out = Path(args.out) if args.out else default_out(args.scenario)
     try:
         parse_scenario(data)
     except ScenarioError as err:
@@ -364,8 +378,9 @@ def calibrate_command(args: argparse.Namespace, simulate: Callable[[Scenario], l
     simulated = simulate(check)
     sim_s = median(simulated[1:] if len(simulated) > 1 else simulated)
     measured_s = cal.evidence["measured_iteration_s"]
-    out.write_text("# Calibrated by megatronapp calibrate from " + str(args.measured) + "\n"
-                   + yaml.safe_dump(data, sort_keys=False))
+    with atomic_file(out, "--out") as tmp:
+        tmp.write_text("# Calibrated by megatronapp calibrate from " + str(args.measured) + "\n"
+                       + yaml.safe_dump(data, sort_keys=False))
     report = {"settings": cal.settings, "evidence": cal.evidence,
               "measured_iteration_s": measured_s, "simulated_iteration_s": sim_s,
               "written": str(out)}
@@ -375,6 +390,8 @@ def calibrate_command(args: argparse.Namespace, simulate: Callable[[Scenario], l
     print(f"calibrated {measured.scenario.name} from {args.measured}:")
     for key, value in sorted(cal.settings.items()):
         print(f"  {key} = {value:.6g}")
+    for key in cal.evidence.get("kept_from_scenario", []):
+        print(f"  {key}: kept from the scenario (a profile does not show it)")
     print(f"  measured iteration {measured_s * 1e3:.3f} ms, the calibrated simulator "
           f"gives {sim_s * 1e3:.3f} ms ({(sim_s / measured_s - 1) * 100:+.1f}%)")
     print(f"  wrote {out}")

@@ -86,8 +86,10 @@ def register(sub: Any, plot_hooks: list) -> None:
 
     cal = sub.add_parser("calibrate", help="fit the efficiency model to a measured run and "
                          "write a calibrated scenario")
-    cal.add_argument("measured", help="a run directory (megatronapp run --backend torch) or "
-                     "its trace.json")
+    cal.add_argument("measured", metavar="RUN_DIR_OR_TRACE",
+                     help="a run directory (megatronapp run --backend torch), its trace.json, "
+                          "or a torch.profiler trace (a *.pt.trace.json[.gz] file or a "
+                          "directory of one per rank)")
     cal.add_argument("--scenario", required=True,
                      help="the scenario to calibrate (written with the fitted constants)")
     cal.add_argument("--out", help="where to write the calibrated scenario "
