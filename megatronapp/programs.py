@@ -365,3 +365,13 @@ def static_programs(s: Scenario, stages_for: StagesFor | None = None,
     orders = static_orders(s)
     contexts = pipeline_contexts(s, lambda pp: lambda _iteration: orders[pp], stages_for, capture)
     return {r: pipeline_rank(ctx) for r, ctx in contexts.items()}
+
+
+def static_compute_ops(s: Scenario, ranks: Sequence[int] | None = None) -> dict[int, list[Compute]]:
+    """The compute operations each rank (of ``ranks``, default all) issues, in
+    order, under a static schedule (``compiled.NotStatic`` for a dynamic one)."""
+    from .compiled import record
+
+    programs = static_programs(s)
+    wanted = programs if ranks is None else [r for r in ranks if r in programs]
+    return {r: [op for op in record(programs[r]) if isinstance(op, Compute)] for r in wanted}

@@ -15,11 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..compiled import NotStatic, record
+from ..compiled import NotStatic
 from ..config import Scenario, parse_scenario
 from ..errors import UserError
-from ..ops import Compute
-from ..programs import static_programs
+from ..programs import static_compute_ops
 from ..tracer import Event
 
 OpMeta = tuple[str, dict[str, Any]]  # (compute op name, its meta) in issue order
@@ -53,8 +52,8 @@ def one_iteration(s: Scenario) -> dict[int, list[OpMeta]]:
                         f"{'MegaFBD' if s.fbd else 'adaptive'} orders its work at run time")
     single = parse_scenario({**s.model_dump(mode="json"), "iterations": 1})
     try:
-        return {r: [(op.name, dict(op.meta)) for op in record(program) if isinstance(op, Compute)]
-                for r, program in static_programs(single).items()}
+        return {r: [(op.name, dict(op.meta)) for op in ops]
+                for r, ops in static_compute_ops(single).items()}
     except NotStatic as err:
         raise UserError(f"measured: the scenario's programs are not static ({err})") from None
 

@@ -13,11 +13,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from megatronapp.compiled import NotStatic, record
+from megatronapp.compiled import NotStatic
 from megatronapp.config import Scenario, ScenarioError, parse_scenario
 from megatronapp.errors import UserError
 from megatronapp.ops import Compute
-from megatronapp.programs import static_programs
+from megatronapp.programs import static_compute_ops
 
 from .load import read_object
 
@@ -32,16 +32,16 @@ def modelled_work(s: Scenario | None, ranks: Iterable[int]) -> dict[int, dict[st
     if s is None or s.fbd is not None or s.schedule == "adaptive" or not wanted:
         return {}
     try:
-        programs = static_programs(s)  # MegaScope's capture costs are not modelled
-        return {r: _mean_costs(record(programs[r])) for r in wanted if r in programs}
+        ops = static_compute_ops(s, wanted)  # MegaScope's capture costs are not modelled
+        return {r: _mean_costs(ops[r]) for r in wanted if r in ops}
     except (NotStatic, UserError, ScenarioError):
         return {}
 
 
-def _mean_costs(ops: Iterable[object]) -> dict[str, float]:
+def _mean_costs(ops: Iterable[Compute]) -> dict[str, float]:
     costs: dict[str, list[float]] = defaultdict(list)
     for op in ops:
-        if isinstance(op, Compute) and op.cost_s > 0:
+        if op.cost_s > 0:
             costs[op.name].append(op.cost_s)
     return {name: sum(v) / len(v) for name, v in costs.items()}
 
