@@ -143,10 +143,15 @@ def _filter(ranks: Sequence[int] | None, iterations: Sequence[int] | None) -> An
 
 
 def read_columns(path: Path, ranks: Sequence[int] | None = None,
-                 iterations: Sequence[int] | None = None) -> tuple[EventColumns, StoreMeta]:
-    """The events (all, or those of ``ranks`` / ``iterations``) and the file's metadata."""
+                 iterations: Sequence[int] | None = None,
+                 with_args: bool = True) -> tuple[EventColumns, StoreMeta]:
+    """The events (all, or those of ``ranks`` / ``iterations``) and the file's
+    metadata; ``with_args=False`` leaves out the JSON args column (what the
+    typed columns do not hold: a detector needs none of it)."""
     meta = read_meta(path)
-    table = ds.dataset(path, format="parquet").to_table(filter=_filter(ranks, iterations))
+    dataset = ds.dataset(path, format="parquet")
+    names = [n for n in dataset.schema.names if with_args or n != "args"]
+    table = dataset.to_table(columns=names, filter=_filter(ranks, iterations))
     return _columns(table, meta), meta
 
 
@@ -162,19 +167,25 @@ def iter_columns(path: Path, ranks: Sequence[int] | None = None,
 
 
 def _ints(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
-    """A nullable integer column as numpy, nulls as -1 (from the buffers:
-    ``fill_null`` copies every chunk twice)."""
-    parts = []
-    for chunk in table.column(name).chunks:
-        values = chunk.to_numpy(zero_copy_only=False) if chunk.null_count == 0 else None
-        if values is None:
-            validity, data = chunk.buffers()[:2]
-            values = np.frombuffer(data, chunk.type.to_pandas_dtype())[
-                chunk.offset:chunk.offset + len(chunk)]
-            bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")
-            values = np.where(bits[chunk.offset:chunk.offset + len(chunk)].astype(bool), values, -1)
-        parts.append(values.astype(dtype, copy=False))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+    """A nullable integer column as numpy, nulls as -1, written chunk by chunk
+    into one array (from the buffers: ``fill_null`` copies every chunk twice,
+    and whole-column temporaries of 47 M rows cost their pages each time)."""
+    column = table.column(name)
+    out = np.empty(len(column), dtype)
+    start = 0
+    for chunk in column.chunks:
+        n = len(chunk)
+        mine = out[start:start + n]
+        start += n
+        if chunk.null_count == 0:
+            mine[:] = chunk.to_numpy(zero_copy_only=False)
+            continue
+        validity, data = chunk.buffers()[:2]
+        mine[:] = np.frombuffer(data, chunk.type.to_pandas_dtype())[chunk.offset:chunk.offset + n]
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), count=chunk.offset + n,
+                             bitorder="little")[chunk.offset:]
+        mine[bits == 0] = -1
+    return out
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]]:

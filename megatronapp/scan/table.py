@@ -376,7 +376,7 @@ def load_table_scan(store: Path, raw_clocks: bool = True) -> TableScan:
     rank is read on its own clock and aligned, unless every clock is the
     reference clock (then the local view is the aligned one already)."""
     try:
-        cols, meta = read_columns(store)
+        cols, meta = read_columns(store, with_args=False)  # the detector reads typed columns
     except StoreError as err:
         raise TraceError(str(store), str(err).removeprefix(f"{store}: ")) from None
     stored = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
