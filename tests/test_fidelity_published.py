@@ -1,5 +1,6 @@
-"""Narayanan et al. 2021, Table 1: constants fitted on two rows predict others
-within 10%, and strong scaling loses throughput per GPU as the paper's does."""
+"""Narayanan et al. 2021, Table 1: constants fitted on two rows (one without a
+pipeline, one with) predict others within 5%, and strong scaling loses
+throughput per GPU as the paper's does."""
 from __future__ import annotations
 
 import pytest
@@ -29,16 +30,16 @@ def tflops_per_gpu(s: Scenario) -> float:
 @pytest.fixture(scope="module")
 def fitted() -> dict[str, float]:
     targets = [(row(i), iteration_s_from_tflops(row(i), NARAYANAN_TABLE1_TFLOPS[i]))
-               for i in (1, 4)]
+               for i in (1, 7)]
     return fit_constants(targets, TABLE1_KNOBS, replica_time).values
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("i", [2, 3])
-def test_rows_not_fitted_on_are_predicted_within_10_percent(fitted: dict[str, float],
-                                                            i: int) -> None:
+@pytest.mark.parametrize("i", [2, 3, 5])
+def test_rows_not_fitted_on_are_predicted_within_5_percent(fitted: dict[str, float],
+                                                           i: int) -> None:
     predicted = tflops_per_gpu(with_settings(row(i), fitted))
-    assert predicted == pytest.approx(NARAYANAN_TABLE1_TFLOPS[i], rel=0.10)
+    assert predicted == pytest.approx(NARAYANAN_TABLE1_TFLOPS[i], rel=0.05)
 
 
 @pytest.mark.slow
