@@ -53,7 +53,7 @@ def test_calibrate_fits_every_constant_from_a_real_torch_run(tmp_path: Path) -> 
                    "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    _profile_agrees(run_dir, report["settings"], tmp_path / "from_profile.yaml")
+    _profile_agrees(run_dir, report, tmp_path / "from_profile.yaml")
     assert set(report["evidence"]["forward_s_by_chunk_kind"]) == {"first", "middle", "last"}
     assert set(FITTED_FROM_A_REAL_RUN) <= set(report["settings"])
     assert all(math.isfinite(v) and v >= 0 for v in report["settings"].values())
@@ -67,14 +67,23 @@ def test_calibrate_fits_every_constant_from_a_real_torch_run(tmp_path: Path) -> 
 def _profile_agrees(run_dir: Path, from_run: dict, out: Path) -> None:
     """The run's torch.profiler trace (its own ranges around the same ops, for
     three iterations where the scenario file says six: a profile may hold any
-    whole number of them) calibrates the compute constants as the run's trace
-    does. Measured here: efficiency 1.3%
-    apart, backward ratio 0.2%, HBM bandwidth 9% (the profiler's ranges and our
-    op spans do not start and end at the same instants)."""
+    whole number of them) measures what the run's trace measures: each chunk
+    kind's median forward, the backward ratio, the optimizer step. Measured
+    here 1-2%, 0.2% and 9% apart (the profiler's ranges and our op spans do not
+    start and end at the same instants). The three compute constants fitted
+    from three medians are not compared: on a loaded machine a few percent
+    moved between medians changes which of them the non-negative fit uses
+    (efficiency 0.173 against 0.209 once)."""
     proc = run_cli("calibrate", str(run_dir / "profile"), "--scenario", str(CPU_TINY),
                    "--out", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
-    settings = json.loads(proc.stdout)["settings"]
-    for key, tolerance in (("cluster.gpu.efficiency", 0.1), ("cluster.gpu.backward_ratio", 0.1),
-                           ("cluster.gpu.hbm_tbps", 0.3)):
-        assert settings[key] == pytest.approx(from_run[key], rel=tolerance), key
+    profiled = json.loads(proc.stdout)
+    forward = profiled["evidence"]["forward_s_by_chunk_kind"]
+    assert set(forward) == set(from_run["evidence"]["forward_s_by_chunk_kind"])
+    for kind, seconds in forward.items():
+        assert seconds == pytest.approx(from_run["evidence"]["forward_s_by_chunk_kind"][kind],
+                                        rel=0.15), kind
+    assert profiled["settings"]["cluster.gpu.backward_ratio"] == pytest.approx(
+        from_run["settings"]["cluster.gpu.backward_ratio"], rel=0.1)
+    assert profiled["evidence"]["optimizer_s"] == pytest.approx(
+        from_run["evidence"]["optimizer_s"], rel=0.3)
