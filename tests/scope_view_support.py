@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,16 @@ class ViewServer:
     def ws_url(self, token: str | None = None) -> str:
         return (self.origin.replace("http://", "ws://") + "/ws"
                 + ("" if token is None else f"?token={token}"))
+
+    def logged(self, since: int, text: str, limit_s: float = 60.0) -> bool:
+        """Whether ``text`` shows in the server's stderr after line ``since``,
+        waiting for it (the server writes its log line after it answers)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if text in "".join(self.log[since:]):
+                return True
+            time.sleep(0.05)
+        return False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -92,3 +92,22 @@ def test_a_profile_of_other_ranks_than_the_scenario_is_refused(tmp_path: Path) -
     profile = _profile_of({0: events[0]}, tmp_path / "profile")
     proc = _calibrate(profile, tmp_path / "calibrated.yaml")
     assert proc.returncode == 2 and "the trace has ranks [0], the scenario 2 ranks" in proc.stderr
+
+
+def test_messages_of_unknown_size_fit_no_bandwidth() -> None:
+    """A profile may record a transfer without its size: such messages are not
+    used for bandwidth (a zero would make an invalid calibrated scenario)."""
+    from megatronapp.fidelity.calibrate import Calibration, fit_links
+    from megatronapp.tracer import Event
+
+    def pair(nbytes: int, t: float) -> dict[int, list[Event]]:
+        common = {"tag": "f0", "iteration": 0, "kind": "p2p", "bytes": nbytes}
+        return {0: [Event("send", t, 1e-3, {**common, "role": "send", "peer": 1})],
+                1: [Event("recv", t - 1e-4, 2e-3, {**common, "role": "recv", "peer": 0})]}
+
+    s = load_scenario(CPU_TINY)
+    sized, unsized = Calibration(), Calibration()
+    fit_links(s, pair(1 << 20, 1.0), sized)
+    fit_links(s, pair(0, 1.0), unsized)
+    assert sized.settings["cluster.links.intra_node_gbps"] > 0
+    assert "cluster.links.intra_node_gbps" not in unsized.settings

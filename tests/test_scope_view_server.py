@@ -68,7 +68,7 @@ def test_a_websocket_without_the_token_or_from_another_origin_is_refused(
     with pytest.raises(InvalidStatus) as err:
         client(server, token, origin)
     assert err.value.response.status_code == 403
-    assert why in "".join(server.log[before:])
+    assert server.logged(before, why)
     with client(server) as ok:  # the server goes on
         assert receive_json(ok)["kind"] == "info"
 

@@ -319,6 +319,8 @@ def _transfers(events: Events, same_node: Callable[[int, int], bool]
     per_class: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for key, sent in sends.items():
         for s_ev, r_ev in zip(sent, recvs.get(key, [])):
+            if r_ev.args.get("bytes", 0) <= 0:  # a profile may not know a message's size
+                continue
             if r_ev.start_s <= s_ev.start_s:  # the receiver waited: the whole transfer shows
                 per_class[_link_class(key[:2], same_node)].append(
                     (r_ev.args["bytes"], r_ev.end_s - s_ev.start_s))
