@@ -28,3 +28,11 @@ class NormalStream:
         z = self._block[self._next]
         self._next += 1
         return z
+
+    def max_of(self, n: int) -> float:
+        """The largest of the next ``n`` values (all ``n`` are consumed)."""
+        i, block = self._next, self._block
+        if i + n <= len(block):
+            self._next = i + n
+            return max(block[i:i + n])
+        return max(self.draw() for _ in range(n))

@@ -146,7 +146,7 @@ class Ring:
     each (n-1)/n·S/B + (n-1)·α for a buffer of S bytes; B is the slowest edge's
     bandwidth (NIC-shared between nodes), α the longest edge latency."""
 
-    __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s")
+    __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s", "alike")
 
     def __init__(self, n: int, min_bandwidth: float, edges: list[tuple[float, float]],
                  noise: NormalStream | None, latency_s: float, fixed_s: float | None):
@@ -156,17 +156,26 @@ class Ring:
         self.edges = [(f, s, noise if s > 0 else None) for f, s in edges]
         self.latency_s = latency_s
         self.fixed_s = fixed_s
+        # Every edge jittered alike (the usual background): f·exp(s·z) grows with z,
+        # so the worst edge is the one with the largest draw, one exp in all.
+        alike = noise is not None and edges and edges[0][1] > 0 and len(set(edges)) == 1
+        self.alike: tuple[float, float, NormalStream] | None = (
+            (edges[0][0], edges[0][1], noise) if alike and noise is not None else None)
 
     def seconds(self, nbytes: int, steps: int = 2) -> float:
         """``steps`` (2: all-reduce, 1: reduce-scatter or all-gather) ring passes."""
         n = self.n
         if n == 1:
             return 0.0
-        worst = 0.0
-        for f, s, z in self.edges:  # every edge's draw, in ring order
-            use = f if z is None else f * math.exp(s * z.draw())
-            if use > worst:
-                worst = use
+        if self.alike is not None:
+            factor, sigma, stream = self.alike
+            worst = factor * math.exp(sigma * stream.max_of(n))
+        else:
+            worst = 0.0
+            for f, s, z in self.edges:  # every edge's draw, in ring order
+                use = f if z is None else f * math.exp(s * z.draw())
+                if use > worst:
+                    worst = use
         if self.fixed_s is not None:
             return self.fixed_s * worst
         bw = self.min_bandwidth / worst
