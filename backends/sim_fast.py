@@ -4,14 +4,19 @@ Each simulated rank walks its stage's operations with its own clock,
 dataflow style: compute advances the clock (the device prices it), a
 receive or a wait moves the clock to the message's delivery, a collective
 ends ``ring cost`` after its last member arrives, whichever order the
-members are visited in. Only what shares a resource needs one global time
-order: point-to-point flows crossing a port. Flow starts and completions go
-through one heap in time order and share ports with the same fluid
-arithmetic as the SimPy engine (``sim.network.FluidPorts``, which takes a
-fast path for a flow alone on its ports). A rank resumed by a delivery at
-time T only ever posts later flows, so the heap never receives an event in
-its past. Transfers with fixed costs, empty transfers and collectives never
-touch the heap.
+members are visited in. Only what shares a resource needs a time order:
+point-to-point flows crossing a port. Flow starts and completions go through a
+heap in time order and share ports with the same fluid arithmetic as the SimPy
+engine (``sim.network.FluidPorts``, which takes a fast path for a flow alone on
+its ports). A rank resumed by a delivery at time T only ever posts later
+flows, so a heap never receives an event in its past. Transfers with fixed
+costs, empty transfers and collectives never touch a heap.
+
+Flows never leave their pipeline, so each block of ranks that share ports or
+frequent collectives (a replica: TP x PP ranks) keeps its own heap and runs
+ahead of the others as far as its horizon allows (``Engine._entries``): a
+replica is simulated from end to end while its few megabytes stay in cache,
+rather than every rank of the job being visited at every instant.
 
 Times are recorded into per-rank arrays (start, end per event); the static
 fields of every event come from the compiled program. With symmetry classes
@@ -22,21 +27,45 @@ purpose: it runs once per operation of a 12,288-GPU job.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from array import array
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import networkx as nx
 import numpy as np
 
 from megatronapp.compiled import (COLLECTIVE, COMPUTE, GROUP_KINDS, RECV, RECV_WAIT, SEND, WAIT,
                                   CompiledRun, PipeProgram, kind_group, pipe_ranks)
+from megatronapp.gc_pause import paused_gc
 from sim.cluster import Cluster
 from sim.network import Flow
 from sim.symmetry import PipeClasses
 
 PLAIN, NOISY, DEVICE = range(3)  # how a rank prices compute
 PROGRESS_EVERY = 1 << 16  # operations between progress reports
+
+
+def blocks_of(stage: list[int], coll_key: list[list[int]]) -> list[int]:
+    """Block of each simulated rank: the ranks of a pipeline share ports (stage 0
+    starts one), and the members of a collective other than a data-parallel one
+    meet at every layer, so they share a block too: one block per replica
+    (TP x PP ranks) when nothing is reduced."""
+    graph = nx.Graph()
+    graph.add_nodes_from(range(len(stage)))
+    members: dict[int, list[int]] = {}
+    for i, keys in enumerate(coll_key):
+        if stage[i]:
+            graph.add_edge(i - 1, i)
+        for kind, key in enumerate(keys):
+            if GROUP_KINDS[kind] != "dp":
+                members.setdefault(key, []).append(i)
+    for ranks in members.values():
+        nx.add_path(graph, ranks)
+    block = [0] * len(stage)
+    for b, component in enumerate(sorted(nx.connected_components(graph), key=min)):
+        for i in component:
+            block[i] = b
+    return block
 
 
 class CompiledDeadlock(Exception):
@@ -68,10 +97,12 @@ class Engine:
         self._devices(cluster)
         self._links(cluster, topo.pp)
         self._collectives(cluster, classes)
+        self._blocks()
         self.ready: list[int] = []
-        self.heap: list[tuple[Any, ...]] = []
-        self.seq = itertools.count()
-        self.executed = 0
+        # per block: a heap of the instants something is due, and for each instant
+        # its flow starts (version -1) and completions: flow, version, flow, version...
+        self.times: list[list[float]] = [[] for _ in range(self.n_blocks)]
+        self.due: list[dict[float, list[Any]]] = [{} for _ in range(self.n_blocks)]
         self.total_ops = sum(len(o) for o in self.ops)
 
     # ------------------------------------------------------------- set-up
@@ -127,49 +158,196 @@ class Engine:
                 row_rings.append(net.ring(kind_group(topo, kind, rank)))
             self.coll_key.append(row_keys)
             self.ring.append(row_rings)
-        # (rendezvous, n-th) -> [members still to come, latest arrival, waiting (rank, event)]
-        self.rendezvous: dict[tuple[int, int], list[Any]] = {}
+        self.n_keys = len(keys)
+        # n-th * n_keys + rendezvous -> [members still to come, latest arrival,
+        # then each waiting rank and its event]
+        self.rendezvous: dict[int, list[Any]] = {}
+
+    def _blocks(self) -> None:
+        """Split the simulated ranks into blocks that keep their own time order
+        (``blocks_of``); a collective spanning blocks is where they meet."""
+        self.block = blocks_of(self.stage, self.coll_key)
+        self.n_blocks = max(self.block) + 1
+        spans: list[set[int]] = [set() for _ in range(self.n_keys)]
+        for i, keys in enumerate(self.coll_key):
+            for key in keys:
+                spans[key].add(self.block[i])
+        self.cross = [len(b) > 1 for b in spans]
+        # per block: its ranks waiting at a collective that spans blocks -> its rendezvous,
+        # and no later than when the first of them can resume (a lower bound, see _entries)
+        self.cross_wait: list[dict[int, list[Any]]] = [{} for _ in range(self.n_blocks)]
+        self.horizon = [math.inf] * self.n_blocks
 
     # ---------------------------------------------------------------- run
+    def post(self, block: int, when: float, flow: Flow, version: int) -> None:
+        """Schedule a flow's start (version -1) or completion at ``when``."""
+        pending = self.due[block]
+        due = pending.get(when)
+        if due is None:
+            pending[when] = [flow, version]
+            heapq.heappush(self.times[block], when)
+        else:  # same instant: after what was posted for it before
+            due.append(flow)
+            due.append(version)
+
     def run(self) -> None:
-        for i in range(len(self.ranks)):
-            self.advance(i)
-        self.drain()
-        heap, pop, push, seq = self.heap, heapq.heappop, heapq.heappush, self.seq
-        fluid, deliver = self.fluid, self.deliver
-        while heap:
-            now, _, flow, version = pop(heap)
-            a, b = flow.ports
-            if version < 0:  # a posted flow starts now
-                if a.flows or b.flows:
-                    for f, eta in fluid.start(flow, now):
-                        push(heap, (now + eta, next(seq), f, f.version))
-                else:
-                    eta = fluid.start_alone(flow, now)
-                    push(heap, (now + eta, next(seq), flow, flow.version))
-                continue
-            if version != flow.version:
-                continue  # stale: the flow's rate changed since
-            if len(a.flows) == 1 and len(b.flows) == 1:  # it was alone: nothing to reschedule
-                a.flows.clear()
-                b.flows.clear()
-            else:
-                for f, eta in fluid.finish(flow, version, now) or ():
-                    push(heap, (now + eta, next(seq), f, f.version))
-            deliver(flow.tag, now + flow.tag[3])
-            self.drain()
+        with paused_gc():  # its scans of every live object of a 12k-GPU job find no garbage
+            self._run()
         blocked = {self.ranks[i]: self._describe(i) for i in range(len(self.ranks))
                    if self.pc[i] < len(self.ops[i])}
         if blocked:
             raise CompiledDeadlock(blocked)
 
-    def drain(self) -> None:
-        ready, advance = self.ready, self.advance
-        while ready:
-            advance(ready.pop())
-        if self.progress is not None and self.executed >= PROGRESS_EVERY:
-            self.progress(self.executed, self.total_ops)
-            self.executed = 0
+    def _entries(self) -> Iterator[tuple[int, float, Flow, int]]:
+        """Every due flow start or completion as (block, instant, flow, version), in
+        each block's time order (one instant: post order), a block at a time.
+
+        A block may run ahead of the others up to its horizon: nothing can be posted
+        into it earlier, since only its own ranks post into it, and those waiting at
+        a collective spanning blocks resume no earlier than the latest arrival there
+        nor than ``low``, the earliest instant due anywhere (whatever resumes them
+        follows from something due at ``low`` or later). The block holding ``low``
+        can always go on, so every sweep over the blocks makes progress."""
+        heaps, dues, cross_wait, pop = self.times, self.due, self.cross_wait, heapq.heappop
+        horizon = self.horizon  # lowered by the loop as ranks come to wait, raised here
+        while True:
+            low = min((h[0] for h in heaps if h), default=None)
+            if low is None:
+                return
+            for b, heap in enumerate(heaps):
+                if not heap:
+                    continue
+                pending = dues[b]
+                horizon[b] = min((max(rv[1], low) for rv in cross_wait[b].values()),
+                                 default=math.inf)
+                while heap:
+                    now = heap[0]
+                    if now >= horizon[b] and now > low:
+                        break
+                    pop(heap)
+                    due = pending[now]
+                    k = 0
+                    while k < len(due):  # grows while it runs: flows posted for this instant
+                        yield b, now, due[k], due[k + 1]
+                        k += 2
+                    del pending[now]
+
+    def _run(self) -> None:
+        """Advance every ready rank until it blocks, then take the next due flow
+        start or completion (``_entries``), until none is due. A rank's advance is
+        written out here rather than called: it runs at every resumption, about
+        every third operation."""
+        send, complete, flow_event = self._send, self._complete, self._flow_event
+        ready, ops_of, pcs, clocks = self.ready, self.ops, self.pc, self.t
+        starts, ends, slot_bases, pricings = self.starts, self.ends, self.slot_base, self.pricing
+        coll_keys, rendezvous, need, n_keys = self.coll_key, self.rendezvous, self.need, self.n_keys
+        cross, cross_wait, blocks, horizon = self.cross, self.cross_wait, self.block, self.horizon
+        arrive, posted, waiting = self.arrive, self.posted, self.waiting
+        overhead = self.op_overhead_s
+        progress, total = self.progress, self.total_ops
+        entries = self._entries()
+        ready.extend(range(len(self.ranks) - 1, -1, -1))  # rank 0 first
+        executed = 0
+        while True:
+            while ready:
+                i = ready.pop()
+                ops, pc, t = ops_of[i], pcs[i], clocks[i]
+                st, en, sbase, pricing, coll_key = (starts[i], ends[i], slot_bases[i],
+                                                    pricings[i], coll_keys[i])
+                start_pc, n = pc, len(ops)
+                while pc < n:
+                    op = ops[pc]
+                    code = op[0]
+                    if overhead and code != WAIT:
+                        t = t + overhead
+                    if code == COMPUTE:
+                        st[op[1]] = t
+                        if pricing == PLAIN:
+                            t = t + op[2]
+                        elif pricing == NOISY:
+                            t = t + self.device[i].noisy(op[2])
+                        else:
+                            t = t + self.device[i].duration(t, op[2])
+                        en[op[1]] = t
+                    elif code == COLLECTIVE:
+                        st[op[1]] = t
+                        ck = coll_key[op[2]]
+                        key = op[4] * n_keys + ck  # (rendezvous, n-th of its kind) as one int
+                        rv = rendezvous.get(key)
+                        if rv is not None and rv[0] > 1:  # not the last to arrive: wait
+                            rv[0] -= 1
+                            if t > rv[1]:
+                                rv[1] = t
+                            rv.append(i)
+                            rv.append(op[1])
+                        elif rv is None and need[ck] > 1:  # the first to arrive
+                            rv = rendezvous[key] = [need[ck] - 1, t, i, op[1]]
+                        else:
+                            t = en[op[1]] = complete(i, op, t, rv, key)
+                            pc += 1
+                            continue
+                        if cross[ck]:  # it resumes no earlier than the latest arrival
+                            cross_wait[blocks[i]][i] = rv
+                            if rv[1] < horizon[blocks[i]]:
+                                horizon[blocks[i]] = rv[1]
+                        break
+                    elif code == RECV_WAIT or code == RECV:
+                        ev = op[1]
+                        st[ev] = t
+                        slot = sbase + op[2]
+                        a = arrive[slot]
+                        if a >= 0.0:  # delivered already (or at a known later time)
+                            if a > t:
+                                if code == RECV_WAIT:
+                                    t = a
+                                en[ev] = a
+                            else:
+                                en[ev] = t
+                        else:
+                            posted[slot] = 1
+                            if code == RECV_WAIT:
+                                waiting.setdefault(slot, []).append(i)
+                                break
+                    elif code == SEND:
+                        st[op[1]] = t
+                        send(i, op[2], op[3], t, sbase + op[2])
+                    else:  # WAIT
+                        slot = sbase + op[1]
+                        a = arrive[slot]
+                        if a < 0.0:
+                            waiting.setdefault(slot, []).append(i)
+                            break
+                        if a > t:
+                            t = a
+                    pc += 1
+                pcs[i] = pc
+                clocks[i] = t if pc < n else math.inf
+                executed += pc - start_pc
+            if progress is not None and executed >= PROGRESS_EVERY:
+                progress(executed, total)
+                executed = 0
+            entry = next(entries, None)
+            if entry is None:
+                return
+            flow_event(*entry)
+
+    def _flow_event(self, block: int, now: float, flow: Flow, version: int) -> None:
+        """A flow of ``block`` starts (``version`` -1) or completes at ``now``."""
+        a, b = flow.ports
+        if version < 0:
+            if a.flows or b.flows:
+                for f, eta in self.fluid.start(flow, now):
+                    self.post(block, now + eta, f, f.version)
+            else:
+                self.post(block, now + self.fluid.start_alone(flow, now), flow, flow.version)
+        elif version == flow.version:  # else stale: the flow's rate changed since
+            if len(a.flows) == 1 and len(b.flows) == 1:  # alone: nothing to reschedule
+                a.flows.clear()
+                b.flows.clear()
+            else:
+                for f, eta in self.fluid.finish(flow, version, now) or ():
+                    self.post(block, now + eta, f, f.version)
+            self.deliver(flow.tag, now + flow.tag[3])
 
     def deliver(self, note: tuple[int, int, int, float], when: float) -> None:
         """Message ``m`` (slot ``slot``) of rank ``sender`` has arrived at ``when``
@@ -191,99 +369,35 @@ class Engine:
                 pc[j] += 1
                 ready.append(j)
 
-    def advance(self, i: int) -> None:
-        """Run rank ``i`` until it blocks or ends."""
-        ops, pc, t = self.ops[i], self.pc[i], self.t[i]
-        st, en, sbase = self.starts[i], self.ends[i], self.slot_base[i]
-        arrive, pricing, overhead = self.arrive, self.pricing[i], self.op_overhead_s
-        start_pc, n = pc, len(ops)
-        while pc < n:
-            op = ops[pc]
-            code = op[0]
-            if overhead and code != WAIT:
-                t = t + overhead
-            if code == RECV_WAIT or code == RECV:
-                ev = op[1]
-                st[ev] = t
-                slot = sbase + op[2]
-                a = arrive[slot]
-                if a >= 0.0:  # delivered already (or at a known later time)
-                    if a > t:
-                        if code == RECV_WAIT:
-                            t = a
-                        en[ev] = a
-                    else:
-                        en[ev] = t
-                else:
-                    self.posted[slot] = 1
-                    if code == RECV_WAIT:
-                        self.waiting.setdefault(slot, []).append(i)
-                        break
-            elif code == COMPUTE:
-                st[op[1]] = t
-                if pricing == PLAIN:
-                    t = t + op[2]
-                elif pricing == NOISY:
-                    t = t + self.device[i].noisy(op[2])
-                else:
-                    t = t + self.device[i].duration(t, op[2])
-                en[op[1]] = t
-            elif code == COLLECTIVE:
-                st[op[1]] = t
-                done = self._arrive(i, op, t)
-                if done is None:
-                    break
-                en[op[1]] = t = done
-            elif code == SEND:
-                st[op[1]] = t
-                self._send(i, op[2], op[3], t, sbase + op[2])
-            else:  # WAIT
-                slot = sbase + op[1]
-                a = arrive[slot]
-                if a < 0.0:
-                    self.waiting.setdefault(slot, []).append(i)
-                    break
-                if a > t:
-                    t = a
-            pc += 1
-        self.pc[i] = pc
-        self.t[i] = t if pc < n else math.inf
-        self.executed += pc - start_pc
-
     def _send(self, i: int, m: int, nbytes: int, t: float, slot: int) -> None:
         link = self.link_row[i][self.msg_dst[m]]
-        slow = link.slowdown()
+        noise = link.noise  # Link.slowdown, inline: once per message of the job
+        slow = link.factor if noise is None else link.factor * math.exp(link.sigma * noise.draw())
         note = (slot, i, m, self.latency_row[i][self.msg_dst[m]])
         if self.fixed_p2p is not None:
             self.deliver(note, t + self.fixed_p2p * slow)
         elif nbytes <= 0:
             self.deliver(note, t + note[3])
         else:  # starts in time order: it may share a port with flows not started yet
-            flow = Flow(nbytes * slow, link.ports, None, note)
-            heapq.heappush(self.heap, (t, next(self.seq), flow, -1))
+            self.post(self.block[i], t, Flow(nbytes * slow, link.ports, None, note), -1)
 
-    def _arrive(self, i: int, op: tuple[Any, ...], t: float) -> float | None:
-        """Arrive at a collective: its end time if this rank is the last, else None."""
-        _code, ev, kind, nbytes, nth, steps = op
-        ck = self.coll_key[i][kind]
-        key = (ck, nth)
-        rv = self.rendezvous.get(key)
-        if rv is None:
-            if self.need[ck] > 1:
-                self.rendezvous[key] = [self.need[ck] - 1, t, [(i, ev)]]
-                return None
+    def _complete(self, i: int, op: tuple[Any, ...], t: float, rv: list[Any] | None,
+                  key: int) -> float:
+        """Rank ``i`` is the last to arrive (at ``t``) at a collective: its end
+        time, with every rank that waited for it resumed."""
+        _code, _ev, kind, nbytes, _nth, steps = op
+        if rv is None:  # a group of one representative
             return t + self.ring[i][kind].seconds(nbytes, steps)
-        rv[0] -= 1
-        if t > rv[1]:
-            rv[1] = t
-        if rv[0]:
-            rv[2].append((i, ev))
-            return None
         del self.rendezvous[key]
-        done: float = rv[1] + self.ring[i][kind].seconds(nbytes, steps)
+        if self.cross[key % self.n_keys]:
+            for k in range(2, len(rv), 2):
+                del self.cross_wait[self.block[rv[k]]][rv[k]]
+        latest = rv[1] if rv[1] > t else t
+        done: float = latest + self.ring[i][kind].seconds(nbytes, steps)
         times, pcs, ready, ends = self.t, self.pc, self.ready, self.ends
-        for j, ev_j in rv[2]:
-            ends[j][ev_j] = done
+        for k in range(2, len(rv), 2):  # the ranks that waited, and their events
+            j = rv[k]
+            ends[j][rv[k + 1]] = done
             times[j] = done
             pcs[j] += 1
             ready.append(j)

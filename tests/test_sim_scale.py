@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim import SimDeadlock, run_sim
-from backends.sim_fast import CompiledDeadlock, run_compiled
-from megatronapp.compiled import NotStatic, compile_pipe, pipe_ranks, record
+from backends.sim_fast import CompiledDeadlock, Engine, run_compiled
+from megatronapp.compiled import GROUP_KINDS, NotStatic, compile_pipe, pipe_ranks, record
 from megatronapp.config import parse_scenario
-from megatronapp.jobs import rank_programs
+from megatronapp.jobs import compile_static, rank_programs
 from megatronapp.layout import topology_of
 from megatronapp.ops import AllReduce, Recv, Send, WaitAny
 from megatronapp.topology import Topology
@@ -145,6 +145,20 @@ def test_clock_skew_splits_nothing_and_noise_splits_everything() -> None:
     assert len(_classes(skewed)) == 1
     noisy = {**HEALTHY, "cluster": {"jitter": {"link_sigma": 0.1}}}
     assert len(_classes(noisy)) == 16
+
+
+def test_each_replica_keeps_its_own_time_order_and_replicas_meet_at_data_parallel_collectives(
+) -> None:
+    s = parse_scenario({**HEALTHY, "cluster": {"jitter": {"link_sigma": 0.1}}})
+    cluster = build_cluster(s)
+    program = compile_static(s)
+    assert program is not None
+    engine = Engine(cluster, program, pipe_classes(cluster))
+    topo = cluster.topo
+    assert engine.block == [topo.coord(r).dp for r in engine.ranks]
+    for keys in engine.coll_key:
+        for kind, key in enumerate(keys):
+            assert engine.cross[key] == (GROUP_KINDS[kind] == "dp")
 
 
 def test_dynamic_programs_keep_the_generator_path() -> None:
