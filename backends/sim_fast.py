@@ -173,10 +173,12 @@ class Engine:
             for key in keys:
                 spans[key].add(self.block[i])
         self.cross = [len(b) > 1 for b in spans]
-        # per block: its ranks waiting at a collective that spans blocks -> its rendezvous,
-        # and no later than when the first of them can resume (a lower bound, see _entries)
+        # per block: its ranks waiting at a collective that spans blocks -> its rendezvous;
+        # no later than the earliest latest-arrival among those rendezvous (see _entries),
+        # lowered as ranks come to wait, raised when ``floor_stale`` after they resume
         self.cross_wait: list[dict[int, list[Any]]] = [{} for _ in range(self.n_blocks)]
-        self.horizon = [math.inf] * self.n_blocks
+        self.floor = [math.inf] * self.n_blocks
+        self.floor_stale = [False] * self.n_blocks
 
     # ---------------------------------------------------------------- run
     def post(self, block: int, when: float, flow: Flow, version: int) -> None:
@@ -208,8 +210,8 @@ class Engine:
         nor than ``low``, the earliest instant due anywhere (whatever resumes them
         follows from something due at ``low`` or later). The block holding ``low``
         can always go on, so every sweep over the blocks makes progress."""
-        heaps, dues, cross_wait, pop = self.times, self.due, self.cross_wait, heapq.heappop
-        horizon = self.horizon  # lowered by the loop as ranks come to wait, raised here
+        heaps, dues, pop = self.times, self.due, heapq.heappop
+        floor, stale = self.floor, self.floor_stale
         while True:
             low = min((h[0] for h in heaps if h), default=None)
             if low is None:
@@ -217,12 +219,14 @@ class Engine:
             for b, heap in enumerate(heaps):
                 if not heap:
                     continue
+                if stale[b]:
+                    floor[b] = min((rv[1] for rv in self.cross_wait[b].values()),
+                                   default=math.inf)
+                    stale[b] = False
                 pending = dues[b]
-                horizon[b] = min((max(rv[1], low) for rv in cross_wait[b].values()),
-                                 default=math.inf)
                 while heap:
                     now = heap[0]
-                    if now >= horizon[b] and now > low:
+                    if now > low and now >= floor[b]:  # past its horizon, max(floor, low)
                         break
                     pop(heap)
                     due = pending[now]
@@ -241,7 +245,7 @@ class Engine:
         ready, ops_of, pcs, clocks = self.ready, self.ops, self.pc, self.t
         starts, ends, slot_bases, pricings = self.starts, self.ends, self.slot_base, self.pricing
         coll_keys, rendezvous, need, n_keys = self.coll_key, self.rendezvous, self.need, self.n_keys
-        cross, cross_wait, blocks, horizon = self.cross, self.cross_wait, self.block, self.horizon
+        cross, cross_wait, blocks, floor = self.cross, self.cross_wait, self.block, self.floor
         arrive, posted, waiting = self.arrive, self.posted, self.waiting
         overhead = self.op_overhead_s
         progress, total = self.progress, self.total_ops
@@ -288,8 +292,8 @@ class Engine:
                             continue
                         if cross[ck]:  # it resumes no earlier than the latest arrival
                             cross_wait[blocks[i]][i] = rv
-                            if rv[1] < horizon[blocks[i]]:
-                                horizon[blocks[i]] = rv[1]
+                            if rv[1] < floor[blocks[i]]:
+                                floor[blocks[i]] = rv[1]
                         break
                     elif code == RECV_WAIT or code == RECV:
                         ev = op[1]
@@ -391,7 +395,9 @@ class Engine:
         del self.rendezvous[key]
         if self.cross[key % self.n_keys]:
             for k in range(2, len(rv), 2):
-                del self.cross_wait[self.block[rv[k]]][rv[k]]
+                block = self.block[rv[k]]
+                del self.cross_wait[block][rv[k]]
+                self.floor_stale[block] = True
         latest = rv[1] if rv[1] > t else t
         done: float = latest + self.ring[i][kind].seconds(nbytes, steps)
         times, pcs, ready, ends = self.t, self.pc, self.ready, self.ends
