@@ -24,26 +24,36 @@ def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
     ids in the tuples' sorted order."""
     if not len(keys[0]):
         return np.zeros(0, np.int64), 0
+    radix = _radix_key(keys)
+    if radix is None:
+        return _group_ids_rows(keys)
+    return _dense_ids(*radix)
+
+
+def _radix_key(keys: Sequence[np.ndarray]) -> tuple[np.ndarray, int] | None:
+    """One int64 per tuple of ``keys`` (mixed radix), ordered as the tuples are,
+    and its range; None when the ranges do not fit one integer."""
     combined = np.zeros(len(keys[0]), np.int64)
     span = 1
-    for k in keys:  # mixed radix: one int64 per tuple while the ranges fit
+    for k in keys:
         k = np.asarray(k)
         lo, hi = int(k.min()), int(k.max())
         width = hi - lo + 1
         if span * width >= 1 << 62:
-            return _group_ids_rows(keys)
+            return None
         # in place: each temporary of a 47 M-row key costs its pages again
         combined *= width
         combined += k
         combined -= lo
         span *= width
-    return _dense_ids(combined, span)
+    return combined, span
 
 
 def _dense_ids(combined: np.ndarray, span: int) -> tuple[np.ndarray, int]:
     """``np.unique(combined, return_inverse=True)``'s ids, faster: a scan for
-    keys already in order, a presence table over a small range, else hashing
-    (pyarrow) and sorting only the distinct keys. Millions of rows per call."""
+    keys already in order, a presence table over a small range, sorting when
+    most keys are distinct, else hashing (pyarrow) and sorting only the
+    distinct keys. Millions of rows per call."""
     n = len(combined)
     if n < 2 or bool((combined[1:] >= combined[:-1]).all()):
         ids = np.zeros(n, np.int64)
@@ -55,11 +65,20 @@ def _dense_ids(combined: np.ndarray, span: int) -> tuple[np.ndarray, int]:
         dense = np.cumsum(present, dtype=np.int32)
         dense -= 1
         return dense[combined].astype(np.int64), int(dense[-1]) + 1
+    if _mostly_distinct(combined):  # a hash table as large as the rows is slower than a sort
+        distinct, ids = np.unique(combined, return_inverse=True)
+        return ids.reshape(-1).astype(np.int64, copy=False), len(distinct)
     encoded = pa.array(combined).dictionary_encode()
     distinct = encoded.dictionary.to_numpy()
     rank = np.empty(len(distinct), np.int64)
     rank[np.argsort(distinct)] = np.arange(len(distinct))
     return rank[encoded.indices.to_numpy()], len(distinct)
+
+
+def _mostly_distinct(values: np.ndarray, sample: int = 1 << 16) -> bool:
+    """Whether an evenly spread sample of ``values`` is more than half distinct."""
+    picked = values[::max(1, len(values) // sample)]
+    return 2 * len(np.unique(picked)) > len(picked)
 
 
 def _group_ids_rows(keys: tuple[np.ndarray, ...]) -> tuple[np.ndarray, int]:
@@ -185,7 +204,8 @@ def nth_in_group(ids: np.ndarray, order_by: Sequence[np.ndarray] = ()) -> np.nda
     ``order_by`` then row order (a stable sort)."""
     if not len(ids):
         return np.zeros(0, np.int64)
-    key = group_ids(ids, *order_by)[0] if len(order_by) else ids
+    radix = _radix_key([ids, *order_by]) if len(order_by) else (ids, 0)
+    key = group_ids(ids, *order_by)[0] if radix is None else radix[0]  # same order either way
     order = np.argsort(key, kind="stable")
     sorted_ids = ids[order]
     first = np.r_[0, np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1]

@@ -1,12 +1,13 @@
 """``metrics.group_ids``: dense ids per distinct key tuple, in the tuples'
-sorted order, whichever of its paths (in order, small range, hashing) runs."""
+sorted order, whichever of its paths (in order, small range, sorting, hashing)
+runs; ``metrics.nth_in_group``: each row's place in its group."""
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatronapp.metrics import group_ids
+from megatronapp.metrics import group_ids, nth_in_group
 
 COLUMN = st.lists(st.integers(-2**20, 2**20), min_size=1, max_size=300)
 
@@ -16,7 +17,7 @@ def _reference(*keys: np.ndarray) -> np.ndarray:
     return ids.reshape(-1)
 
 
-@given(st.data(), st.integers(1, 3), st.sampled_from(["any", "sorted", "narrow"]))
+@given(st.data(), st.integers(1, 3), st.sampled_from(["any", "sorted", "narrow", "few"]))
 def test_ids_are_the_sorted_distinct_tuples(data, width, shape):
     first = data.draw(COLUMN)
     keys = [np.array(first, np.int64)]
@@ -28,6 +29,8 @@ def test_ids_are_the_sorted_distinct_tuples(data, width, shape):
         keys = [k[order] for k in keys]
     elif shape == "narrow":  # a small range of values: the presence-table path
         keys = [k % 7 for k in keys]
+    elif shape == "few":  # a wide range but few distinct values: the hashing path
+        keys = [(k % 3) << 30 for k in keys]
     ids, n = group_ids(*keys)
     expected = _reference(*keys)
     assert ids.tolist() == expected.tolist() and n == int(expected.max()) + 1
@@ -37,3 +40,17 @@ def test_wide_keys_that_overflow_one_integer_still_group():
     big = np.array([2**40, 0, 2**40, 5], np.int64)
     ids, n = group_ids(big, big, big)
     assert ids.tolist() == _reference(big, big, big).tolist() and n == 3
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 5), st.integers(-2**40, 2**40)),
+                min_size=1, max_size=200))
+def test_nth_in_group_counts_each_groups_rows_in_order_of_the_keys_then_rows(rows):
+    ids, first, second = (np.array(c, np.int64) for c in zip(*rows))
+    expected = []
+    for i, row in enumerate(rows):
+        before = [j for j, other in enumerate(rows) if other[0] == row[0]
+                  and (other[1:], j) < (row[1:], i)]
+        expected.append(len(before))
+    assert nth_in_group(ids, [first, second]).tolist() == expected
+    assert nth_in_group(ids).tolist() == [sum(1 for j in range(i) if rows[j][0] == rows[i][0])
+                                          for i in range(len(rows))]
