@@ -7,15 +7,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backends.sim import run_sim
 from megatronapp.columns import columns_from_events
 from megatronapp.scan.align import ClockFit, causal_bounds
 from megatronapp.scan.deps import reconstruct
-from megatronapp.scan.detect import megascan
+from megatronapp.scan.detect import _floors_and_medians, megascan
 from megatronapp.scan.load import events_from_chrome
 from megatronapp.scan.table import causal_violations, prepare_table, sorted_like_loader, sync_table
-from megatronapp.scan.table_detect import megascan_table
+from megatronapp.scan.table_detect import _last_to_start, megascan_table
 from megatronapp.scan.trials import make_sim_trial
 from megatronapp.scan.validate import scan_of_result
 from megatronapp.tracer import chrome_events
@@ -110,3 +112,24 @@ def test_sync_ops_link_the_same_events() -> None:
 def _first_rows(cols: Any) -> tuple[list[int], list[int]]:
     bounds = cols.rank_bounds()
     return list(bounds), [lo for lo, _hi in bounds.values()]
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.0, 1.0, 2.5]),
+                          st.integers(0, 9)), min_size=1, max_size=60), st.booleans())
+def test_the_last_to_start_each_op_is_the_latest_start_then_the_highest_rank(rows, grouped):
+    if grouped:
+        rows = sorted(rows, key=lambda r: r[0])
+    op, start, rank = (np.array(c) for c in zip(*rows))
+    expected = [max((s, r) for o, s, r in rows if o == each)[1] for each in sorted(set(op))]
+    assert _last_to_start(op, start.astype(float), rank).tolist() == expected
+
+
+@given(st.lists(st.lists(st.floats(0, 1e-3), min_size=1, max_size=30), min_size=1, max_size=8),
+       st.booleans())
+def test_floors_and_medians_of_a_class_are_each_channels_own(samples, as_long):
+    if as_long:
+        samples = [(s * 5)[:5] for s in samples]  # one length, values of their own
+    arrays = [np.array(s) for s in samples]
+    floors, medians = _floors_and_medians(arrays, 10.0)
+    assert floors.tolist() == [np.percentile(a, 10.0) for a in arrays]
+    assert medians.tolist() == [np.median(a) for a in arrays]

@@ -480,14 +480,24 @@ def _deliveries(all_waits: Mapping[Channel, Samples], node: int,
     for members in classes.values():
         if len(members) < 2:
             continue
-        floors = np.array([np.percentile(w, th.floor_quantile) for _, w in members])
-        medians = np.array([np.median(w) for _, w in members])
+        floors, medians = _floors_and_medians([w for _, w in members], th.floor_quantile)
         class_floor, class_median = _medians_without_each(floors), _medians_without_each(medians)
         for i, ((pair, mine), z) in enumerate(zip(members, _rank_sum_zs([w for _, w in members]))):
             out[pair].append(Delivery(
                 floors[i] / max(class_floor[i], MIN_DELIVERY_S),
                 medians[i] / max(class_median[i], MIN_DELIVERY_S), z, len(mine)))
     return out
+
+
+def _floors_and_medians(samples: list[np.ndarray], q: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's ``q``-th percentile and median: one call over a matrix when
+    the samples are as long (the usual case: every channel carries as many
+    transfers), else one per sample."""
+    if len({len(w) for w in samples}) == 1:
+        stacked = np.stack(samples)
+        return np.percentile(stacked, q, axis=1), np.median(stacked, axis=1)
+    return (np.array([np.percentile(w, q) for w in samples]),
+            np.array([np.median(w) for w in samples]))
 
 
 def _medians_without_each(values: np.ndarray) -> np.ndarray:

@@ -133,13 +133,23 @@ def late_arrivals(scan: TableScan) -> dict[int, tuple[int, int]]:
     ops = (sync.op_kind == COLLECTIVE) & (sizes >= 2) & word[sync.op_name.astype(np.int64)]
     keep = ops[sync.member_op]
     op, row = sync.member_op[keep], sync.member_row[keep]
+    if not len(op):
+        return {}
     rank = cols.rank[row].astype(np.int64)
-    order = np.lexsort((rank, cols.start_s[row], op))  # the last per op: latest start, highest rank
-    op, rank = op[order], rank[order]
-    last = np.r_[op[1:] != op[:-1], True] if len(op) else np.zeros(0, bool)
-    joined = np.bincount(rank) if len(rank) else np.zeros(0, np.int64)
-    lasts = np.bincount(rank[last], minlength=len(joined)) if len(rank) else joined
+    joined = np.bincount(rank)
+    lasts = np.bincount(_last_to_start(op, cols.start_s[row], rank), minlength=len(joined))
     return {int(r): (int(lasts[r]), int(joined[r])) for r in np.flatnonzero(joined)}
+
+
+def _last_to_start(op: np.ndarray, start: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per op, the rank that started it last (a tie: the highest rank). Rows come
+    grouped by op (a sync table's memberships), so no sort of millions of rows."""
+    if not bool((op[1:] >= op[:-1]).all()):
+        order = np.lexsort((rank, start, op))
+        op, start, rank = op[order], start[order], rank[order]
+    cuts = np.r_[0, np.flatnonzero(op[1:] != op[:-1]) + 1]
+    latest = np.repeat(np.maximum.reduceat(start, cuts), np.diff(np.r_[cuts, len(op)]))
+    return np.maximum.reduceat(np.where(start == latest, rank, -1), cuts)
 
 
 def durations_of(scan: TableScan) -> dict[int, dict[str, np.ndarray]]:
