@@ -134,6 +134,8 @@ def load_yaml(text: str, what: str) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(err, "problem", None)
+        if problem and "nesting depth" in problem:  # libyaml's own limit, met while scanning ahead
+            raise TextError(f"{what} is nested too deeply{where}") from None
         if problem and problem.startswith("duplicate key"):
             raise TextError(f"{what}: {problem}{where}") from None
         raise TextError(f"{what} is not valid YAML{where}") from None
