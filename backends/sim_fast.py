@@ -375,8 +375,7 @@ class Engine:
 
     def _send(self, i: int, m: int, nbytes: int, t: float, slot: int) -> None:
         link = self.link_row[i][self.msg_dst[m]]
-        noise = link.noise  # Link.slowdown, inline: once per message of the job
-        slow = link.factor if noise is None else link.factor * math.exp(link.sigma * noise.draw())
+        slow = link.slowdown()
         note = (slot, i, m, self.latency_row[i][self.msg_dst[m]])
         if self.fixed_p2p is not None:
             self.deliver(note, t + self.fixed_p2p * slow)

@@ -204,8 +204,10 @@ def nth_in_group(ids: np.ndarray, order_by: Sequence[np.ndarray] = ()) -> np.nda
     ``order_by`` then row order (a stable sort)."""
     if not len(ids):
         return np.zeros(0, np.int64)
-    radix = _radix_key([ids, *order_by]) if len(order_by) else (ids, 0)
-    key = group_ids(ids, *order_by)[0] if radix is None else radix[0]  # same order either way
+    key = ids
+    if len(order_by):  # the mixed-radix key sorts as the dense ids do, without building them
+        radix = _radix_key([ids, *order_by])
+        key = group_ids(ids, *order_by)[0] if radix is None else radix[0]
     order = np.argsort(key, kind="stable")
     sorted_ids = ids[order]
     first = np.r_[0, np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1]

@@ -158,9 +158,9 @@ class Ring:
         self.fixed_s = fixed_s
         # Every edge jittered alike (the usual background): f·exp(s·z) grows with z,
         # so the worst edge is the one with the largest draw, one exp in all.
-        alike = noise is not None and edges and edges[0][1] > 0 and len(set(edges)) == 1
-        self.alike: tuple[float, float, NormalStream] | None = (
-            (edges[0][0], edges[0][1], noise) if alike and noise is not None else None)
+        self.alike: tuple[float, float, NormalStream] | None = None
+        if noise is not None and edges and edges[0][1] > 0 and len(set(edges)) == 1:
+            self.alike = (edges[0][0], edges[0][1], noise)
 
     def seconds(self, nbytes: int, steps: int = 2) -> float:
         """``steps`` (2: all-reduce, 1: reduce-scatter or all-gather) ring passes."""
