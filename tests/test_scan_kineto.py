@@ -141,6 +141,54 @@ def test_p2p_peers_from_metadata_map_group_ranks_to_global(tmp_path):
     assert (send.args["peer"], recv.args["peer"], send.args["bytes"]) == (3, 2, 16)
 
 
+def gloo_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
+    """A data-parallel pair on CPU as Megatron runs it at tp 1: each forward
+    ends in three all-reduces on the one-rank tensor-parallel group (the loss),
+    each iteration ends in the data-parallel all-reduce, where the fast rank
+    waits for the slow one. Gloo runs each group's calls on two threads of its
+    own, alternately; nothing in the file says which group a call used."""
+    pid, events = 6000 + rank, _meta(6000 + rank)
+    start, fwd = 1000.0, 3000.0
+    for it in range(iterations):
+        t = start
+        dur = fwd * (slow if rank == 1 else 1.0) * (1 + 0.01 * ((it * 7 + rank) % 3))
+        events.append(_x("forward", "user_annotation", pid, pid, t, dur))
+        for k in range(3):  # inside the forward, finished alone
+            call = t + dur - 400 + 120 * k
+            events += [_x("c10d::allreduce_", "cpu_op", pid, pid, call, 60.0),
+                       _x("gloo:all_reduce", "user_annotation", pid, 11 + k % 2, call + 20, 15.0)]
+        t += dur + 20
+        events.append(_x("backward", "user_annotation", pid, pid, t, 2 * dur))
+        t += 2 * dur + 20
+        done = start + 3.2 * fwd * slow  # after the slow rank arrives: the sum
+        events += [_x("c10d::allreduce_", "cpu_op", pid, pid, t, 50.0),
+                   _x("gloo:all_reduce", "user_annotation", pid, 21 + it % 2, t + 10, done - t)]
+        start = done + 100
+    return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "traceEvents": events,
+            "host_name": "node0",
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2, "pg_config": [
+                {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
+                {"pg_name": "1", "pg_desc": "DATA_PARALLEL_GROUP", "pg_size": 2,
+                 "ranks": [0, 1]},
+                {"pg_name": "2", "pg_desc": "TENSOR_MODEL_PARALLEL_GROUP", "pg_size": 1,
+                 "ranks": [rank]}]}}
+
+
+def test_one_rank_group_calls_inside_a_peers_wait_leave_its_group_alone(tmp_path):
+    """The slow rank's one-rank calls fall inside its peer's long data-parallel
+    wait, so they fit the pair's group in time; they are not its calls."""
+    job = load_kineto(kineto_files(_write(tmp_path, {r: gloo_rank_file(r, 4.0) for r in (0, 1)})))
+    for evs in job.events.values():
+        linked = [e for e in evs if "group" in e.args]
+        assert [e.name for e in linked] == ["dp_allreduce"] * 8
+        assert all(e.args["group"] == [0, 1] for e in linked)
+        assert sum(e.name == "allreduce" and "group" not in e.args for e in evs) == 24
+    d = megascan(load_scan_input(tmp_path))
+    (cause,) = d.root_causes
+    assert (cause.rank, cause.kind) == (1, "compute")
+    assert cause.evidence["collectives"] == 8 and cause.evidence["ops_compared"] == 16
+
+
 @pytest.mark.parametrize("edit, fragment", [
     (lambda d: d["traceEvents"].append({"ph": "X", "name": "k", "cat": "kernel", "pid": 0,
                                         "tid": 7, "ts": float("nan"), "dur": 1}),

@@ -459,40 +459,93 @@ def _infer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
     """Groups for collectives recorded without them (gloo). Gloo runs each
     process group on threads of its own, so all calls run by one thread share
     a group: the one most of them fit in time (``_fitting_group``), if more
-    than half do. A group whose members end up with different numbers of
-    calls is dropped (its calls could not be matched one to one)."""
+    than half do. Calls of a one-rank group (Megatron's tensor-parallel
+    group at tp 1) fit nothing but may overlap a slow peer's long wait by
+    chance, so where a member has more calls in a group than another, its
+    least supported threads give the group up (``_trim_surplus``); a group
+    whose members still differ in calls, or whose n-th calls mostly do not
+    meet, is dropped (its calls could not be matched one to one)."""
     by_op: dict[tuple[int, str], list[Comm]] = defaultdict(list)
     for r, cs in comms.items():
         for c in cs:
             if c.op not in P2P_OPS:
                 by_op[(r, c.op)].append(c)
-    votes: dict[tuple[int, str, Any], Counter[ProcessGroup | None]] = defaultdict(Counter)
+    votes: dict[LaneKey, Counter[ProcessGroup | None]] = defaultdict(Counter)
     for r, cs in comms.items():
         for c in cs:
             if c.op not in P2P_OPS and c.group is None:
                 votes[(r, c.op, c.lane)][_fitting_group(c, r, ranks, by_op)] += 1
-    chosen = {}
+    chosen: dict[LaneKey, tuple[ProcessGroup, float]] = {}
     for key, counter in votes.items():
         group, n = counter.most_common(1)[0]
         if group is not None and 2 * n > sum(counter.values()):
-            chosen[key] = group
-    out = {r: [replace(c, group=chosen[(r, c.op, c.lane)].ranks,
-                       role=_role(chosen[(r, c.op, c.lane)].desc))
+            chosen[key] = (group, n / sum(counter.values()))
+    chosen = _trim_surplus(chosen, {k: sum(v.values()) for k, v in votes.items()},
+                           _recorded_calls(comms))
+    out = {r: [replace(c, group=chosen[(r, c.op, c.lane)][0].ranks,
+                       role=_role(chosen[(r, c.op, c.lane)][0].desc))
                if c.group is None and (r, c.op, c.lane) in chosen else c for c in cs]
            for r, cs in comms.items()}
-    return _drop_uneven_groups(out)
+    return _drop_unmatched_groups(out)
 
 
-def _drop_uneven_groups(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
-    calls: dict[tuple[tuple[int, ...], str], Counter[int]] = defaultdict(Counter)
+LaneKey = tuple[int, str, Any]  # (rank, op, the thread that ran its calls)
+
+
+def _recorded_calls(comms: Mapping[int, list[Comm]]) -> Counter[tuple[tuple[int, ...], str, int]]:
+    """(group, op, rank) -> calls whose group the trace recorded."""
+    return Counter((c.group, c.op, r) for r, cs in comms.items() for c in cs
+                   if c.group is not None)
+
+
+def _trim_surplus(chosen: Mapping[LaneKey, tuple[ProcessGroup, float]],
+                  calls: Mapping[LaneKey, int],
+                  recorded: Mapping[tuple[tuple[int, ...], str, int], int]
+                  ) -> dict[LaneKey, tuple[ProcessGroup, float]]:
+    """Every member of a group makes as many calls in it: a member with more
+    drops its threads from the group, least supported first (``chosen``
+    holds each thread's group and the share of its calls that fit it), as
+    long as it keeps at least as many calls as the member with fewest."""
+    lanes: dict[tuple[tuple[int, ...], str], dict[int, list[LaneKey]]] = defaultdict(
+        lambda: defaultdict(list))
+    for key, (group, _) in chosen.items():
+        lanes[(group.ranks, key[1])][key[0]].append(key)
+    kept = dict(chosen)
+    for (members, op), per_rank in lanes.items():
+        count = {m: recorded.get((members, op, m), 0) + sum(calls[k] for k in per_rank.get(m, ()))
+                 for m in members}
+        fewest = min(count.values())
+        for m, keys in per_rank.items():
+            for key in sorted(keys, key=lambda k: (chosen[k][1], -calls[k])):
+                if count[m] - calls[key] < fewest:
+                    break
+                count[m] -= calls[key]
+                del kept[key]
+    return kept
+
+
+def _drop_unmatched_groups(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
+    calls: dict[tuple[tuple[int, ...], str], dict[int, list[Comm]]] = defaultdict(
+        lambda: defaultdict(list))
     for r, cs in comms.items():
         for c in cs:
             if c.group is not None:
-                calls[(c.group, c.op)][r] += 1
-    uneven = {key for key, per_rank in calls.items()
-              if len(set(per_rank[m] for m in key[0])) > 1}
-    return {r: [replace(c, group=None, role="") if (c.group, c.op) in uneven else c for c in cs]
-            for r, cs in comms.items()}
+                calls[(c.group, c.op)][r].append(c)
+    unmatched = {key for key, per_rank in calls.items() if not _meet_in_order(
+        [sorted(per_rank.get(m, []), key=lambda c: c.start_us) for m in key[0]])}
+    return {r: [replace(c, group=None, role="") if (c.group, c.op) in unmatched else c
+                for c in cs] for r, cs in comms.items()}
+
+
+def _meet_in_order(sequences: list[list[Comm]]) -> bool:
+    """Members' calls of one group pair up in order: as many on each, and the
+    n-th calls of all members overlap (the last arrives before any leaves)
+    for most n."""
+    if len({len(s) for s in sequences}) != 1:
+        return False
+    meeting = sum(max(c.start_us for c in nth) <= min(c.end_us for c in nth)
+                  for nth in zip(*sequences))
+    return 2 * meeting > len(sequences[0])
 
 
 MAX_INFERRED_P2P_RANKS = 64  # pairing unpeered p2p compares every rank pair
