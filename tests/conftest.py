@@ -25,10 +25,13 @@ settings.load_profile("megatronapp")
 
 
 # Tests marked ``alone`` judge real timing (a profiled job's slow rank): no
-# other multi-process test may share the cores with them, or the suite's own
-# load becomes the slow rank. Under xdist the workers share one lock file:
-# ``slow`` tests (which spawn processes) hold it shared, ``alone`` tests
-# exclusively, from their fixtures' set-up to their teardown.
+# other test may share the cores with them, or the suite's own load becomes
+# the slow rank (a busy neighbour on one core made a healthy 4-rank job's
+# rank 0 slow at its best). Under xdist the workers share one lock file:
+# every other test holds it shared, ``alone`` tests exclusively, from their
+# fixtures' set-up to their teardown. A second lock is a turnstile: an
+# ``alone`` test holds it while it waits, so a stream of short tests that
+# keep the shared lock taken cannot starve it.
 MACHINE_LOCK = pytest.StashKey[Path]()
 
 
@@ -41,14 +44,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    mode = (fcntl.LOCK_EX if item.get_closest_marker("alone") else
-            fcntl.LOCK_SH if item.get_closest_marker("slow") else None)
+    mode = fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH
     path = item.config.stash.get(MACHINE_LOCK, None)
-    if mode is None or path is None:
+    if path is None:
         yield
         return
-    with open(path, "a") as handle:
+    with open(path.with_suffix(".turnstile"), "a") as turnstile, open(path, "a") as handle:
+        fcntl.flock(turnstile, mode)
         fcntl.flock(handle, mode)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
             yield
         finally:

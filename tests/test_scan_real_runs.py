@@ -82,6 +82,7 @@ def _compute_names(events: dict) -> dict[int, list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a throttled rank judged on real timing
 def test_profiled_run_gives_the_same_verdict_from_both_traces(tmp_path, capsys):
     scenario = tmp_path / "throttled.yaml"
     scenario.write_text(yaml.safe_dump({
