@@ -255,10 +255,9 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
 
     ``engine``: "auto" runs static schedules (with placeholder stages and no
     per-event hook or MegaScope capture) on the compiled engine, unless a rank
-    program is not static (``megatronapp.compiled.NotStatic``: among others,
-    asynchronous collectives, i.e. overlapped gradient reduction with dp > 1);
-    anything else runs on the SimPy generator path; "generator" forces the latter. ``reduce`` simulates one
-    pipeline per class of identical ones (exact; see ``sim.symmetry``).
+    program is not static (``megatronapp.compiled.NotStatic``); anything else
+    runs on the SimPy generator path; "generator" forces the latter. ``reduce``
+    simulates one pipeline per class of identical ones (exact; see ``sim.symmetry``).
     """
     cluster = build_cluster(s)
     program = None

@@ -3,8 +3,10 @@
 Each simulated rank walks its stage's operations with its own clock,
 dataflow style: compute advances the clock (the device prices it), a
 receive or a wait moves the clock to the message's delivery, a collective
-ends ``ring cost`` after its last member arrives, whichever order the
-members are visited in. Only what shares a resource needs a time order:
+ends ``ring cost`` after its last member arrives (and after the previous
+collective on its communicator), whichever order the members are visited
+in; a rank that posted one asynchronously goes on and waits for its end
+later. Only what shares a resource needs a time order:
 point-to-point flows crossing a port. Flow starts and completions go through a
 heap in time order and share ports with the same fluid arithmetic as the SimPy
 engine (``sim.network.FluidPorts``, which takes a fast path for a flow alone on
@@ -34,8 +36,9 @@ from typing import Any, Callable, Iterator
 import networkx as nx
 import numpy as np
 
-from megatronapp.compiled import (COLLECTIVE, COMPUTE, GROUP_KINDS, RECV, RECV_WAIT, SEND, WAIT,
-                                  CompiledRun, PipeProgram, kind_group, pipe_ranks)
+from megatronapp.compiled import (ASYNC_COLLECTIVE, COLLECTIVE, COLLECTIVE_WAIT, COMPUTE,
+                                  GROUP_KINDS, RECV, RECV_WAIT, SEND, WAIT, CompiledRun,
+                                  PipeProgram, kind_group, pipe_ranks)
 from megatronapp.gc_pause import paused_gc
 from sim.cluster import Cluster
 from sim.network import Flow
@@ -160,8 +163,11 @@ class Engine:
             self.ring.append(row_rings)
         self.n_keys = len(keys)
         # n-th * n_keys + rendezvous -> [members still to come, latest arrival,
-        # then each waiting rank and its event]
+        # then each rank that arrived (~rank if it went on) and its event]
         self.rendezvous: dict[int, list[Any]] = {}
+        self.busy = [0.0] * self.n_keys  # when each communicator's last collective ends
+        self.in_flight: dict[tuple[int, int], list[Any]] = {}  # (rank, posted event) -> rendezvous
+        self.collective_wait: dict[int, int] = {}  # rank -> the posted collective it waits for
 
     def _blocks(self) -> None:
         """Split the simulated ranks into blocks that keep their own time order
@@ -242,6 +248,7 @@ class Engine:
         written out here rather than called: it runs at every resumption, about
         every third operation."""
         send, complete, flow_event = self._send, self._complete, self._flow_event
+        asynchronous = self._asynchronous
         ready, ops_of, pcs, clocks = self.ready, self.ops, self.pc, self.t
         starts, ends, slot_bases, pricings = self.starts, self.ends, self.slot_base, self.pricing
         coll_keys, rendezvous, need, n_keys = self.coll_key, self.rendezvous, self.need, self.n_keys
@@ -262,7 +269,7 @@ class Engine:
                 while pc < n:
                     op = ops[pc]
                     code = op[0]
-                    if overhead and code != WAIT:
+                    if overhead and code != WAIT and code != COLLECTIVE_WAIT:
                         t = t + overhead
                     if code == COMPUTE:
                         st[op[1]] = t
@@ -315,7 +322,7 @@ class Engine:
                     elif code == SEND:
                         st[op[1]] = t
                         send(i, op[2], op[3], t, sbase + op[2])
-                    else:  # WAIT
+                    elif code == WAIT:
                         slot = sbase + op[1]
                         a = arrive[slot]
                         if a < 0.0:
@@ -323,6 +330,11 @@ class Engine:
                             break
                         if a > t:
                             t = a
+                    else:  # an asynchronous collective posted, or waited for
+                        after = asynchronous(i, op, t)
+                        if after < 0.0:
+                            break
+                        t = after
                     pc += 1
                 pcs[i] = pc
                 clocks[i] = t if pc < n else math.inf
@@ -384,33 +396,88 @@ class Engine:
         else:  # starts in time order: it may share a port with flows not started yet
             self.post(self.block[i], t, Flow(nbytes * slow, link.ports, None, note), -1)
 
+    def _asynchronous(self, i: int, op: tuple[Any, ...], t: float) -> float:
+        """Rank ``i`` at ``t`` posts a collective it does not wait for (the
+        same ``t`` back: it goes on), or waits for one it posted: when it may
+        go on, or -1 while the collective has not ended."""
+        ev = op[1]
+        if op[0] == COLLECTIVE_WAIT:
+            rv = self.in_flight.get((i, ev))
+            if rv is None:  # ended
+                end: float = self.ends[i][ev]
+                return end if end > t else t
+            self.collective_wait[i] = ev
+            if self.cross[self.coll_key[i][op[2]]]:  # it resumes no earlier than the latest arrival
+                block = self.block[i]
+                self.cross_wait[block][i] = rv
+                if rv[1] < self.floor[block]:
+                    self.floor[block] = rv[1]
+            return -1.0
+        self.starts[i][ev] = t
+        ck = self.coll_key[i][op[2]]
+        key = op[4] * self.n_keys + ck
+        rv = self.rendezvous.get(key)
+        if rv is not None and rv[0] > 1:
+            rv[0] -= 1
+            if t > rv[1]:
+                rv[1] = t
+            rv += (~i, ev)
+        elif rv is None and self.need[ck] > 1:
+            rv = self.rendezvous[key] = [self.need[ck] - 1, t, ~i, ev]
+        else:
+            self.ends[i][ev] = self._complete(i, op, t, rv, key)
+            return t
+        self.in_flight[(i, ev)] = rv
+        return t
+
     def _complete(self, i: int, op: tuple[Any, ...], t: float, rv: list[Any] | None,
                   key: int) -> float:
         """Rank ``i`` is the last to arrive (at ``t``) at a collective: its end
-        time, with every rank that waited for it resumed."""
+        time, with every rank that waited for it resumed (and every rank that
+        posted it and went on given its end)."""
         _code, _ev, kind, nbytes, _nth, steps = op
+        ck = key % self.n_keys
         if rv is None:  # a group of one representative
-            return t + self.ring[i][kind].seconds(nbytes, steps)
+            return self._ring_end(self.ring[i][kind].seconds(nbytes, steps), t, ck)
         del self.rendezvous[key]
-        if self.cross[key % self.n_keys]:
-            for k in range(2, len(rv), 2):
-                block = self.block[rv[k]]
-                del self.cross_wait[block][rv[k]]
-                self.floor_stale[block] = True
         latest = rv[1] if rv[1] > t else t
-        done: float = latest + self.ring[i][kind].seconds(nbytes, steps)
+        done = self._ring_end(self.ring[i][kind].seconds(nbytes, steps), latest, ck)
         times, pcs, ready, ends = self.t, self.pc, self.ready, self.ends
-        for k in range(2, len(rv), 2):  # the ranks that waited, and their events
-            j = rv[k]
-            ends[j][rv[k + 1]] = done
-            times[j] = done
+        cross = self.cross[ck]
+        for k in range(2, len(rv), 2):  # the ranks that arrived before, and their events
+            j, ev = rv[k], rv[k + 1]
+            if j < 0:  # posted it and went on: resumed only if now waiting for it
+                j = ~j
+                ends[j][ev] = done
+                del self.in_flight[(j, ev)]
+                if self.collective_wait.get(j) != ev:
+                    continue
+                del self.collective_wait[j]
+                if done > times[j]:
+                    times[j] = done
+            else:
+                ends[j][ev] = done
+                times[j] = done
+            if cross:
+                block = self.block[j]
+                del self.cross_wait[block][j]
+                self.floor_stale[block] = True
             pcs[j] += 1
             ready.append(j)
         return done
 
+    def _ring_end(self, ring_s: float, latest: float, ck: int) -> float:
+        """A collective's end: its ring cost after its last member arrives, or
+        after the communicator's previous collective ends if that is later. The
+        end is taken as the SimPy path's timeout from the last arrival lands."""
+        busy = self.busy[ck]
+        end = (busy if busy > latest else latest) + ring_s
+        self.busy[ck] = end
+        return latest + (end - latest)
+
     def _describe(self, i: int) -> str:
         op = self.ops[i][self.pc[i]]
-        if op[0] == COLLECTIVE:
+        if op[0] == COLLECTIVE or op[0] == COLLECTIVE_WAIT:
             return f"collective({GROUP_KINDS[op[2]]} group)"
         m = op[1] if len(op) == 2 else op[2]
         base = i - self.stage[i]

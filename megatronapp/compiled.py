@@ -7,13 +7,12 @@ do not depend on what it is answered (every static schedule) yields the same
 sequence on any backend, so that sequence *is* the program. ``WaitAny`` (a
 dynamic policy choosing by what has completed), point-to-point traffic that
 leaves the pipeline, collectives on groups other than the rank's own TP, DP,
-model-parallel or embedding group, asynchronous collectives (overlapped
-gradient reduction: their completion is waited on later, and collectives on
-one communicator queue behind each other) and trace arguments other than
-plain values make a program not static (``NotStatic``): it keeps the
-generator path. Blocking collectives on one communicator can never overlap,
-so the SimPy path's per-communicator queue never delays them and the
-compiled engine needs none.
+model-parallel or embedding group and trace arguments other than plain
+values make a program not static (``NotStatic``): it keeps the generator
+path. Asynchronous collectives (overlapped gradient reduction and parameter
+gathering) compile to a post (``ASYNC_COLLECTIVE``) and a later wait on it
+(``COLLECTIVE_WAIT``); collectives on one communicator run one after
+another, as on the SimPy path.
 
 The compiled form names no global rank: peers are pipeline stages, groups are
 kinds (tp, dp, mp), messages are indices into the pipeline's message table.
@@ -36,7 +35,7 @@ from .ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, 
 from .topology import Group, Topology
 
 # Operation codes of the flat arrays.
-COMPUTE, SEND, RECV, WAIT, COLLECTIVE, RECV_WAIT = range(6)
+COMPUTE, SEND, RECV, WAIT, COLLECTIVE, RECV_WAIT, ASYNC_COLLECTIVE, COLLECTIVE_WAIT = range(8)
 GROUP_KINDS = ("tp", "dp", "mp", "emb")  # emb: first and last stage (tied embeddings)
 META_KEYS = ("iteration", "microbatch", "chunk")
 
@@ -56,9 +55,12 @@ class StageProgram:
 
     ops: (COMPUTE, event, cost_s) | (SEND, event, message, nbytes) |
     (RECV, event, message) | (WAIT, message) | (RECV_WAIT, event, message) |
-    (COLLECTIVE, event, group kind, nbytes, n-th collective of that kind, ring passes).
+    (COLLECTIVE, event, group kind, nbytes, n-th collective of that kind, ring passes) |
+    (ASYNC_COLLECTIVE, the same fields) | (COLLECTIVE_WAIT, event of the posted
+    collective, its group kind).
     A RECV only posts the receive (IRecv); a WAIT on its message blocks;
-    RECV_WAIT is both at once (Recv).
+    RECV_WAIT is both at once (Recv); an ASYNC_COLLECTIVE joins its collective
+    without waiting for it, a COLLECTIVE_WAIT waits until it has ended.
     """
 
     ops: tuple[tuple[Any, ...], ...]
@@ -129,7 +131,8 @@ def record(program: RankProgram) -> list[Op]:
             program.close()
             raise NotStatic("WaitAny: the program chooses by what has completed")
         ops.append(op)
-        answer = _Handle(len(ops) - 1) if type(op) in (ISend, IRecv) else None
+        waitable = type(op) in (ISend, IRecv) or (isinstance(op, AllReduce) and op.async_op)
+        answer = _Handle(len(ops) - 1) if waitable else None
 
 
 def group_kind(topo: Topology, rank: int, group: Group) -> int:
@@ -158,7 +161,7 @@ def _meta(op: Any) -> tuple[int, int, int, str | None]:
     table keeps them); arguments JSON would not give back unchanged keep the
     generator path."""
     other = {k: v for k, v in op.meta.items() if k not in META_KEYS}
-    if any(type(v) not in (int, float, str, bool) for v in other.values()):
+    if any(type(v) not in (int, float, str, bool, type(None)) for v in other.values()):
         raise NotStatic(f"trace arguments {sorted(other)} are not plain values")
     it, mb, chunk = (int(op.meta.get(k, -1)) for k in META_KEYS)
     return it, mb, chunk, (json.dumps(other) if other else None)
@@ -168,6 +171,7 @@ class _StageBuilder:
     def __init__(self) -> None:
         self.ops: list[tuple[Any, ...]] = []
         self.fields: dict[str, list[Any]] = defaultdict(list)
+        self.posted: dict[int, tuple[int, int]] = {}  # async collective's op index -> (event, kind)
 
     def event(self, name: str, op: Any, nbytes: int = -1, peer: int = -1, kind: int = -1) -> int:
         it, mb, chunk, extra = _meta(op)
@@ -221,17 +225,17 @@ def compile_pipe(programs: Sequence[RankProgram], ranks: Sequence[int], topo: To
         b = _StageBuilder()
         seen: dict[int, int] = defaultdict(int)  # collectives so far, per group kind
         for i, op in enumerate(ops):
-            _compile_op(b, op, message.get((stage, i)), ops, message, stage, ranks, topo, seen)
+            _compile_op(b, op, i, message, stage, ranks, topo, seen)
             if isinstance(op, ISend):
                 senders[message[(stage, i)]] = (stage, ranks.index(op.dst))
         stages.append(b.build())
     return PipeProgram(tuple(stages), tuple(senders[m] for m in range(len(senders))))
 
 
-def _compile_op(b: _StageBuilder, op: Op, msg: int | None, ops: list[Op],
-                message: dict[tuple[int, int], int], stage: int, ranks: Sequence[int],
-                topo: Topology, seen: dict[int, int]) -> None:
-    rank = ranks[stage]
+def _compile_op(b: _StageBuilder, op: Op, index: int, message: dict[tuple[int, int], int],
+                stage: int, ranks: Sequence[int], topo: Topology, seen: dict[int, int]) -> None:
+    """Op number ``index`` of a stage's recorded ops, onto ``b``."""
+    rank, msg = ranks[stage], message.get((stage, index))
     if isinstance(op, Compute):
         b.ops.append((COMPUTE, b.event(op.name, op), float(op.cost_s)))
     elif isinstance(op, ISend):
@@ -245,16 +249,20 @@ def _compile_op(b: _StageBuilder, op: Op, msg: int | None, ops: list[Op],
     elif isinstance(op, Wait):
         handle = op.handle
         if not isinstance(handle, _Handle):
-            raise NotStatic("Wait on something that is not a send or receive handle")
-        b.ops.append((WAIT, message[(stage, handle.op_index)]))
+            raise NotStatic("Wait on something that is not a send, receive or collective handle")
+        if handle.op_index in b.posted:
+            b.ops.append((COLLECTIVE_WAIT, *b.posted[handle.op_index]))
+        else:
+            b.ops.append((WAIT, message[(stage, handle.op_index)]))
     elif isinstance(op, AllReduce):
-        if op.async_op:
-            raise NotStatic("an asynchronous collective (overlapped with what follows)")
         kind = group_kind(topo, rank, op.group)
         ev = b.event(op.name, op, op.nbytes, kind=kind)
         steps = 1 if isinstance(op, (ReduceScatter, AllGather)) else 2  # ring passes
-        b.ops.append((COLLECTIVE, ev, kind, int(op.nbytes), seen[kind], steps))
+        code = ASYNC_COLLECTIVE if op.async_op else COLLECTIVE
+        b.ops.append((code, ev, kind, int(op.nbytes), seen[kind], steps))
         seen[kind] += 1
+        if op.async_op:
+            b.posted[index] = (ev, kind)
     else:
         raise NotStatic(f"no compiled form for {type(op).__name__}")
 

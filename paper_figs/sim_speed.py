@@ -1,15 +1,24 @@
-"""Simulator speed: operations/s against a bare SimPy loop (same run), and the
-wall time to simulate one iteration of a 1024-GPU job (tp 8, pp 8, dp 16, 32 mb).
+"""Simulator speed: operations/s against a bare SimPy loop (same run), the
+wall time to simulate one iteration of a 1024-GPU job (tp 8, pp 8, dp 16, 32 mb),
+and the same jobs with overlapped gradient reduction (asynchronous collectives),
+the 64-GPU one on the compiled engine and on the SimPy generator path.
 
     .venv/bin/python paper_figs/sim_speed.py
 """
 from __future__ import annotations
+
+from functools import partial
+from typing import Any
 
 from backends.sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.speed import JOB_1024, bare_simpy_events_per_s, job_1024, simulate_speed
 
 SMALL = {**JOB_1024, "name": "gpt-64gpu", "parallel": {"tp": 2, "pp": 4, "dp": 8, "microbatches": 16}}
+
+
+def overlapped(job: dict[str, Any]) -> dict[str, Any]:
+    return {**job, "training": {"overlap_grad_reduce": True}}
 
 
 def main() -> None:
@@ -23,6 +32,16 @@ def main() -> None:
     print(f"| simulator, 1024 GPUs (tp8 pp8 dp16, 32 mb) | {big.ops_per_s / 1e3:.1f} k ops/s |")
     print(f"| ratio simulator / bare loop (1024 GPUs) | {big.ops_per_s / bare:.3f} |")
     print(f"| one iteration of the 1024-GPU job | {big.wall_s:.2f} s wall, {big.ops} ops |")
+    small_o = parse_scenario(overlapped(SMALL))
+    compiled = simulate_speed(small_o, run_sim)
+    generator = simulate_speed(small_o, partial(run_sim, engine="generator"))
+    big_o = simulate_speed(parse_scenario(overlapped(JOB_1024)), run_sim)
+    print(f"| 64 GPUs, overlapped gradient reduction, compiled engine | "
+          f"{compiled.ops_per_s / 1e3:.1f} k ops/s |")
+    print(f"| the same job on the SimPy generator path | {generator.ops_per_s / 1e3:.1f} k ops/s "
+          f"({compiled.ops_per_s / generator.ops_per_s:.0f}x slower) |")
+    print(f"| one iteration of the 1024-GPU job, overlapped gradient reduction | "
+          f"{big_o.wall_s:.2f} s wall, {big_o.ops} ops |")
 
 
 if __name__ == "__main__":

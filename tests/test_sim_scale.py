@@ -63,7 +63,8 @@ def jobs(draw: Any, overlap: bool = False) -> dict[str, Any]:
 def _megatron_options(draw: Any, data: dict[str, Any], overlap: bool = False) -> None:
     """Issue overhead, per-class latencies, NIC sharing, sequence parallelism
     (reduce-scatter/all-gather), recomputation, the distributed optimizer, untied
-    embeddings; ``overlap``: overlapped (asynchronous) gradient reduction too."""
+    embeddings; ``overlap``: overlapped (asynchronous) gradient reduction and
+    parameter gathering too, in buckets of several sizes."""
     data["parallel"]["sequence_parallel"] = draw(st.booleans())
     data["model"]["untie_embeddings"] = draw(st.booleans())
     data["cluster"]["gpu"] = {"op_overhead_us": draw(st.sampled_from([0.0, 7.0]))}
@@ -75,7 +76,10 @@ def _megatron_options(draw: Any, data: dict[str, Any], overlap: bool = False) ->
                 "distributed_optimizer": draw(st.booleans())}
     if overlap:
         training["overlap_grad_reduce"] = draw(st.booleans())
-    data["training"] = training
+        if training["overlap_grad_reduce"] and training["distributed_optimizer"]:
+            training["overlap_param_gather"] = draw(st.booleans())
+        training["bucket_params"] = draw(st.sampled_from([None, 10**5, 10**6]))
+    data["training"] = {k: v for k, v in training.items() if v is not None}
 
 
 def faults(world: int) -> Any:
@@ -111,7 +115,7 @@ def test_full_compiled_run_equals_the_reduced_one(data: dict[str, Any]) -> None:
 
 
 @FAST
-@given(data=jobs())
+@given(data=jobs(overlap=True))
 def test_every_pipeline_compiles_to_the_same_program(data: dict[str, Any]) -> None:
     s = parse_scenario(data)
     topo = topology_of(s)
@@ -174,21 +178,24 @@ def test_dynamic_programs_keep_the_generator_path() -> None:
 
 @FAST
 @given(data=jobs(overlap=True))
-def test_exactly_the_jobs_with_asynchronous_collectives_keep_the_generator_path(
+def test_overlapped_gradient_reduction_compiles_and_records_what_the_generator_path_records(
         data: dict[str, Any]) -> None:
-    """The compiled engine's predicate: it takes every static schedule whose
-    collectives block (overlapped gradient reduction with dp > 1 posts them
-    asynchronously), and then records what the generator path records."""
+    """Asynchronous collectives (overlapped gradient reduction with dp > 1,
+    and parameter gathering with it) run on the compiled engine, reduced and
+    full, with the very events of the generator path: posts that go on,
+    waits for their end, and collectives queued behind each other on one
+    communicator."""
     s = parse_scenario(data)
     topo = topology_of(s)
     programs = rank_programs(s)
     recorded = [op for r in pipe_ranks(topo, 0) for op in record(programs[r])]
     asynchronous = any(isinstance(op, AllReduce) and op.async_op for op in recorded)
     assert asynchronous == (s.training.overlap_grad_reduce and topo.dp > 1)
-    result = run_sim(s)
-    assert (result.source is None) == asynchronous
-    if not asynchronous:
-        assert _flat(result.events) == _flat(run_sim(s, engine="generator").events)
+    reduced = run_sim(s)
+    assert reduced.source is not None
+    reference = _flat(run_sim(s, engine="generator").events)
+    assert _flat(reduced.events) == reference
+    assert _flat(run_sim(s, reduce=False).events) == reference
 
 
 def test_a_compiled_deadlock_names_each_blocked_rank() -> None:
