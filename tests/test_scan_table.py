@@ -14,7 +14,7 @@ from backends.sim import run_sim
 from megatronapp.columns import columns_from_events
 from megatronapp.scan.align import ClockFit, causal_bounds
 from megatronapp.scan.deps import reconstruct
-from megatronapp.scan.detect import _floors_and_medians, megascan
+from megatronapp.scan.detect import _floors_and_medians, _row_medians, megascan
 from megatronapp.scan.load import events_from_chrome
 from megatronapp.scan.table import causal_violations, prepare_table, sorted_like_loader, sync_table
 from megatronapp.scan.table_detect import _last_to_start, megascan_table
@@ -133,3 +133,21 @@ def test_floors_and_medians_of_a_class_are_each_channels_own(samples, as_long):
     floors, medians = _floors_and_medians(arrays, 10.0)
     assert floors.tolist() == [np.percentile(a, 10.0) for a in arrays]
     assert medians.tolist() == [np.median(a) for a in arrays]
+
+
+@given(st.lists(st.lists(st.floats(-1, 1), min_size=4, max_size=4), min_size=1, max_size=6),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=6))
+def test_row_medians_are_each_rows_own_over_its_finite_values(rows, holes):
+    lr = np.array(rows)
+    for i, j in holes:  # ops a rank did not run
+        if i < len(lr):
+            lr[i, j] = np.nan
+    kept, medians, spreads = _row_medians(lr)
+    for row, values, median, spread in zip(lr, kept, medians, spreads):
+        own = row[np.isfinite(row)]
+        assert values.tolist() == own.tolist()
+        if len(own):
+            assert median == np.median(own)
+            assert spread == np.median(np.abs(own - np.median(own)))
+        else:
+            assert np.isnan(median) and np.isnan(spread)

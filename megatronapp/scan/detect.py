@@ -108,21 +108,36 @@ def relative_to_peers(logd: np.ndarray) -> np.ndarray:
 def row_scores(ranks: list[int], lr: np.ndarray, th: Thresholds) -> dict[int, tuple[float, float, float, int]]:
     if lr.size == 0:
         return {}
+    rows, medians, spreads = _row_medians(lr)
     # Noise is each row's spread around its own median (a slow rank shifts its
     # whole row, which must not count as noise), pooled by the median.
-    spreads = [np.median(np.abs(v - np.median(v))) for v in (row[np.isfinite(row)] for row in lr)
-               if len(v)]
-    sigma = max(MAD_TO_SIGMA * float(np.median(spreads)), SIGMA_FLOOR) if spreads else SIGMA_FLOOR
+    pooled = spreads[[len(v) > 0 for v in rows]]
+    sigma = max(MAD_TO_SIGMA * float(np.median(pooled)), SIGMA_FLOOR) if len(pooled) else SIGMA_FLOOR
     slow_cut = math.log1p(th.min_excess) + 2 * sigma
     out = {}
     for i, r in enumerate(ranks):
-        vals = lr[i][np.isfinite(lr[i])]
+        vals = rows[i]
         if len(vals) == 0:
             continue
-        med = float(np.median(vals))
+        med = float(medians[i])
         z = med / (MEDIAN_SE * sigma / math.sqrt(len(vals)))
         out[r] = (med, z, float(np.mean(vals > slow_cut)), len(vals))
     return out
+
+
+def _row_medians(lr: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Each row's finite values, their median and their median absolute
+    deviation (NaN for a row with none); one call per statistic when every
+    rank ran every op (a simulated job's thousands of ranks)."""
+    finite = np.isfinite(lr)
+    if finite.all():
+        medians = np.median(lr, axis=1)
+        return list(lr), medians, np.median(np.abs(lr - medians[:, None]), axis=1)
+    rows = [row[ok] for row, ok in zip(lr, finite)]
+    medians = np.array([np.median(v) if len(v) else np.nan for v in rows])
+    spreads = np.array([np.median(np.abs(v - m)) if len(v) else np.nan
+                        for v, m in zip(rows, medians)])
+    return rows, medians, spreads
 
 
 def compute_scores(scan: ScanInput, th: Thresholds, peers: Mapping[int, tuple[int, ...]],
@@ -490,14 +505,17 @@ def _deliveries(all_waits: Mapping[Channel, Samples], node: int,
 
 
 def _floors_and_medians(samples: list[np.ndarray], q: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each sample's ``q``-th percentile and median: one call over a matrix when
-    the samples are as long (the usual case: every channel carries as many
-    transfers), else one per sample."""
-    if len({len(w) for w in samples}) == 1:
-        stacked = np.stack(samples)
-        return np.percentile(stacked, q, axis=1), np.median(stacked, axis=1)
-    return (np.array([np.percentile(w, q) for w in samples]),
-            np.array([np.median(w) for w in samples]))
+    """Each sample's ``q``-th percentile and median: one call over a matrix per
+    sample length (channels of one class mostly carry as many transfers)."""
+    floors, medians = np.empty(len(samples)), np.empty(len(samples))
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, w in enumerate(samples):
+        by_length[len(w)].append(i)
+    for members in by_length.values():
+        stacked = np.stack([samples[i] for i in members])
+        floors[members] = np.percentile(stacked, q, axis=1)
+        medians[members] = np.median(stacked, axis=1)
+    return floors, medians
 
 
 def _medians_without_each(values: np.ndarray) -> np.ndarray:
