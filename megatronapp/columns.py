@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence, TypeGuard
 
 import numpy as np
 
@@ -83,6 +83,14 @@ DTYPES = {"rank": np.int32, "name": np.int16, "kind": np.int8, "start_s": np.flo
           "dur_s": np.float64, "iteration": np.int32, "microbatch": np.int32,
           "chunk": np.int32, "nbytes": np.int64, "peer": np.int32, "group": np.int32,
           "role": np.int8, "tag": np.int64}
+
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def is_int32(value: Any) -> TypeGuard[int]:
+    """An integer (not a bool) the 32-bit columns (ranks, indices) can hold."""
+    return isinstance(value, int) and not isinstance(value, bool) and INT32_MIN <= value <= INT32_MAX
 
 
 def empty_columns() -> EventColumns:

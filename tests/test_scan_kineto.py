@@ -197,6 +197,7 @@ def test_one_rank_group_calls_inside_a_peers_wait_leave_its_group_alone(tmp_path
     (lambda d: d["traceEvents"].append({"ph": "X", "name": "", "pid": 0, "ts": 1, "dur": 1}),
      "'name' must be a non-empty string"),
     (lambda d: d["distributedInfo"].update(rank="zero"), "'distributedInfo.rank'"),
+    (lambda d: d["distributedInfo"].update(rank=10 ** 30), "'distributedInfo.rank'"),  # 32-bit
     (lambda d: d["traceEvents"].append(7), "not a JSON object"),
 ])
 def test_malformed_kineto_trace_names_the_file_and_the_event(tmp_path, edit, fragment):

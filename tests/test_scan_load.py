@@ -64,6 +64,13 @@ def test_complete_begin_end_and_instant_events_read_the_same():
     (_be(0, "k", 5, 2), "has no open 'B'"),
     (_be(0, "k", 1, 2) + _be(0, "j", 1, 2)[1:], "'E' event 'j' has no open 'B'"),
     ([{"ph": "X", "name": "k", "pid": "gpu0", "ts": 1, "dur": 1}], "'pid' must be an integer rank"),
+    # the columns hold ranks and indices in 32 bits: a larger one is an error, not an overflow
+    ([{"ph": "X", "name": "k", "pid": 10 ** 30, "ts": 1, "dur": 1}], "'pid' must be an integer rank"),
+    ([{"ph": "X", "name": "k", "pid": "-9999999999", "ts": 1, "dur": 1}], "(32-bit)"),
+    ([{"ph": "X", "name": "k", "pid": 0, "ts": 1, "dur": 1, "args": {"iteration": 2 ** 31}}],
+     "args.iteration must be a 32-bit integer"),
+    ([{"ph": "X", "name": "k", "pid": 0, "ts": 1, "dur": 1, "args": {"group": [0, 2 ** 40]}}],
+     "args.group must be a list of 32-bit integer ranks"),
     ([{"ph": "X", "name": "k", "pid": 0, "ts": 1, "dur": -3}], "negative duration"),
     ({"events": []}, "expected a list of events"),
 ])

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from megatronapp.columns import is_int32
 from megatronapp.textio import TextError, load_json_bytes
 from megatronapp.tracer import Event
 
@@ -157,11 +158,13 @@ def _rank_info(data: Mapping[str, Any], source: str) -> tuple[int, tuple[Process
         found = re.search(r"rank[_-]?(\d+)", Path(source).name)
         if found is None:
             raise TraceError(source, "no 'distributedInfo' (rank) and no rank in the file name")
+        if not is_int32(int(found.group(1))):
+            raise TraceError(source, f"the rank in the file name ({found.group(1)[:20]}) "
+                             "does not fit 32 bits")
         return int(found.group(1)), ()
-    if not isinstance(info, dict) or isinstance(info.get("rank"), bool) or not isinstance(
-            info.get("rank"), int) or info["rank"] < 0:
-        raise TraceError(source, f"'distributedInfo.rank' must be a rank number, got "
-                         f"{info.get('rank') if isinstance(info, dict) else info!r}")
+    if not isinstance(info, dict) or not is_int32(info.get("rank")) or info["rank"] < 0:
+        raise TraceError(source, f"'distributedInfo.rank' must be a rank number (32-bit), got "
+                         f"{info.get('rank') if isinstance(info, dict) else info!r:.60}")
     return int(info["rank"]), _groups(info.get("pg_config"), source)
 
 
@@ -173,10 +176,9 @@ def _groups(config: Any, source: str) -> tuple[ProcessGroup, ...]:
     out = []
     for i, pg in enumerate(config):
         ranks = pg.get("ranks") if isinstance(pg, dict) else None
-        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool)
-                                                  for r in ranks):
+        if not isinstance(ranks, list) or not all(map(is_int32, ranks)):
             raise TraceError(source, f"'distributedInfo.pg_config[{i}].ranks' must be a list of "
-                             "ranks")
+                             "ranks (32-bit)")
         out.append(ProcessGroup(tuple(sorted(ranks)), str(pg.get("pg_desc", ""))))
     return tuple(out)
 
@@ -274,7 +276,7 @@ def _ranks_list(value: Any) -> tuple[int, ...] | None:
             value = json.loads(value)
         except json.JSONDecodeError:
             return None
-    if isinstance(value, list) and value and all(isinstance(r, int) for r in value):
+    if isinstance(value, list) and value and all(map(is_int32, value)):
         return tuple(sorted(value))
     return None
 
@@ -336,7 +338,7 @@ def _comm_from_meta(args: Mapping[str, Any], start: float, end: float) -> Comm:
     peer = None
     if op in P2P_OPS:
         raw = args.get("Dst Rank" if op == "send" else "Src Rank")
-        if isinstance(raw, int):  # group-local: map through the group when known
+        if is_int32(raw):  # group-local: map through the group when known
             peer = group[raw] if group and 0 <= raw < len(group) else raw
     return Comm(op, start, end, _meta_bytes(args), group if op not in P2P_OPS else None,
                 _role(str(args.get("Process Group Description", ""))), peer)
@@ -372,9 +374,10 @@ def _concrete_peer(call: Span, op: str) -> int | None:
     inputs = call.args.get("Concrete Inputs")
     if op in P2P_OPS and isinstance(inputs, list) and len(inputs) > 2:
         try:
-            return int(inputs[2])
+            peer = int(inputs[2])
         except (TypeError, ValueError):
             return None
+        return peer if is_int32(peer) else None
     return None
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from megatronapp.columns import is_int32
 from megatronapp.progress import Say, quiet
 from megatronapp.textio import MAX_DEPTH, structure_size
 from megatronapp.tracer import Event
@@ -54,19 +55,16 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _rank_of(raw: Mapping[str, Any], source: str, index: int) -> int:
     pid = raw.get("pid")
     if isinstance(pid, float) and pid.is_integer():
         pid = int(pid)
     elif isinstance(pid, str) and pid.strip().lstrip("-").isdigit():
         pid = int(pid)
-    if not _is_int(pid):
-        raise TraceError(source, f"'pid' must be an integer rank, got {_short(pid)}", index)
-    return int(pid)  # type: ignore[arg-type]
+    if not is_int32(pid):
+        raise TraceError(source, f"'pid' must be an integer rank (32-bit), got {_short(pid)}",
+                         index)
+    return pid
 
 
 def _raw_events(data: Any, source: str) -> list[Any]:
@@ -125,12 +123,12 @@ def _args(raw: Mapping[str, Any], source: str, index: int) -> Mapping[str, Any]:
     if not isinstance(args, dict):
         raise TraceError(source, "'args' must be an object", index)
     for key in INT_ARGS:
-        if args.get(key) is not None and not _is_int(args[key]):
-            raise TraceError(source, f"args.{key} must be an integer, got {_short(args[key])}",
-                             index)
+        if args.get(key) is not None and not is_int32(args[key]):
+            raise TraceError(source, f"args.{key} must be a 32-bit integer, got "
+                             f"{_short(args[key])}", index)
     group = args.get("group")
-    if group is not None and not (isinstance(group, list) and all(map(_is_int, group))):
-        raise TraceError(source, f"args.group must be a list of integer ranks, got "
+    if group is not None and not (isinstance(group, list) and all(map(is_int32, group))):
+        raise TraceError(source, f"args.group must be a list of 32-bit integer ranks, got "
                          f"{_short(group)}", index)
     size = args.get("bytes")
     if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float))
