@@ -85,12 +85,12 @@ DTYPES = {"rank": np.int32, "name": np.int16, "kind": np.int8, "start_s": np.flo
           "role": np.int8, "tag": np.int64}
 
 
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+INT32 = np.iinfo(np.int32)  # the dtype of ranks, peers, groups and indices above
 
 
 def is_int32(value: Any) -> TypeGuard[int]:
     """An integer (not a bool) the 32-bit columns (ranks, indices) can hold."""
-    return isinstance(value, int) and not isinstance(value, bool) and INT32_MIN <= value <= INT32_MAX
+    return isinstance(value, int) and not isinstance(value, bool) and INT32.min <= value <= INT32.max
 
 
 def empty_columns() -> EventColumns:

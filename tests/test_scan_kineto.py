@@ -221,6 +221,16 @@ def test_cli_exit_2_on_a_malformed_kineto_directory(tmp_path, capsys):
     assert "host_0.0.pt.trace.json.gz" in err and f"event {bad_index}" in err
 
 
+def test_a_rank_from_the_file_name_is_read_and_must_fit_32_bits(tmp_path):
+    data = nccl_rank_file(0, 1.0, iterations=1)
+    del data["distributedInfo"]
+    (tmp_path / "rank3.pt.trace.json").write_text(json.dumps(data))
+    assert sorted(load_kineto(kineto_files(tmp_path)).events) == [3]
+    (tmp_path / "rank3.pt.trace.json").rename(tmp_path / "rank99999999999.pt.trace.json")
+    with pytest.raises(TraceError, match="does not fit 32 bits"):
+        load_trace(tmp_path)
+
+
 def test_two_files_claiming_one_rank_are_refused(tmp_path):
     _write(tmp_path, {0: nccl_rank_file(0, 1.0, 1), 1: nccl_rank_file(0, 1.0, 1)})
     with pytest.raises(TraceError, match="rank 0 also appears"):

@@ -158,10 +158,11 @@ def _rank_info(data: Mapping[str, Any], source: str) -> tuple[int, tuple[Process
         found = re.search(r"rank[_-]?(\d+)", Path(source).name)
         if found is None:
             raise TraceError(source, "no 'distributedInfo' (rank) and no rank in the file name")
-        if not is_int32(int(found.group(1))):
+        rank = int(found.group(1))
+        if not is_int32(rank):
             raise TraceError(source, f"the rank in the file name ({found.group(1)[:20]}) "
                              "does not fit 32 bits")
-        return int(found.group(1)), ()
+        return rank, ()
     if not isinstance(info, dict) or not is_int32(info.get("rank")) or info["rank"] < 0:
         raise TraceError(source, f"'distributedInfo.rank' must be a rank number (32-bit), got "
                          f"{info.get('rank') if isinstance(info, dict) else info!r:.60}")
