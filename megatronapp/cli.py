@@ -260,7 +260,20 @@ class Parser(argparse.ArgumentParser):
         super().__init__(**kw)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"megatronapp: {message.removeprefix('argument ')}\n")
+        self.exit(2, f"megatronapp: {_with_suggestion(message.removeprefix('argument '))}\n")
+
+
+def _with_suggestion(message: str) -> str:
+    """argparse's ``invalid choice: 'x' (choose from ...)`` led by the closest choice."""
+    from .suggest import closest, quoted_names
+
+    head, sep, tail = message.partition("invalid choice: ")
+    if not sep:
+        return message
+    word, *choices = quoted_names(tail)
+    best = closest(word, choices)
+    return message if best is None else f"{head}{sep}{word!r}; did you mean {best!r}? " \
+        f"({tail.partition(' (')[2]}"
 
 
 class Version(argparse.Action):

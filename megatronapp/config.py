@@ -7,7 +7,7 @@ exit with status 2.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
@@ -15,6 +15,7 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field
 from .textio import TextError, check_depth, load_yaml, read_text
 
 from .schedules import SCHEDULES
+from .suggest import did_you_mean, hint, quoted_names
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 
@@ -476,8 +477,48 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out or "scenario"
 
 
+def _step(node: Any, part: Any) -> Any:
+    """The type one step down ``loc`` from ``node`` (a model, a container or a
+    tagged union), or None where the path leaves what is modelled."""
+    while get_origin(node) is Annotated:
+        node = get_args(node)[0]
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        field = node.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field is not None else None
+    members = [m for m in get_args(node) if m is not type(None)]
+    if isinstance(part, int):  # tuple[X, ...], list[X]: the element type
+        return members[0] if members else None
+    for member in members:  # a tagged union: the member whose kind is ``part``
+        kind = getattr(member, "model_fields", {}).get("kind")
+        if kind is not None and part in get_args(kind.annotation):
+            return member
+    return _step(members[0], part) if len(members) == 1 else None
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model accepts at ``loc`` (by the names a file uses)."""
+    node: Any = Scenario
+    for part in loc:
+        node = _step(node, part)
+        if node is None:
+            return []
+    while get_origin(node) is Annotated or (get_origin(node) is Union and len(
+            [m for m in get_args(node) if m is not type(None)]) == 1):
+        node = [m for m in get_args(node) if m is not type(None)][0]
+    if not (isinstance(node, type) and issubclass(node, BaseModel)):
+        return []
+    return [name for name, f in node.model_fields.items() if name != "kind"]
+
+
+def _first_error(err: ValidationError) -> Any:
+    """A mistyped key usually causes the other errors (its field is then
+    missing): report it first."""
+    errors = err.errors()
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+
+
 def _error_from_validation(err: ValidationError) -> ScenarioError:
-    first = err.errors()[0]
+    first = _first_error(err)
     ctx_error = first.get("ctx", {}).get("error")
     if isinstance(ctx_error, ScenarioError):
         return ctx_error
@@ -486,12 +527,17 @@ def _error_from_validation(err: ValidationError) -> ScenarioError:
     if isinstance(first.get("input"), _NotANumber):
         reason = f"true/false is not allowed here (got {first['input']!r})"
     if first["type"] == "extra_forbidden":
-        reason = "unknown key"
+        loc = tuple(first["loc"])
+        keys = _keys_at(loc[:-1])
+        reason = f"unknown key; {hint(str(loc[-1]), keys, 'keys')}" if keys else "unknown key"
     elif first["type"] == "union_tag_invalid":
         what = "perturbation" if field.startswith("scope.") else "fault"
-        reason = f"unknown {what} kind {first['input'].get('kind')!r}" if isinstance(
-            first.get("input"), dict) else reason
+        tag = str(first.get("ctx", {}).get("tag", ""))
+        kinds = quoted_names(str(first.get("ctx", {}).get("expected_tags", "")))
+        reason = f"unknown {what} kind {tag!r}; {hint(tag, kinds, 'kinds')}"
         field = field + ".kind" if not field.endswith("kind") else field
+    elif first["type"] == "literal_error" and isinstance(first.get("input"), str):
+        reason += did_you_mean(first["input"], quoted_names(str(first["ctx"]["expected"])))
     return ScenarioError(field, reason)
 
 
@@ -566,16 +612,29 @@ def _index(part: str, where: str, size: int) -> int:
 def read_scenario_data(path: str | Path) -> dict[str, Any]:
     """The mapping in a UTF-8 YAML file; an empty file is an error, not the defaults."""
     path = Path(path)
+    if path.is_dir():
+        raise ScenarioError("scenario", _what_directory(path))
     try:
         data = load_yaml(read_text(path, str(path)), str(path))
     except TextError as err:
         raise ScenarioError("scenario", str(err)) from None
+    if isinstance(data, dict) and "traceEvents" in data:
+        raise ScenarioError("scenario", f"{path} is a trace, not a scenario; did you mean "
+                            f"`megatronapp detect {path}`?")
     if data is None:
         raise ScenarioError("scenario", f"{path} is empty (an empty scenario would silently "
                             "run the defaults; write at least a name)")
     if not isinstance(data, dict):
         raise ScenarioError("scenario", f"{path} must hold a mapping at the top level")
     return data
+
+
+def _what_directory(path: Path) -> str:
+    """Why a directory is no scenario, and the command it was probably meant for."""
+    if (path / "summary.json").is_file() or (path / "trace.parquet").is_file():
+        return (f"{path} is a run directory; `run` takes a scenario file (.yaml) — did you "
+                f"mean `megatronapp detect {path}`?")
+    return f"{path} is a directory; `run` takes a scenario file (.yaml)"
 
 
 def default_name(path: str | Path) -> str:
