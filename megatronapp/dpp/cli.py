@@ -103,9 +103,15 @@ def cmd_windows(args: argparse.Namespace) -> int:
     if not trace.is_file():
         raise UserError(f"run_dir: {trace} not found (run 'megatronapp run' first)")
     metrics = window_metrics(load_chrome_file(trace)).as_dict()
-    for key, value in metrics.items():
+    for key, value in in_milliseconds(metrics).items():
         print(f"{key:<28}{value:.6g}")
     return 0
+
+
+def in_milliseconds(metrics: dict[str, float]) -> dict[str, float]:
+    """Durations (``*_s``) in ms, as ``dpp compare`` prints them; other values as they are."""
+    return {(k[:-2] + "_ms" if k.endswith("_s") else k): (v * 1e3 if k.endswith("_s") else v)
+            for k, v in metrics.items()}
 
 
 def plot_hook(run_dir: Path, events: dict) -> list[Path]:

@@ -87,15 +87,22 @@ def predict(s: Scenario, iteration_times: IterationTimes, replica: bool = False)
         replica=replica)
 
 
+def _figure(value: float) -> str:
+    """One decimal where that shows the value (111.9), else three significant
+    digits (a CPU-sized model's 0.00042 TFLOP/s is not 0.0)."""
+    return f"{value:.1f}" if value >= 1 or value == 0 else f"{value:.3g}"
+
+
 def prediction_lines(p: Prediction) -> list[str]:
     """The human-readable report of ``megatronapp predict``."""
     lines = [f"{p.name}: {p.gpus} GPUs, predicted by simulating "
              f"{'one data-parallel replica' if p.replica else 'every rank'}"]
     lines += [f"  note: {n}" for n in p.notes]
-    lines.append(f"  iteration time: {p.iteration_s:.4f} s "
+    seconds = f"{p.iteration_s:.4f}" if p.iteration_s >= 0.01 else f"{p.iteration_s:.3g}"
+    lines.append(f"  iteration time: {seconds} s "
                  f"({len(p.iteration_times_s)} iteration(s) simulated)")
-    lines.append(f"  throughput: {p.hardware_tflops_per_gpu:.1f} TFLOP/s per GPU "
-                 f"(recomputation included), MFU {p.mfu * 100:.1f}%")
+    lines.append(f"  throughput: {_figure(p.hardware_tflops_per_gpu)} TFLOP/s per GPU "
+                 f"(recomputation included), MFU {_figure(p.mfu * 100)}%")
     if p.memory:
         lines.append(f"  memory per rank (GB; device {p.capacity_bytes / 1e9:.1f}):")
         lines.append("    stage  weights  grads  optimizer  activations  transient  buffers   total")
