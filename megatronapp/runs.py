@@ -74,11 +74,11 @@ def write_run(s: Scenario, result: RunResult, out_dir: Path,
     return summary
 
 
-def read_events(path: Path) -> dict[int, list[Event]]:
+def read_events(path: Path | str) -> dict[int, list[Event]]:
     """Events of one of our trace files (merged or per rank), in seconds, sorted."""
     from .scan.load import load_chrome_file
 
-    return load_chrome_file(path)
+    return load_chrome_file(Path(path))  # docs pass a string path
 
 
 # ------------------------------------------------------------------ export

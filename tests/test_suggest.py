@@ -86,3 +86,13 @@ def test_dpp_windows_prints_durations_in_ms_like_dpp_compare(tmp_path: Path) -> 
     keys = {line.split()[0] for line in printed if line.strip()}
     assert {"p2p_send_window_ms", "allreduce_window_ms"} <= keys
     assert not any(key.endswith("_s") for key in keys)
+
+
+def test_read_events_takes_a_string_path_as_the_docs_show(tmp_path: Path) -> None:
+    from megatronapp.runs import read_events
+
+    out = tmp_path / "res"
+    assert run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out",
+                   str(out)).returncode == 0
+    events = read_events(str(out / "trace.json"))
+    assert sorted(events) == list(range(16)) and all(events[r] for r in events)
