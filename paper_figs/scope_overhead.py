@@ -24,7 +24,18 @@
     python paper_figs/scope_overhead.py [--rounds 4] [--warmup 20] [--measured 50]
     python paper_figs/scope_overhead.py --reuse   # the last runs, calibration and simulation again
 
-Prints markdown tables and writes paper_figs/out/scope_overhead.json.
+With ``--gpu`` (a CUDA GPU): the same interleaved rounds on one rank (NCCL,
+world size 1) training scenarios/scope_overhead_gpu.yaml, a model that keeps
+the GPU busy, without the idle arm, the CPU calibration or the simulator;
+wall time per iteration is the GPU's (CUDA events at the optimizer step),
+beside each run's peak GPU memory:
+
+    python paper_figs/scope_overhead.py --gpu --rounds 8 --warmup 5 --measured 20
+    python paper_figs/scope_overhead.py --gpu --reuse paper_figs/data/scope_overhead_gpu_h200.json
+
+Prints markdown tables and writes paper_figs/out/scope_overhead.json
+(``scope_overhead_gpu.json`` with ``--gpu``). ``--reuse [JSON]`` reads the
+runs of a saved measurement (default: that file) instead of running any.
 """
 from __future__ import annotations
 
@@ -38,7 +49,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -50,6 +61,7 @@ from megatronapp.jobs import StagesFor, rank_programs  # noqa: E402
 from megatronapp.ops import Compute, RankProgram  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "scope_tiny.yaml"
+GPU_SCENARIO = ROOT / "scenarios" / "scope_overhead_gpu.yaml"
 STATS = ["mean", "std", "absmax", "pixels_absmax(8)"]
 # what the slides measured in training: Q, K, V, MLP1, MLP2 (+ the residual stream)
 OBSERVE: list[dict[str, Any]] = [{"site": site, "stats": STATS} for site in ("attn.q", "attn.k", "attn.v",
@@ -58,6 +70,7 @@ OBSERVE.append({"site": "attn.probs", "stats": ["entropy", "prev_token_mass", "s
 ARMS: dict[str, tuple[int, str] | None] = {
     "absent": None, "idle": (10 ** 9, "all"), "every step": (1, "all"),
     "every 10th step": (10, "all"), "every 10th step, pooled": (10, "pooled")}
+GPU_ARMS = {arm: every for arm, every in ARMS.items() if arm != "idle"}
 
 
 # ------------------------------------------------------------ cpu marks
@@ -73,8 +86,15 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _peak_gpu_mb() -> float:
+    """This process's peak GPU memory held by torch's allocator (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2 ** 20 if torch.cuda.is_available() else 0.0
+
+
 def _stamp(meta: dict[str, Any]) -> None:
-    meta.update(cpu_s=time.process_time(), rss_mb=_peak_rss_mb())
+    meta.update(cpu_s=time.process_time(), rss_mb=_peak_rss_mb(), gpu_mb=_peak_gpu_mb())
 
 
 def _marked(program: RankProgram) -> RankProgram:
@@ -138,6 +158,7 @@ def run_arm(s: Scenario, warmup: int) -> dict[str, Any]:
            and e.args["iteration"] >= warmup]
     return {"wall_s": wall.tolist(), "cpu_s": list(map(float, cpu)),
             "peak_rss_mb": max(m[-1].args["rss_mb"] for m in marks.values()),
+            "peak_gpu_mb": max(m[-1].args["gpu_mb"] for m in marks.values()),
             "dropped": extra.get("scope", {}).get("dropped_records", 0),
             "forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
             "optimizer_s": statistics.median(opt)}
@@ -265,18 +286,89 @@ def predicted(base: Scenario, every: tuple[int, str], calibrated: dict[str, Any]
     return run_sim_scenario(_with(base, every, costs, 20, calibrated)).extra["scope"]
 
 
-def measure(base: Scenario, args: Any) -> dict[str, list[dict[str, Any]]]:
-    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+def measure(base: Scenario, args: Any, arms: dict[str, tuple[int, str] | None],
+            keep: Callable[[dict[str, list[dict[str, Any]]]], None]
+            ) -> dict[str, list[dict[str, Any]]]:
+    """Interleaved rounds of every arm; ``keep`` saves the runs after each
+    one (a measurement cut short keeps what it finished)."""
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     iterations = args.warmup + args.measured + 1
     for r in range(args.rounds):
-        order = list(ARMS)[r % len(ARMS):] + list(ARMS)[:r % len(ARMS)]  # interleaved, rotated
+        order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]  # interleaved, rotated
         for arm in order:
             t0 = time.perf_counter()
-            results[arm].append(run_arm(arm_scenario(base, ARMS[arm], iterations), args.warmup))
+            results[arm].append(run_arm(arm_scenario(base, arms[arm], iterations), args.warmup))
             print(f"round {r + 1}/{args.rounds}: {arm}: median "
                   f"{1e3 * statistics.median(results[arm][-1]['wall_s']):.2f} ms/iteration "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            keep(results)
     return results
+
+
+def overhead_rows(results: dict[str, list[dict[str, Any]]], rng: np.random.Generator
+                  ) -> list[dict[str, Any]]:
+    """Per arm: median wall and CPU time per iteration, peak memory, dropped
+    records, and the overhead against "absent" (bootstrap median, 95% CI)."""
+    rows = []
+    base_runs = results["absent"]
+    for arm, runs in results.items():
+        row = {"arm": arm, "wall_ms": 1e3 * float(np.median([w for x in runs for w in x["wall_s"]])),
+               "cpu_ms": 1e3 * float(np.median([c for x in runs for c in x["cpu_s"]])),
+               "peak_rss_mb": max(x["peak_rss_mb"] for x in runs),
+               "peak_gpu_mb": max(x.get("peak_gpu_mb", 0.0) for x in runs),
+               "dropped": sum(x["dropped"] for x in runs)}
+        for kind in ("wall_s", "cpu_s"):
+            row[kind.split("_")[0] + "_overhead"] = overhead_ci([x[kind] for x in runs],
+                                                                [x[kind] for x in base_runs], rng)
+        rows.append(row)
+    return rows
+
+
+def gpu_machine() -> str:
+    """The GPU, torch and NCCL versions the measurement ran on."""
+    import torch
+
+    nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return (f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}, CUDA "
+            f"{torch.version.cuda}, NCCL {nccl}; {os.cpu_count()} CPUs")
+
+
+def reused(args: Any, default: Path) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """The runs and machine of a saved measurement; its rounds, warm-up and
+    measured iterations become ``args``'."""
+    previous = json.loads(Path(args.reuse or default).read_text())
+    for key in ("rounds", "warmup", "measured"):
+        setattr(args, key, previous["args"][key])
+    return previous["runs"], previous["machine"]
+
+
+def gpu_main(args: Any) -> int:
+    """The arms on one GPU (one rank, NCCL): measured overheads only."""
+    import torch
+
+    saved = ROOT / "paper_figs" / "out" / "scope_overhead_gpu.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    if args.reuse is not None:
+        results, machine = reused(args, saved)
+    elif not torch.cuda.is_available():
+        print("--gpu: no CUDA GPU here", file=sys.stderr)
+        return 2
+    else:
+        machine = gpu_machine()
+        print(f"machine: {machine}", flush=True)
+        results = measure(load_scenario(GPU_SCENARIO), args, GPU_ARMS,
+                          lambda runs: saved.write_text(json.dumps(
+                              {"runs": runs, "args": vars(args), "machine": machine}, indent=1)))
+    rounds = {arm: len(runs) for arm, runs in results.items()}
+    args.rounds = max(rounds.values())  # a measurement cut short says what it finished
+    if len(set(rounds.values())) > 1:
+        print(f"rounds finished per arm: {rounds}")
+    rows = overhead_rows(results, np.random.default_rng(args.seed))
+    print_measured(rows, args, f"torch backend, NCCL, 1 rank on {machine.split(';')[0]} "
+                   f"({GPU_SCENARIO.name})")
+    saved.write_text(json.dumps({"rows": rows, "runs": results, "args": vars(args),
+                                 "machine": machine}, indent=1))
+    return 0
 
 
 def main() -> int:
@@ -285,12 +377,17 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--measured", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reuse", action="store_true",
-                        help="reuse the runs of paper_figs/out/scope_overhead.json")
+    parser.add_argument("--reuse", nargs="?", const="", default=None, metavar="JSON",
+                        help="reuse the runs of a saved measurement (default "
+                             "paper_figs/out/scope_overhead.json, _gpu.json with --gpu)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="one rank on a CUDA GPU (scenarios/scope_overhead_gpu.yaml)")
     args = parser.parse_args()
     from backends.torch.worker import quiet_megatron_warnings
 
     quiet_megatron_warnings()
+    if args.gpu:
+        return gpu_main(args)
     base = load_scenario(SCENARIO)
     machine = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; no GPU"
     print(f"machine: {machine}", flush=True)
@@ -298,30 +395,18 @@ def main() -> int:
     print("calibrated cost model: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                                   for k, v in calibrated.items()}), flush=True)
     saved = ROOT / "paper_figs" / "out" / "scope_overhead.json"
-    if args.reuse:
-        previous = json.loads(saved.read_text())
-        results, args.rounds, args.warmup, args.measured = (
-            previous["runs"], previous["args"]["rounds"], previous["args"]["warmup"],
-            previous["args"]["measured"])
-        machine = previous.get("machine", machine)
+    if args.reuse is not None:
+        results, machine = reused(args, saved)
     else:
-        results = measure(base, args)
         saved.parent.mkdir(parents=True, exist_ok=True)  # kept even if what follows fails
-        saved.write_text(json.dumps({"runs": results, "args": vars(args), "machine": machine,
-                                     "calibrated": calibrated}, indent=1))
-    rng = np.random.default_rng(args.seed)
-    rows = []
+
+        def keep(runs: dict[str, list[dict[str, Any]]]) -> None:
+            saved.write_text(json.dumps({"runs": runs, "args": vars(args), "machine": machine,
+                                         "calibrated": calibrated}, indent=1))
+
+        results = measure(base, args, ARMS, keep)
+    rows = overhead_rows(results, np.random.default_rng(args.seed))
     base_runs = results["absent"]
-    for arm in ARMS:
-        runs = results[arm]
-        row = {"arm": arm, "wall_ms": 1e3 * float(np.median([w for x in runs for w in x["wall_s"]])),
-               "cpu_ms": 1e3 * float(np.median([c for x in runs for c in x["cpu_s"]])),
-               "peak_rss_mb": max(x["peak_rss_mb"] for x in runs),
-               "dropped": sum(x["dropped"] for x in runs)}
-        for kind in ("wall_s", "cpu_s"):
-            row[kind.split("_")[0] + "_overhead"] = overhead_ci([x[kind] for x in runs],
-                                                                [x[kind] for x in base_runs], rng)
-        rows.append(row)
     measured_costs = {k: float(np.median([x[k] for x in base_runs]))
                       for k in ("forward_s", "backward_s", "optimizer_s")}
     measured_costs["wall_s"] = float(np.median([w for x in base_runs for w in x["wall_s"]]))
@@ -334,7 +419,8 @@ def main() -> int:
               "reduce_gbps": calibrated["reduce_gbps"] / scale,
               "host_us_per_row": calibrated["host_us_per_row"] * scale}
     fitted_sims = {arm: predicted(base, every, fitted, costs) for arm, every in active.items()}
-    print_tables(rows, sims, fitted_sims, scale, args, costs)
+    print_measured(rows, args, "torch backend, gloo, 2 pipeline ranks")
+    print_simulated(sims, fitted_sims, scale, costs, rows)
     out = ROOT / "paper_figs" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "scope_overhead.json").write_text(json.dumps(
@@ -348,21 +434,23 @@ def _pct(ci: tuple[float, float, float]) -> str:
     return f"{100 * ci[0]:+.2f}% [{100 * ci[1]:+.2f}, {100 * ci[2]:+.2f}]"
 
 
-def print_tables(rows: list[dict[str, Any]], sims: dict[str, dict[str, float]],
-                 fitted: dict[str, dict[str, float]], scale: float, args: Any,
-                 costs: dict[str, float]) -> None:
+def print_measured(rows: list[dict[str, Any]], args: Any, setting: str) -> None:
     print(f"\n{args.rounds} interleaved rounds x {args.measured} measured iterations "
-          f"(after {args.warmup} warm-up) per arm; torch backend, gloo, 2 pipeline ranks; "
+          f"(after {args.warmup} warm-up) per arm; {setting}; "
           "overhead vs hooks absent: mean iteration time ratio - 1, bootstrap median [95% CI]\n")
-    print("| arm | median wall ms/it | wall overhead | median CPU ms/it (2 ranks) | CPU overhead | "
-          "peak RSS MB | dropped | whole interval < 3% |")
-    print("|---|---:|---|---:|---|---:|---:|---|")
+    print("| arm | median wall ms/it | wall overhead | median CPU ms/it (all ranks) | "
+          "CPU overhead | peak RSS MB | peak GPU MB | dropped | whole interval < 3% |")
+    print("|---|---:|---|---:|---|---:|---:|---:|---|")
     for r in rows:
         below = "—" if r["arm"] == "absent" else ("yes" if r["wall_overhead"][2] < 0.03
                                                   and r["cpu_overhead"][2] < 0.03 else "no")
         print(f"| {r['arm']} | {r['wall_ms']:.2f} | {_pct(r['wall_overhead'])} | "
               f"{r['cpu_ms']:.2f} | {_pct(r['cpu_overhead'])} | {r['peak_rss_mb']:.0f} | "
-              f"{r['dropped']} | {below} |")
+              f"{r['peak_gpu_mb']:.0f} | {r['dropped']} | {below} |")
+
+
+def print_simulated(sims: dict[str, dict[str, float]], fitted: dict[str, dict[str, float]],
+                    scale: float, costs: dict[str, float], rows: list[dict[str, Any]]) -> None:
     print(f"\nsimulator (forward {1e3 * costs['forward_s']:.2f} ms, backward "
           f"{1e3 * costs['backward_s']:.2f} ms, optimizer {1e3 * costs['optimizer_s']:.2f} ms "
           f"per chunk as measured; p2p {1e3 * costs['p2p_s']:.2f} ms fitted to the measured "
