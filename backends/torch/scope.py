@@ -423,8 +423,8 @@ class ScopeSession:
             else:
                 rows = Rows(np.repeat(np.arange(b), n * s), np.tile(np.repeat(heads, s), b),
                             np.tile(t, b * n))
-            query = (torch.tensor(rows.token, dtype=torch.long, device=device)
-                     if layout == "bnsk" and not pooled else None)
+            query = (_on_device(torch.from_numpy(np.ascontiguousarray(rows.token, np.int64)),
+                                device) if layout == "bnsk" and not pooled else None)
             self._row_cache[key] = (rows, query)
         return self._row_cache[key]
 
@@ -482,3 +482,11 @@ def session_for(scope: Scope, shape: ModelShape, seed: int, place: RankPlace,
 
 
 __all__ = ["ScopeSession", "RankPlace", "session_for", "ACCESS", "channels_of"]
+
+
+def _on_device(host: Tensor, device: torch.device) -> Tensor:
+    """``host`` on ``device`` without a host sync: a copy from pageable memory
+    waits for the GPU, one from pinned memory is queued on the stream."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
