@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends.sim import simulate_iteration_times  # noqa: E402
+from sim import simulate_iteration_times  # noqa: E402
 from megatronapp.config import Scenario, load_scenario  # noqa: E402
 from megatronapp.fidelity.fit import fit_constants, with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict  # noqa: E402

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.dpp.memory import MemoryExceeded, order_peak_slots
 from megatronapp.dpp.windows import send_windows, window_metrics
 from megatronapp.schedules import PipeShape, static_order

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_scenario
-from backends.sim_fbd import compare_plans, run_fbd
+from sim import simulate as run_scenario
+from sim.fbd import compare_plans, run_fbd
 from megatronapp.fbd.hetero import steady_iteration_s
 from megatronapp.cli import main
 from megatronapp.config import load_scenario

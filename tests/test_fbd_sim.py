@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from backends.sim_fbd import colocated_scenario, compare_plans, run_fbd
+from sim.fbd import colocated_scenario, compare_plans, run_fbd
 from megatronapp.config import ScenarioError, parse_scenario
 from megatronapp.costs import stage_costs
 from megatronapp.fbd.hetero import steady_iteration_s, peak_outstanding

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.config import load_scenario
 from megatronapp.fidelity.fit import with_settings
 from megatronapp.kinds import event_kind

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.kinds import event_kind, p2p_side
 from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Send, encode_tag, trace_args
 from megatronapp.scan.deps import reconstruct

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.cli import main
 from megatronapp.config import parse_scenario
 from megatronapp.runs import read_events, write_run

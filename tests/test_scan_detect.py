@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.diagnosis import Diagnosis

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.cli import main
 from megatronapp.config import parse_scenario
 from megatronapp.runs import write_run

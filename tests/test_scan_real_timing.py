@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.scan.align import score_against_truth, trace_span
 from megatronapp.scan.bounds import Bounds, maximin_line

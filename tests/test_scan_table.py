@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.columns import columns_from_events
 from megatronapp.scan.align import ClockFit, causal_bounds
 from megatronapp.scan.deps import reconstruct

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.cli import main
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.costs import stage_costs

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.sim import SimDeadlock, run_sim
-from backends.sim_fast import CompiledDeadlock, Engine, run_compiled
+from sim import SimDeadlock, run_sim
+from sim.engine import CompiledDeadlock, Engine, run_compiled
 from megatronapp.compiled import GROUP_KINDS, NotStatic, compile_pipe, pipe_ranks, record
 from megatronapp.config import parse_scenario
 from megatronapp.jobs import compile_static, rank_programs

@@ -19,9 +19,9 @@ import pytest
 import torch
 import yaml
 
-from backends.sim import run_sim
+from sim import run_sim
 from backends.torch import launch
-from backends.torch.faults import injected_faults
+from sim import injected_faults
 from backends.torch.interpreter import INJECTED
 from backends.torch.launch import TorchDeadlock, spawn_run
 from backends.torch.stages import TrainOptions, merge_tp_shards

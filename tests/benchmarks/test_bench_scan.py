@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.scan.critical import critical_path
 from megatronapp.scan.detect import megascan
