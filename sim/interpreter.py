@@ -14,7 +14,6 @@ from typing import Any, Callable, Hashable
 
 import simpy
 
-from megatronapp.config import Scenario
 from megatronapp.errors import UserError
 from megatronapp.gc_pause import paused_gc
 from megatronapp.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,

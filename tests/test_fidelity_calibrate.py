@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim import simulate_iteration_times
 from megatronapp.config import load_scenario, parse_scenario
 from megatronapp.fidelity.fit import Knob, fit_constants, with_settings
 from megatronapp.flops import model_flops_per_iteration
+from sim import simulate_iteration_times
 
 from .conftest import ROOT, run_cli
 

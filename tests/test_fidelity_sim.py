@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 
-from sim import run_sim, simulate_iteration_times
-from sim.interpreter import SimInterpreter
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.costs import stage_costs
 from megatronapp.ops import AllGather, AllReduce, ReduceScatter
@@ -17,7 +15,9 @@ from megatronapp.scan.detect import megascan
 from megatronapp.scan.validate import scan_of_result
 from megatronapp.summary import summarize
 from megatronapp.tracer import Event
+from sim import run_sim, simulate_iteration_times
 from sim.cluster import build_cluster
+from sim.interpreter import SimInterpreter
 from sim.network import gbps_to_bytes_per_s
 
 TINY = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1024}

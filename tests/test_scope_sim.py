@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from sim import simulate as run_scenario
 from megatronapp.config import parse_scenario
+from sim import simulate as run_scenario
 
 MODEL = {"layers": 4, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 1000}
 FIXED = {"forward_s": 0.01, "backward_s": 0.02, "p2p_s": 0.0, "allreduce_s": 0.0,

@@ -8,8 +8,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim import SimDeadlock, run_sim
-from sim.interpreter import SimInterpreter
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.layout import pipe_shape, topology_of
 from megatronapp.ops import AllReduce, ISend, Recv, Wait
@@ -17,7 +15,9 @@ from megatronapp.scan.critical import critical_path
 from megatronapp.scan.deps import reconstruct
 from megatronapp.summary import iteration_spans, summarize
 from megatronapp.tracer import Event
+from sim import SimDeadlock, run_sim
 from sim.cluster import build_cluster
+from sim.interpreter import SimInterpreter
 from sim.network import gbps_to_bytes_per_s
 
 from .conftest import fixed_cost_scenario

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from backends.torch import megatron_compat
-from sim import injected_faults
 from backends.torch.interpreter import works_per_op
 from backends.torch.lifetime import is_stopped, process_state
 from backends.torch.watchdog import (FINISHED, ProgressWatch, blocked_line, death_line,
@@ -16,6 +15,7 @@ from backends.torch.watchdog import (FINISHED, ProgressWatch, blocked_line, deat
 from megatronapp import cli
 from megatronapp.config import parse_scenario
 from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Wait, WaitAny
+from sim import injected_faults
 
 
 def test_cpu_rng_fork_restores_the_outer_stream_and_continues_its_own():

@@ -37,7 +37,7 @@ from megatronapp.fbd.workers import NullDecoupledStage
 from megatronapp.ops import RankProgram
 from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, Tracer
-from sim import InjectedFaults, device_clocks, fbd_device_faults, fbd_slots
+from sim import device_clocks, fbd_device_faults, fbd_slots
 
 from .fbd_runtime import ControlThread, CoordinatedInterpreter
 from .fbd_stage import DecoupledGptStage
