@@ -15,60 +15,50 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import json
 import os
 import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from . import limits  # light: the size model imports the scenario schema only when used
 from .errors import UserError
 from .interrupts import Interrupted, stop_on_signals
+from .run_report import PROFILE_DIR, print_summary
 
-BACKENDS = ("sim", "torch")
-MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
+if TYPE_CHECKING:
+    from .backend import RunOptions
+
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
                "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli")
 
 
-def load_backend(name: str) -> Callable[..., Any]:
-    """The entry point of a backend in ``BACKENDS`` (``--backend`` lists them)."""
-    return importlib.import_module(f"backends.{name}").run_scenario
-
-
 # ------------------------------------------------------------------- run
-def backend_hooks(run_backend: Callable[..., Any], progress: Any) -> dict[str, Any]:
-    """Operation counts from backends that report them (the compiled simulator);
-    per-event hooks for those that record events one by one."""
-    if "progress" in inspect.signature(run_backend).parameters:
-        return {"progress": progress.operations, "on_phase": progress.phase}
-    return {"on_record": progress.record, "on_phase": progress.phase}
-
-
 def cmd_run(args: argparse.Namespace) -> int:
+    from backends.registry import check_options, get_backend
+
+    from .backend import RunHooks
     from .config import load_scenario
     from .outdirs import check_output, staged_dir
     from .progress import RunProgress
     from .runs import write_run
 
     scenario = load_scenario(args.scenario, args.set)
-    run_backend = load_backend(args.backend)
-    backend_kw = _stall_option(args)
+    backend = get_backend(args.backend)
+    _check_stall_timeout(args)
+    check_options(backend, _run_options(args, Path(PROFILE_DIR)))
     out = Path(args.out or Path("runs") / scenario.name)
     check_output(out, args.force, protect=[Path(args.scenario)])
     _check_profile(args, scenario)
     limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
-        if args.profile:
-            backend_kw["profile_dir"] = str(tmp / PROFILE_DIR)
-        if args.backend == "torch":  # real runs write captures and checkpoints there
-            backend_kw["out_dir"] = tmp
-        result = run_backend(scenario, **backend_hooks(run_backend, progress), **backend_kw)
+        hooks = RunHooks(on_phase=progress.phase, operations=progress.operations,
+                         events=progress.record)
+        result = backend.run(scenario, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
         progress.phase(f"writing {out}")
         summary = write_run(scenario, result, tmp, progress.counted)
     if args.json:
@@ -78,82 +68,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-PROFILE_DIR = "profile"  # RUN_DIR/profile/rank{r}.pt.trace.json.gz with --profile
+def _run_options(args: argparse.Namespace, profile_dir: Path, out_dir: Path | None = None
+                 ) -> RunOptions:
+    from .backend import RunOptions
+
+    return RunOptions(stall_timeout_s=args.stall_timeout, out_dir=out_dir,
+                      profile_dir=profile_dir if args.profile else None)
 
 
 def _check_profile(args: argparse.Namespace, scenario: Any) -> None:
-    if not args.profile:
-        return
-    if args.backend != "torch":
-        raise UserError("--profile: only the torch backend runs torch.profiler")
-    if scenario.fbd is not None:
+    if args.profile and scenario.fbd is not None:
         raise UserError("--profile: decoupled (fbd) runs are not profiled")
 
 
-def _stall_option(args: argparse.Namespace) -> dict[str, Any]:
+def _check_stall_timeout(args: argparse.Namespace) -> None:
     """--stall-timeout: real ranks can hang; the simulator reports deadlocks exactly."""
-    if args.stall_timeout is None:
-        return {}
-    if not args.stall_timeout > 0:
+    if args.stall_timeout is not None and not args.stall_timeout > 0:
         raise UserError(f"--stall-timeout: must be > 0 seconds, got {args.stall_timeout:g}")
-    if args.backend != "torch":
-        raise UserError("--stall-timeout: only the torch backend takes it")
-    return {"stall_timeout_s": args.stall_timeout}
-
-
-def print_summary(summary: dict[str, Any], out: Path) -> None:
-    if "fbd" in summary:  # a decoupled (MegaFBD) run: devices, roles, throughput
-        from .fbd.run import summary_lines
-
-        print("\n".join(summary_lines(summary)))
-    else:
-        _print_pipeline_summary(summary)
-    for note in summary.get("adjustments", []):  # what Megatron would silently change
-        print(f"  note: {note}")
-    losses = summary.get("loss_per_iteration")
-    if losses:  # a real run trains: say whether it learns
-        print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))
-    if "scope" in summary:
-        from .scope.summary import run_lines
-
-        print("\n".join(run_lines(summary["scope"], out)))
-    faults = summary["faults"] or [{"kind": "none"}]
-    for f in faults[:MAX_FAULT_LINES]:
-        detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
-        print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
-    if len(faults) > MAX_FAULT_LINES:
-        print(f"  ... and {len(faults) - MAX_FAULT_LINES} more faults (see summary.json)")
-    print("\n".join(written_lines(summary.get("trace", {}), out)))
-    if (out / PROFILE_DIR).is_dir():
-        print(f"  wrote {out / PROFILE_DIR}/ (torch.profiler traces, one per rank)")
-
-
-def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
-    """Where the trace went, and how to look at a big one."""
-    from .export import BROWSER_EVENTS
-
-    lines = [f"  wrote {out / 'trace.parquet'} ({trace.get('events', 0):,} events; "
-             f"query it with megatronapp query or DuckDB), {out / 'summary.json'}"]
-    if trace.get("trace_json"):
-        lines.append(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev)")
-    else:
-        lines.append(f"  no trace.json: {trace.get('events', 0):,} events are more than a browser "
-                     f"opens (limit {BROWSER_EVENTS:,}); export a selection with "
-                     f"megatronapp export-trace {out} --ranks 0-63 --iterations 0")
-    return lines
-
-
-def _print_pipeline_summary(summary: dict[str, Any]) -> None:
-    times = summary["iteration_times_s"]
-    mean = sum(times) / len(times) if times else float("nan")
-    sc = summary["scenario"]
-    p = sc["parallel"]
-    print(f"{sc['name']}: {summary['backend']} backend, {summary['world_size']} ranks "
-          f"(tp {p['tp']}, pp {p['pp']}, dp {p['dp']}, vpp {p['vpp']}), schedule {sc['schedule']}, "
-          f"{p['microbatches']} microbatches")
-    print(f"  iterations: {len(times)}, mean {mean * 1e3:.3f} ms "
-          f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f})")
-    print(f"  bubble fraction: {summary['bubble_fraction']:.3f}")
 
 
 # -------------------------------------------------------------- topology
@@ -295,6 +226,8 @@ class Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from backends.registry import add_backend_option
+
     parser = Parser(
         prog="megatronapp",
         description="Simulate, trace, diagnose and schedule distributed LLM training.")
@@ -303,8 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a scenario on a backend")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("--backend", default="sim", choices=BACKENDS,
-                     help="sim: the SimPy cluster model; torch: real torch.distributed ranks")
+    add_backend_option(run)
     run.add_argument("--out", help="output directory (default runs/<scenario name>); a new "
                      "or empty directory, or a previous result with --force")
     run.add_argument("--force", action="store_true",

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from . import metrics
-from .columns import EventSource, columns_from_events
-from .tracer import Event
+from .columns import EventSource, columns_from_events, source_of
+from .tracer import Event, RunResult
 
 
 def iteration_spans(events: Mapping[int, Iterable[Event]]) -> dict[int, tuple[float, float]]:
@@ -19,6 +19,12 @@ def iteration_spans(events: Mapping[int, Iterable[Event]]) -> dict[int, tuple[fl
 
 def iteration_times(events: Mapping[int, Iterable[Event]]) -> list[float]:
     return [hi - lo for lo, hi in iteration_spans(events).values()]
+
+
+def run_iteration_times(result: RunResult) -> list[float]:
+    """A run's iteration times, as its summary reports them (compact runs too)."""
+    cols, _weight = source_of(result).compact()
+    return [hi - lo for lo, hi in metrics.iteration_spans(cols).values()]
 
 
 def bubble_fraction(events: Mapping[int, Iterable[Event]]) -> float:

@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.progress import track  # noqa: E402
 
-from backends.sim_fbd import compare_plans  # noqa: E402
 from megatronapp.config import load_scenario  # noqa: E402
 from megatronapp.fbd.hetero import format_table  # noqa: E402
+from sim.fbd import compare_plans  # noqa: E402
 
 CLUSTERS = {  # label -> overrides of the slow class (device_classes[1])
     "homogeneous 400/400": ["cluster.device_classes.1.tflops=400",

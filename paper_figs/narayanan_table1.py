@@ -19,13 +19,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends.sim import simulate_iteration_times  # noqa: E402
 from megatronapp.config import Scenario, load_scenario  # noqa: E402
 from megatronapp.fidelity.fit import fit_constants, with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict  # noqa: E402
 from megatronapp.fidelity.published import NARAYANAN_TABLE1_TFLOPS as PUBLISHED  # noqa: E402
 from megatronapp.fidelity.published import TABLE1_KNOBS as KNOBS  # noqa: E402
 from megatronapp.fidelity.published import iteration_s_from_tflops  # noqa: E402
+from sim import simulate_iteration_times  # noqa: E402
 
 
 def row_scenario(i: int) -> Scenario:

@@ -254,7 +254,7 @@ def _median_time(fn: Any, repeats: int) -> float:
 def sim_costs(base: Scenario, measured: dict[str, float]) -> dict[str, float]:
     """The measured per-chunk compute medians, and a point-to-point time fitted
     so that the simulated baseline iteration equals the measured one."""
-    from backends.sim import run_sim
+    from sim import run_sim
     from megatronapp.summary import iteration_times
 
     costs = {"forward_s": measured["forward_s"], "backward_s": measured["backward_s"],
@@ -281,7 +281,7 @@ def _with(base: Scenario, every: tuple[int, str] | None, costs: dict[str, float]
 
 def predicted(base: Scenario, every: tuple[int, str], calibrated: dict[str, Any],
               costs: dict[str, float]) -> dict[str, float]:
-    from backends.sim import run_scenario as run_sim_scenario
+    from sim import simulate as run_sim_scenario
 
     return run_sim_scenario(_with(base, every, costs, 20, calibrated)).extra["scope"]
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from backends.sim import run_sim
 from megatronapp.config import parse_scenario
-from megatronapp.speed import JOB_1024, bare_simpy_events_per_s, job_1024, simulate_speed
+from megatronapp.speed import JOB_1024, job_1024, simulate_speed
+from sim import run_sim
+from sim import bare_simpy_events_per_s
 
 SMALL = {**JOB_1024, "name": "gpt-64gpu", "parallel": {"tp": 2, "pp": 4, "dp": 8, "microbatches": 16}}
 

@@ -37,7 +37,7 @@ def _devices(s: Scenario) -> dict[int, Device]:
             for r in range(s.world_size)}
 
 
-def _link_faults(s: Scenario) -> LinkFaults:
+def link_faults(s: Scenario) -> LinkFaults:
     lf = LinkFaults()
     for f in s.faults:
         if isinstance(f, SlowLink):
@@ -65,7 +65,7 @@ def build_cluster(s: Scenario, env: simpy.Environment | None = None) -> Cluster:
     topo = topology_of(s)
     links = s.cluster.links
     network = Network(env, topo, links.intra_node_gbps, links.inter_node_gbps,
-                      _latency_s(links.intra_node_latency_us, links.latency_us), _link_faults(s), s.cluster.jitter.link_sigma,
+                      _latency_s(links.intra_node_latency_us, links.latency_us), link_faults(s), s.cluster.jitter.link_sigma,
                       s.seed, s.costs.p2p_s, s.costs.allreduce_s,
                       _latency_s(links.inter_node_latency_us, links.latency_us),
                       links.nics_per_node)

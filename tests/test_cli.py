@@ -88,7 +88,7 @@ def test_unknown_backend_is_rejected(tmp_path: Path) -> None:
 
 def test_simulated_deadlock_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    import backends.sim
+    import sim.run
     from megatronapp.cli import main
     from megatronapp.ops import Recv
 
@@ -98,7 +98,7 @@ def test_simulated_deadlock_is_one_line_exit_2(tmp_path: Path, monkeypatch: pyte
     def both_receive_first(s, stages_for=None):
         return {r: receive_first(r) for r in range(2)}
 
-    monkeypatch.setattr(backends.sim, "rank_programs", both_receive_first)
+    monkeypatch.setattr(sim.run, "rank_programs", both_receive_first)
     out = tmp_path / "o"
     code = main(["run", str(ROOT / "scenarios" / "throttle.yaml"), "--out", str(out), "--quiet",
                  "--set", "parallel={tp: 1, pp: 1, dp: 2}", "--set", "faults=[]"])

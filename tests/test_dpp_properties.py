@@ -7,12 +7,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.sim import run_sim
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.costs import stage_costs
 from megatronapp.dpp.memory import MemoryModel, trace_peak_slots
 from megatronapp.layout import pipe_shape, topology_of
 from megatronapp.tracer import Event
+from sim import run_sim
 
 
 @st.composite

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_scenario
-from backends.sim_fbd import compare_plans, run_fbd
-from megatronapp.fbd.hetero import steady_iteration_s
 from megatronapp.cli import main
 from megatronapp.config import load_scenario
+from megatronapp.fbd.hetero import steady_iteration_s
 from megatronapp.runs import read_events
 from megatronapp.scan.load import load_trace
+from sim import simulate as run_scenario
+from sim.fbd import compare_plans, run_fbd
 
 SCENARIO = "scenarios/fbd_hetero.yaml"
 TWO_ITERATIONS = ["--set", "iterations=2"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from backends.sim_fbd import colocated_scenario, compare_plans, run_fbd
 from megatronapp.config import ScenarioError, parse_scenario
 from megatronapp.costs import stage_costs
 from megatronapp.fbd.hetero import steady_iteration_s, peak_outstanding
+from sim.fbd import colocated_scenario, compare_plans, run_fbd
 
 BASE = {"iterations": 2, "parallel": {"tp": 2, "pp": 2, "dp": 2, "microbatches": 6},
         "model": {"layers": 4, "hidden": 2048, "heads": 16, "seq_len": 1024, "vocab": 1000},

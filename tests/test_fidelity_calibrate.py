@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.sim import simulate_iteration_times
 from megatronapp.config import load_scenario, parse_scenario
 from megatronapp.fidelity.fit import Knob, fit_constants, with_settings
 from megatronapp.flops import model_flops_per_iteration
+from sim import simulate_iteration_times
 
 from .conftest import ROOT, run_cli
 
@@ -106,7 +106,7 @@ def test_calibrate_without_a_trace_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_calibrate_measures_the_noise_of_a_jittered_run() -> None:
-    from backends.sim import run_sim
+    from sim import run_sim
     from megatronapp.fidelity.calibrate import Measured, calibrate
 
     s = load_scenario(CPU_TINY, ["iterations=12", "cluster.jitter.compute_sigma=0.2"])

@@ -9,10 +9,10 @@ from typing import Any, Callable
 
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.config import load_scenario
 from megatronapp.fidelity.fit import with_settings
 from megatronapp.kinds import event_kind
+from sim import run_sim
 
 from .conftest import ROOT, run_cli
 from .test_fidelity_calibrate import TRUTH

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim import simulate_iteration_times
+from sim import simulate_iteration_times
 from megatronapp.config import Scenario, load_scenario
 from megatronapp.fidelity.fit import fit_constants, with_settings
 from megatronapp.fidelity.predict import predict

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from backends.sim import SimBackend, run_sim, simulate_iteration_times
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.costs import stage_costs
 from megatronapp.ops import AllGather, AllReduce, ReduceScatter
@@ -16,7 +15,9 @@ from megatronapp.scan.detect import megascan
 from megatronapp.scan.validate import scan_of_result
 from megatronapp.summary import summarize
 from megatronapp.tracer import Event
+from sim import run_sim, simulate_iteration_times
 from sim.cluster import build_cluster
+from sim.interpreter import SimInterpreter
 from sim.network import gbps_to_bytes_per_s
 
 TINY = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1024}
@@ -44,7 +45,7 @@ def test_ring_collective_costs(op: type, steps: int, n: int) -> None:
     def program(rank: int):
         yield op(group=group, nbytes=nbytes)
 
-    events = SimBackend(build_cluster(s)).run({r: program(r) for r in range(n)})
+    events = SimInterpreter(build_cluster(s)).run({r: program(r) for r in range(n)})
     expected = steps * ((n - 1) / n * nbytes / gbps_to_bytes_per_s(1000) + (n - 1) * 3e-6)
     assert events[0][0].dur_s == pytest.approx(expected, rel=1e-12)
 
@@ -95,7 +96,7 @@ def test_megatron_stages_that_run_their_own_tp_comm_get_no_tp_ops() -> None:
         does_tp_comm = True
 
     s = scenario({"tp": 2, "pp": 2})
-    events = SimBackend(build_cluster(s)).run(rank_programs(s, lambda r: OwnComm()))
+    events = SimInterpreter(build_cluster(s)).run(rank_programs(s, lambda r: OwnComm()))
     assert not [e for e in events[0] if e.name.startswith("tp_")]
     assert Counter(e.name for e in task_events(events[0]))["forward"] == 1
 

@@ -47,16 +47,16 @@ def test_notes_of_what_was_stopped_join_the_line():
 def test_the_cli_turns_a_signal_into_one_line_and_removes_its_staged_output(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     """The simulator backend interrupted mid-run: exit 143, one line, nothing left."""
-    from backends import sim
+    from backends.sim import SimBackend
 
-    real_run = sim.run_scenario
+    real_run = SimBackend.run
 
     def run_then_terminated(*args, **kw):
         real_run(*args, **kw)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
 
-    monkeypatch.setattr(sim, "run_scenario", run_then_terminated)
+    monkeypatch.setattr(SimBackend, "run", run_then_terminated)
     scenario = tmp_path / "s.yaml"
     scenario.write_text("parallel: {pp: 2}\nmodel: {layers: 2}\n")
     code = cli.main(["run", str(scenario), "--out", str(tmp_path / "run"), "--quiet"])

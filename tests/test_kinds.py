@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.kinds import event_kind, p2p_side
 from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Send, encode_tag, trace_args
 from megatronapp.scan.deps import reconstruct
 from megatronapp.tracer import Event, chrome_events
+from sim import run_sim
 
 from .conftest import fixed_cost_scenario
 

@@ -1,5 +1,6 @@
 """Layers point one way: the import-linter contracts in pyproject.toml hold,
-and they do catch a core module that imports a backend or the CLI."""
+and they do catch a core module that imports a backend, the CLI or SimPy, the
+torch backend reaching into the simulator's modules, and an import cycle."""
 from __future__ import annotations
 
 import shutil
@@ -28,9 +29,12 @@ def test_the_layer_contracts_hold() -> None:
 
 
 @pytest.mark.parametrize("module, bad_import", [
-    ("megatronapp/summary.py", "from backends.sim import run_sim"),
+    ("megatronapp/summary.py", "from backends.sim import SimBackend"),
     ("megatronapp/scan/detect.py", "from megatronapp.cli import main"),
     ("megatronapp/dpp/windows.py", "from megatronapp import runs"),  # runs imports dpp: a cycle
+    ("megatronapp/speed.py", "import simpy"),
+    ("backends/torch/worker.py", "from sim.cluster import build_cluster"),
+    ("sim/fbd.py", "from sim.simulate import simulate"),  # simulate imports fbd: a cycle
 ])
 def test_a_core_module_importing_upwards_breaks_a_contract(tmp_path: Path, module: str,
                                                            bad_import: str) -> None:

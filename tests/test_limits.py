@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_scenario
+from sim import simulate as run_scenario
 from megatronapp.cli import main
 from megatronapp.config import load_scenario, parse_scenario
 from megatronapp.limits import (COSTS, Limits, available_memory, check, estimate_run,

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.cli import main
 from megatronapp.config import parse_scenario
 from megatronapp.runs import read_events, write_run
 from megatronapp.scan.cli import plot_hook
 from megatronapp.scan.plots import mean_durations, pipeline_of
+from sim import run_sim
 
 SCENARIO = {
     "name": "cli", "seed": 2, "iterations": 2,

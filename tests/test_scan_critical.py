@@ -6,10 +6,10 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.scan.critical import critical_path, dependency_graph
 from megatronapp.scan.deps import reconstruct
 from megatronapp.scan.load import events_from_chrome
+from sim import run_sim
 
 from .conftest import fixed_cost_scenario
 

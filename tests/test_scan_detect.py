@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.diagnosis import Diagnosis
 from megatronapp.scan.trials import CONTROLS, make_sim_trial
 from megatronapp.scan.validate import METHODS, run_trial, scan_of_result
 from megatronapp.topology import Topology
+from sim import run_sim
 
 
 def _diagnose(tp: int, pp: int, dp: int, faults: list[dict], seed: int = 5) -> Diagnosis:

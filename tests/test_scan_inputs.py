@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.cli import main
 from megatronapp.config import parse_scenario
 from megatronapp.runs import write_run
 from megatronapp.scan.load import TraceError, events_from_chrome
+from sim import run_sim
 
 from .conftest import ROOT
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.cli import main
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.costs import stage_costs
@@ -17,6 +16,7 @@ from megatronapp.scan.table import load_table_scan
 from megatronapp.scan.table_detect import megascan_table
 from megatronapp.scan.validate import scan_of_result
 from megatronapp.scan.work import modelled_work, scenario_of_run
+from sim import run_sim
 
 PP = 4
 

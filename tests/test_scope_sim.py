@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from backends.sim import run_scenario
 from megatronapp.config import parse_scenario
+from sim import simulate as run_scenario
 
 MODEL = {"layers": 4, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 1000}
 FIXED = {"forward_s": 0.01, "backward_s": 0.02, "p2p_s": 0.0, "allreduce_s": 0.0,
@@ -74,7 +74,7 @@ def test_a_scope_without_observations_costs_nothing() -> None:
 
 
 def test_the_prediction_reuses_a_noiseless_run_and_never_a_jittered_one() -> None:
-    from backends.sim import run_sim
+    from sim import run_sim
     from megatronapp.scope.cost import predicted_overhead
 
     observe = {"observe": [{"site": "resid_post", "stats": ["mean", "hist"]}],

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.sim import SimBackend, SimDeadlock, run_sim
 from megatronapp.config import Scenario, parse_scenario
 from megatronapp.layout import pipe_shape, topology_of
 from megatronapp.ops import AllReduce, ISend, Recv, Wait
@@ -16,7 +15,9 @@ from megatronapp.scan.critical import critical_path
 from megatronapp.scan.deps import reconstruct
 from megatronapp.summary import iteration_spans, summarize
 from megatronapp.tracer import Event
+from sim import SimDeadlock, run_sim
 from sim.cluster import build_cluster
+from sim.interpreter import SimInterpreter
 from sim.network import gbps_to_bytes_per_s
 
 from .conftest import fixed_cost_scenario
@@ -58,7 +59,7 @@ def _allreduce_time(s: Scenario, group: tuple[int, ...], nbytes: int) -> float:
         if rank in group:
             yield AllReduce(group=group, nbytes=nbytes)
 
-    events = SimBackend(cluster).run({r: program(r) for r in range(s.world_size)})
+    events = SimInterpreter(cluster).run({r: program(r) for r in range(s.world_size)})
     (event,) = events[group[0]]
     return event.dur_s
 
@@ -99,7 +100,7 @@ def _send_times(dsts: list[int], nbytes: int) -> dict[int, float]:
             yield Recv(src=0, tag=("x", rank), nbytes=nbytes)
 
     programs = {0: sender(), **{r: receiver(r) for r in (1, 2, 3)}}
-    events = SimBackend(cluster).run(programs)
+    events = SimInterpreter(cluster).run(programs)
     return {e.args["peer"]: e.dur_s for e in events[0]}
 
 
@@ -116,7 +117,7 @@ def test_deadlock_is_reported_with_the_blocked_ranks() -> None:
         yield Recv(src=1 - rank, tag="never", nbytes=4)
 
     with pytest.raises(SimDeadlock, match="rank 0 on Recv"):
-        SimBackend(build_cluster(s)).run({r: waits_forever(r) for r in (0, 1)})
+        SimInterpreter(build_cluster(s)).run({r: waits_forever(r) for r in (0, 1)})
 
 
 # ------------------------------------------------------------- properties

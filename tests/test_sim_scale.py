@@ -13,8 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.sim import SimDeadlock, run_sim
-from backends.sim_fast import CompiledDeadlock, Engine, run_compiled
 from megatronapp.compiled import GROUP_KINDS, NotStatic, compile_pipe, pipe_ranks, record
 from megatronapp.config import parse_scenario
 from megatronapp.jobs import compile_static, rank_programs
@@ -22,7 +20,9 @@ from megatronapp.layout import topology_of
 from megatronapp.ops import AllReduce, Recv, Send, WaitAny
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event
+from sim import SimDeadlock, run_sim
 from sim.cluster import build_cluster
+from sim.engine import CompiledDeadlock, Engine, run_compiled
 from sim.symmetry import identity_classes, pipe_classes
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,21 +19,20 @@ import pytest
 import torch
 import yaml
 
-from backends.sim import run_sim
 from backends.torch import launch
-from backends.torch.faults import injected_faults
 from backends.torch.interpreter import INJECTED
 from backends.torch.launch import TorchDeadlock, spawn_run
 from backends.torch.stages import TrainOptions, merge_tp_shards
 from backends.torch.worker import WorkerResult
 from megatronapp import cli
 from megatronapp.config import Scenario, parse_scenario
+from megatronapp.kinds import COMPUTE_NAMES
 from megatronapp.layout import topology_of
 from megatronapp.ops import Compute, Recv
 from megatronapp.programs import NullStages
-from megatronapp.kinds import COMPUTE_NAMES
 from megatronapp.scan.load import load_trace
 from megatronapp.tracer import Event
+from sim import injected_faults, run_sim
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

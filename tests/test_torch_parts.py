@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from backends.torch import megatron_compat
-from backends.torch.faults import injected_faults
 from backends.torch.interpreter import works_per_op
 from backends.torch.lifetime import is_stopped, process_state
 from backends.torch.watchdog import (FINISHED, ProgressWatch, blocked_line, death_line,
@@ -16,6 +15,7 @@ from backends.torch.watchdog import (FINISHED, ProgressWatch, blocked_line, deat
 from megatronapp import cli
 from megatronapp.config import parse_scenario
 from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Wait, WaitAny
+from sim import injected_faults
 
 
 def test_cpu_rng_fork_restores_the_outer_stream_and_continues_its_own():
@@ -139,7 +139,7 @@ def test_only_link_faults_make_transfers_priced():
 
 @pytest.mark.parametrize("argv, field", [(["--stall-timeout", "0"], "must be a finite number > 0"),
                                          (["--stall-timeout", "5", "--backend", "sim"],
-                                          "only the torch backend")])
+                                          "the sim backend does not take it")])
 def test_bad_stall_timeout_exits_2_naming_the_option(argv, field, tmp_path, capsys):
     scenario_file = tmp_path / "s.yaml"
     scenario_file.write_text("parallel: {pp: 2}\nmodel: {layers: 2}\n")

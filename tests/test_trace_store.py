@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.sim import run_sim
+from sim import run_sim
 from megatronapp.cli import main
 from megatronapp.columns import TableSource, columns_from_events, whole_ranks
 from megatronapp.config import load_scenario, parse_scenario

@@ -1,6 +1,6 @@
 """The torch.distributed backend: real processes, megatron-core GPT stages.
 
-``run_scenario`` spawns one process per rank (gloo on CPU, NCCL with CUDA),
+``TorchBackend.run`` (``run_scenario``) spawns one process per rank (gloo on CPU, NCCL with CUDA),
 each interpreting its rank program from ``megatronapp.jobs.rank_programs``
 with megatron-core stages, and gathers every rank's events into a RunResult.
 A scenario with an ``fbd`` section trains decoupled through the same launcher
@@ -8,48 +8,58 @@ and interpreter: one process per MegaFBD worker (``fbd_worker.FBD``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
+from megatronapp.backend import PROFILE, REAL, STALL_TIMEOUT, RunHooks, RunOptions
 from megatronapp.config import Scenario, ScenarioError
 from megatronapp.errors import UserError
-from megatronapp.tracer import Event, RunResult
+from megatronapp.tracer import RunResult
 
 
-def run_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None = None,
-                 **kw: Any) -> RunResult:
-    """Run a scenario for real. ``kw``: ``optimizer`` ("adam" | "sgd"), ``lr``,
-    ``coalesce`` (hold sends for the next receive; default: on NCCL only),
-    ``stall_timeout_s`` (fail when no rank makes progress for this long),
-    ``on_phase`` (told what the run is doing: spawning, building stages),
-    ``profile_dir`` (also write a torch.profiler trace per rank there),
-    ``out_dir`` (the run directory: a ``scope:`` capture goes to ``scope/``,
-    a ``training.checkpoint`` to ``checkpoint/``)."""
+@dataclass(frozen=True)
+class TorchBackend:
+    """Real ranks; ``RunOptions``: ``stall_timeout_s`` (fail when no rank makes
+    progress for this long), ``profile_dir`` (also write a torch.profiler trace
+    per rank there), ``out_dir`` (the run directory: a ``scope:`` capture goes to
+    ``scope/``, a ``training.checkpoint`` to ``checkpoint/``). ``hooks.events``
+    sees every event; ``hooks.on_phase`` is told what the run is doing
+    (spawning, building stages)."""
+
+    name: str = "torch"
+    capabilities: frozenset[str] = frozenset({REAL, STALL_TIMEOUT, PROFILE})
+
+    def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult:
+        return run_scenario(scenario, options, hooks)
+
+
+def run_scenario(s: Scenario, options: RunOptions = RunOptions(),
+                 hooks: RunHooks = RunHooks()) -> RunResult:
+    """Run a scenario for real (see ``TorchBackend``); sends coalesce on NCCL only."""
     check_supported(s)
-    from megatronapp.progress import quiet
-
     from .launch import STALL_TIMEOUT_S, spawn_run
     from .stages import TrainOptions
 
-    job = None
+    job, on_record = None, hooks.events
     if s.fbd is not None:
-        from backends.sim_fbd import check_fbd_scenario, progress_hook
         from megatronapp.fbd.run import fbd_layout
+        from sim import check_fbd_scenario, progress_hook
 
         from .fbd_worker import FBD
 
         check_fbd_scenario(s)
         job, on_record = FBD, progress_hook(fbd_layout(s), on_record)
-    out_dir = kw.get("out_dir")
+    out_dir = options.out_dir
     if out_dir is None and (s.scope is not None or s.training.checkpoint):
         raise UserError("scope / training.checkpoint: the torch backend writes them into a run "
                         "directory (megatronapp run)")
-    options = TrainOptions(optimizer=kw.get("optimizer", s.training.optimizer),
-                           lr=kw.get("lr", s.training.lr), profile_dir=kw.get("profile_dir"),
-                           workdir=str(out_dir) if out_dir is not None else None)
-    result, _ = spawn_run(s, options, kw.get("coalesce"), on_record,
-                          stall_timeout_s=kw.get("stall_timeout_s", STALL_TIMEOUT_S),
-                          on_phase=kw.get("on_phase", quiet), job=job)
+    profile_dir = str(options.profile_dir) if options.profile_dir is not None else None
+    train_options = TrainOptions(optimizer=s.training.optimizer, lr=s.training.lr,
+                                 profile_dir=profile_dir,
+                                 workdir=str(out_dir) if out_dir is not None else None)
+    stall_s = STALL_TIMEOUT_S if options.stall_timeout_s is None else options.stall_timeout_s
+    result, _ = spawn_run(s, train_options, None, on_record, stall_timeout_s=stall_s,
+                          on_phase=hooks.on_phase, job=job)
     if out_dir is not None:
         from .scope_run import finalize
 

@@ -40,9 +40,9 @@ from megatronapp.fbd.ranks import FbdLayout, p2p_pairs
 from megatronapp.fbd.transport import Encoding, decode, encode
 from megatronapp.ops import AllReduce, encode_tag
 from megatronapp.topology import Group
+from sim import InjectedFaults
 
-from .faults import InjectedFaults
-from .interpreter import Handle, Interpreter, _sleep
+from .interpreter import Handle, Interpreter, sleep_s
 
 
 class TorchTransport:
@@ -185,7 +185,7 @@ class ControlThread:
         if request.kind == "allreduce":
             if self.faults.links:
                 devices = self.layout.devices_of(self.table.groups[gid])
-                request.injected_s = _sleep(self.faults.allreduce_extra_s(devices, nbytes))
+                request.injected_s = sleep_s(self.faults.allreduce_extra_s(devices, nbytes))
             dist.all_reduce(request.tensor, group=self._collective_groups[gid])
             return
         peer = self.layout.process_rank(request.peer)
@@ -196,7 +196,7 @@ class ControlThread:
         dist.recv(request.tensor, src=peer, group=self.group, tag=tag)
         if self.faults.links:  # the receiver waits out a slow link
             peer_device = self.layout.device_of(self.layout.worker(request.peer))
-            request.injected_s = _sleep(self.faults.transfer_extra_s(peer_device, self.device,
+            request.injected_s = sleep_s(self.faults.transfer_extra_s(peer_device, self.device,
                                                                      nbytes))
 
 

@@ -25,11 +25,9 @@ import resource
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import simpy
 import torch
 import torch.distributed as dist
 
-from backends.sim_fbd import device_clocks, device_cluster, fbd_slots
 from megatronapp.config import Scenario
 from megatronapp.fbd.coordinator import GroupTable
 from megatronapp.fbd.ranks import coordinated_groups
@@ -39,8 +37,8 @@ from megatronapp.fbd.workers import NullDecoupledStage
 from megatronapp.ops import RankProgram
 from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, Tracer
+from sim import device_clocks, fbd_device_faults, fbd_slots
 
-from .faults import LINK_FAULTS, InjectedFaults, _quiet
 from .fbd_runtime import ControlThread, CoordinatedInterpreter
 from .fbd_stage import DecoupledGptStage
 from .interpreter import CudaClock, HostClock
@@ -69,17 +67,6 @@ def fbd_processes(s: Scenario) -> int:
     return fbd_layout(s).num_workers
 
 
-def device_faults(s: Scenario, device: int) -> InjectedFaults:
-    """One physical device's faults: its class speed and throttles, and the
-    links between devices (background jitter a real machine brings itself)."""
-    calm = _quiet(s, keep_faults=True)
-    slots = fbd_slots(calm, fbd_layout(calm))
-    faulty = device_cluster(calm, slots, simpy.Environment())
-    nominal = device_cluster(calm, slots, simpy.Environment(), faults=False)
-    links = any(f.kind in LINK_FAULTS for f in s.faults)
-    return InjectedFaults(faulty.devices[device], faulty.network, nominal.network, links)
-
-
 def run_fbd_worker(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
                    coalesce: bool | None = None,
                    on_record: Callable[[int, Event], None] | None = None,
@@ -100,7 +87,7 @@ def run_fbd_worker(s: Scenario, rank: int, local_rank: int, options: TrainOption
     say("building stages")
     init_megatron(s)
     try:
-        faults = device_faults(s, layout.device_of(layout.worker(worker)))
+        faults = fbd_device_faults(s, layout.device_of(layout.worker(worker)))
         table = GroupTable(coordinated_groups(layout), layout.num_workers)
         control = ControlThread(layout, worker, table, fbd_settings(s).round_nap_s, faults)
         stage = DecoupledGptStage(s, vrank, device, options)

@@ -37,8 +37,8 @@ from megatronapp.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, Ra
                              ReduceScatter, Send, Wait, WaitAny, encode_tag, trace_args)
 from megatronapp.topology import Group, Topology
 from megatronapp.tracer import Tracer
+from sim import InjectedFaults
 
-from .faults import InjectedFaults
 from .watchdog import OpBeacon
 
 POLL_S = 20e-6  # WaitAny polling interval
@@ -47,7 +47,7 @@ POLL_S = 20e-6  # WaitAny polling interval
 INJECTED = "injected_s"
 
 
-def _sleep(seconds: float) -> float:
+def sleep_s(seconds: float) -> float:
     """Sleep ``seconds`` (none if not positive); returns the seconds asked for."""
     seconds = max(0.0, seconds)
     if seconds > 0:
@@ -297,7 +297,7 @@ class Interpreter:
         start_s, work_start = self.clock.now_s(), self.clock.work_s()
         result = op.run() if op.run is not None else None
         done = min(self.clock.work_s() - work_start, self.clock.now_s() - start_s)
-        return result, _sleep(self.faults.compute_extra_s(start_s, done))
+        return result, sleep_s(self.faults.compute_extra_s(start_s, done))
 
     # ----------------------------------------------------------------- p2p
     def _isend(self, op: ISend | Send) -> Handle:
@@ -356,7 +356,7 @@ class Interpreter:
         seconds injected, None on a rank without link faults)."""
         if not self.faults.links:
             return None
-        return _sleep(self.faults.transfer_extra_s(handle.peer, self.rank,
+        return sleep_s(self.faults.transfer_extra_s(handle.peer, self.rank,
                                                    _nbytes(handle.tensor)))
 
     def _wait(self, op: Wait) -> torch.Tensor | None:
@@ -401,7 +401,7 @@ class Interpreter:
             return None
         injected = None
         if self.faults.links:
-            injected = _sleep(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
+            injected = sleep_s(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
         run_collective(op or AllReduce(group, 0), tensor, self.groups.get(group),
                        group.index(self.rank), len(group))
         return injected

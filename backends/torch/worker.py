@@ -27,10 +27,9 @@ from megatronapp.ops import RankProgram
 from megatronapp.programs import NullStages
 from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event, RunResult, Tracer
-from sim.cluster import clocks_of
+from sim import clocks_of, injected_faults
 
 from . import megatron_compat
-from .faults import injected_faults
 from .interpreter import CudaClock, GroupCache, HostClock, Interpreter
 from .profile import kineto_profile
 from .scope_run import attach_session, save_shard
@@ -192,7 +191,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from megatronapp.cli import print_summary
+    from megatronapp.run_report import print_summary
     from megatronapp.runs import staged_dir, write_run
 
     args = _parse(argv)

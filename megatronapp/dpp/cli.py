@@ -29,12 +29,13 @@ def scenario_for(data: dict[str, Any], schedule: str, overrides: Sequence[str] =
 
 def compare_row(s: Scenario) -> dict[str, float]:
     """Simulate one scenario; its iteration time, windows and peak memory."""
-    from backends.sim import run_sim
+    from backends.registry import run_named
 
+    from ..backend import RunOptions
     from ..summary import iteration_times
     from .windows import dpp_summary
 
-    events = run_sim(s).events
+    events = run_named("sim", RunOptions(), s).events
     d = dpp_summary(s, events)
     times = iteration_times(events)
     return {"iteration_ms": sum(times) / len(times) * 1e3,

@@ -33,7 +33,7 @@ def print_layout(topo: Topology, forward_tp: int | None, as_json: bool) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from backends.sim_fbd import compare_plans
+    from backends.sim import compare_plans
     from megatronapp.config import load_scenario
 
     from .hetero import format_table

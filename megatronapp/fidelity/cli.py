@@ -7,33 +7,44 @@ from __future__ import annotations
 import argparse
 import json
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+from ..backend import RunHooks
 from ..progress import shown, status
 
 if TYPE_CHECKING:
     from ..config import Scenario
 
 
+SHOW_EVERY = 20_000  # operations between progress lines
+
+
 @contextmanager
-def sim_progress(enabled: bool, what: str) -> Iterator[Callable[[int, Any], None]]:
-    """A live count of simulated operations (the simulation keeps no trace)."""
+def sim_progress(enabled: bool, what: str) -> Iterator[RunHooks]:
+    """A live count of simulated operations, counted by the compiled engine or
+    event by event (the SimPy interpreter)."""
     count = [0]
     with status(f"{what} starting", enabled) as say:
-        def on_record(_rank: int, _event: Any) -> None:
-            count[0] += 1
-            if count[0] % 20_000 == 0:
+        def counted(done: int) -> None:
+            before, count[0] = count[0], count[0] + done
+            if count[0] // SHOW_EVERY != before // SHOW_EVERY:
                 say(f"{what} {count[0]:,} operations")
 
-        yield on_record
+        yield RunHooks(operations=lambda done, _total: counted(done),
+                       events=lambda _rank, _event: counted(1))
 
 
 def simulate(s: Scenario, replica: bool, quiet: bool = False) -> list[float]:
-    """The simulator's iteration times, with progress on a terminal."""
-    from backends.sim import simulate_iteration_times
+    """The iteration times ``megatronapp run`` reports for ``s`` on the simulator
+    (``replica``: one data-parallel replica stands for all), with progress on a
+    terminal."""
+    from backends.registry import run_named
 
-    with sim_progress(shown() and not quiet, f"simulating {s.name}:") as on_record:
-        return simulate_iteration_times(s, replica, on_record)
+    from ..backend import RunOptions
+    from ..summary import run_iteration_times
+
+    with sim_progress(shown() and not quiet, f"simulating {s.name}:") as hooks:
+        return run_iteration_times(run_named("sim", RunOptions(replica=replica), s, hooks))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -4,12 +4,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from megatronapp.errors import UserError
 from megatronapp.progress import Say, status
 
 from .methods import DETECTORS
+
+if TYPE_CHECKING:
+    from megatronapp.backend import Backend
+    from megatronapp.tracer import RunScenario
 
 TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a Chrome trace file"
 JSON_HELP = "print JSON instead of text"
@@ -202,6 +206,9 @@ def cmd_align(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------- validate-detector
 def cmd_validate(args: argparse.Namespace) -> int:
+    from backends.registry import get_backend
+
+    from megatronapp.backend import REAL
     from megatronapp.executors import Where, where_from
     from megatronapp.files import check_file_target
 
@@ -216,19 +223,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the scoring
         return _report(_collect(lambda _started: (r for c in corpora for r in replay_trials(c)),
                                 None, "scoring saved trials"), args, "replayed")
-    trials = args.trials if args.trials is not None else DEFAULT_TRIALS[args.backend]
+    backend = get_backend(args.backend)
+    real = REAL in backend.capabilities
+    trials = args.trials if args.trials is not None else DEFAULT_TRIALS["torch" if real else "sim"]
     if trials < 1:
         raise UserError("--trials: must be >= 1")
-    run, plan = _validation_backend(args), PLANS["real" if args.backend == "torch" else "sim"]
-    where = where_from(args) if args.backend == "sim" else Where()  # real runs: one at a time
+    run, plan = _validation_run(args, backend), PLANS["real" if real else "sim"]
+    where = Where() if real else where_from(args)  # real runs: one at a time
     keep = Path(args.save_runs) if args.save_runs else (
-        Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if args.backend == "torch" else None)
+        Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if real else None)
     if keep is not None and where.ray_address:
         raise UserError("--save-runs: trials on a Ray cluster write on its machines; "
                         "keep runs only on local processes")
     check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
-    label = "running and scoring real trials" if args.backend == "torch" else \
-        "simulating and scoring trials"
+    label = "running and scoring real trials" if real else "simulating and scoring trials"
     done = _collect(lambda started: run_trials(args.seed, trials, where, run, plan, keep,
                                                on_start=started), trials, label)
     if keep is not None:
@@ -240,21 +248,19 @@ DEFAULT_TRIALS = {"sim": 500, "torch": 100}
 DEFAULT_REAL_CORPUS = "runs/validate-detector-torch"
 
 
-def _validation_backend(args: argparse.Namespace) -> Any:
-    """The run function handed to the harness (module-level: it is pickled)."""
-    if args.backend == "sim":
-        from backends.sim import run_sim
+def _validation_run(args: argparse.Namespace, backend: Backend) -> RunScenario:
+    """The run function handed to the harness (it is pickled)."""
+    from backends.registry import run_function
 
-        return run_sim
+    from megatronapp.backend import REAL, RunOptions
+
+    if REAL not in backend.capabilities:
+        return run_function(backend.name)
     if args.jobs not in (None, 1):
         raise UserError("--jobs: real runs share this machine's cores; run them one at a time (1)")
     if args.ray is not None:
         raise UserError("--ray: real trials run on this machine, not on a Ray cluster")
-    from functools import partial
-
-    from backends.torch import run_scenario
-
-    return partial(run_scenario, stall_timeout_s=REAL_STALL_TIMEOUT_S)
+    return run_function(backend.name, RunOptions(stall_timeout_s=REAL_STALL_TIMEOUT_S))
 
 
 REAL_STALL_TIMEOUT_S = 120.0
@@ -313,6 +319,8 @@ def plot_hook(run_dir: Path, events: dict) -> list[Path]:
 
 
 def register(subparsers: Any, plot_hooks: list) -> None:
+    from backends.registry import add_backend_option
+
     """Add this module's subcommands; ``plot_hooks`` gets extra plotters."""
     from megatronapp.executors import add_where_options
 
@@ -353,9 +361,9 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     align.set_defaults(func=cmd_align)
 
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
-    val.add_argument("--backend", default="sim", choices=("sim", "torch"),
-                     help="sim (default): simulated jobs of 2-64 ranks; torch: real jobs of 2-4 "
-                          "ranks (one thread each) with real injected faults")
+    add_backend_option(val, help_of={
+        "sim": "simulated jobs of 2-64 ranks", "torch": "real jobs of 2-4 ranks (one thread "
+        "each) with real injected faults"})
     val.add_argument("--trials", type=int, default=None,
                      help=f"default {DEFAULT_TRIALS['sim']} (sim) or {DEFAULT_TRIALS['torch']} (torch)")
     val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")

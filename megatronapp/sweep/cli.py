@@ -13,7 +13,7 @@ from megatronapp.executors import add_where_options, where_from
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from backends.sim import run_scenario
+    from backends.registry import run_function
 
     from .run import run_sweep, write_table
     from .spec import load_spec
@@ -30,7 +30,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"sweep {spec.name}: {total} runs on {where.describe()}", file=sys.stderr)
     with bar:
         task = bar.add_task("runs", total=total)
-        rows = list(run_sweep(spec, run_scenario, where, lambda: bar.advance(task)))
+        rows = list(run_sweep(spec, run_function(spec.model.backend), where, lambda: bar.advance(task)))
     write_table(rows, out)
     failed = sum(1 for r in rows if r.get("error"))
     print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"

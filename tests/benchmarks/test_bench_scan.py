@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.config import parse_scenario
 from megatronapp.scan.critical import critical_path
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.validate import scan_of_result
+from sim import run_sim
 
 
 @pytest.fixture(scope="module")

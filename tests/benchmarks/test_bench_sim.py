@@ -5,9 +5,10 @@ affects both sides alike; it is reported in extra_info, not asserted.
 """
 import pytest
 
-from backends.sim import run_sim
 from megatronapp.config import parse_scenario
-from megatronapp.speed import JOB_1024, bare_simpy_events_per_s, job_1024, simulate_speed
+from megatronapp.speed import JOB_1024, job_1024, simulate_speed
+from sim import run_sim
+from sim import bare_simpy_events_per_s
 
 
 def test_simulated_ops_per_second_vs_bare_simpy(benchmark) -> None:

@@ -1,4 +1,5 @@
-"""Injected faults acting on a real run, priced by the simulator's own models.
+"""Injected faults acting on a real run, priced by the simulator's own models
+(the torch backend asks here how long each real operation must last).
 
 A throttled rank's compute is stretched the way ``sim.devices.Device`` would
 stretch it (``factor`` x inside the window, partial windows pro rata). A slow or
@@ -10,10 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import simpy
+
 from megatronapp.config import Jitter, Scenario
-from sim.cluster import build_cluster
-from sim.devices import Device
-from sim.network import Network
+from megatronapp.fbd.run import fbd_layout
+
+from .cluster import build_cluster
+from .devices import Device
+from .fbd import device_cluster, fbd_slots
+from .network import Network
 
 LINK_FAULTS = ("slow_link", "link_jitter")
 
@@ -46,13 +52,25 @@ class InjectedFaults:
                    - self.nominal.ring_allreduce_s(group, nbytes))
 
 
-def _quiet(s: Scenario, keep_faults: bool) -> Scenario:
+def calm(s: Scenario, keep_faults: bool) -> Scenario:
     cluster = s.cluster.model_copy(update={"jitter": Jitter()})
     return s.model_copy(update={"cluster": cluster, "faults": s.faults if keep_faults else ()})
 
 
 def injected_faults(s: Scenario, rank: int) -> InjectedFaults:
-    faulty = build_cluster(_quiet(s, keep_faults=True))
+    faulty = build_cluster(calm(s, keep_faults=True))
     links = any(f.kind in LINK_FAULTS for f in s.faults)
     return InjectedFaults(faulty.devices[rank], faulty.network,
-                          build_cluster(_quiet(s, keep_faults=False)).network, links)
+                          build_cluster(calm(s, keep_faults=False)).network, links)
+
+
+def fbd_device_faults(s: Scenario, device: int) -> InjectedFaults:
+    """One physical device's faults in a decoupled (MegaFBD) run: its class speed
+    and throttles, and the links between devices (background jitter a real
+    machine brings itself)."""
+    quiet = calm(s, keep_faults=True)
+    slots = fbd_slots(quiet, fbd_layout(quiet))
+    faulty = device_cluster(quiet, slots, simpy.Environment())
+    nominal = device_cluster(quiet, slots, simpy.Environment(), faults=False)
+    links = any(f.kind in LINK_FAULTS for f in s.faults)
+    return InjectedFaults(faulty.devices[device], faulty.network, nominal.network, links)

@@ -40,12 +40,12 @@ from megatronapp.layout import topology_of
 from megatronapp.ops import AllReduce, Compute, IRecv, ISend, RankProgram, trace_args
 from megatronapp.topology import Topology
 from megatronapp.tracer import Event, RankClock, Tracer
-from sim.cluster import Cluster, _link_faults
-from sim.devices import Device, ThrottleWindow
-from sim.hetero import ClassSlot, slots_by_class
-from sim.network import Network
-
-from .sim import SimBackend, run_sim
+from .cluster import Cluster, link_faults
+from .devices import Device, ThrottleWindow
+from .hetero import ClassSlot, slots_by_class
+from .interpreter import SimInterpreter
+from .network import Network
+from .run import run_sim
 
 
 def fbd_slots(s: Scenario, layout: FbdLayout) -> list[ClassSlot]:
@@ -86,7 +86,7 @@ def device_cluster(s: Scenario, slots: list[ClassSlot], env: simpy.Environment,
     links = s.cluster.links
     quiet = s if faults else s.model_copy(update={"faults": ()})
     network = Network(env, topo, links.intra_node_gbps, links.inter_node_gbps,
-                      links.latency_us * 1e-6, _link_faults(quiet),
+                      links.latency_us * 1e-6, link_faults(quiet),
                       s.cluster.jitter.link_sigma if faults else 0.0, s.seed,
                       s.costs.p2p_s, s.costs.allreduce_s)
     return Cluster(env, topo, fbd_devices(quiet, slots, jitter=faults), network,
@@ -121,7 +121,7 @@ class _Meeting:
     requests: dict[int, _Request] = field(default_factory=dict)
 
 
-class FbdSimBackend(SimBackend):
+class FbdInterpreter(SimInterpreter):
     """Interprets worker programs and their control threads; ``rank`` in the
     handlers is a worker id."""
 
@@ -324,10 +324,10 @@ def run_fbd(s: Scenario, stage_for: Any = None,
     layout = fbd_layout(s)
     slots = fbd_slots(s, layout)
     cluster = device_cluster(s, slots, simpy.Environment())
-    backend = FbdSimBackend(cluster, layout, fbd_settings(s).round_nap_s, on_record,
-                            skip_idle_rounds)
-    events = backend.run(fbd_programs(s, stage_for))
-    return FbdRun(layout, tuple(slots), events, backend.rounds, backend.simulated_rounds)
+    interpreter = FbdInterpreter(cluster, layout, fbd_settings(s).round_nap_s, on_record,
+                                 skip_idle_rounds)
+    events = interpreter.run(fbd_programs(s, stage_for))
+    return FbdRun(layout, tuple(slots), events, interpreter.rounds, interpreter.simulated_rounds)
 
 
 def check_fbd_scenario(s: Scenario) -> None:

@@ -1,0 +1,72 @@
+"""Running a scenario on the simulator: the compiled engine where the rank
+programs are static, the SimPy interpreter otherwise; one data-parallel
+replica for ``predict --replica``."""
+from __future__ import annotations
+
+from typing import Callable
+
+from megatronapp.columns import RankEventsView
+from megatronapp.config import Scenario
+from megatronapp.jobs import StagesFor, compile_programs, rank_programs
+from megatronapp.scope.cost import capture_plan
+from megatronapp.tracer import Event, RunResult
+
+from .cluster import build_cluster
+from .engine import CompiledDeadlock, run_compiled
+from .interpreter import SimDeadlock, SimInterpreter
+from .symmetry import identity_classes, pipe_classes
+
+
+def op_overhead_s(s: Scenario) -> float:
+    return s.cluster.gpu.op_overhead_us * 1e-6
+
+
+def run_sim(s: Scenario, stages_for: StagesFor | None = None,
+            on_record: Callable[[int, Event], None] | None = None,
+            progress: Callable[[int, int], None] | None = None, engine: str = "auto",
+            reduce: bool = True, watch: Callable[[int, Event], None] | None = None) -> RunResult:
+    """Simulate a scenario end to end.
+
+    ``engine``: "auto" runs static schedules (with placeholder stages and no
+    per-event hook or MegaScope capture) on the compiled engine, unless a rank
+    program is not static (``megatronapp.compiled.NotStatic``); anything else
+    runs on the SimPy generator path; "generator" forces the latter. ``reduce``
+    simulates one pipeline per class of identical ones (exact; see ``sim.symmetry``).
+    ``watch`` sees each event where the SimPy interpreter runs them (it
+    does not choose the engine, unlike ``on_record``).
+    """
+    cluster = build_cluster(s)
+    program = None
+    # MegaScope's priced captures differ between tensor-parallel ranks: they keep
+    # the generator path, like adaptive schedules
+    if (engine == "auto" and stages_for is None and on_record is None
+            and s.schedule != "adaptive" and capture_plan(s) is None):
+        program = compile_programs(rank_programs(s, stages_for), cluster.topo)
+    if program is not None:
+        classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)
+        try:
+            run = run_compiled(cluster, program, classes, progress, op_overhead_s(s))
+        except CompiledDeadlock as err:
+            raise SimDeadlock(err.blocked) from None
+        return RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks, source=run)
+    interpreter = SimInterpreter(cluster, on_record or watch, op_overhead_s=op_overhead_s(s))
+    events = interpreter.run(rank_programs(s, stages_for))
+    return RunResult("sim", cluster.topo, events, cluster.clocks)
+
+
+def replica_ranks(s: Scenario) -> frozenset[int]:
+    """The ranks of data-parallel replica 0."""
+    topo = build_cluster(s).topo
+    return frozenset(r for r in range(topo.world_size) if topo.coord(r).dp == 0)
+
+
+def run_replica(s: Scenario, on_record: Callable[[int, Event], None] | None = None) -> RunResult:
+    """Simulate data-parallel replica 0 only; dp collectives are priced for their
+    whole group. Exact for scenarios without faults or jitter (identical replicas)."""
+    cluster = build_cluster(s)
+    ranks = replica_ranks(s)
+    interpreter = SimInterpreter(cluster, on_record, simulated=ranks,
+                                 op_overhead_s=op_overhead_s(s))
+    programs = rank_programs(s)
+    events = interpreter.run({r: programs[r] for r in sorted(ranks)})
+    return RunResult("sim", cluster.topo, events, cluster.clocks)

@@ -1,0 +1,53 @@
+"""``megatronapp predict`` simulates on the compiled engine (as ``run`` does) and
+reports the iteration times ``run``'s summary reports for the same scenario."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatronapp.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_JITTER = "cluster.jitter={compute_sigma: 0, link_sigma: 0}"
+SCENARIOS = [
+    ("throttle.yaml", []),  # a throttled rank, clock skew, compute and link jitter
+    ("dpp_slow_link.yaml", ["schedule=1f1b", "parallel.vpp=1"]),  # a slow link, jitter
+    ("dpp_throttled_stage.yaml", ["schedule=interleaved"]),  # a throttled stage, vpp 2
+    ("throttle.yaml", ["faults=[]", NO_JITTER]),  # healthy: one class of pipelines
+]
+
+
+def _json_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _sets(sets: list[str]) -> list[str]:
+    return [arg for value in sets for arg in ("--set", value)]
+
+
+@pytest.mark.parametrize("name, sets", SCENARIOS)
+def test_predict_reports_the_iteration_times_of_run(name: str, sets: list[str], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = str(ROOT / "scenarios" / name)
+    ran = _json_of(["run", scenario, "--out", str(tmp_path / "run"), "--quiet", "--json",
+                    *_sets(sets)], capsys)
+    predicted = _json_of(["predict", scenario, "--quiet", "--json", *_sets(sets)], capsys)
+    assert predicted["iteration_times_s"] == ran["iteration_times_s"]
+    assert len(ran["iteration_times_s"]) > 1
+
+
+def test_predict_does_not_run_the_simpy_interpreter(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from megatronapp.config import load_scenario
+    from sim.interpreter import SimInterpreter
+
+    def refuse(*_args: object, **_kw: object) -> None:
+        raise AssertionError("predict ran the SimPy interpreter")
+
+    monkeypatch.setattr(SimInterpreter, "__init__", refuse)
+    scenario = ROOT / "scenarios" / "throttle.yaml"
+    predicted = _json_of(["predict", str(scenario), "--quiet", "--json"], capsys)
+    assert len(predicted["iteration_times_s"]) == load_scenario(str(scenario), []).iterations
