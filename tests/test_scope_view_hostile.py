@@ -2,7 +2,8 @@
 processes and sockets to 127.0.0.1, each bounded in count and time.
 
 Out of descriptors (300 idle connections under a 256-descriptor limit), the
-server sheds connections, logs it once and serves again once they close;
+server sheds connections, logs it once and serves again once they close
+(without a spare descriptor to shed with, one accept turn reports once);
 silent, partial and dribbling request heads are closed after the header
 timeout; connections over the cap are closed as they come.
 In process: the generation lock is free when ``done`` is sent (so a
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import select
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,7 +28,7 @@ from websockets.sync.client import ClientConnection
 
 from megatronapp.scope.view.server import ServerConfig, ViewApp
 from megatronapp.scope.view.source import open_source
-from tests.scope_view_support import ViewServer, client, run_dir  # noqa: F401 - a fixture
+from tests.scope_view_support import ROOT, ViewServer, client, run_dir  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]
@@ -240,3 +244,55 @@ async def _lock_when_done(view: ViewApp) -> bool | None:
     scope["query_string"] = f"token={view.config.token}".encode()
     await view.starlette()(scope, receive, send)
     return locked[0] if locked else None
+
+
+NO_SPARE = """
+import asyncio, os, socket, sys
+from megatronapp.scope.view.server import Listener
+
+async def first_turn_errors() -> int:
+    loop = asyncio.get_running_loop()
+    errors, turn_over = [], asyncio.Event()
+    def handler(loop, context):
+        errors.append(context["message"])
+        loop.call_soon(turn_over.set)  # runs once the accept loop's turn has ended
+    loop.set_exception_handler(handler)
+    listener = Listener(socket.AF_INET)
+    listener.bind(("127.0.0.1", 0))
+    await loop.create_server(asyncio.Protocol, sock=listener)
+    os.close(listener.spare)  # no spare: every descriptor is taken
+    listener.spare = None
+    hog = []
+    try:
+        while True:
+            hog.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    print(listener.getsockname()[1], flush=True)
+    await asyncio.wait_for(turn_over.wait(), 60)
+    return len(errors)
+
+print(asyncio.run(first_turn_errors()), flush=True)
+"""
+
+
+def test_without_a_spare_descriptor_one_accept_turn_logs_once() -> None:
+    """Out of descriptors with no spare left to shed with, asyncio's accept
+    loop would try the backlog (100) times and report each; the listener rests
+    for the rest of the turn, so asyncio reports once and pauses for a second."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", NO_SPARE], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        waiting = [socket.create_connection(("127.0.0.1", port), timeout=SOCKET_TIMEOUT_S)
+                   for _ in range(5)]
+        out, _ = child.communicate(timeout=SOCKET_TIMEOUT_S * 2)
+        for sock in waiting:
+            sock.close()
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 0 and int(out) == 1
