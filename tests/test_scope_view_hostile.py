@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, MutableMapping
 
 import pytest
 from websockets.sync.client import ClientConnection
@@ -166,15 +166,15 @@ def test_an_ipv6_host_is_printed_in_brackets(run_dir: Path) -> None:
 
 
 async def _asgi(app: Any, scope: dict[str, Any], incoming: list[dict[str, Any]]
-                ) -> list[dict[str, Any]]:
+                ) -> list[MutableMapping[str, Any]]:
     """Drive an ASGI application in process: what it sends, given what it receives."""
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
     queue = list(incoming)
 
     async def receive() -> dict[str, Any]:
         return queue.pop(0) if queue else {"type": f"{scope['type']}.disconnect", "code": 1000}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     await app(scope, receive, send)
@@ -234,7 +234,7 @@ async def _lock_when_done(view: ViewApp) -> bool | None:
         await done.wait()
         return {"type": "websocket.disconnect", "code": 1000}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         if '"done"' in (message.get("text") or ""):
             locked.append(view.generation_lock.locked())
             done.set()
