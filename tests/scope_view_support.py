@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 64, "vocab": 96}
@@ -43,12 +46,21 @@ def make_run(out: Path, model: dict[str, Any] = TINY, steps: int = 4) -> Path:
     return out / "gen"
 
 
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A module's run directory: a checkpoint and a three-step capture."""
+    out = tmp_path_factory.mktemp("run")
+    make_run(out, steps=3)
+    return out
+
+
 @dataclass
 class ViewServer:
     """``megatronapp scope serve`` in a subprocess; stderr is collected in ``log``."""
 
     target: Path
     args: tuple[str, ...] = ()
+    fd_limit: int | None = None  # the server's RLIMIT_NOFILE (soft), when set
     url: str = ""
     proc: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
@@ -57,7 +69,7 @@ class ViewServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "megatronapp.cli", "scope", "serve", str(self.target),
              "--port", "0", *self.args], cwd=ROOT, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+            stderr=subprocess.PIPE, text=True, preexec_fn=self._limit_fds)
         threading.Thread(target=self._drain, daemon=True).start()
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
@@ -69,6 +81,11 @@ class ViewServer:
             self.proc.wait(timeout=30)
             raise RuntimeError(f"the server did not start: {''.join(self.log)[-2000:]}")
         return self
+
+    def _limit_fds(self) -> None:
+        if self.fd_limit is not None:
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, hard))
 
     def _drain(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -106,6 +123,10 @@ class ViewServer:
                 return True
             time.sleep(0.05)
         return False
+
+    @property
+    def port(self) -> int:
+        return int(urlparse(self.url).port or 0)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -56,6 +56,42 @@ def test_malformed_messages_are_refused_naming_the_field(text: str, where: str) 
     assert where in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("fields, where", [
+    ({"tokens": True}, "tokens"),
+    ({"tokens": "5"}, "tokens"),
+    ({"tokens": 5.0}, "tokens"),
+    ({"top_k": True}, "top_k"),
+    ({"top_k": "3"}, "top_k"),
+    ({"perturb": {"kind": "act_noise", "layer": True}}, "perturb.layer"),
+    ({"perturb": {"kind": "act_noise", "layer": "1"}}, "perturb.layer"),
+    ({"perturb": {"kind": "act_noise", "sigma": "0.1"}}, "perturb.sigma"),
+    ({"perturb": {"kind": "act_offset", "value": True}}, "perturb.value"),
+    ({"perturb": {"kind": "head_mask", "heads": [0, True]}}, "perturb.heads.1"),
+    ({"perturb": {"kind": "head_mask", "heads": ["1"]}}, "perturb.heads.0"),
+])
+def test_numbers_are_strictly_typed(fields: dict[str, object], where: str) -> None:
+    """A boolean or a string is not a number, and a float is not an integer."""
+    with pytest.raises(Refused) as err:
+        parse_message(gen(**fields))
+    assert where in str(err.value)
+
+
+def test_an_integer_is_a_number() -> None:
+    m = parse_message(gen(perturb={"kind": "act_offset", "value": 2}))
+    assert isinstance(m, Generate) and m.perturb is not None and m.perturb.value == 2.0
+
+
+@pytest.mark.parametrize("opening, closing", [("[", "]"), ('{"a":', "}")])
+def test_deep_nesting_is_refused_as_a_message_error(opening: str, closing: str) -> None:
+    """As deep as fits in a message (2,047 lists): parsing must not recurse without bound."""
+    depth = (MAX_MESSAGE_BYTES - 1) // (len(opening) + len(closing))
+    text = opening * depth + "1" + closing * depth
+    assert len(text.encode()) <= MAX_MESSAGE_BYTES
+    with pytest.raises(Refused) as err:
+        parse_message(text)
+    assert "not JSON" in str(err.value) and "recursion" in str(err.value)
+
+
 def test_an_oversized_message_is_refused_before_it_is_parsed() -> None:
     text = gen(prompt="a" * MAX_MESSAGE_BYTES)
     with pytest.raises(Refused, match="over 4096 bytes"):

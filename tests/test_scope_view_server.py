@@ -3,7 +3,8 @@ real websocket client.
 
 Another origin, a missing or wrong token: refused at the handshake. Oversized,
 malformed, binary and out-of-bounds messages: refused and logged, and the
-server keeps serving. A Python expression is data. Perturbations are off
+server keeps serving; so does a message nested 2,000 deep. A Python
+expression is data. Perturbations are off
 unless asked for. The default bind is 127.0.0.1. Bad input: exit 2, one line.
 """
 from __future__ import annotations
@@ -19,17 +20,10 @@ from websockets.sync.client import ClientConnection
 
 from megatronapp.scope.view.protocol import MAX_FRAME_BYTES, decode_frame
 from tests.conftest import run_cli
-from tests.scope_view_support import ViewServer, client, make_run
+from tests.scope_view_support import ViewServer, client, run_dir  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("run")
-    make_run(out, steps=3)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +184,23 @@ def test_stop_ends_a_generation_early(server: ViewServer) -> None:
         ws.send(json.dumps({"type": "stop"}))
         done = receive_json(ws)
     assert done["kind"] == "done" and done["stopped"] is True and done["steps"] < 200
+
+
+def test_a_deeply_nested_message_is_refused_and_the_connection_goes_on(
+        server: ViewServer) -> None:
+    with client(server) as ws:
+        receive_json(ws)
+        ws.send("[" * 2000 + "]" * 2000)
+        reply = receive_json(ws)
+        assert reply["kind"] == "refused" and "recursion" in reply["reason"]
+        ws.send(json.dumps({"type": "series", "site": "resid_post", "stat": "std"}))
+        assert isinstance(ws.recv(timeout=60), bytes)
+
+
+@pytest.mark.parametrize("option, value", [("--header-timeout", "0"), ("--header-timeout", "nan"),
+                                           ("--header-timeout", "inf"),
+                                           ("--max-connections", "0")])
+def test_a_limit_out_of_range_is_exit_2_one_line(run_dir: Path, option: str, value: str) -> None:
+    r = run_cli("scope", "serve", str(run_dir / "gen"), "--port", "0", option, value)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and option in r.stderr

@@ -162,6 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     source = followed_source(args.capture) if args.follow else open_source(args.capture)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: must be 0..65535, got {args.port}")
+    limits = _limits(args)
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
     config = ServerConfig.local(args.host, port, args.allow_perturb)
@@ -178,13 +179,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
             live = _live_model(source.checkpoint_dir)
         _announce(args.host, port, config, source, live, args.follow)
         follower = PartsFollower(source.capture_dir) if args.follow else None
-        run_server(ViewApp(source, live, config, follower), sock)
+        run_server(ViewApp(source, live, config, follower), sock, limits)
     return 0
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from .view.server import Limits
+
+    if not 0 < args.header_timeout < float("inf"):  # NaN too
+        raise UserError(f"--header-timeout: must be a positive number of seconds, "
+                        f"got {args.header_timeout}")
+    if args.max_connections < 1:
+        raise UserError(f"--max-connections: must be at least 1, got {args.max_connections}")
+    return Limits(args.header_timeout, args.max_connections)
 
 
 def _announce(host: str, port: int, config: Any, source: Any, live: Any,
               follow: bool) -> None:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    from .view.server import url_host
+
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else url_host(host)
     print(f"MegaScope view of {source.capture_dir} "
           f"({'live generation on ' + str(source.checkpoint_dir) if live else 'capture only'}"
           f"{', following the run as it writes' if follow else ''}"
@@ -239,6 +253,11 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     srv.add_argument("--follow", action="store_true",
                      help="follow a run still writing its capture (parts/): the training view "
                           "gains each step as it arrives; no live generation")
+    srv.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                     help="a connection that has not sent its request headers this long after "
+                          "it opened (or after its last response) is closed (default 10)")
+    srv.add_argument("--max-connections", type=int, default=64,
+                     help="connections open at once; more are closed as they come (default 64)")
     srv.set_defaults(func=cmd_serve)
 
 

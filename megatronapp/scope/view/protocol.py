@@ -1,8 +1,11 @@
 """The view's wire protocol: client messages (validated, bounded) and binary frames.
 
 A client sends JSON text messages of at most ``MAX_MESSAGE_BYTES``, each one
-of the schemas below (extra fields refused). Nothing received is evaluated:
-names are matched against closed sets, numbers against bounds.
+of the schemas below (extra fields refused), nested at most as deep as the
+JSON parser's recursion limit. Types are strict: an integer field takes a JSON
+integer only (not ``true``, ``"5"`` or ``5.0``), a number field a JSON number
+(not a boolean or a string). Nothing received is evaluated: names are matched
+against closed sets, numbers against bounds.
 
 The server sends JSON text for small records and one binary frame per
 array-carrying record: ``u32 little-endian header length``, the UTF-8 JSON
@@ -18,7 +21,8 @@ import struct
 from typing import Annotated, Any, Literal, Mapping, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
+                      field_validator)
 
 from ...scope_spec import SITES
 
@@ -31,7 +35,7 @@ PERTURBABLE_SITES = tuple(s for s, info in SITES.items() if info.perturbable)
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Perturbation(_Message):
@@ -98,19 +102,19 @@ class Refused(Exception):
 
 
 def parse_message(text: str) -> Generate | Stop | Series:
-    """Size check first, then JSON, then the schema; ``Refused`` otherwise."""
+    """Size check first, then JSON and the schema in one strict pass (pydantic's
+    parser bounds the nesting depth); ``Refused`` otherwise."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
         raise Refused(f"message over {MAX_MESSAGE_BYTES} bytes")
     try:
-        data = json.loads(text)
-    except ValueError:
-        raise Refused("message is not JSON") from None
-    try:
-        return _ADAPTER.validate_python(data)  # type: ignore[no-any-return]
-    except ValueError as err:
-        first = err.errors()[0] if hasattr(err, "errors") else {}
-        where = ".".join(str(p) for p in first.get("loc", ())) or "message"
-        raise Refused(f"{where}: {first.get('msg', 'invalid')}") from None
+        return _ADAPTER.validate_json(text)  # type: ignore[no-any-return]
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        if first["type"] == "json_invalid":
+            raise Refused(f"message is not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
+                          ) from None
+        where = ".".join(str(p) for p in first["loc"]) or "message"
+        raise Refused(f"{where}: {first['msg']}") from None
 
 
 def encode_frame(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:

@@ -1,6 +1,13 @@
 """The view's server: a Starlette application on uvicorn, local and guarded.
 
-- Binds 127.0.0.1 unless told otherwise; the HTTP Host must be one it serves.
+- Binds 127.0.0.1 unless told otherwise; the HTTP Host must be one it serves
+  (an IPv6 literal in brackets, as in its URL).
+- Local clients cannot starve it: a connection must send its
+  request headers within ``header_timeout`` (slow or silent ones are closed),
+  at most ``max_connections`` are open at once (more are closed as they come),
+  and when descriptors run out new connections are accepted and closed at once
+  with a spare descriptor (logged once) instead of asyncio's retry loop, which
+  spins logging a traceback per attempt.
 - The websocket needs the session token (from the URL the server prints) and
   an Origin in the allow-list (the server's own origins); anything else is
   closed before it is accepted, and logged.
@@ -9,7 +16,8 @@
   connection and the server go on. Nothing received is ever evaluated.
 - Arrays travel as binary frames; perturbations only with ``allow_perturb``.
 - One generation runs at a time, in a worker thread, so the server keeps
-  answering while a model decodes.
+  answering while a model decodes; it is free again before its ``done`` is
+  sent, so the next ``generate`` after ``done`` is always accepted.
 - Following a run (``follower``), every connection polls the capture's files
   (at most one read per ``POLL_S`` for all connections) and is sent a
   ``training`` record whenever new steps' statistics have arrived.
@@ -17,14 +25,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import ipaddress
 import logging
+import os
 import secrets
 import socket
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -47,6 +63,7 @@ log = logging.getLogger("megatronapp.scope.view")
 STATIC = Path(__file__).parent / "static"
 POLICY_CLOSE = 1008  # websocket close code: policy violation
 POLL_S = 1.0  # a followed capture is read at most this often
+_GONE = (WebSocketDisconnect, RuntimeError, OSError)  # sending to a page that went away
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,14 @@ class LiveModel:
     decode: Callable[[list[int]], str]
 
 
+def url_host(host: str) -> str:
+    """A host as it appears in a URL and a Host header: an IPv6 literal in brackets."""
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]"
+    return host
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     token: str
@@ -72,8 +97,10 @@ class ServerConfig:
     def local(cls, host: str, port: int, allow_perturb: bool) -> "ServerConfig":
         names = [host] if host in ("127.0.0.1", "localhost") else [host, "127.0.0.1", "localhost"]
         names += [n for n in ("127.0.0.1", "localhost") if n not in names]
-        origins = frozenset(f"http://{n}:{port}" for n in names if n not in ("0.0.0.0", "::"))
-        return cls(secrets.token_urlsafe(24), origins, tuple(names), allow_perturb)
+        origins = frozenset(f"http://{url_host(n)}:{port}" for n in names
+                            if n not in ("0.0.0.0", "::"))
+        return cls(secrets.token_urlsafe(24), origins, tuple(url_host(n) for n in names),
+                   allow_perturb)
 
 
 def _headers(response: Response) -> Response:
@@ -176,18 +203,29 @@ class Connection:
         perturb = [m.perturb.scope_entry()] if m.perturb is not None else []
         worker = threading.Thread(target=_decode, daemon=True, name="megascope-decode",
                                   args=(live, m, perturb, self.stop, loop, queue))
+        last: dict[str, Any] | None = None
         try:
             worker.start()
-            while (item := await queue.get()) is not None:
-                if isinstance(item, bytes):
-                    await self.ws.send_bytes(item)
-                else:
-                    await self.ws.send_json(item)
-        except (WebSocketDisconnect, RuntimeError, OSError):  # the page went away
+            last = await self.stream(queue)
+        except _GONE:  # the page went away
             self.stop.set()
         finally:
             await asyncio.to_thread(worker.join)
             self.app.generation_lock.release()
+        if last is not None:  # sent once the next generation may start
+            with contextlib.suppress(*_GONE):
+                await self.ws.send_json(last)
+
+    async def stream(self, queue: asyncio.Queue[Any]) -> dict[str, Any] | None:
+        """Send the worker's frames as they come; its last record (``done`` or
+        ``error``) is returned, not sent."""
+        last = None
+        while (item := await queue.get()) is not None:
+            if isinstance(item, bytes):
+                await self.ws.send_bytes(item)
+            else:
+                last = item
+        return last
 
 
 def _decode(live: LiveModel, m: Generate, perturb: list[dict[str, Any]], stop: threading.Event,
@@ -277,16 +315,142 @@ class ViewApp:
     def starlette(self) -> Starlette:
         routes = [Route("/", self.index), WebSocketRoute("/ws", self.websocket),
                   Mount("/static", _GuardedStatic(directory=STATIC), name="static")]
-        hosts = ["*"] if any(h in ("0.0.0.0", "::") for h in self.config.hosts) else list(
+        hosts = ["*"] if any(h in ("0.0.0.0", "[::]") for h in self.config.hosts) else list(
             self.config.hosts)
         return Starlette(routes=routes,
                          middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
 
 
-def bind(host: str, port: int) -> socket.socket:
+@dataclass(frozen=True)
+class Limits:
+    """The server's bounds on its clients: seconds a connection has to send its
+    request headers, and how many connections may be open at once."""
+
+    header_timeout: float
+    max_connections: int
+
+
+class Listener(socket.socket):
+    """The listening socket. When the process is out of descriptors, asyncio's
+    accept loop retries at once and logs a traceback per try (a busy loop that
+    floods stderr); instead, a spare descriptor kept open for the purpose is
+    freed to accept each waiting connection and close it, which empties the
+    backlog, so the socket is not ready again until a new client comes."""
+
+    def __init__(self, family: int) -> None:
+        super().__init__(family, socket.SOCK_STREAM)
+        self.spare: int | None = None
+        self.exhausted = False  # logged once per spell without descriptors
+        self.resting = False  # no spare either: asyncio's one-second pause
+        self._reserve()
+
+    def _reserve(self) -> None:
+        if self.spare is None:
+            with contextlib.suppress(OSError):
+                self.spare = os.open(os.devnull, os.O_RDONLY)
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self.resting:
+            raise BlockingIOError(errno.EAGAIN, "resting")
+        try:
+            conn = super().accept()
+        except OSError as err:
+            if err.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            self._shed(err)
+        self.exhausted = False
+        return conn
+
+    def _shed(self, err: OSError) -> NoReturn:
+        """Close the waiting connections; ``BlockingIOError`` ends asyncio's accept loop."""
+        if not self.exhausted:
+            self.exhausted = True
+            log.warning("out of file descriptors (%s): closing new connections until "
+                        "some close", err.strerror)
+        if self.spare is None:
+            self._reserve()
+        if self.spare is None:  # asyncio pauses accepting for a second; the rest of this turn rests
+            # (asyncio's loop goes on calling accept: without the rest, it logs once per call)
+            self.resting = True
+            asyncio.get_running_loop().call_soon(setattr, self, "resting", False)
+            raise err
+        os.close(self.spare)
+        self.spare = None
+        try:
+            while True:
+                fd, _ = self._accept()  # type: ignore[attr-defined]
+                os.close(fd)
+        except OSError:
+            pass
+        finally:
+            self._reserve()
+        raise BlockingIOError(errno.EAGAIN, "waiting connections closed")
+
+    def close(self) -> None:
+        if self.spare is not None:
+            os.close(self.spare)
+            self.spare = None
+        super().close()
+
+
+class GuardedConfig(uvicorn.Config):
+    """uvicorn's configuration with the per-client limits its protocol reads."""
+
+    def __init__(self, app: Any, limits: Limits, **kwargs: Any) -> None:
+        super().__init__(app, http=GuardedH11, **kwargs)
+        self.limits = limits
+        self.full = False  # logged once per spell at the connection cap
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a header deadline and a connection cap:
+    a connection over the cap is closed as it opens; one that has not sent a
+    whole request head ``header_timeout`` after it opened (or after its last
+    response) is closed, however slowly it keeps sending."""
+
+    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        assert isinstance(config, GuardedConfig)
+        self.guarded = config
+        self.header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.guarded.limits.max_connections:
+            if not self.guarded.full:
+                self.guarded.full = True
+                log.warning("%d connections open: closing new ones until some close",
+                            self.guarded.limits.max_connections)
+            transport.close()
+            return
+        self.guarded.full = False
+        self._await_headers()
+
+    def _await_headers(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+        self.header_timer = self.loop.call_later(self.guarded.limits.header_timeout,
+                                                 self._headers_late)
+
+    def _headers_late(self) -> None:
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._await_headers()  # a kept-alive connection's next request head
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+        super().connection_lost(exc)
+
+
+def bind(host: str, port: int) -> Listener:
     """The listening socket, or a one-line error (a port in use, a bad host)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = Listener(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         sock.bind((host, port))
     except OSError as err:
@@ -306,9 +470,7 @@ def log_to_stderr() -> None:
     log.propagate = False
 
 
-def run_server(app: ViewApp, sock: socket.socket) -> None:
-    import uvicorn
-
-    config = uvicorn.Config(app.starlette(), log_level="warning", ws="websockets",
-                            ws_max_size=MAX_FRAME_BYTES, lifespan="off")
+def run_server(app: ViewApp, sock: Listener, limits: Limits) -> None:
+    config = GuardedConfig(app.starlette(), limits, log_level="warning", ws="websockets",
+                           ws_max_size=MAX_FRAME_BYTES, lifespan="off", loop="asyncio")
     uvicorn.Server(config).run(sockets=[sock])
