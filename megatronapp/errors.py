@@ -21,10 +21,11 @@ class Recreatable:
         super().__init_subclass__(**kw)
         init = cls.__dict__.get("__init__")
         if init is not None:
-            cls.__init__ = _keeping_args(init)  # type: ignore[misc]
+            setattr(cls, "__init__", _keeping_args(init))
 
     def __str__(self) -> str:
-        return self.__dict__.get("message", BaseException.__str__(self))  # type: ignore[arg-type]
+        message = self.__dict__.get("message")
+        return message if isinstance(message, str) else super().__str__()
 
 
 def _keeping_args(init: Any) -> Any:
