@@ -65,6 +65,18 @@ class CostModel:
     # a few per core only thrash; below 64 the backend's own checks speak first.
     torch_processes_per_cpu: int = 8
     torch_min_processes: int = 64
+    # Commands that read a trace (detect, analyze, align, plot, export-trace),
+    # measured with ``paper_figs/limits_calibration.py --scan``: MegaScan on a
+    # run's trace.parquet keeps columns; every other path builds an object per
+    # event. A JSON trace is sized in events from its bytes (ours take ~200 B
+    # an event, torch.profiler's more: fewer bytes an event is the safe side).
+    trace_bytes_per_stored_event: float = 250.0
+    trace_bytes_per_event: float = 5000.0
+    trace_seconds_per_event: float = 60e-6
+    json_bytes_per_event: float = 150.0
+    json_memory_per_byte: float = 10.0  # parsing JSON text: the text, its dicts and lists
+    plot_seconds_per_event: float = 5e-3
+    export_bytes_per_event: float = 50.0  # export-trace streams batches of columns
 
 
 COSTS = CostModel()
@@ -83,11 +95,11 @@ class Estimate:
     seconds: float
 
     def describe(self) -> str:
-        size = [f"{self.ranks:,} ranks"]
+        size = [f"{self.ranks:,} ranks"] if self.ranks else []
         size += [f"{self.events:,} trace events"] if self.events else []
         size += [f"{self.faults:,} faults"] if self.faults else []
-        need = [f"{_gb(self.memory_bytes)} memory"]
-        need += [f"{_gb(self.disk_bytes)} disk"] if self.disk_bytes else []
+        need = [f"{readable_bytes(self.memory_bytes)} memory"]
+        need += [f"{readable_bytes(self.disk_bytes)} disk"] if self.disk_bytes else []
         return f"{', '.join(size)}: about {', '.join(need)}, {_duration(self.seconds)}"
 
     def then(self, other: "Estimate") -> "Estimate":
@@ -109,7 +121,7 @@ class Limits:
     max_torch_ranks: int
 
 
-def _gb(n: float) -> str:
+def readable_bytes(n: float) -> str:
     """Bytes in the largest unit that keeps the number readable."""
     for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
@@ -203,6 +215,19 @@ def estimate_runs(scenarios: Iterable[Scenario]) -> Estimate:
     return replace(total, disk_bytes=0.0)
 
 
+def estimate_trace(stored_events: int, text_bytes: int, bytes_per_event: float,
+                   seconds_per_event: float) -> Estimate:
+    """Reading a trace of ``stored_events`` rows of a run's Parquet store, or
+    of ``text_bytes`` of JSON (sized in events at ``json_bytes_per_event``),
+    and working on each event at the given cost."""
+    c = COSTS
+    events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
+    return Estimate(ranks=0, events=events, group_entries=0, faults=0,
+                    memory_bytes=(c.base_bytes + events * bytes_per_event
+                                  + text_bytes * c.json_memory_per_byte),
+                    disk_bytes=0.0, seconds=c.base_seconds + events * seconds_per_event)
+
+
 def estimate_topology(world: int) -> Estimate:
     c = COSTS
     return Estimate(ranks=world, events=0, group_entries=3 * world, faults=0,
@@ -254,6 +279,11 @@ def available_memory() -> float:
     return max(0.0, min(candidates))
 
 
+def max_json_text() -> float:
+    """The most JSON text (bytes) this machine's memory can parse now."""
+    return available_memory() / COSTS.json_memory_per_byte
+
+
 def free_disk(directory: Path) -> float | None:
     """Free bytes on the filesystem that would hold ``directory``."""
     for candidate in (directory, *directory.parents):
@@ -289,11 +319,11 @@ def check(estimate: Estimate, limits: Limits, what: str = "this run",
                         f"({OVERRIDE})")
     if backend == "sim" and estimate.memory_bytes > limits.memory_bytes:
         raise UserError(f"limits: {what} is too large for this machine's memory: "
-                        f"{estimate.describe()}; {_gb(limits.memory_bytes)} available "
+                        f"{estimate.describe()}; {readable_bytes(limits.memory_bytes)} available "
                         f"({OVERRIDE})")
     if limits.disk_bytes is not None and estimate.disk_bytes > limits.disk_bytes:
-        raise UserError(f"limits: {what} would write about {_gb(estimate.disk_bytes)} but "
-                        f"only {_gb(limits.disk_bytes)} is free there ({OVERRIDE})")
+        raise UserError(f"limits: {what} would write about {readable_bytes(estimate.disk_bytes)} "
+                        f"but only {readable_bytes(limits.disk_bytes)} is free there ({OVERRIDE})")
     if backend == "sim" and estimate.seconds > limits.max_seconds:
         raise UserError(f"limits: {what} would take too long: {estimate.describe()}; the "
                         f"limit is {_duration(limits.max_seconds)} (raise it with "
@@ -327,3 +357,8 @@ def enforce(args: argparse.Namespace, estimate: Estimate, out_dir: Path | None =
     """Check ``estimate`` unless the command line said ``--no-limits``."""
     if not args.no_limits:
         check(estimate, machine_limits(out_dir, args.max_seconds), what, backend)
+
+
+def json_text_cap(args: argparse.Namespace) -> float:
+    """The cap on a JSON trace's text for a command: none with ``--no-limits``."""
+    return math.inf if args.no_limits else max_json_text()
