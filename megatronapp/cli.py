@@ -190,7 +190,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     source = _plot_source(run_dir)
-    check_trace(args, source, "plot", seconds_per_event=limits.COSTS.plot_seconds_per_event)
+    check_trace(args, source, "plot", limits.COSTS.plot)
     written = []
     with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir") as stage:
         events = _plot_events(source, limits.json_text_cap(args))  # all plots below, or none
@@ -246,8 +246,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else None
     if (run_dir / TRACE_FILE).is_file():  # else export_trace says what is missing
-        check_trace(args, run_dir / TRACE_FILE, "export-trace",
-                    bytes_per_event=limits.COSTS.export_bytes_per_event)
+        check_trace(args, run_dir / TRACE_FILE, "export-trace", limits.COSTS.export)
     path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out)
     record_outputs(run_dir, [path])  # replacing the run takes its exports along
     print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")

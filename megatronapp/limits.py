@@ -28,6 +28,14 @@ DEFAULT_MAX_SECONDS = 3600.0  # an hour of estimated work: beyond it, say so fir
 
 
 @dataclass(frozen=True)
+class TraceCost:
+    """What a command that reads a trace costs per event."""
+
+    bytes_per_event: float
+    seconds_per_event: float
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Costs of ``megatronapp run`` on the simulator, in CPU time and peak RSS,
     measured on this 2-core CPU machine with ``paper_figs/limits_calibration.py``
@@ -65,18 +73,24 @@ class CostModel:
     # a few per core only thrash; below 64 the backend's own checks speak first.
     torch_processes_per_cpu: int = 8
     torch_min_processes: int = 64
-    # Commands that read a trace (detect, analyze, align, plot, export-trace),
-    # measured with ``paper_figs/limits_calibration.py --scan``: MegaScan on a
-    # run's trace.parquet keeps columns; every other path builds an object per
-    # event. A JSON trace is sized in events from its bytes (ours take ~200 B
-    # an event, torch.profiler's more: fewer bytes an event is the safe side).
-    trace_bytes_per_stored_event: float = 250.0
-    trace_bytes_per_event: float = 5000.0
-    trace_seconds_per_event: float = 60e-6
+    # Commands that read a trace, measured with ``paper_figs/limits_calibration.py
+    # --scan`` (slopes of peak RSS and CPU time between runs of 78 k and 312 k
+    # events; 5 k and 20 k for JSON input): MegaScan on a run's trace.parquet
+    # keeps columns (259 B, 0.3 us an event; 9.3 GB at 47 M events), the
+    # baselines and JSON input an object per event (1.1 kB, 15 us), analyze
+    # 3.6 kB and 47 us, align 1.9 kB and 32 us, export-trace 0.3 kB and 6 us,
+    # plot 19 kB and 3.5 ms. Rounded up here.
+    detect_columns: TraceCost = TraceCost(300.0, 1e-6)
+    detect_events: TraceCost = TraceCost(1500.0, 20e-6)
+    analyze: TraceCost = TraceCost(4000.0, 50e-6)
+    align: TraceCost = TraceCost(2200.0, 35e-6)
+    export: TraceCost = TraceCost(400.0, 7e-6)
+    plot: TraceCost = TraceCost(20e3, 5e-3)
+    # A JSON trace is sized in events from its bytes (ours take ~200 B an
+    # event; fewer bytes an event is the safe side); parsing the text takes
+    # ~3.2 B of memory a byte (the text, its dicts and lists).
     json_bytes_per_event: float = 150.0
-    json_memory_per_byte: float = 10.0  # parsing JSON text: the text, its dicts and lists
-    plot_seconds_per_event: float = 5e-3
-    export_bytes_per_event: float = 50.0  # export-trace streams batches of columns
+    json_memory_per_byte: float = 4.0
 
 
 COSTS = CostModel()
@@ -215,17 +229,16 @@ def estimate_runs(scenarios: Iterable[Scenario]) -> Estimate:
     return replace(total, disk_bytes=0.0)
 
 
-def estimate_trace(stored_events: int, text_bytes: int, bytes_per_event: float,
-                   seconds_per_event: float) -> Estimate:
+def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost) -> Estimate:
     """Reading a trace of ``stored_events`` rows of a run's Parquet store, or
     of ``text_bytes`` of JSON (sized in events at ``json_bytes_per_event``),
-    and working on each event at the given cost."""
+    and working on each event at ``cost``."""
     c = COSTS
     events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
     return Estimate(ranks=0, events=events, group_entries=0, faults=0,
-                    memory_bytes=(c.base_bytes + events * bytes_per_event
+                    memory_bytes=(c.base_bytes + events * cost.bytes_per_event
                                   + text_bytes * c.json_memory_per_byte),
-                    disk_bytes=0.0, seconds=c.base_seconds + events * seconds_per_event)
+                    disk_bytes=0.0, seconds=c.base_seconds + events * cost.seconds_per_event)
 
 
 def estimate_topology(world: int) -> Estimate:

@@ -90,8 +90,9 @@ def main() -> None:
 
 
 # ------------------------------------------------ commands that read a trace
-SCAN_SHAPES = {"m16": 16, "m64": 64, "m256": 256}  # microbatches of SHAPES["m16"]'s job
-JSON_SHAPES = ("m16", "m64")  # the ones whose run writes trace.json (a browser's size)
+SCAN_SHAPES = {"m4": 4, "m16": 16, "m64": 64, "m256": 256}  # microbatches of m16's job
+JSON_SHAPES = ("m4", "m16")  # small: drawing the timeline takes milliseconds per event
+STORE_SHAPES = ("m16", "m64", "m256")
 SCAN_COMMANDS = {  # name -> (argv after the run directory, what it reads)
     "detect": (["detect", "{run}"], "store"),
     "analyze": (["analyze", "{run}"], "store"),
@@ -126,7 +127,7 @@ def scan_rows(work: Path) -> list[dict[str, float | str]]:
         events = pq.read_metadata(run / "trace.parquet").num_rows
         text = (run / "trace.json").stat().st_size if name in JSON_SHAPES else 0
         for command, (argv, reads) in SCAN_COMMANDS.items():
-            if reads == "json" and not text:
+            if name not in (JSON_SHAPES if reads == "json" else STORE_SHAPES):
                 continue
             cpu, rss = timed([a.format(run=run, work=work) for a in argv])
             rows.append({"command": command, "run": name, "events": events, "text": text,
@@ -152,11 +153,14 @@ def scan_main() -> None:
         if b["text"]:
             line += f" {(float(b['rss']) - float(a['rss'])) / d_text:6.1f} B per JSON byte"
         print(line)
-    print(f"  model: {COSTS.trace_bytes_per_stored_event:.0f} B (detect on a store), "
-          f"{COSTS.trace_bytes_per_event:.0f} B and {COSTS.trace_seconds_per_event * 1e6:.0f} us "
-          f"per event (the others), {COSTS.json_bytes_per_event:.0f} JSON bytes per event, "
-          f"{COSTS.plot_seconds_per_event * 1e6:.0f} us per event drawn")
-
+    print("  model (limits.CostModel): " + ", ".join(
+        f"{name} {cost.bytes_per_event:.0f} B {cost.seconds_per_event * 1e6:.1f} us"
+        for name, cost in (("detect (columns)", COSTS.detect_columns),
+                           ("detect (objects)", COSTS.detect_events), ("analyze", COSTS.analyze),
+                           ("align", COSTS.align), ("export-trace", COSTS.export),
+                           ("plot", COSTS.plot))))
+    print(f"  JSON: {COSTS.json_bytes_per_event:.0f} B per event, "
+          f"{COSTS.json_memory_per_byte:.1f} B of memory per byte parsed")
 
 if __name__ == "__main__":
     scan_main() if "--scan" in sys.argv[1:] else main()

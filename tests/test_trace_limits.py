@@ -140,10 +140,11 @@ def test_a_plain_file_over_the_cap_is_refused_too(tmp_path):
 
 def test_detect_refuses_a_bomb_by_the_memory_it_has_and_no_limits_lifts_the_cap(
         lying_bomb, capsys, monkeypatch):
-    monkeypatch.setattr(limits, "available_memory", lambda: 1e9)  # a cap of 100 MB
+    parses_50_mb = 50e6 * limits.COSTS.json_memory_per_byte
+    monkeypatch.setattr(limits, "available_memory", lambda: parses_50_mb)
     code, err = _main(capsys, ["detect", str(lying_bomb)])
     assert code == 2 and len(err) == 1
-    assert str(lying_bomb) in err[0] and "inflates to more than 100 MB of JSON text" in err[0]
+    assert str(lying_bomb) in err[0] and "inflates to more than 50 MB of JSON text" in err[0]
     code, err = _main(capsys, ["detect", str(lying_bomb), "--no-limits"])
     assert code == 2 and len(err) == 1 and "inflates" not in err[0]
     assert "Incorrect length" in err[0]  # inflated to its end, where the stated size lies
@@ -152,7 +153,7 @@ def test_detect_refuses_a_bomb_by_the_memory_it_has_and_no_limits_lifts_the_cap(
 def test_an_honest_bomb_is_refused_by_its_stated_size_before_inflating(tmp_path, capsys,
                                                                        monkeypatch):
     bomb = _bomb(tmp_path / "t.json.gz")
-    monkeypatch.setattr(limits, "available_memory", lambda: 1e9)
+    monkeypatch.setattr(limits, "available_memory", lambda: 1e9)  # parses 200 MB, no more
     _no_event_reading(monkeypatch)
     code, err = _main(capsys, ["detect", str(bomb)])
     assert code == 2 and len(err) == 1 and err[0].startswith("megatronapp: limits: detect on")
@@ -171,8 +172,8 @@ sys.exit(cli.main(sys.argv[2:]))
 
 def test_under_an_address_space_cap_a_bomb_is_one_line_not_a_memory_error(lying_bomb):
     """800 MB of address space left once the command's modules are loaded:
-    the cap on inflating (what that memory can parse) stops the stream long
-    before its 200 MB."""
+    the cap on inflating (what the memory still free can parse) stops the
+    stream before its 200 MB."""
     done = subprocess.run([sys.executable, "-c", CAPPED, str(800 << 20), "detect",
                            str(lying_bomb)], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)

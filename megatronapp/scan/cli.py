@@ -26,18 +26,16 @@ def _scan_input(target: str, say: Say, max_bytes: float | None = None) -> Any:
 
 
 def check_trace(args: argparse.Namespace, target: str | Path, what: str,
-                bytes_per_event: float = COSTS.trace_bytes_per_event,
-                seconds_per_event: float = COSTS.trace_seconds_per_event) -> None:
+                cost: limits.TraceCost) -> None:
     """Refuse a trace too large for this machine before reading its events:
     its size (a store's row count, a JSON trace's bytes) times the command's
-    cost per event, against the memory available and ``--max-seconds``."""
+    ``cost`` per event, against the memory available and ``--max-seconds``."""
     from .load import locate_trace, trace_size
 
     if args.no_limits:
         return
     size = _side_file(lambda t: trace_size(locate_trace(t)), target)
-    limits.enforce(args, limits.estimate_trace(size.stored_events, size.text_bytes,
-                                               bytes_per_event, seconds_per_event),
+    limits.enforce(args, limits.estimate_trace(size.stored_events, size.text_bytes, cost),
                    what=f"{what} on {target}")
 
 
@@ -56,8 +54,8 @@ def cmd_detect(args: argparse.Namespace) -> int:
     from .table import store_of
 
     columns = store_of(args.target) is not None and args.method == "megascan"
-    check_trace(args, args.target, "detect", COSTS.trace_bytes_per_stored_event if columns
-                else COSTS.trace_bytes_per_event)
+    check_trace(args, args.target, "detect", COSTS.detect_columns if columns
+                else COSTS.detect_events)
     with status("reading the trace") as say:
         diagnosis = _diagnose(args, say, _scenario(args.scenario))
     if args.json:
@@ -145,7 +143,7 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from .analyze import analyze, format_analysis
 
-    check_trace(args, args.target, "analyze")
+    check_trace(args, args.target, "analyze", COSTS.analyze)
     with status("reading the trace") as say:
         scan = _scan_input(args.target, say, limits.json_text_cap(args))
         result = analyze(scan.events, scan.ops, say)
@@ -192,7 +190,7 @@ def cmd_align(args: argparse.Namespace) -> int:
     run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
     out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
     check_file_target(out, "--out")  # before the work, not after
-    check_trace(args, args.target, "align")
+    check_trace(args, args.target, "align", COSTS.align)
     with status("reading the trace") as say:
         scan = _scan_input(args.target, say, limits.json_text_cap(args))
         truth = run_dir / "ground_truth.json"

@@ -67,7 +67,7 @@ def estimate_sweep(points: list[Point], where: Where, detect: bool) -> limits.Es
     if detect:
         most = max(limits.estimate_run(s).events for s in scenarios)
         total = replace(total, memory_bytes=total.memory_bytes
-                        + most * limits.COSTS.trace_bytes_per_event)
+                        + most * limits.COSTS.detect_events.bytes_per_event)
     workers = 1 if where.ray_address else max(1, min(where.jobs, len(points)))
     return replace(total, memory_bytes=total.memory_bytes * workers,
                    seconds=total.seconds / workers)
