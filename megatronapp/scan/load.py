@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 from megatronapp.columns import is_int32
 from megatronapp.progress import Say, quiet
@@ -23,7 +23,8 @@ from .errors import TraceError
 from .kineto import is_kineto, kineto_files, load_kineto, read_json_any, text_size
 
 RankEvents = dict[int, list[Event]]
-__all__ = ["LoadedTrace", "RankEvents", "TraceError", "load_trace"]
+__all__ = ["LoadedTrace", "RankEvents", "TraceError", "TraceFiles", "TraceSize", "load_trace",
+           "locate_trace", "trace_size"]
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,7 @@ class TraceFiles:
     """What ``load_trace`` reads for a target: a run's Parquet store, a run's
     per-rank files or merged trace, torch.profiler files, or one trace file."""
 
-    kind: str  # "store", "ranks", "merged", "kineto" or "file"
+    kind: Literal["store", "ranks", "merged", "kineto", "file"]
     paths: tuple[Path, ...]
     raw_clocks: bool = False  # a store read on each rank's own clock
     run_dir: Path | None = None
