@@ -117,11 +117,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from .files import staged_outputs
     from .outdirs import record_outputs
     from .progress import status
+    from .scan.cli import check_trace
 
     run_dir = Path(args.run_dir)
+    source = _plot_source(run_dir)
+    check_trace(args, source, "plot", limits.COSTS.plot)
     written = []
     with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir") as stage:
-        events = _plot_events(run_dir)  # every plot below is written, or none
+        events = _plot_events(source, limits.json_text_cap(args))  # all plots below, or none
         say("drawing the timeline")
         from .plots import plot_timeline  # matplotlib loads here, under the spinner
 
@@ -136,20 +139,27 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot_events(run_dir: Path) -> dict[int, Any]:
-    """A run directory's merged trace.json, else a directory of
-    torch.profiler traces (aligned first); the plots go next to them."""
-    from .runs import read_events
-    from .scan.inputs import load_scan_input
+def _plot_source(run_dir: Path) -> Path:
+    """A run directory's merged trace.json, else the directory itself when it
+    holds torch.profiler traces (aligned first); the plots go next to them."""
     from .scan.kineto import kineto_files
 
     trace = run_dir / "trace.json"
     if trace.is_file():
-        return read_events(trace)
+        return trace
     if run_dir.is_dir() and kineto_files(run_dir):
-        return load_scan_input(run_dir).events
+        return run_dir
     raise UserError(f"run_dir: {trace} not found and no torch.profiler traces there "
                     "(run 'megatronapp run' first)")
+
+
+def _plot_events(source: Path, max_bytes: float) -> dict[int, Any]:
+    from .runs import read_events
+    from .scan.inputs import load_scan_input
+
+    if source.is_file():
+        return read_events(source, max_bytes)
+    return load_scan_input(source, max_bytes=max_bytes).events
 
 
 PlotHook = Callable[[Path, dict], list[Path]]
@@ -159,12 +169,15 @@ PlotHook = Callable[[Path, dict], list[Path]]
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import parse_selection
     from .outdirs import record_outputs
-    from .runs import export_trace
+    from .runs import TRACE_FILE, export_trace
+    from .scan.cli import check_trace
 
     ranks = parse_selection(args.ranks, "--ranks")
     iterations = parse_selection(args.iterations, "--iterations")
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else None
+    if (run_dir / TRACE_FILE).is_file():  # else export_trace says what is missing
+        check_trace(args, run_dir / TRACE_FILE, "export-trace", limits.COSTS.export)
     path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out)
     record_outputs(run_dir, [path])  # replacing the run takes its exports along
     print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")
@@ -277,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="aligned: one true clock; local: each rank's own (injected skew)")
     export.add_argument("--out", help="output file (default RUN_DIR/trace-<selection>.json or "
                                       ".pftrace)")
+    limits.add_options(export)
     export.set_defaults(func=cmd_export)
 
     plot_hooks: list[PlotHook] = []  # each module may add its own plots
@@ -284,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "traces (timeline.png and more)")
     plot.add_argument("run_dir", help="a directory written by 'megatronapp run', or of "
                       "torch.profiler traces")
+    limits.add_options(plot)
     plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)
 
     for module in MODULE_CLIS:
@@ -318,7 +333,21 @@ def _main(argv: Sequence[str] | None) -> int:
         _report(f"scenario error: {err}", err)
     except (UserError, TraceError) as err:
         _report(str(err), err)
+    except Exception as err:
+        if not _out_of_memory(err):
+            raise
+        _report(f"{args.command}: out of memory ({type(err).__name__}); "
+                f"{limits.readable_bytes(limits.available_memory())} available now: try a "
+                "smaller input or a machine with more memory", err)
     return 2
+
+
+def _out_of_memory(err: Exception) -> bool:
+    """A MemoryError (pyarrow's ArrowMemoryError is one) or DuckDB's, when it
+    is loaded: the limits model underestimated, or memory went elsewhere."""
+    duckdb = sys.modules.get("duckdb")
+    return isinstance(err, MemoryError) or (
+        duckdb is not None and isinstance(err, duckdb.OutOfMemoryException))
 
 
 def _report(line: str, err: BaseException) -> None:

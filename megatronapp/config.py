@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError,
                       field_validator, model_validator)
 
+from .errors import Recreatable
 from .textio import TextError, check_depth, load_yaml, read_text
 
 from .schedules import SCHEDULES
@@ -19,7 +20,7 @@ from .suggest import did_you_mean, hint, quoted_names
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 
-class ScenarioError(ValueError):
+class ScenarioError(Recreatable, ValueError):
     """Bad scenario input, naming the offending field."""
 
     def __init__(self, field: str, reason: str):

@@ -18,11 +18,14 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Iterator
 
+from .errors import Recreatable
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class Interrupted(BaseException):
-    """The command was asked to stop by a signal."""
+class Interrupted(Recreatable, BaseException):
+    """The command was asked to stop by a signal (``args`` is ``(signum,)``, so
+    the simulator can re-raise it as SimPy does, ``type(e)(*e.args)``)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)

@@ -28,6 +28,14 @@ DEFAULT_MAX_SECONDS = 3600.0  # an hour of estimated work: beyond it, say so fir
 
 
 @dataclass(frozen=True)
+class TraceCost:
+    """What a command that reads a trace costs per event."""
+
+    bytes_per_event: float
+    seconds_per_event: float
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Costs of ``megatronapp run`` on the simulator, in CPU time and peak RSS,
     measured on this 2-core CPU machine with ``paper_figs/limits_calibration.py``
@@ -65,6 +73,24 @@ class CostModel:
     # a few per core only thrash; below 64 the backend's own checks speak first.
     torch_processes_per_cpu: int = 8
     torch_min_processes: int = 64
+    # Commands that read a trace, measured with ``paper_figs/limits_calibration.py
+    # --scan`` (slopes of peak RSS and CPU time between runs of 78 k and 312 k
+    # events; 5 k and 20 k for JSON input): MegaScan on a run's trace.parquet
+    # keeps columns (259 B, 0.3 us an event; 9.3 GB at 47 M events), the
+    # baselines and JSON input an object per event (1.1 kB, 15 us), analyze
+    # 3.6 kB and 47 us, align 1.9 kB and 32 us, export-trace 0.3 kB and 6 us,
+    # plot 19 kB and 3.5 ms. Rounded up here.
+    detect_columns: TraceCost = TraceCost(300.0, 1e-6)
+    detect_events: TraceCost = TraceCost(1500.0, 20e-6)
+    analyze: TraceCost = TraceCost(4000.0, 50e-6)
+    align: TraceCost = TraceCost(2200.0, 35e-6)
+    export: TraceCost = TraceCost(400.0, 7e-6)
+    plot: TraceCost = TraceCost(20e3, 5e-3)
+    # A JSON trace is sized in events from its bytes (ours take ~200 B an
+    # event; fewer bytes an event is the safe side); parsing the text takes
+    # ~3.2 B of memory a byte (the text, its dicts and lists).
+    json_bytes_per_event: float = 150.0
+    json_memory_per_byte: float = 4.0
 
 
 COSTS = CostModel()
@@ -83,11 +109,11 @@ class Estimate:
     seconds: float
 
     def describe(self) -> str:
-        size = [f"{self.ranks:,} ranks"]
+        size = [f"{self.ranks:,} ranks"] if self.ranks else []
         size += [f"{self.events:,} trace events"] if self.events else []
         size += [f"{self.faults:,} faults"] if self.faults else []
-        need = [f"{_gb(self.memory_bytes)} memory"]
-        need += [f"{_gb(self.disk_bytes)} disk"] if self.disk_bytes else []
+        need = [f"{readable_bytes(self.memory_bytes)} memory"]
+        need += [f"{readable_bytes(self.disk_bytes)} disk"] if self.disk_bytes else []
         return f"{', '.join(size)}: about {', '.join(need)}, {_duration(self.seconds)}"
 
     def then(self, other: "Estimate") -> "Estimate":
@@ -109,7 +135,7 @@ class Limits:
     max_torch_ranks: int
 
 
-def _gb(n: float) -> str:
+def readable_bytes(n: float) -> str:
     """Bytes in the largest unit that keeps the number readable."""
     for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
@@ -203,6 +229,18 @@ def estimate_runs(scenarios: Iterable[Scenario]) -> Estimate:
     return replace(total, disk_bytes=0.0)
 
 
+def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost) -> Estimate:
+    """Reading a trace of ``stored_events`` rows of a run's Parquet store, or
+    of ``text_bytes`` of JSON (sized in events at ``json_bytes_per_event``),
+    and working on each event at ``cost``."""
+    c = COSTS
+    events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
+    return Estimate(ranks=0, events=events, group_entries=0, faults=0,
+                    memory_bytes=(c.base_bytes + events * cost.bytes_per_event
+                                  + text_bytes * c.json_memory_per_byte),
+                    disk_bytes=0.0, seconds=c.base_seconds + events * cost.seconds_per_event)
+
+
 def estimate_topology(world: int) -> Estimate:
     c = COSTS
     return Estimate(ranks=world, events=0, group_entries=3 * world, faults=0,
@@ -254,6 +292,11 @@ def available_memory() -> float:
     return max(0.0, min(candidates))
 
 
+def max_json_text() -> float:
+    """The most JSON text (bytes) this machine's memory can parse now."""
+    return available_memory() / COSTS.json_memory_per_byte
+
+
 def free_disk(directory: Path) -> float | None:
     """Free bytes on the filesystem that would hold ``directory``."""
     for candidate in (directory, *directory.parents):
@@ -289,11 +332,11 @@ def check(estimate: Estimate, limits: Limits, what: str = "this run",
                         f"({OVERRIDE})")
     if backend == "sim" and estimate.memory_bytes > limits.memory_bytes:
         raise UserError(f"limits: {what} is too large for this machine's memory: "
-                        f"{estimate.describe()}; {_gb(limits.memory_bytes)} available "
+                        f"{estimate.describe()}; {readable_bytes(limits.memory_bytes)} available "
                         f"({OVERRIDE})")
     if limits.disk_bytes is not None and estimate.disk_bytes > limits.disk_bytes:
-        raise UserError(f"limits: {what} would write about {_gb(estimate.disk_bytes)} but "
-                        f"only {_gb(limits.disk_bytes)} is free there ({OVERRIDE})")
+        raise UserError(f"limits: {what} would write about {readable_bytes(estimate.disk_bytes)} "
+                        f"but only {readable_bytes(limits.disk_bytes)} is free there ({OVERRIDE})")
     if backend == "sim" and estimate.seconds > limits.max_seconds:
         raise UserError(f"limits: {what} would take too long: {estimate.describe()}; the "
                         f"limit is {_duration(limits.max_seconds)} (raise it with "
@@ -327,3 +370,8 @@ def enforce(args: argparse.Namespace, estimate: Estimate, out_dir: Path | None =
     """Check ``estimate`` unless the command line said ``--no-limits``."""
     if not args.no_limits:
         check(estimate, machine_limits(out_dir, args.max_seconds), what, backend)
+
+
+def json_text_cap(args: argparse.Namespace) -> float:
+    """The cap on a JSON trace's text for a command: none with ``--no-limits``."""
+    return math.inf if args.no_limits else max_json_text()

@@ -74,11 +74,12 @@ def write_run(s: Scenario, result: RunResult, out_dir: Path,
     return summary
 
 
-def read_events(path: Path | str) -> dict[int, list[Event]]:
-    """Events of one of our trace files (merged or per rank), in seconds, sorted."""
+def read_events(path: Path | str, max_bytes: float | None = None) -> dict[int, list[Event]]:
+    """Events of one of our trace files (merged or per rank), in seconds, sorted
+    (``max_bytes``: the cap on its JSON text, see ``scan.kineto.read_json_any``)."""
     from .scan.load import load_chrome_file
 
-    return load_chrome_file(Path(path))  # docs pass a string path
+    return load_chrome_file(Path(path), max_bytes)  # docs pass a string path
 
 
 # ------------------------------------------------------------------ export

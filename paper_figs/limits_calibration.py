@@ -8,6 +8,12 @@ Each row is one ``megatronapp run --no-limits`` in a subprocess: peak RSS and
 CPU time from ``getrusage`` (wall time beside it: on a loaded machine CPU
 time is the better measure), events and group members counted in its trace.
 Slopes are taken between rows that differ in one dimension.
+
+    .venv/bin/python paper_figs/limits_calibration.py --scan
+
+measures the commands that read a trace (``detect``, ``analyze``, ``align``,
+``plot``, ``export-trace``) on runs of a few sizes the same way: per stored
+event (a run's ``trace.parquet``) and per byte of JSON trace text.
 """
 from __future__ import annotations
 
@@ -83,5 +89,78 @@ def main() -> None:
           f"model {COSTS.bytes_per_group_entry:.1f} B")
 
 
+# ------------------------------------------------ commands that read a trace
+SCAN_SHAPES = {"m4": 4, "m16": 16, "m64": 64, "m256": 256}  # microbatches of m16's job
+JSON_SHAPES = ("m4", "m16")  # small: drawing the timeline takes milliseconds per event
+STORE_SHAPES = ("m16", "m64", "m256")
+SCAN_COMMANDS = {  # name -> (argv after the run directory, what it reads)
+    "detect": (["detect", "{run}"], "store"),
+    "analyze": (["analyze", "{run}"], "store"),
+    "align": (["align", "{run}", "--out", "{work}/aligned.json"], "store"),
+    "export-trace": (["export-trace", "{run}", "--out", "{work}/export.json"], "store"),
+    "detect json": (["detect", "{run}/trace.json"], "json"),
+    "plot": (["plot", "{run}"], "json"),
+}
+
+
+def timed(argv: list[str]) -> tuple[float, float]:
+    """(CPU seconds, peak RSS bytes) of one ``megatronapp`` command."""
+    done = subprocess.run([sys.executable, "-c", TIMED, sys.executable, "-m", "megatronapp.cli",
+                           *argv, "--no-limits"], check=True, cwd=ROOT, capture_output=True,
+                          text=True)
+    cpu, rss = map(float, done.stdout.split())
+    return cpu, rss
+
+
+def scan_rows(work: Path) -> list[dict[str, float | str]]:
+    rows: list[dict[str, float | str]] = []
+    for name, microbatches in SCAN_SHAPES.items():
+        run = work / name
+        scenario = work / f"{name}.yaml"
+        scenario.write_text(json.dumps({**BASE, "name": name, "parallel": {
+            **SHAPES["m16"], "microbatches": microbatches}}))
+        subprocess.run([sys.executable, "-m", "megatronapp.cli", "run", str(scenario), "--out",
+                        str(run), "--quiet", "--no-limits"], check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
+        import pyarrow.parquet as pq
+
+        events = pq.read_metadata(run / "trace.parquet").num_rows
+        text = (run / "trace.json").stat().st_size if name in JSON_SHAPES else 0
+        for command, (argv, reads) in SCAN_COMMANDS.items():
+            if name not in (JSON_SHAPES if reads == "json" else STORE_SHAPES):
+                continue
+            cpu, rss = timed([a.format(run=run, work=work) for a in argv])
+            rows.append({"command": command, "run": name, "events": events, "text": text,
+                         "cpu_s": cpu, "rss": rss})
+    return rows
+
+
+def scan_main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = scan_rows(Path(tmp))
+    print(f"{'command':<14}{'run':<6}{'events':>9}{'JSON MB':>9}{'cpu s':>8}{'peak RSS MB':>13}")
+    for r in rows:
+        print(f"{r['command']:<14}{r['run']:<6}{r['events']:>9}{float(r['text']) / 1e6:>9.1f}"
+              f"{r['cpu_s']:>8.2f}{float(r['rss']) / 1e6:>13.0f}")
+    print("\nslopes between the two largest runs of each command (per event; per JSON byte)")
+    for command in SCAN_COMMANDS:
+        mine = [r for r in rows if r["command"] == command]
+        a, b = mine[-2], mine[-1]
+        d_events = float(b["events"]) - float(a["events"])
+        d_text = max(1.0, float(b["text"]) - float(a["text"]))
+        line = (f"  {command:<14}{(float(b['rss']) - float(a['rss'])) / d_events:8.0f} B/event "
+                f"{(float(b['cpu_s']) - float(a['cpu_s'])) / d_events * 1e6:8.1f} us/event")
+        if b["text"]:
+            line += f" {(float(b['rss']) - float(a['rss'])) / d_text:6.1f} B per JSON byte"
+        print(line)
+    print("  model (limits.CostModel): " + ", ".join(
+        f"{name} {cost.bytes_per_event:.0f} B {cost.seconds_per_event * 1e6:.1f} us"
+        for name, cost in (("detect (columns)", COSTS.detect_columns),
+                           ("detect (objects)", COSTS.detect_events), ("analyze", COSTS.analyze),
+                           ("align", COSTS.align), ("export-trace", COSTS.export),
+                           ("plot", COSTS.plot))))
+    print(f"  JSON: {COSTS.json_bytes_per_event:.0f} B per event, "
+          f"{COSTS.json_memory_per_byte:.1f} B of memory per byte parsed")
+
 if __name__ == "__main__":
-    main()
+    scan_main() if "--scan" in sys.argv[1:] else main()

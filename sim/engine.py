@@ -39,6 +39,7 @@ import numpy as np
 from megatronapp.compiled import (ASYNC_COLLECTIVE, COLLECTIVE, COLLECTIVE_WAIT, COMPUTE,
                                   GROUP_KINDS, RECV, RECV_WAIT, SEND, WAIT, CompiledRun,
                                   PipeProgram, kind_group, pipe_ranks)
+from megatronapp.errors import Recreatable
 from megatronapp.gc_pause import paused_gc
 from sim.cluster import Cluster
 from sim.network import Flow
@@ -71,7 +72,7 @@ def blocks_of(stage: list[int], coll_key: list[list[int]]) -> list[int]:
     return block
 
 
-class CompiledDeadlock(Exception):
+class CompiledDeadlock(Recreatable, Exception):
     def __init__(self, blocked: dict[int, str]):
         super().__init__(f"{len(blocked)} rank(s) blocked")
         self.blocked = blocked

@@ -147,3 +147,35 @@ def test_sweep_and_validation_on_a_local_ray_cluster(tmp_path: Path, ray_head) -
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| megascan |" in proc.stdout and csv.is_file()
+
+
+def test_a_point_too_large_is_refused_before_any_point_runs(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "grid: {iterations: [1, 2000000000]}\n")
+    out = tmp_path / "table.csv"
+    proc = run_cli("sweep", str(spec), "--out", str(out))
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert err[0].startswith("megatronapp: limits: sweep spec (2 runs)") and "--no-limits" in err[0]
+    assert not out.exists() and proc.stdout == ""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_processes_that_run_points_at_once_need_memory_at_once(tmp_path: Path, jobs: str,
+                                                               monkeypatch) -> None:
+    """Two points that fit one at a time; side by side they may not."""
+    from megatronapp import limits
+    from megatronapp.executors import Where
+    from megatronapp.sweep.run import estimate_sweep
+
+    points = load_spec(_spec(tmp_path, "grid: {iterations: [1, 2]}\n"), ["iterations=1"]).points()
+    one = estimate_sweep(points, Where(jobs=1), detect=False)
+    monkeypatch.setattr(limits, "available_memory", lambda: one.memory_bytes * 1.5)
+    out = tmp_path / "table.csv"
+    proc = run_cli("sweep", str(tmp_path / "spec.yaml"), "--out", str(out), "--jobs", jobs,
+                   "--set", "iterations=1")
+    assert (proc.returncode, out.exists()) == ((0, True) if jobs == "1" else (2, False))
+    if jobs == "2":
+        assert "too large for this machine's memory" in proc.stderr
+        proc = run_cli("sweep", str(tmp_path / "spec.yaml"), "--out", str(out), "--jobs", jobs,
+                       "--set", "iterations=1", "--no-limits")
+        assert proc.returncode == 0 and out.exists(), proc.stderr

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from megatronapp import limits
+from megatronapp.limits import COSTS
 from megatronapp.errors import UserError
 from megatronapp.progress import Say, status
 
@@ -19,10 +21,26 @@ TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a 
 JSON_HELP = "print JSON instead of text"
 
 
-def _scan_input(target: str, say: Say) -> Any:
+def _scan_input(target: str, say: Say, max_bytes: float | None = None) -> Any:
+    """``target``'s events, each JSON file's text capped at ``max_bytes``
+    (default: what this machine's memory can parse)."""
     from .inputs import load_scan_input
 
-    return _side_file(lambda t: load_scan_input(t, say), target)
+    return _side_file(lambda t: load_scan_input(t, say, max_bytes), target)
+
+
+def check_trace(args: argparse.Namespace, target: str | Path, what: str,
+                cost: limits.TraceCost) -> None:
+    """Refuse a trace too large for this machine before reading its events:
+    its size (a store's row count, a JSON trace's bytes) times the command's
+    ``cost`` per event, against the memory available and ``--max-seconds``."""
+    from .load import locate_trace, trace_size
+
+    if args.no_limits:
+        return
+    size = _side_file(lambda t: trace_size(locate_trace(t)), target)
+    limits.enforce(args, limits.estimate_trace(size.stored_events, size.text_bytes, cost),
+                   what=f"{what} on {target}")
 
 
 def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
@@ -37,8 +55,13 @@ def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
 
 # ---------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
+    from .table import store_of
+
+    columns = store_of(args.target) is not None and args.method == "megascan"
+    check_trace(args, args.target, "detect", COSTS.detect_columns if columns
+                else COSTS.detect_events)
     with status("reading the trace") as say:
-        diagnosis = _diagnose(args.target, args.method, say, _scenario(args.scenario))
+        diagnosis = _diagnose(args, say, _scenario(args.scenario))
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:
@@ -56,7 +79,7 @@ def _scenario(path: str | None) -> Any:
         raise UserError(f"--scenario: {field}{err.reason}") from None
 
 
-def _diagnose(target: str, method: str, say: Say, scenario: Any = None) -> Any:
+def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> Any:
     """MegaScan on a stored run reads columns (millions of events); other
     inputs and the baselines go through per-event objects. ``scenario``, when
     given, replaces the one a run directory records."""
@@ -66,13 +89,13 @@ def _diagnose(target: str, method: str, say: Say, scenario: Any = None) -> Any:
     from .table import load_table_scan, store_of
     from .table_detect import megascan_table
 
-    store = store_of(target)
+    store, method = store_of(args.target), args.method
     if store is not None and method == "megascan":
         say(f"reading {store} as columns")
         table = _side_file(load_table_scan, store)
         say("detecting (megascan)")
         return megascan_table(table if scenario is None else replace(table, scenario=scenario))
-    scan = _scan_input(target, say)
+    scan = _scan_input(args.target, say, limits.json_text_cap(args))
     say(f"detecting ({method})")
     return detector(method)(scan if scenario is None else replace(scan, scenario=scenario))
 
@@ -124,8 +147,9 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from .analyze import analyze, format_analysis
 
+    check_trace(args, args.target, "analyze", COSTS.analyze)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say)
+        scan = _scan_input(args.target, say, limits.json_text_cap(args))
         result = analyze(scan.events, scan.ops, say)
     print(json.dumps(result, indent=2) if args.json else format_analysis(result))
     return 0
@@ -170,8 +194,9 @@ def cmd_align(args: argparse.Namespace) -> int:
     run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
     out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
     check_file_target(out, "--out")  # before the work, not after
+    check_trace(args, args.target, "align", COSTS.align)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say)
+        scan = _scan_input(args.target, say, limits.json_text_cap(args))
         truth = run_dir / "ground_truth.json"
         truth_clocks = (_side_file(read_truth_clocks, truth)
                         if scan.clocks and truth.is_file() else None)
@@ -334,12 +359,14 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                         help="the scenario the traced job ran, where the trace does not record "
                              "it (a torch.profiler trace): pipeline stages without peers are "
                              "then compared per unit of the work each op models")
+    limits.add_options(detect)
     detect.set_defaults(func=cmd_detect)
 
     analyze = subparsers.add_parser(
         "analyze", help="per-rank compute/comm/idle time, bubbles, the critical path")
     analyze.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     analyze.add_argument("--json", action="store_true", help=JSON_HELP)
+    limits.add_options(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
     query = subparsers.add_parser("query", help="SQL over the trace's events table (DuckDB)")
@@ -358,6 +385,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     align.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     align.add_argument("--out", help="output trace (default RUN_DIR/aligned_trace.json)")
     align.add_argument("--json", action="store_true", help=JSON_HELP)
+    limits.add_options(align)
     align.set_defaults(func=cmd_align)
 
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")

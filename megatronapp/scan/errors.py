@@ -2,8 +2,10 @@
 import one another)."""
 from __future__ import annotations
 
+from megatronapp.errors import Recreatable
 
-class TraceError(ValueError):
+
+class TraceError(Recreatable, ValueError):
     """Unreadable trace input; the message names the file and the event."""
 
     def __init__(self, source: str, reason: str, index: int | None = None):

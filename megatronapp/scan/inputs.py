@@ -83,5 +83,7 @@ def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
     return replace(scan, scenario=scenario_of_run(trace.run_dir))
 
 
-def load_scan_input(target: str | Path, say: Say = quiet) -> ScanInput:
-    return prepare_loaded(load_trace(target, say=say), say)
+def load_scan_input(target: str | Path, say: Say = quiet,
+                    max_bytes: float | None = None) -> ScanInput:
+    """``max_bytes``: the cap on each JSON file's text (``load_trace``)."""
+    return prepare_loaded(load_trace(target, say=say, max_bytes=max_bytes), say)

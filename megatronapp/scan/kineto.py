@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from megatronapp import limits
 from megatronapp.columns import is_int32
 from megatronapp.textio import TextError, load_json_bytes
 from megatronapp.tracer import Event
@@ -119,19 +120,56 @@ class KinetoRank:
 
 
 # ------------------------------------------------------------------ files
-def read_json_any(path: Path) -> Any:
+def read_json_any(path: Path, max_bytes: float | None = None) -> Any:
     """A UTF-8 JSON file, plain or gzipped; anything else (binary, UTF-16, too
-    deep, a broken gzip stream) is a TraceError naming the file."""
+    deep, a broken gzip stream) is a TraceError naming the file. So is more
+    JSON text than ``max_bytes`` (by default what this machine's memory can
+    parse, ``limits.max_json_text``; ``math.inf``: no cap): a gzip file is
+    inflated in chunks and given up past the cap, so a small file that
+    inflates to gigabytes is one line, not a MemoryError."""
+    cap = limits.max_json_text() if max_bytes is None else max_bytes
     try:
-        raw = Path(path).read_bytes()
-        if path.name.endswith(".gz"):
-            raw = gzip.decompress(raw)
+        raw = _read_capped(Path(path), cap)
     except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         raise TraceError(str(path), f"cannot read: {getattr(err, 'strerror', None) or err}") from None
     try:
         return load_json_bytes(raw, "the file")
     except TextError as err:
         raise TraceError(str(path), str(err).removeprefix("the file is ")) from None
+
+
+READ_CHUNK = 1 << 20
+
+
+def _read_capped(path: Path, cap: float) -> bytes:
+    """The file's bytes (inflated if gzipped), refused once they pass ``cap``."""
+    gzipped = path.name.endswith(".gz")
+    chunks, size = [], 0
+    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as fh:
+        while chunk := fh.read(READ_CHUNK):
+            size += len(chunk)
+            if size > cap:
+                what = "inflates to" if gzipped else "holds"
+                raise TraceError(str(path), f"{what} more than {limits.readable_bytes(cap)} of "
+                                 "JSON text, the most this machine's memory can parse "
+                                 f"({limits.OVERRIDE})")
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def text_size(path: Path) -> int:
+    """Bytes of JSON text in ``path`` without reading it: a gzip file states
+    its inflated size (modulo 4 GiB) in its last four bytes; the cap in
+    ``read_json_any`` holds whatever it states."""
+    try:
+        size = path.stat().st_size
+        if not path.name.endswith(".gz") or size < 4:
+            return size
+        with open(path, "rb") as fh:
+            fh.seek(-4, 2)
+            return int.from_bytes(fh.read(4), "little")
+    except OSError as err:
+        raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
 
 
 def is_kineto(data: Any) -> bool:
@@ -405,8 +443,8 @@ class KinetoJob:
         return len(self.hosts) == 1 and "" not in self.hosts
 
 
-def load_kineto(paths: Iterable[Path]) -> KinetoJob:
-    datas = [(path, read_json_any(path)) for path in paths]
+def load_kineto(paths: Iterable[Path], max_bytes: float | None = None) -> KinetoJob:
+    datas = [(path, read_json_any(path, max_bytes)) for path in paths]
     bases = [d.get("baseTimeNanoseconds", 0) for _, d in datas if isinstance(d, dict)]
     origin = min((b for b in bases if isinstance(b, int) and not isinstance(b, bool)), default=0)
     ranks: dict[int, KinetoRank] = {}

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 from megatronapp.columns import is_int32
 from megatronapp.progress import Say, quiet
@@ -20,10 +20,11 @@ from megatronapp.textio import MAX_DEPTH, structure_size
 from megatronapp.tracer import Event
 
 from .errors import TraceError
-from .kineto import is_kineto, kineto_files, load_kineto, read_json_any
+from .kineto import is_kineto, kineto_files, load_kineto, read_json_any, text_size
 
 RankEvents = dict[int, list[Event]]
-__all__ = ["LoadedTrace", "RankEvents", "TraceError", "load_trace"]
+__all__ = ["LoadedTrace", "RankEvents", "TraceError", "TraceFiles", "TraceSize", "load_trace",
+           "locate_trace", "trace_size"]
 
 
 @dataclass(frozen=True)
@@ -185,10 +186,10 @@ def _close(stack: list[tuple[int, Mapping[str, Any]]], end: Mapping[str, Any], s
     return Event(name, start * 1e-6, (stop - start) * 1e-6, args)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, max_bytes: float | None = None) -> Any:
     """A UTF-8 JSON file (gzipped if its name ends in .gz); anything else
-    (binary, UTF-16, too deep) is one line."""
-    return read_json_any(path)
+    (binary, UTF-16, too deep, more text than ``max_bytes``) is one line."""
+    return read_json_any(path, max_bytes)
 
 
 def read_object(path: Path) -> dict[str, Any]:
@@ -234,15 +235,15 @@ def _finite_field(obj: Mapping[str, Any], key: str, where: str, path: Path) -> f
     return float(value)
 
 
-def load_chrome_file(path: Path) -> RankEvents:
-    return events_from_chrome(read_json(path), str(path))
+def load_chrome_file(path: Path, max_bytes: float | None = None) -> RankEvents:
+    return events_from_chrome(read_json(path, max_bytes), str(path))
 
 
-def merge_rank_files(paths: Iterable[Path]) -> RankEvents:
+def merge_rank_files(paths: Iterable[Path], max_bytes: float | None = None) -> RankEvents:
     """Per-rank files (each in its own local clock) into one mapping."""
     merged: RankEvents = {}
     for path in paths:
-        for rank, evs in load_chrome_file(path).items():
+        for rank, evs in load_chrome_file(path, max_bytes).items():
             if rank in merged:
                 raise TraceError(str(path), f"rank {rank} also appears in another rank file")
             merged[rank] = evs
@@ -277,7 +278,68 @@ def load_store(path: Path, raw_clocks: bool, say: Say = quiet) -> LoadedTrace:
 TRACE_STORE = "trace.parquet"
 
 
-def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) -> LoadedTrace:
+@dataclass(frozen=True)
+class TraceFiles:
+    """What ``load_trace`` reads for a target: a run's Parquet store, a run's
+    per-rank files or merged trace, torch.profiler files, or one trace file."""
+
+    kind: Literal["store", "ranks", "merged", "kineto", "file"]
+    paths: tuple[Path, ...]
+    raw_clocks: bool = False  # a store read on each rank's own clock
+    run_dir: Path | None = None
+
+
+def locate_trace(target: str | Path, raw_clocks: bool = True) -> TraceFiles:
+    """The files ``load_trace(target, raw_clocks)`` reads, found without reading them."""
+    path = Path(target)
+    if path.is_dir() and (path / TRACE_STORE).is_file():
+        return TraceFiles("store", (path / TRACE_STORE,), raw_clocks, path)
+    if path.suffix == ".parquet" and path.is_file():
+        return TraceFiles("store", (path,))
+    if path.is_dir():
+        files = _rank_files(path / "ranks")
+        if raw_clocks and files:
+            return TraceFiles("ranks", tuple(files), run_dir=path)
+        if (path / "trace.json").is_file():
+            return TraceFiles("merged", (path / "trace.json",), run_dir=path)
+        profiles = kineto_files(path)
+        if profiles:
+            return TraceFiles("kineto", tuple(profiles))
+        raise TraceError(str(path), "no trace.parquet, ranks/rank*.json, trace.json or "
+                         "torch.profiler *.pt.trace.json(.gz) files in this directory")
+    if not path.is_file():
+        raise TraceError(str(path), "no such file or directory")
+    return TraceFiles("file", (path,))
+
+
+@dataclass(frozen=True)
+class TraceSize:
+    """A trace's size, known before reading its events: a store's row count
+    (from the Parquet footer), else the bytes of JSON text to parse."""
+
+    stored_events: int
+    text_bytes: int
+
+
+def trace_size(files: TraceFiles) -> TraceSize:
+    if files.kind == "store":
+        return TraceSize(sum(_stored_rows(p) for p in files.paths), 0)
+    return TraceSize(0, sum(map(text_size, files.paths)))
+
+
+def _stored_rows(path: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except (OSError, pa.ArrowException) as err:
+        raise TraceError(str(path), f"not a readable Parquet file ({str(err).splitlines()[0]})") \
+            from None
+
+
+def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet,
+               max_bytes: float | None = None) -> LoadedTrace:
     """A run directory, a directory of torch.profiler (Kineto) traces, or a
     single trace file (gzipped or not).
 
@@ -286,34 +348,28 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet) ->
     keeps its own clock (unaligned, as a real job would hand it over). A
     single Chrome file is taken as it is (aligned if its metadata says so);
     Kineto files from one host share its clock, from several are aligned.
+    ``max_bytes`` caps each JSON file's text (see ``read_json_any``).
     """
-    path = Path(target)
-    if path.is_dir() and (path / TRACE_STORE).is_file():
-        return load_store(path / TRACE_STORE, raw_clocks, say)
-    if path.suffix == ".parquet" and path.is_file():
-        return load_store(path, raw_clocks=False, say=say)
-    if path.is_dir():
-        files = _rank_files(path / "ranks")
-        if raw_clocks and files:
-            say(f"loading {len(files)} rank files")
-            return LoadedTrace(merge_rank_files(files), False, str(path), path)
-        merged = path / "trace.json"
-        if merged.is_file():
-            say(f"loading {merged}")
-            return LoadedTrace(load_chrome_file(merged), True, str(merged), path)
-        profiles = kineto_files(path)
-        if profiles:
-            say(f"loading {len(profiles)} torch.profiler files")
-            job = load_kineto(profiles)
-            return LoadedTrace(job.events, job.one_clock, str(path))
-        raise TraceError(str(path), "no trace.parquet, ranks/rank*.json, trace.json or "
-                         "torch.profiler *.pt.trace.json(.gz) files in this directory")
-    if not path.is_file():
-        raise TraceError(str(path), "no such file or directory")
+    files = locate_trace(target, raw_clocks)
+    source = str(Path(target))
+    if files.kind == "store":
+        return load_store(files.paths[0], files.raw_clocks, say)
+    if files.kind == "ranks":
+        say(f"loading {len(files.paths)} rank files")
+        return LoadedTrace(merge_rank_files(files.paths, max_bytes), False, source, files.run_dir)
+    if files.kind == "merged":
+        say(f"loading {files.paths[0]}")
+        return LoadedTrace(load_chrome_file(files.paths[0], max_bytes), True, str(files.paths[0]),
+                           files.run_dir)
+    if files.kind == "kineto":
+        say(f"loading {len(files.paths)} torch.profiler files")
+        job = load_kineto(files.paths, max_bytes)
+        return LoadedTrace(job.events, job.one_clock, source)
+    path = files.paths[0]
     say(f"loading {path}")
-    data = read_json_any(path)
+    data = read_json_any(path, max_bytes)
     if is_kineto(data):
-        return LoadedTrace(load_kineto([path]).events, True, str(path))
+        return LoadedTrace(load_kineto([path], max_bytes).events, True, str(path))
     meta = data.get("metadata", {}) if isinstance(data, dict) else {}
     aligned = not isinstance(meta, dict) or meta.get("clock", "aligned") != "local"
     return LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))

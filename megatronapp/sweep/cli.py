@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from megatronapp import limits
 from megatronapp.errors import UserError
 from megatronapp.executors import add_where_options, where_from
 
@@ -15,7 +16,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from backends.registry import run_function
 
-    from .run import run_sweep, write_table
+    from .run import estimate_sweep, run_sweep, write_table
     from .spec import load_spec
 
     spec = load_spec(args.spec, args.set)
@@ -23,7 +24,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / f"sweep-{spec.name}.parquet")
     if out.suffix not in (".parquet", ".csv"):
         raise UserError(f"--out: {out} must end in .parquet or .csv")
-    total = len(spec.points())
+    points = spec.points()
+    total = len(points)
+    limits.enforce(args, estimate_sweep(points, where, spec.model.detect),
+                   what=f"sweep {spec.name} ({total} runs)")
     bar = Progress(TextColumn(f"[bold]sweep {spec.name}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn(),
                    transient=True, disable=not sys.stderr.isatty())
@@ -47,4 +51,5 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     sweep.add_argument("--out", help="result table, .parquet or .csv "
                                      "(default runs/sweep-<spec name>.parquet)")
     add_where_options(sweep)
+    limits.add_options(sweep)
     sweep.set_defaults(func=cmd_sweep)

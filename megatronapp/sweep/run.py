@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .. import limits
 from ..config import Scenario, ScenarioError, parse_scenario
 from ..errors import UserError
 from ..executors import Where, map_unordered
@@ -54,6 +55,22 @@ def _detection(result: Any, scenario: Scenario) -> dict[str, Any]:
     causes = [f"{c.kind}:{c.rank}" + (f"-{c.peer}" if c.peer is not None else "")
               for c in diagnosis.root_causes]
     return {"healthy": diagnosis.healthy, "root_causes": " ".join(causes)}
+
+
+def estimate_sweep(points: list[Point], where: Where, detect: bool) -> limits.Estimate:
+    """Every point simulated before any runs: local processes run
+    ``where.jobs`` points at once (each may hold the largest point's memory;
+    the time is shared among them); a Ray cluster's machines are taken to be
+    like this one. Detection builds an object per event on top."""
+    scenarios = [parse_scenario(p.scenario) for p in points]
+    total = limits.estimate_runs(scenarios)
+    if detect:
+        most = max(limits.estimate_run(s).events for s in scenarios)
+        total = replace(total, memory_bytes=total.memory_bytes
+                        + most * limits.COSTS.detect_events.bytes_per_event)
+    workers = 1 if where.ray_address else max(1, min(where.jobs, len(points)))
+    return replace(total, memory_bytes=total.memory_bytes * workers,
+                   seconds=total.seconds / workers)
 
 
 def run_sweep(spec: SweepSpec, run: RunScenario, where: Where,
