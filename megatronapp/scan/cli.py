@@ -157,10 +157,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------- query
 def cmd_query(args: argparse.Namespace) -> int:
-    import duckdb
-
     from .deps import annotate
-    from .query import QueryLimits, format_rows, run_query
+    from .query import Output, QueryLimits, answer, connect_events, show
 
     if not args.sql.strip():
         raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
@@ -168,16 +166,12 @@ def cmd_query(args: argparse.Namespace) -> int:
     with status("reading the trace") as say:
         scan = _scan_input(args.target, say)
         say("running the query")
-        try:
-            names, rows = run_query(annotate(scan.events, list(scan.ops)), args.sql,
-                                    QueryLimits(external_access=args.allow_external_access,
-                                                memory_limit=args.memory_limit))
-        except duckdb.Error as err:
-            raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
-    if args.json:
-        print(json.dumps([dict(zip(names, r)) for r in rows], default=str))
-    else:
-        print(format_rows(names, rows))
+        limits = QueryLimits(external_access=args.allow_external_access,
+                             memory_limit=args.memory_limit)
+        output = Output.of(args)
+        result = answer(connect_events(annotate(scan.events, list(scan.ops)), limits), args.sql,
+                        output, Path(args.target))
+    show(result, output)
     return 0
 
 
@@ -369,16 +363,15 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     limits.add_options(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
+    from .query_options import add_output_options  # no DuckDB import: --help stays fast
+
     query = subparsers.add_parser("query", help="SQL over the trace's events table (DuckDB)")
     query.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     query.add_argument("sql", help='e.g. "SELECT rank, sum(dur_us) FROM events GROUP BY rank"')
-    query.add_argument("--json", action="store_true", help=JSON_HELP)
+    add_output_options(query)
     query.add_argument("--allow-external-access", action="store_true",
                        help="let the SQL read and write files, attach databases and load "
                             "extensions (off by default: the query sees only the events table)")
-    query.add_argument("--memory-limit", default=None, metavar="SIZE",
-                       help="DuckDB memory limit, e.g. 2GB (default: a quarter of the memory "
-                            "available, at most 4GB)")
     query.set_defaults(func=cmd_query)
 
     align = subparsers.add_parser("align", help="align per-rank clocks, link sync ops, write trace")

@@ -7,25 +7,41 @@ related_sync_op, args (JSON text).
 By default the query sees that table and nothing else: once it is loaded,
 external access (files, ATTACH, COPY ... TO, extensions) is switched off, a
 memory limit is set and the configuration is locked so SQL cannot undo either.
+DuckDB spills into a temporary directory of its own, removed afterwards. The
+query runs on a worker thread so that a stop signal interrupts it, and its
+result streams: the terminal gets at most ``--max-rows`` rows, ``--out`` gets
+every row, written a batch at a time.
 """
 from __future__ import annotations
 
 import csv
 import json
+import shutil
+import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager, Iterator, TypeVar
 
 import duckdb
 
 from megatronapp.errors import UserError
+from megatronapp.files import atomic_file
 from megatronapp.kinds import event_kind
 from megatronapp.limits import available_memory
 
 from .load import RankEvents
+from .query_options import Output
 
 MAX_DEFAULT_MEMORY = 4e9  # bytes: the default limit is a quarter of what is free, at most this
+FETCH_ROWS = 2048  # rows per fetch from DuckDB's streamed result
+BATCH_ROWS = 65_536  # rows per Arrow batch written to --out
+WAIT_SECONDS = 0.1  # how long the main thread sleeps between looks at the query
+OUT_KINDS = {".parquet": "parquet", ".csv": "csv"}
 
 
 @dataclass(frozen=True)
@@ -57,12 +73,14 @@ def _row(rank: int, e: Any) -> list[Any]:
             a.get("related_sync_op"), json.dumps(dict(a), default=str)]
 
 
-def connect(events: RankEvents, limits: QueryLimits = QueryLimits()) -> duckdb.DuckDBPyConnection:
-    """An in-memory database holding the ``events`` table, locked down by ``limits``."""
-    con = duckdb.connect(config={"autoinstall_known_extensions": False,
-                                 "autoload_known_extensions": False})
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "events.csv"
+Loader = Callable[[duckdb.DuckDBPyConnection, Path], None]
+
+
+def events_loader(events: RankEvents) -> Loader:
+    """Loads the ``events`` table through a CSV file in the connection's own
+    temporary directory (DuckDB reads it faster than Python inserts rows)."""
+    def load(con: duckdb.DuckDBPyConnection, scratch: Path) -> None:
+        path = scratch / "events.csv"
         with open(path, "w", newline="") as fh:
             w = csv.writer(fh)
             for rank in sorted(events):
@@ -70,26 +88,141 @@ def connect(events: RankEvents, limits: QueryLimits = QueryLimits()) -> duckdb.D
         columns = ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items())
         con.execute(f"CREATE TABLE events AS SELECT * FROM read_csv('{path}', header=false, "
                     f"columns={{{columns}}}, nullstr='')")
+        path.unlink()
+    return load
+
+
+@contextmanager
+def sandboxed(load: Loader,
+              limits: QueryLimits = QueryLimits()) -> Iterator[duckdb.DuckDBPyConnection]:
+    """An in-memory database filled by ``load``, then locked down by ``limits``.
+
+    DuckDB spills to a directory of its own made here, not to its default
+    ``./.tmp``: the one directory external access keeps allowed is its
+    temporary directory, so with the default SQL could read and replace the
+    user's files there. It is set before the lock, so SQL cannot move it."""
+    scratch = Path(tempfile.mkdtemp(prefix="megatronapp-duckdb-"))
+    try:
+        con = duckdb.connect(config={"autoinstall_known_extensions": False,
+                                     "autoload_known_extensions": False,
+                                     "temp_directory": str(scratch)})
+        try:
+            interruptible(con, lambda: load(con, scratch))  # a big trace loads for a while
+            _lock(con, limits)
+            yield con
+        finally:
+            con.close()
+    finally:
+        # a directory made above for this connection alone: only its spill files are in it
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _lock(con: duckdb.DuckDBPyConnection, limits: QueryLimits) -> None:
     try:
         con.execute("SET memory_limit = ?", [limits.memory_setting()])
     except duckdb.Error as err:
-        con.close()
         raise UserError(f"--memory-limit: {str(err).splitlines()[0]}") from None
     if not limits.external_access:
         con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-    return con
 
 
-def run_query(events: RankEvents, sql: str,
-              limits: QueryLimits = QueryLimits()) -> tuple[list[str], list[tuple[Any, ...]]]:
-    con = connect(events, limits)
+def connect_events(events: RankEvents,
+                   limits: QueryLimits = QueryLimits()) -> ContextManager[duckdb.DuckDBPyConnection]:
+    return sandboxed(events_loader(events), limits)
+
+
+T = TypeVar("T")
+
+
+def interruptible(con: duckdb.DuckDBPyConnection, work: Callable[[], T]) -> T:
+    """``work()`` (which uses ``con``) on a worker thread while this thread waits.
+
+    A signal handler runs only between Python bytecodes of the main thread, never
+    while it is inside DuckDB; waiting here in short joins lets a stop signal
+    raise ``Interrupted`` at once, and DuckDB is then told to stop the query."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="duckdb-query") as pool:
+        future = pool.submit(work)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=WAIT_SECONDS)
+                except FutureTimeout:
+                    continue
+        except BaseException:
+            while not future.done():  # again until it stops: a query may start after the first
+                con.interrupt()
+                wait([future], timeout=WAIT_SECONDS)
+            raise
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The first rows of a result, and whether it had more."""
+
+    names: list[str]
+    rows: list[tuple[Any, ...]]
+    more: bool = False
+
+    def cut_line(self) -> str:
+        shown = len(self.rows)
+        return (f"shown {shown:,} of at least {shown + 1:,} rows; pass --max-rows N or "
+                f"--out FILE")
+
+
+def first_rows(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int) -> Rows:
+    """At most ``max_rows`` rows, fetched a chunk at a time: DuckDB streams the
+    result, so the rest are never made."""
+    con.execute(sql)
+    names = [d[0] for d in con.description] if con.description else []
+    rows: list[tuple[Any, ...]] = []
+    while len(rows) <= max_rows and (chunk := con.fetchmany(min(FETCH_ROWS,
+                                                                max_rows + 1 - len(rows)))):
+        rows.extend(chunk)
+    return Rows(names, rows[:max_rows], len(rows) > max_rows)
+
+
+def write_rows(con: duckdb.DuckDBPyConnection, sql: str, path: Path, kind: str) -> int:
+    """Every row into ``path`` (``kind`` parquet or csv), an Arrow batch at a time."""
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
+    written = 0
+    with (pq.ParquetWriter(str(path), reader.schema) if kind == "parquet"
+          else pcsv.CSVWriter(str(path), reader.schema)) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+            written += batch.num_rows
+    return written
+
+
+@contextmanager
+def sql_errors() -> Iterator[None]:
+    """DuckDB's errors and running out of memory as one line each."""
     try:
-        cur = con.execute(sql)
-        names = [d[0] for d in cur.description] if cur.description else []
-        return names, cur.fetchall()
-    finally:
-        con.close()
+        yield
+    except duckdb.OutOfMemoryException as err:
+        raise UserError(f"SQL: {str(err).splitlines()[0]}; pass a larger --memory-limit or "
+                        f"ask for less") from None
+    except duckdb.Error as err:
+        raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
+
+
+@contextmanager
+def python_memory() -> Iterator[None]:
+    """Python running out of memory for the rows it holds, as one line."""
+    try:
+        yield
+    except MemoryError:
+        raise UserError("query: out of memory holding the rows; pass a smaller --max-rows or "
+                        "--out FILE") from None
+
+
+def run_query(events: RankEvents, sql: str, limits: QueryLimits = QueryLimits(),
+              max_rows: int = Output.max_rows) -> Rows:
+    with connect_events(events, limits) as con:
+        return interruptible(con, lambda: first_rows(con, sql, max_rows))
 
 
 def format_rows(names: list[str], rows: list[tuple[Any, ...]]) -> str:
@@ -97,3 +230,44 @@ def format_rows(names: list[str], rows: list[tuple[Any, ...]]) -> str:
                         for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(names))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)
+
+
+# ------------------------------------------------- the query commands' output
+def out_kind(out: Path, force: bool, inputs: Path) -> str:
+    """The file format ``out`` names; refuses an existing file without ``force``
+    and, even with it, a file of the inputs (``inputs`` itself or inside it)."""
+    kind = OUT_KINDS.get(out.suffix.lower())
+    if kind is None:
+        raise UserError(f"--out: {out}: name a .parquet or .csv file")
+    if out.exists() or out.is_symlink():
+        target, source = out.resolve(), inputs.resolve()
+        if target == source or source in target.parents:
+            raise UserError(f"--out: {out} is one of the inputs ({inputs}); write elsewhere")
+        if not force:
+            raise UserError(f"--out: {out} exists; pass --force to replace it")
+    return kind
+
+
+def answer(connection: ContextManager[duckdb.DuckDBPyConnection], sql: str, output: Output,
+           inputs: Path) -> Rows | int:
+    """Run ``sql`` on ``connection``: its first rows, or the number written to ``--out``."""
+    out = output.out
+    kind = out_kind(out, output.force, inputs) if out is not None else ""
+    with python_memory(), sql_errors(), connection as con:
+        if out is None:
+            return interruptible(con, lambda: first_rows(con, sql, output.max_rows))
+        with atomic_file(out, "--out") as tmp:
+            return interruptible(con, lambda: write_rows(con, sql, tmp, kind))
+
+
+def show(result: Rows | int, output: Output) -> None:
+    """Print what ``answer`` returned; a cut result says so on stderr."""
+    if not isinstance(result, Rows):
+        print(f"wrote {result:,} rows to {output.out}")
+        return
+    with python_memory():  # the whole text first: nothing is printed half
+        text = (json.dumps([dict(zip(result.names, r)) for r in result.rows], default=str)
+                if output.as_json else format_rows(result.names, result.rows))
+    print(text)
+    if result.more:
+        print(result.cut_line(), file=sys.stderr)

@@ -121,15 +121,14 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from ..scan.query import format_rows
-    from .storage import find_capture
-    from .summary import query
+    from ..scan.query import QueryLimits, answer, show
+    from ..scan.query_options import Output
+    from .storage import Capture, find_capture
+    from .summary import connect
 
-    names, rows = query(find_capture(args.capture), args.sql)
-    if args.json:
-        print(json.dumps([dict(zip(names, r)) for r in rows], default=str))
-    else:
-        print(format_rows(names, rows))
+    path, output = find_capture(args.capture), Output.of(args)
+    show(answer(connect(Capture(path), QueryLimits(memory_limit=args.memory_limit)), args.sql,
+                output, Path(path)), output)
     return 0
 
 
@@ -234,11 +233,13 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     summ.add_argument("capture", metavar="CAPTURE_DIR", help="a capture (or a run directory)")
     summ.set_defaults(func=cmd_summary)
 
+    from ..scan.query_options import add_output_options  # no DuckDB import: --help stays fast
+
     q = sub.add_parser("query", help="SQL over a capture: tables stats, raw_index, injections")
     q.add_argument("capture", metavar="CAPTURE_DIR", help="a capture (or a run directory)")
     q.add_argument("sql", help='e.g. "SELECT layer, avg(value) FROM stats WHERE stat = \'std\' '
                    'GROUP BY layer"')
-    q.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_output_options(q)
     q.set_defaults(func=cmd_query)
 
     srv = sub.add_parser("serve", help="the web view of a capture, with live generation when "

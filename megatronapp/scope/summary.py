@@ -1,19 +1,21 @@
 """Readable summaries of a capture, and SQL over it (DuckDB, no file access).
 
-``query`` registers the capture's tables from Python (``stats`` from
-stats.parquet, ``raw_index`` and ``injections`` from their JSON) on a DuckDB
-connection whose external access is off: SQL reads these tables and nothing
+``connect`` registers the capture's tables from Python (``stats`` from
+stats.parquet, ``raw_index`` and ``injections`` from their JSON) on the same
+locked, memory-limited DuckDB connection as ``megatronapp query`` (external
+access off, its own temporary directory): SQL reads these tables and nothing
 else on the machine.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager
 
 import duckdb
 import pyarrow as pa
 
-from ..errors import UserError
+from ..scan.query import QueryLimits, Rows, answer, format_rows, sandboxed
+from ..scan.query_options import Output
 from .storage import Capture
 
 OVERVIEW_SQL = """
@@ -30,34 +32,28 @@ def _table(rows: list[dict[str, Any]], default: dict[str, Any]) -> pa.Table:
     return pa.Table.from_pylist(rows) if rows else pa.Table.from_pylist([default])
 
 
-def connect(capture: Capture) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(config={"enable_external_access": False})
-    con.register("stats", capture.stats())
-    raw = [{k: str(v) if isinstance(v, list) else v for k, v in e.items()}
-           for e in capture.raw_index()]
-    con.register("raw_index", _table(raw, {"name": None}))
-    inj = [{k: str(v) if isinstance(v, (list, dict)) else v for k, v in e.items()}
-           for e in capture.injections()]
-    con.register("injections", _table(inj, {"kind": None}))
-    return con
+def connect(capture: Capture,
+            limits: QueryLimits = QueryLimits()) -> ContextManager[duckdb.DuckDBPyConnection]:
+    """The capture's tables on a sandboxed connection (loaded first, then locked)."""
+    def load(con: duckdb.DuckDBPyConnection, _scratch: Path) -> None:
+        con.register("stats", capture.stats())
+        raw = [{k: str(v) if isinstance(v, list) else v for k, v in e.items()}
+               for e in capture.raw_index()]
+        con.register("raw_index", _table(raw, {"name": None}))
+        inj = [{k: str(v) if isinstance(v, (list, dict)) else v for k, v in e.items()}
+               for e in capture.injections()]
+        con.register("injections", _table(inj, {"kind": None}))
+    return sandboxed(load, limits)
 
 
 def query(path: str | Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    con = connect(Capture(path))
-    try:
-        cur = con.execute(sql)
-    except duckdb.Error as err:
-        raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
-    try:
-        names = [d[0] for d in cur.description] if cur.description else []
-        return names, cur.fetchall()
-    finally:
-        con.close()
+    """The column names and first rows of ``sql`` over the capture at ``path``."""
+    rows = answer(connect(Capture(path)), sql, Output(), Path(path))
+    assert isinstance(rows, Rows)  # no --out: rows come back
+    return rows.names, rows.rows
 
 
 def summary_lines(path: str | Path) -> list[str]:
-    from ..scan.query import format_rows
-
     capture = Capture(path)
     m = capture.manifest
     model = m.get("model", {})
@@ -68,8 +64,7 @@ def summary_lines(path: str | Path) -> list[str]:
              f"{m['injections']} injections, {m['dropped_records']} records dropped "
              f"(writer behind), {m.get('incomplete_rows', 0)} rows missing a TP slice"]
     lines += [f"  note: {n}" for n in m.get("notes", [])]
-    con = connect(capture)
-    try:
+    with connect(capture) as con:
         cur = con.execute(OVERVIEW_SQL)
         names = [d[0] for d in cur.description]
         lines += ["", format_rows(names, cur.fetchall())]
@@ -77,8 +72,6 @@ def summary_lines(path: str | Path) -> list[str]:
             cur = con.execute("SELECT kind, count(*) AS injections, min(step) AS first_step, "
                               "max(step) AS last_step FROM injections GROUP BY kind ORDER BY kind")
             lines += ["", format_rows([d[0] for d in cur.description], cur.fetchall())]
-    finally:
-        con.close()
     return lines
 
 
