@@ -27,6 +27,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from . import limits  # light: the size model imports the scenario schema only when used
 from .errors import UserError
 from .interrupts import Interrupted, stop_on_signals
+from .outdirs import add_force_option
 
 BACKENDS = ("sim", "torch")
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
@@ -183,13 +184,13 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ plot
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .files import staged_outputs
-    from .outdirs import record_outputs
+    from .outdirs import staged_outputs
     from .progress import status
 
     run_dir = Path(args.run_dir)
     written = []
-    with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir") as stage:
+    with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir",
+                                                            args.force) as stage:
         events = _plot_events(run_dir)  # every plot below is written, or none
         say("drawing the timeline")
         from .plots import plot_timeline  # matplotlib loads here, under the spinner
@@ -199,7 +200,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
             say("drawing each module's plots")
             written += extra(stage, events)
     paths = [run_dir / Path(p).name for p in written]
-    record_outputs(run_dir, paths)
     for path in paths:
         print(f"wrote {path}")
     return 0
@@ -227,15 +227,14 @@ PlotHook = Callable[[Path, dict], list[Path]]
 # ---------------------------------------------------------- export-trace
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import parse_selection
-    from .outdirs import record_outputs
     from .runs import export_trace
 
     ranks = parse_selection(args.ranks, "--ranks")
     iterations = parse_selection(args.iterations, "--iterations")
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else None
-    path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out)
-    record_outputs(run_dir, [path])  # replacing the run takes its exports along
+    path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out,
+                               args.force)
     print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")
     return 0
 
@@ -294,8 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sim: the SimPy cluster model; torch: real torch.distributed ranks")
     run.add_argument("--out", help="output directory (default runs/<scenario name>); a new "
                      "or empty directory, or a previous result with --force")
-    run.add_argument("--force", action="store_true",
-                     help="replace a previous result in --out (only the files it wrote)")
+    add_force_option(run, "a previous result in --out (only if it holds nothing else)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set parallel.pp=4 (repeatable)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -332,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="aligned: one true clock; local: each rank's own (injected skew)")
     export.add_argument("--out", help="output file (default RUN_DIR/trace-<selection>.json or "
                                       ".pftrace)")
+    add_force_option(export, "an existing file that megatronapp did not write")
     export.set_defaults(func=cmd_export)
 
     plot_hooks: list[PlotHook] = []  # each module may add its own plots
@@ -339,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "traces (timeline.png and more)")
     plot.add_argument("run_dir", help="a directory written by 'megatronapp run', or of "
                       "torch.profiler traces")
+    add_force_option(plot, "existing plots that megatronapp did not write")
     plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)
 
     for module in MODULE_CLIS:

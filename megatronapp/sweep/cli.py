@@ -8,6 +8,7 @@ from typing import Any
 
 from megatronapp.errors import UserError
 from megatronapp.executors import add_where_options, where_from
+from megatronapp.outdirs import add_force_option, check_file
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -23,6 +24,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / f"sweep-{spec.name}.parquet")
     if out.suffix not in (".parquet", ".csv"):
         raise UserError(f"--out: {out} must end in .parquet or .csv")
+    check_file(out, "--out", args.force, [Path(args.spec)], make_parent=True)  # before any point
     total = len(spec.points())
     bar = Progress(TextColumn(f"[bold]sweep {spec.name}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn(),
@@ -31,7 +33,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with bar:
         task = bar.add_task("runs", total=total)
         rows = list(run_sweep(spec, run_scenario, where, lambda: bar.advance(task)))
-    write_table(rows, out)
+    write_table(rows, out, args.force, [Path(args.spec)])
     failed = sum(1 for r in rows if r.get("error"))
     print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"
                                               if failed else ")"))
@@ -47,4 +49,5 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     sweep.add_argument("--out", help="result table, .parquet or .csv "
                                      "(default runs/sweep-<spec name>.parquet)")
     add_where_options(sweep)
+    add_force_option(sweep, "an existing --out table")
     sweep.set_defaults(func=cmd_sweep)
