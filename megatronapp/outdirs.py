@@ -265,8 +265,25 @@ def clean_leftovers(parent: Path) -> list[Path]:
         return []
     removed = [e for e in entries if e.name.startswith(".") and _is_leftover(e)]
     for entry in removed:
+        _recover(entry)
         discard(entry)
     return removed
+
+
+def _recover(leftover: Path) -> None:
+    """A command killed while publishing left what it was replacing in its
+    marked folder: put it back where it was, wherever that place is free."""
+    marker = _marker(leftover) or {}
+    moved = ([(leftover / "old", leftover.parent / str(marker.get("target")))]
+             if marker.get("use") == "trash" else
+             [(f, leftover.parent / f.name) for f in _entries(leftover / "replaced")])
+    for src, dst in moved:
+        if (src.exists() or src.is_symlink()) and not (dst.exists() or dst.is_symlink()):
+            os.rename(src, dst)
+
+
+def _entries(folder: Path) -> list[Path]:
+    return list(folder.iterdir()) if folder.is_dir() else []
 
 
 def staged_siblings(out: Path) -> list[Path]:
@@ -399,11 +416,13 @@ def publish(tmp: Path, out: Path, force: bool = False, was_there: bool = True,
     try:
         discard(tmp / STAGING_MARKER)
         os.rename(tmp, out)
-    except OSError as err:
+    except BaseException as err:  # an interrupt too: the old result goes back
         _mark(tmp, "partial", out.name)
-        if trash is None:
-            raise UserError(f"{option}: {_shown(out)} {_reason(err)}") from None
-        raise _restore(trash, out, option, _reason(err)) from None
+        reason = _reason(err) if isinstance(err, OSError) else "interrupted"
+        restored = None if trash is None else _restore(trash, out, option, reason)
+        if not isinstance(err, OSError):
+            raise
+        raise restored or UserError(f"{option}: {_shown(out)} {reason}") from None
     if trash is not None:
         discard(trash)
 
@@ -557,9 +576,11 @@ def _publish_files(folder: Path, directory: Path, option: str, force: bool,
             os.rename(folder / name, directory / name)
             placed.append(name)
         _record(directory, names, folder.parent)
-    except OSError as err:
-        reason = f"{option}: cannot write into {_shown(directory)}: {err.strerror or err}"
+    except BaseException as err:  # an interrupt too: every file goes back
         undone = _put_back(folder, directory, aside, touched, placed)
+        if not isinstance(err, OSError):
+            raise
+        reason = f"{option}: cannot write into {_shown(directory)}: {err.strerror or err}"
         raise UserError(f"{reason}; {undone}") from None
 
 

@@ -157,10 +157,10 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def mark_as_ours(folder: Path, pid: int, target: str) -> None:
+def mark_as_ours(folder: Path, pid: int, target: str, use: str = "partial") -> None:
     """The marker a command of process ``pid`` on this host writes into its staging folder."""
     (folder / STAGING_MARKER).write_text(json.dumps({
-        "kind": "megatronapp staging", "use": "partial", "pid": pid,
+        "kind": "megatronapp staging", "use": use, "pid": pid,
         "host": os.uname().nodename, "target": target}))
 
 

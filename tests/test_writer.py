@@ -89,24 +89,41 @@ def test_force_replaces_a_result_holding_a_killed_plots_leftovers(work, result):
 
 
 # -------------------------------- case 2: a failure part-way through --force
+@pytest.mark.parametrize("failure,status,words", [
+    (PermissionError(13, "Permission denied"), 2, "permission denied"),
+    (KeyboardInterrupt(), 128 + 2, "interrupt"),
+])
 def test_a_publish_that_fails_under_force_leaves_the_old_result(work, result, monkeypatch,
-                                                                capsys):
-    """The final rename fails (as a read-only folder or a full disk make it):
-    the previous result is back where it was, byte for byte."""
+                                                                capsys, failure, status, words):
+    """The final rename fails (as a read-only folder or a full disk make it),
+    or Ctrl-C comes just then: the previous result is back, byte for byte."""
     before = tree(work)
     real_rename = os.rename
 
     def failing(src, dst, *a, **kw):
         if Path(dst) == Path("r") and ".partial-" in str(src):
-            raise PermissionError(13, "Permission denied", str(dst))
+            raise failure
         return real_rename(src, dst, *a, **kw)
 
     monkeypatch.chdir(work)
     monkeypatch.setattr(os, "rename", failing)
     code = main(["run", "tiny.yaml", "--out", "r", "--force", "--quiet", "--set", "seed=9"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "Permission denied" in err[0], err
+    assert code == status and len(err) == 1 and words in err[0].lower(), err
     assert tree(work) == before
+
+
+def test_the_next_command_puts_back_what_a_killed_force_had_set_aside(work, result):
+    """Killed between moving the old result aside and putting the new one in
+    place: the old result waits in a marked trash folder and comes back."""
+    before = tree(result)
+    trash = work / ".r.trash-1.abcd1234"
+    trash.mkdir()
+    mark_as_ours(trash, dead_pid(), "r", use="trash")
+    os.rename(result, trash / "old")
+    proc = cli(work, "run", "tiny.yaml", "--out", "other", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert tree(result) == before and sorted(os.listdir(work)) == ["other", "r", "tiny.yaml"]
 
 
 # --------------------------------------- case 3: cleaning never touches user files
