@@ -471,9 +471,23 @@ def remove_result(run_dir: Path, option: str) -> None:
 
 
 # ------------------------------------------------------------ single files
-def _result_of(path: Path) -> tuple[Path, Manifest] | None:
-    manifest = read_manifest(path.parent)
-    return None if manifest is None else (path.parent, manifest)
+@dataclass(frozen=True)
+class _InResult:
+    """A path inside a result folder: the folder, its manifest, the path's name there."""
+
+    root: Path
+    manifest: Manifest
+    rel: str
+
+
+def _result_of(path: Path) -> _InResult | None:
+    """The nearest folder above ``path`` that is a result, if any."""
+    path = path.absolute()
+    for folder in path.parents:
+        manifest = read_manifest(folder)
+        if manifest is not None:
+            return _InResult(folder, manifest, path.relative_to(folder).as_posix())
+    return None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -491,12 +505,12 @@ def _check_replaceable(path: Path, option: str, force: bool, inputs: Sequence[Pa
         raise UserError(f"{option}: {_shown(path)} is an input of this command; give another "
                         "file name")
     result = _result_of(path)
-    if result is not None and path.name in {*result[1].files, MANIFEST}:
+    if result is not None and result.rel in {*result.manifest.files, MANIFEST}:
         raise UserError(f"{option}: {_shown(path)} is part of the result in "
-                        f"{_shown(result[0])}; give another file name")
+                        f"{_shown(result.root)}; give another file name")
     if path.is_dir() and not path.is_symlink():
         raise UserError(f"{option}: {_shown(path)} is a directory; give a file name")
-    ours = result is not None and path.name in result[1].added
+    ours = result is not None and result.rel in result.manifest.added
     if (path.exists() or path.is_symlink()) and not (ours or force):
         raise UserError(f"{option}: {_shown(path)} exists and megatronapp did not write it; "
                         "pass --force to replace it, or give another file name")
@@ -600,12 +614,14 @@ def _put_back(folder: Path, directory: Path, aside: Path, touched: list[str],
     return "nothing was changed"
 
 
-def _record(run_dir: Path, names: Sequence[str], scratch: Path) -> None:
+def _record(directory: Path, names: Sequence[str], scratch: Path) -> None:
     """Files a later command wrote into a result join its manifest's
     ``added``, so that replacing the result takes them along."""
-    manifest = read_manifest(run_dir)
-    if manifest is not None:
-        _write_manifest(run_dir, Manifest(manifest.files, (*manifest.added, *names)), scratch)
+    result = _result_of(directory / "-")
+    if result is not None:
+        rels = [Path(result.rel).with_name(n).as_posix() for n in names]
+        _write_manifest(result.root, Manifest(result.manifest.files,
+                                              (*result.manifest.added, *rels)), scratch)
 
 
 def rename_fresh(src: Path, dst: Path) -> None:

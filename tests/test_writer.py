@@ -148,6 +148,23 @@ def test_export_never_writes_over_the_runs_own_files(work, result, name):
     assert tree(work) == before
 
 
+def test_a_file_deep_in_a_result_is_the_results_even_with_force(tmp_path):
+    """A torch run's ``profile/rank0.pt.trace.json.gz``: the manifest of the
+    folder above protects it, and a file added there joins that manifest."""
+    from megatronapp.errors import UserError
+    from megatronapp.outdirs import check_file, new_file
+
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "rank0.json").write_text("the run's own")
+    (tmp_path / MANIFEST).write_text(json.dumps({"kind": "megatronapp result",
+                                                 "files": ["profile/rank0.json"]}))
+    with pytest.raises(UserError, match="part of the result"):
+        check_file(tmp_path / "profile" / "rank0.json", "--out", force=True)
+    with new_file(tmp_path / "profile" / "aligned.json", "--out") as tmp:
+        tmp.write_text("added")
+    assert read_manifest(tmp_path).added == ("profile/aligned.json",)
+
+
 def test_plot_keeps_a_users_file_and_replaces_it_only_with_force(work, result):
     (result / "scan_heatmap.png").write_bytes(b"my own figure")
     before = tree(work)
