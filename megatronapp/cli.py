@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 from . import limits  # light: the size model imports the scenario schema only when used
 from .errors import UserError
 from .interrupts import Interrupted, stop_on_signals
+from .outdirs import add_force_option
 from .run_report import PROFILE_DIR, print_summary
 
 if TYPE_CHECKING:
@@ -114,8 +115,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ plot
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .files import staged_outputs
-    from .outdirs import record_outputs
+    from .outdirs import staged_outputs
     from .progress import status
     from .scan.cli import check_trace
 
@@ -123,7 +123,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     source = _plot_source(run_dir)
     check_trace(args, source, "plot", limits.COSTS.plot)
     written = []
-    with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir") as stage:
+    with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir",
+                                                            args.force) as stage:
         events = _plot_events(source, limits.json_text_cap(args))  # all plots below, or none
         say("drawing the timeline")
         from .plots import plot_timeline  # matplotlib loads here, under the spinner
@@ -133,7 +134,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
             say("drawing each module's plots")
             written += extra(stage, events)
     paths = [run_dir / Path(p).name for p in written]
-    record_outputs(run_dir, paths)
     for path in paths:
         print(f"wrote {path}")
     return 0
@@ -168,7 +168,6 @@ PlotHook = Callable[[Path, dict], list[Path]]
 # ---------------------------------------------------------- export-trace
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import parse_selection
-    from .outdirs import record_outputs
     from .runs import TRACE_FILE, export_trace
     from .scan.cli import check_trace
 
@@ -178,8 +177,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if (run_dir / TRACE_FILE).is_file():  # else export_trace says what is missing
         check_trace(args, run_dir / TRACE_FILE, "export-trace", limits.COSTS.export)
-    path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out)
-    record_outputs(run_dir, [path])  # replacing the run takes its exports along
+    path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out,
+                               args.force)
     print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")
     return 0
 
@@ -252,8 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backend_option(run)
     run.add_argument("--out", help="output directory (default runs/<scenario name>); a new "
                      "or empty directory, or a previous result with --force")
-    run.add_argument("--force", action="store_true",
-                     help="replace a previous result in --out (only the files it wrote)")
+    add_force_option(run, "a previous result in --out (only if it holds nothing else)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario key, e.g. --set parallel.pp=4 (repeatable)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -291,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="output file (default RUN_DIR/trace-<selection>.json or "
                                       ".pftrace)")
     limits.add_options(export)
+    add_force_option(export, "an existing file that megatronapp did not write")
     export.set_defaults(func=cmd_export)
 
     plot_hooks: list[PlotHook] = []  # each module may add its own plots
@@ -299,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", help="a directory written by 'megatronapp run', or of "
                       "torch.profiler traces")
     limits.add_options(plot)
+    add_force_option(plot, "existing plots that megatronapp did not write")
     plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)
 
     for module in MODULE_CLIS:

@@ -13,10 +13,9 @@ from .columns import source_of
 from .config import ClockSkew, Scenario, adjustments, scenario_to_dict
 from .dpp.windows import dpp_summary_source
 from .errors import UserError
-from .files import atomic_file
 from .eventstore import TRACE_FILE, StoreMeta
 from .export import write_chrome
-from .outdirs import staged_dir  # noqa: F401 (runs are written through it)
+from .outdirs import new_file, staged_dir  # noqa: F401 (runs are written through staged_dir)
 from .summary import summarize_source
 from .topology import Topology
 from .tracer import Event, RunResult, write_json
@@ -98,7 +97,8 @@ def run_label(meta: StoreMeta) -> Callable[[int], str]:
 
 
 def export_trace(run_dir: Path, ranks: list[int] | None, iterations: list[int] | None,
-                 fmt: str, clock: str, out: Path | None) -> tuple[Path, int]:
+                 fmt: str, clock: str, out: Path | None, force: bool = False
+                 ) -> tuple[Path, int]:
     """A selection of a run's trace.parquet as a Chrome (or Perfetto) trace file."""
     from .eventstore import StoreError, iter_columns, local_clock_view, read_meta
 
@@ -117,7 +117,7 @@ def export_trace(run_dir: Path, ranks: list[int] | None, iterations: list[int] |
     batches = iter_columns(store, ranks, iterations)
     if clock == "local":
         batches = (local_clock_view(b, meta.clocks) for b in batches)
-    with atomic_file(out, "--out") as tmp:  # a selection that fails leaves nothing
+    with new_file(out, "--out", force, [store]) as tmp:  # a failed selection leaves nothing
         if fmt == "perfetto":
             from .perfetto import write_perfetto
 

@@ -99,7 +99,7 @@ def test_a_previous_result_is_replaced_only_with_force(tmp_path, scenario, capsy
     assert main(["plot", str(out)]) == 0  # plots join the result's manifest
     assert main(["export-trace", str(out), "--ranks", "1"]) == 0  # so do exports
     assert {"timeline.png", "trace-ranks1_all-it.json"} <= set(
-        read_manifest(out).files)  # type: ignore[union-attr]
+        read_manifest(out).added)  # type: ignore[union-attr]
     code, err = _run(capsys, str(scenario), "--out", str(out), "--force",
                      "--set", "parallel.pp=1", "--set", "model.layers=2")
     assert code == 0, err
@@ -115,7 +115,7 @@ def test_force_refuses_a_result_holding_foreign_files(tmp_path, scenario, capsys
     (out / "notes" / "notes.txt").write_text("mine")
     before = _listing(out)
     code, err = _run(capsys, str(scenario), "--out", str(out), "--force")
-    assert code == 2 and len(err) == 1 and "notes.txt" in err[0]
+    assert code == 2 and len(err) == 1 and "notes/" in err[0]
     assert _listing(out) == before
 
 
@@ -151,26 +151,33 @@ def test_an_exception_while_staging_removes_the_staging_directory(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _dead_pid() -> int:
+def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
 
 
+def mark_as_ours(folder: Path, pid: int, target: str, use: str = "partial") -> None:
+    """The marker a command of process ``pid`` on this host writes into its staging folder."""
+    (folder / STAGING_MARKER).write_text(json.dumps({
+        "kind": "megatronapp staging", "use": use, "pid": pid,
+        "host": os.uname().nodename, "target": target}))
+
+
 def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, scenario, capsys):
     runs = tmp_path / "runs"
     runs.mkdir()
-    dead = _dead_pid()
+    dead = dead_pid()
     killed = runs / f".tiny.partial-{dead}"
     (killed / "ranks").mkdir(parents=True)
-    (killed / STAGING_MARKER).write_text(os.uname().nodename)
+    mark_as_ours(killed, dead, "tiny")
     (killed / "ranks" / "rank0.json").write_text("[half")
     foreign = runs / f".notes.partial-{dead}"  # looks like ours, has no marker: not ours
     foreign.mkdir()
     (foreign / "draft.txt").write_text("mine")
     live = runs / f".other.partial-{os.getppid()}"  # a running process: leave it
     live.mkdir()
-    (live / STAGING_MARKER).write_text(os.uname().nodename)
+    mark_as_ours(live, os.getppid(), "other")
     assert _run(capsys, str(scenario), "--out", str(runs / "tiny"))[0] == 0
     assert not killed.exists() and (foreign / "draft.txt").read_text() == "mine" and live.exists()
     assert clean_leftovers(runs) == []

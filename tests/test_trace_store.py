@@ -134,7 +134,7 @@ def test_an_export_carries_what_the_backend_recorded_and_joins_the_run(small_run
     assert sorted(e.start_s for e in exported) == pytest.approx(
         sorted(e.start_s for e in simulated), abs=2e-9)
     manifest = read_manifest(small_run)
-    assert manifest is not None and path.name in manifest.files  # --force replaces it too
+    assert manifest is not None and path.name in manifest.added  # --force replaces it too
 
 
 def _perfetto_classes() -> Any:

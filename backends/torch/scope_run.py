@@ -9,7 +9,6 @@ model, see ``megatronapp.checkpoint``).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 from megatronapp.checkpoint import write_checkpoint
 from megatronapp.config import Scenario, scenario_to_dict
 from megatronapp.layout import topology_of
+from megatronapp.outdirs import discard, own_folder
 from megatronapp.scope.cost import model_shape
 from megatronapp.scope.storage import merge_capture
 
@@ -46,8 +46,7 @@ def save_shard(s: Scenario, stages: MegatronStages, rank: int, workdir: str | No
         return
     from safetensors.numpy import save_file
 
-    parts = Path(workdir) / "checkpoint" / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
+    parts = own_folder(Path(workdir) / "checkpoint" / "parts")
     save_file({n: p.detach().cpu().numpy() for n, p in stages.named},
               str(parts / f"rank{rank}.safetensors"))
     (parts / f"rank{rank}.json").write_text(json.dumps(
@@ -88,7 +87,7 @@ def finalize(s: Scenario, workdir: Path, losses: Sequence[float]) -> dict[str, A
     parts = workdir / "checkpoint" / "parts"
     if parts.is_dir():
         state = _merge_checkpoint(s, parts)
-        shutil.rmtree(parts)
+        discard(parts)  # marked as ours when the ranks wrote into it
         write_checkpoint(workdir / "checkpoint", state, s.model, s.data,
                          {"scenario": scenario_to_dict(s), "iterations": s.iterations,
                           "final_loss": losses[-1] if losses else None})

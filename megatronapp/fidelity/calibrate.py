@@ -362,10 +362,11 @@ def default_out(scenario: str) -> Path:
 
 def calibrate_command(args: argparse.Namespace, simulate: Callable[[Scenario], list[float]]
                       ) -> int:
-    from ..files import atomic_file, check_file_target
+    from ..outdirs import check_file, new_file
 
     out = Path(args.out) if args.out else default_out(args.scenario)
-    check_file_target(out, "--out")  # before the work, not after it
+    inputs = [Path(args.scenario), Path(args.measured)]
+    check_file(out, "--out", args.force, inputs)  # before the work, not after it
     measured = load_measured(Path(args.measured), Path(args.scenario))
     cal = calibrate(measured)
     data = calibrated_data(Path(args.scenario), cal)
@@ -380,7 +381,7 @@ def calibrate_command(args: argparse.Namespace, simulate: Callable[[Scenario], l
     simulated = simulate(check)
     sim_s = median(simulated[1:] if len(simulated) > 1 else simulated)
     measured_s = cal.evidence["measured_iteration_s"]
-    with atomic_file(out, "--out") as tmp:
+    with new_file(out, "--out", args.force, inputs) as tmp:
         tmp.write_text("# Calibrated by megatronapp calibrate from " + str(args.measured) + "\n"
                        + yaml.safe_dump(data, sort_keys=False))
     report = {"settings": cal.settings, "evidence": cal.evidence,

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..backend import RunHooks
+from ..outdirs import add_force_option
 from ..progress import shown, status
 
 if TYPE_CHECKING:
@@ -106,4 +107,5 @@ def register(sub: Any, plot_hooks: list) -> None:
     cal.add_argument("--out", help="where to write the calibrated scenario "
                      "(default: SCENARIO with .calibrated.yaml)")
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
+    add_force_option(cal, "an existing --out file")
     cal.set_defaults(func=cmd_calibrate)

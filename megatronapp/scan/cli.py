@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from megatronapp import limits
 from megatronapp.limits import COSTS
 from megatronapp.errors import UserError
+from megatronapp.outdirs import add_force_option
 from megatronapp.progress import Say, status
 
 from .methods import DETECTORS
@@ -177,8 +178,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------- align
 def cmd_align(args: argparse.Namespace) -> int:
-    from megatronapp.files import atomic_file, check_file_target
-    from megatronapp.outdirs import record_outputs
+    from megatronapp.outdirs import check_file, new_file
     from megatronapp.tracer import chrome_events, write_json
 
     from .align import score_against_truth, trace_span
@@ -187,7 +187,8 @@ def cmd_align(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
     out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
-    check_file_target(out, "--out")  # before the work, not after
+    inputs = _align_inputs(Path(args.target), run_dir)
+    check_file(out, "--out", args.force, inputs)  # before the work, not after
     check_trace(args, args.target, "align", COSTS.align)
     with status("reading the trace") as say:
         scan = _scan_input(args.target, say, limits.json_text_cap(args))
@@ -198,11 +199,9 @@ def cmd_align(args: argparse.Namespace) -> int:
         events = annotate(scan.events, list(scan.ops))
         merged = [ev for r in sorted(events)
                   for ev in chrome_events(r, f"rank {r}", events[r], lambda t: t)]
-        with atomic_file(out, "--out") as tmp:
+        with new_file(out, "--out", args.force, inputs) as tmp:
             write_json(tmp, {"traceEvents": merged, "displayTimeUnit": "ms",
                              "metadata": {"clock": "aligned"}})
-    if args.out is None:
-        record_outputs(run_dir, [out])
     report: dict[str, Any] = {"wrote": str(out), "sync_ops": len(scan.ops),
                               "clocks": {str(r): {"offset_us": f.offset_us, "drift_ppm": f.drift_ppm,
                                                   "anchors": f.anchors} for r, f in scan.clocks.items()}}
@@ -223,13 +222,26 @@ def cmd_align(args: argparse.Namespace) -> int:
     return 0
 
 
+def _align_inputs(target: Path, run_dir: Path) -> list[Path]:
+    """What align reads, which --out may never replace: the trace file, or a
+    directory's torch.profiler traces, and the ground truth beside them (a
+    run directory's own files its manifest protects)."""
+    from megatronapp.outdirs import path_errors
+
+    from .kineto import kineto_files
+
+    with path_errors("RUN_DIR_OR_TRACE", target):
+        traces = kineto_files(target) if target.is_dir() else [target]
+    return [*traces, run_dir / "ground_truth.json"]
+
+
 # ---------------------------------------------------- validate-detector
 def cmd_validate(args: argparse.Namespace) -> int:
     from backends.registry import get_backend
 
     from megatronapp.backend import REAL
     from megatronapp.executors import Where, where_from
-    from megatronapp.files import check_file_target
+    from megatronapp.outdirs import check_file
 
     from .trials import PLANS
     from .validate import replay_trials, run_trials
@@ -239,7 +251,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for corpus in corpora:
             if not corpus.is_dir():
                 raise UserError(f"--replay: {corpus} is not a directory")
-        check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the scoring
+        check_file(Path(args.csv), "--csv", args.force, corpora, make_parent=True)  # before scoring
         return _report(_collect(lambda _started: (r for c in corpora for r in replay_trials(c)),
                                 None, "scoring saved trials"), args, "replayed")
     backend = get_backend(args.backend)
@@ -254,7 +266,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if keep is not None and where.ray_address:
         raise UserError("--save-runs: trials on a Ray cluster write on its machines; "
                         "keep runs only on local processes")
-    check_file_target(Path(args.csv), "--csv", make_parent=True)  # before the trials
+    check_file(Path(args.csv), "--csv", args.force, make_parent=True)  # before the trials
     label = "running and scoring real trials" if real else "simulating and scoring trials"
     done = _collect(lambda started: run_trials(args.seed, trials, where, run, plan, keep,
                                                on_start=started), trials, label)
@@ -313,7 +325,7 @@ def _report(reports: list[Any], args: argparse.Namespace, what: str,
         faults = [b for plan in PLANS.values() for b in plan.bands if b not in CONTROLS]
         bands = faults + list(CONTROLS)
     rows = summarize([o for r in ok for o in r.outcomes], bands)
-    write_csv(rows, Path(args.csv))
+    write_csv(rows, Path(args.csv), args.force)
     print(markdown_table(rows))
     print("\n" + alignment_line(ok))
     real = real_run_lines(reports, bands)
@@ -379,6 +391,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     align.add_argument("--out", help="output trace (default RUN_DIR/aligned_trace.json)")
     align.add_argument("--json", action="store_true", help=JSON_HELP)
     limits.add_options(align)
+    add_force_option(align)
     align.set_defaults(func=cmd_align)
 
     val = subparsers.add_parser("validate-detector", help="measure detector accuracy vs ground truth")
@@ -390,6 +403,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")
     add_where_options(val)
     val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
+    add_force_option(val, "an existing --csv file")
     val.add_argument("--save-runs", metavar="DIR", default=None,
                      help="keep each trial's run directory here, replacing trials kept there before "
                           f"(torch default: {DEFAULT_REAL_CORPUS}/seedS)")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ from typing import Any, Callable, ContextManager, Iterator, TypeVar
 import duckdb
 
 from megatronapp.errors import UserError
-from megatronapp.files import atomic_file
+from megatronapp.outdirs import discard, new_file, own_folder
 from megatronapp.kinds import event_kind
 from megatronapp.limits import available_memory
 
@@ -88,7 +87,7 @@ def events_loader(events: RankEvents) -> Loader:
         columns = ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items())
         con.execute(f"CREATE TABLE events AS SELECT * FROM read_csv('{path}', header=false, "
                     f"columns={{{columns}}}, nullstr='')")
-        path.unlink()
+        discard(path)  # the events are in DuckDB now; SQL must not read them back as a file
     return load
 
 
@@ -101,7 +100,7 @@ def sandboxed(load: Loader,
     ``./.tmp``: the one directory external access keeps allowed is its
     temporary directory, so with the default SQL could read and replace the
     user's files there. It is set before the lock, so SQL cannot move it."""
-    scratch = Path(tempfile.mkdtemp(prefix="megatronapp-duckdb-"))
+    scratch = own_folder(Path(tempfile.mkdtemp(prefix="megatronapp-duckdb-")))
     try:
         con = duckdb.connect(config={"autoinstall_known_extensions": False,
                                      "autoload_known_extensions": False,
@@ -113,8 +112,7 @@ def sandboxed(load: Loader,
         finally:
             con.close()
     finally:
-        # a directory made above for this connection alone: only its spill files are in it
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard(scratch)  # made and marked above for this connection alone
 
 
 def _lock(con: duckdb.DuckDBPyConnection, limits: QueryLimits) -> None:
@@ -256,7 +254,7 @@ def answer(connection: ContextManager[duckdb.DuckDBPyConnection], sql: str, outp
     with python_memory(), sql_errors(), connection as con:
         if out is None:
             return interruptible(con, lambda: first_rows(con, sql, output.max_rows))
-        with atomic_file(out, "--out") as tmp:
+        with new_file(out, "--out", output.force, [inputs]) as tmp:
             return interruptible(con, lambda: write_rows(con, sql, tmp, kind))
 
 

@@ -9,7 +9,6 @@ import csv
 import json
 import math
 import os
-import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -20,7 +19,7 @@ import numpy as np
 
 from megatronapp.errors import UserError
 from megatronapp.executors import Where, map_unordered
-from megatronapp.files import atomic_file
+from megatronapp.outdirs import new_file, remove_result, staged_dir
 from megatronapp.run_trace import write_traces
 from megatronapp.config import Scenario
 from megatronapp.tracer import RunResult, RunScenario, chrome_events
@@ -101,17 +100,14 @@ def save_trial(trial: Trial, result: RunResult, plan: TrialPlan, seed: int, keep
     ``trace.json`` too when small), the injected truth and how to make the
     trial again."""
     final = keep / f"trial{trial.index:04d}"
-    tmp = keep / f".{final.name}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_traces(trial.scenario, result, tmp)
-    faults = [f.model_dump(mode="json") for f in trial.scenario.faults]
-    (tmp / "ground_truth.json").write_text(json.dumps({"clocks": injected_clocks(result),
-                                                       "faults": faults}))
-    (tmp / TRIAL_FILE).write_text(json.dumps({"plan": plan.name, "seed": seed, "index": trial.index,
-                                              "band": trial.band, "machine_load": load}))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    with staged_dir(final, force=True, option="--save-runs") as tmp:
+        write_traces(trial.scenario, result, tmp)
+        faults = [f.model_dump(mode="json") for f in trial.scenario.faults]
+        (tmp / "ground_truth.json").write_text(json.dumps({"clocks": injected_clocks(result),
+                                                           "faults": faults}))
+        (tmp / TRIAL_FILE).write_text(json.dumps({"plan": plan.name, "seed": seed,
+                                                  "index": trial.index, "band": trial.band,
+                                                  "machine_load": load}))
     return final
 
 
@@ -122,7 +118,7 @@ def saved_trials(corpus: Path) -> list[Path]:
 def clear_saved_trials(corpus: Path) -> None:
     """A kept directory holds one validation's trials: drop an earlier one's."""
     for run_dir in saved_trials(corpus):
-        shutil.rmtree(run_dir)
+        remove_result(run_dir, "--save-runs")
 
 
 def replay_trial(run_dir: Path) -> "TrialReport":
@@ -187,9 +183,9 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def write_csv(rows: list[Row], path: Path, option: str = "--csv") -> None:
+def write_csv(rows: list[Row], path: Path, force: bool = False, option: str = "--csv") -> None:
     """The accuracy table, written whole (a temporary renamed into place) or not at all."""
-    with atomic_file(path, option, make_parent=True) as tmp, open(tmp, "w", newline="") as fh:
+    with new_file(path, option, force, make_parent=True) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["method", "band", "trials", "top1", "precision", "recall", "fpr"])
         for r in rows:

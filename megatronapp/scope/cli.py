@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
+from ..outdirs import add_force_option, check_output
 
 
 def _yaml_arg(text: str, what: str) -> Any:
@@ -65,11 +66,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UserError(f"--tokens: must be >= 1, got {args.tokens}")
     if args.top_k < 1:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
+    check_output(Path(args.out), args.force)  # before any work
     ckpt = read_checkpoint(_checkpoint_dir(args.checkpoint))
     scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: {out} exists and is not a directory")
     try:
         text = _decode(args, ckpt, scope, out)
     except OSError as err:  # the output directory (nothing half-written is left)
@@ -85,11 +85,11 @@ def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path) -> str:
     """Generate into a staged ``out``, printing a line (or a JSON record) per step."""
     from backends.torch.scope_generate import generate, one_rank
 
-    from ..runs import staged_dir
+    from ..outdirs import staged_dir
 
     layers = list(range(1, ckpt.model.layers + 1))
     text = args.prompt
-    with staged_dir(out) as tmp, one_rank(), open(tmp / "generation.jsonl", "w") as log:
+    with staged_dir(out, args.force) as tmp, one_rank(), open(tmp / "generation.jsonl", "w") as log:
         if not args.json:
             print(f"{ckpt.path}: {ckpt.model.layers} layers, hidden {ckpt.model.hidden}; "
                   f"prompt {args.prompt!r}, {args.tokens} tokens"
@@ -227,6 +227,7 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     gen.add_argument("--seed", type=int, default=0,
                      help="seeds sampling, perturbations and the PCA windows (default 0)")
     gen.add_argument("--json", action="store_true", help="print one JSON record per step")
+    add_force_option(gen, "a previous capture in --out (only if it holds nothing else)")
     gen.set_defaults(func=cmd_generate)
 
     summ = sub.add_parser("summary", help="a readable table of a capture")

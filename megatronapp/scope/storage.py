@@ -24,7 +24,6 @@ combines the tensor-parallel slices of channel-split sites exactly (see
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import UserError
+from ..outdirs import discard, own_folder, rename_fresh
 from ..scope_spec import parse_stat
 
 FORMAT = "megascope-capture"
@@ -196,8 +196,8 @@ class PartWriter:
     _since: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
-        self.dir = self.root / "parts" / f"rank{self.rank}"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = own_folder(self.root / "parts") / f"rank{self.rank}"
+        self.dir.mkdir(exist_ok=True)
 
     def write(self, records: Sequence[HostRecord], raws: Sequence[RawSlice]) -> None:
         done, pending = record_tables(records)
@@ -237,7 +237,7 @@ class PartWriter:
         self.counters["raw_tensors"] += len(raws)
         base = self.dir / f"raw-{self.seq:06d}"
         save_file(tensors, str(base) + ".safetensors.tmp")
-        Path(str(base) + ".safetensors.tmp").rename(str(base) + ".safetensors")
+        rename_fresh(Path(str(base) + ".safetensors.tmp"), Path(str(base) + ".safetensors"))
         (self.dir / f"raw-{self.seq:06d}.json").write_text(json.dumps(entries))
 
     def write_injections(self, injections: Iterable[dict[str, Any]]) -> None:
@@ -256,7 +256,7 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
     """A reader following the parts never sees a half-written file."""
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp)
-    tmp.rename(path)
+    rename_fresh(tmp, path)
 
 
 # ------------------------------------------------------------------- merge
@@ -373,7 +373,7 @@ def merge_capture(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
             "files": {"stats": "stats.parquet", "raw_index": "raw.json",
                       "injections": "injections.json"}}
     (root / "manifest.json").write_text(json.dumps(full, indent=2))
-    shutil.rmtree(root / "parts", ignore_errors=True)
+    discard(root / "parts")  # marked by PartWriter as ours
     return full
 
 

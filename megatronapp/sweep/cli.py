@@ -9,6 +9,7 @@ from typing import Any
 from megatronapp import limits
 from megatronapp.errors import UserError
 from megatronapp.executors import add_where_options, where_from
+from megatronapp.outdirs import add_force_option, check_file
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -24,6 +25,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / f"sweep-{spec.name}.parquet")
     if out.suffix not in (".parquet", ".csv"):
         raise UserError(f"--out: {out} must end in .parquet or .csv")
+    check_file(out, "--out", args.force, [Path(args.spec)], make_parent=True)  # before any point
     points = spec.points()
     total = len(points)
     limits.enforce(args, estimate_sweep(points, where, spec.model.detect),
@@ -35,7 +37,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with bar:
         task = bar.add_task("runs", total=total)
         rows = list(run_sweep(spec, run_function(spec.model.backend), where, lambda: bar.advance(task)))
-    write_table(rows, out)
+    write_table(rows, out, args.force, [Path(args.spec)])
     failed = sum(1 for r in rows if r.get("error"))
     print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"
                                               if failed else ")"))
@@ -52,4 +54,5 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                                      "(default runs/sweep-<spec name>.parquet)")
     add_where_options(sweep)
     limits.add_options(sweep)
+    add_force_option(sweep, "an existing --out table")
     sweep.set_defaults(func=cmd_sweep)

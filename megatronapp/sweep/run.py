@@ -6,12 +6,13 @@ import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from .. import limits
 from ..config import Scenario, ScenarioError, parse_scenario
 from ..errors import UserError
 from ..executors import Where, map_unordered
+from ..outdirs import new_file
 from ..summary import summarize
 from ..tracer import RunScenario
 from .spec import Point, SweepSpec
@@ -80,7 +81,8 @@ def run_sweep(spec: SweepSpec, run: RunScenario, where: Where,
     yield from map_unordered(run_point, tasks, where, on_done)
 
 
-def write_table(rows: list[dict[str, Any]], path: Path) -> Path:
+def write_table(rows: list[dict[str, Any]], path: Path, force: bool = False,
+                inputs: Sequence[Path] = ()) -> Path:
     """Rows sorted by point, as Parquet (``.parquet``) or CSV (``.csv``), atomically."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
@@ -91,11 +93,9 @@ def write_table(rows: list[dict[str, Any]], path: Path) -> Path:
     columns = list(dict.fromkeys(k for r in rows for k in r))
     table = pa.Table.from_pylist([{c: r.get(c) for c in columns}
                                   for r in sorted(rows, key=lambda r: r["point"])])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
-    if path.suffix == ".csv":
-        pacsv.write_csv(table, tmp)
-    else:
-        pq.write_table(table, tmp)
-    tmp.replace(path)
+    with new_file(path, "--out", force, inputs, make_parent=True) as tmp:
+        if path.suffix == ".csv":
+            pacsv.write_csv(table, tmp)
+        else:
+            pq.write_table(table, tmp)
     return path
