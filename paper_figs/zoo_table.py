@@ -1,0 +1,209 @@
+"""MegaScan and its baselines on the traces ordinary PyTorch jobs write.
+
+Each job of ``tests/zoo`` (4 ranks, gloo, CPU profiler with the default
+``record_shapes=False``) runs healthy, with rank 1's own matmuls 1.5x and
+2x bigger, and, where the job has point-to-point of its own, with a slow
+link (rank 2 sleeps 5 ms before each ``wait()`` on a receive from rank 1 and
+rank 1 likewise from rank 2); then ``megatronapp detect DIR --json`` runs
+with every ``--method``. A method's verdict on one run is
+
+- right: healthy and no root cause, or its most confident root cause is
+  the injected one (compute on the slowed rank, or the slowed link);
+- missed: a fault and no root cause;
+- wrong: a fault and another root cause first;
+- false alarm: healthy and a root cause;
+- phantom (counted besides): a named link between ranks that exchange no
+  point-to-point message in the job (in jobs with collectives only, every
+  pair shares the world group, so no link there is a phantom).
+
+Realized slowdown, read from the trace, not from the option
+(``tests/zoo/measure.py``): each rank's compute is the summed duration of its
+``aten::mm`` / ``aten::addmm`` / ``aten::bmm`` cpu_ops (every matmul of
+forward and backward; nothing else in these jobs computes much); the slowed
+rank's compute over the median of its peers'. For a run without a slowed rank the column shows the largest
+such ratio over the ranks (what the machine's own noise makes of a healthy
+job). Runs go round the whole grid once per ``--runs``, so a cut-short run
+of the script still covers every case alike (``--out`` is rewritten after
+every run; ``--table-from`` prints the table of such a file).
+
+    PYTHONPATH=. .venv/bin/python paper_figs/zoo_table.py --runs 5 --out zoo.json
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatronapp.cli import main as cli_main
+from megatronapp.scan.methods import DETECTORS
+from tests.zoo.measure import compute_seconds, realized_slowdown
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "tests" / "zoo"
+WORLD, SLOW_RANK, SLOW_LINK, DELAY_MS = 4, 1, (1, 2), 5.0
+PIPELINE_LINKS = frozenset(frozenset((s, s + 1)) for s in range(WORLD - 1))
+VERDICTS = ("right", "wrong", "missed", "false alarm", "error")
+
+
+@dataclass(frozen=True)
+class Kind:
+    script: str
+    flags: tuple[str, ...] = ()
+    p2p: frozenset[frozenset[int]] = frozenset()  # rank pairs with point-to-point
+    slow_link: bool = False  # the job's own receives can be slowed
+
+
+@dataclass(frozen=True)
+class Fault:
+    label: str
+    flags: tuple[str, ...]
+    expected: tuple[str, int, int | None] | None  # (kind, rank, peer) of the root cause
+    needs_link: bool = False
+
+
+KINDS = {
+    "ddp": Kind("ddp_mlp.py"),
+    "ddp-annotated": Kind("ddp_mlp.py", ("--annotate",)),
+    "fsdp2": Kind("fsdp2_mlp.py"),
+    "pipeline-1f1b": Kind("pipeline_1f1b.py", p2p=PIPELINE_LINKS, slow_link=True),
+    "pipelining-1f1b": Kind("pipelining_1f1b.py", p2p=PIPELINE_LINKS),
+    "allreduce-uneven": Kind("allreduce_uneven.py"),
+    "tp-mlp": Kind("tp_mlp.py"),
+    # the same jobs profiled otherwise: which settings help the diagnosis
+    "pipeline-1f1b+shapes": Kind("pipeline_1f1b.py", ("--record-shapes",), PIPELINE_LINKS, True),
+    "fsdp2+shapes": Kind("fsdp2_mlp.py", ("--record-shapes",)),
+    "ddp-annotated-no-steps": Kind("ddp_mlp.py", ("--annotate", "--no-profiler-steps")),
+}
+FAULTS = (
+    Fault("healthy", (), None),
+    *(Fault(f"rank {SLOW_RANK} x{f}", ("--slow-rank", str(SLOW_RANK), "--factor", str(f)),
+            ("compute", SLOW_RANK, None)) for f in (1.5, 2.0)),
+    Fault(f"link {SLOW_LINK[0]}-{SLOW_LINK[1]} +{DELAY_MS:g} ms",
+          ("--slow-link", *map(str, SLOW_LINK), "--delay-ms", str(DELAY_MS)),
+          ("link", *SLOW_LINK), needs_link=True),
+)
+
+
+# ------------------------------------------------------------- one run
+def run_job(kind: Kind, fault: Fault, out: Path) -> None:
+    command = [sys.executable, str(ZOO / kind.script), "--out", str(out),
+               "--world", str(WORLD), *kind.flags, *fault.flags]
+    subprocess.run(command, check=True, capture_output=True, timeout=900)
+
+
+def detect(out: Path, method: str) -> dict[str, Any]:
+    """``megatronapp detect OUT --json --method METHOD``: its JSON, or its error."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with redirect_stdout(stdout), redirect_stderr(stderr):
+        status = cli_main(["detect", str(out), "--json", "--method", method])
+    if status != 0:
+        return {"error": stderr.getvalue().strip()}
+    return dict(json.loads(stdout.getvalue()))
+
+
+def verdict(expected: tuple[str, int, int | None] | None, answer: dict[str, Any]) -> str:
+    if "error" in answer:
+        return "error"
+    causes = [(c["kind"], c["rank"], c["peer"]) for c in answer["root_causes"]]
+    if expected is None:
+        return "false alarm" if causes else "right"
+    if not causes:
+        return "missed"
+    return "right" if same_cause(causes[0], expected) else "wrong"
+
+
+def same_cause(found: tuple[str, int, int | None], expected: tuple[str, int, int | None]) -> bool:
+    if found[0] != expected[0]:
+        return False
+    if found[0] == "compute":
+        return found[1] == expected[1]
+    return {found[1], found[2]} == {expected[1], expected[2]}
+
+
+def phantom_links(kind: Kind, answer: dict[str, Any]) -> list[list[int]]:
+    if not kind.p2p:
+        return []
+    return [[c["rank"], c["peer"]] for c in answer.get("root_causes", ())
+            if c["kind"] == "link" and frozenset((c["rank"], c["peer"])) not in kind.p2p]
+
+
+def one_run(name: str, kind: Kind, fault: Fault, methods: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
+        out = Path(tmp)
+        run_job(kind, fault, out)
+        slow = fault.expected[1] if fault.expected and fault.expected[0] == "compute" else None
+        record: dict[str, Any] = {
+            "kind": name, "fault": fault.label,
+            "realized": realized_slowdown(compute_seconds(out), slow), "methods": {}}
+        for method in methods:
+            answer = detect(out, method)
+            record["methods"][method] = {
+                "verdict": verdict(fault.expected, answer),
+                "phantom": phantom_links(kind, answer),
+                "root_causes": [(c["kind"], c["rank"], c["peer"])
+                                for c in answer.get("root_causes", ())]}
+    return record
+
+
+# ------------------------------------------------------------- the table
+def cell(results: list[dict[str, Any]]) -> str:
+    counts = Counter(r["verdict"] for r in results)
+    text = ", ".join(f"{v} {counts[v]}" for v in VERDICTS if counts[v])
+    phantoms = sum(1 for r in results if r["phantom"])
+    return text + (f" (phantom link in {phantoms})" if phantoms else "")
+
+
+def table(records: list[dict[str, Any]], methods: list[str]) -> str:
+    cases: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        cases.setdefault((record["kind"], record["fault"]), []).append(record)
+    lines = ["| job | fault | runs | realized slowdown, median (min-max) | "
+             + " | ".join(methods) + " |", "|---" * (4 + len(methods)) + "|"]
+    for (kind, fault), runs in cases.items():
+        realized = [r["realized"] for r in runs]
+        span = f"{statistics.median(realized):.2f} ({min(realized):.2f}-{max(realized):.2f})"
+        verdicts = [cell([r["methods"][m] for r in runs]) for m in methods]
+        lines.append(f"| {kind} | {fault} | {len(runs)} | {span} | " + " | ".join(verdicts) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=list(KINDS))
+    parser.add_argument("--methods", nargs="+", choices=sorted(DETECTORS), default=list(DETECTORS))
+    parser.add_argument("--out", type=Path, help="every run's record as JSON")
+    parser.add_argument("--table-from", type=Path, help="print the table of an --out file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.table_from:
+        print(table(json.loads(args.table_from.read_text()), args.methods))
+        return 0
+    cases = [(name, fault) for name in args.kinds for fault in FAULTS
+             if KINDS[name].slow_link or not fault.needs_link]
+    records: list[dict[str, Any]] = []
+    for run in range(args.runs):
+        for i, (name, fault) in enumerate(cases, 1):
+            print(f"run {run + 1}/{args.runs}, case {i}/{len(cases)}: {name}, {fault.label}",
+                  file=sys.stderr, flush=True)
+            records.append(one_run(name, KINDS[name], fault, args.methods))
+            if args.out:
+                args.out.write_text(json.dumps(records, indent=1))
+    print(table(records, args.methods))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The zoo of ordinary PyTorch jobs (``tests/zoo``, no megatronapp code in
+them): each writes one torch.profiler trace per rank that megatronapp reads,
+and the slow rank it is asked for really computes more, by its own trace.
+(What MegaScan and its baselines make of these traces is measured by
+``paper_figs/zoo_table.py``, not asserted here.)"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from megatronapp.cli import main
+from megatronapp.scan.kineto import kineto_files
+from tests.zoo.measure import compute_seconds, realized_slowdown
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "tests" / "zoo"
+WORLD, STEPS = 4, 2
+JOBS = ("ddp_mlp.py", "fsdp2_mlp.py", "pipeline_1f1b.py", "pipelining_1f1b.py",
+        "allreduce_uneven.py", "tp_mlp.py")
+
+
+def run_job(script: str, out: Path, *flags: str) -> Path:
+    subprocess.run([sys.executable, str(ZOO / script), "--out", str(out), "--world", str(WORLD),
+                    "--steps", str(STEPS), *flags],
+                   check=True, capture_output=True, timeout=600, cwd=ROOT)
+    return out
+
+
+def traces_by_rank(out: Path) -> dict[int, dict]:
+    traces = [json.loads(path.read_text()) for path in kineto_files(out)]
+    by_rank = {int(t["distributedInfo"]["rank"]): t for t in traces}
+    assert len(by_rank) == len(traces)  # one file per rank
+    return by_rank
+
+
+def step_ranges(trace: dict) -> int:
+    return sum(1 for e in trace["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#"))
+
+
+def analyzed_ranks(out: Path, capsys: pytest.CaptureFixture[str]) -> set[str]:
+    assert main(["analyze", str(out), "--json"]) == 0
+    return set(json.loads(capsys.readouterr().out)["ranks"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", JOBS)
+def test_a_healthy_zoo_job_writes_one_trace_per_rank_that_analyze_reads(script, tmp_path,
+                                                                        capsys):
+    out = run_job(script, tmp_path, "--annotate")
+    traces = traces_by_rank(out)
+    assert sorted(traces) == list(range(WORLD))
+    assert Counter(step_ranges(t) for t in traces.values()) == {STEPS: WORLD}
+    assert analyzed_ranks(out, capsys) == {str(rank) for rank in range(WORLD)}
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # a slow rank judged on real timing
+@pytest.mark.parametrize("script", JOBS)
+def test_a_slowed_rank_computes_more_than_its_peers_by_its_own_trace(script, tmp_path):
+    out = run_job(script, tmp_path, "--slow-rank", "1", "--factor", "3")
+    assert realized_slowdown(compute_seconds(out), slow_rank=1) > 1
+
+
+@pytest.mark.slow
+def test_without_profiler_steps_a_trace_has_no_step_ranges_and_is_still_read(tmp_path, capsys):
+    out = run_job("tp_mlp.py", tmp_path, "--no-profiler-steps")
+    traces = traces_by_rank(out)
+    assert sorted(traces) == list(range(WORLD))
+    assert not any(step_ranges(t) for t in traces.values())
+    assert analyzed_ranks(out, capsys) == {str(rank) for rank in range(WORLD)}
