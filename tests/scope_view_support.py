@@ -60,6 +60,7 @@ class ViewServer:
 
     target: Path
     args: tuple[str, ...] = ()
+    cwd: Path = ROOT  # a relative target is shown as given: the screenshots' neutral paths
     fd_limit: int | None = None  # the server's RLIMIT_NOFILE (soft), when set
     url: str = ""
     proc: subprocess.Popen[str] | None = None
@@ -68,7 +69,7 @@ class ViewServer:
     def __enter__(self) -> "ViewServer":
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "megatronapp.cli", "scope", "serve", str(self.target),
-             "--port", "0", *self.args], cwd=ROOT, stdout=subprocess.PIPE,
+             "--port", "0", *self.args], cwd=self.cwd, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, preexec_fn=self._limit_fds)
         threading.Thread(target=self._drain, daemon=True).start()
         assert self.proc.stdout is not None
@@ -202,3 +203,28 @@ def write_training_step(writer: Any, step: int, layers: int = 2, tokens: int = 8
                                   part))
     writer.write(records, [])
     writer.flush()
+
+
+def start_followed_run(run: Path) -> Any:
+    """A run directory as a training run lays it out, its first step written;
+    the writer that writes the next ones."""
+    from megatronapp.scope.storage import PartWriter
+
+    writer = PartWriter(run / "scope", 0)
+    write_training_step(writer, 0)
+    return writer
+
+
+def open_training_view(page: Any, url: str) -> None:
+    """The page at ``url`` on its training tab, once it has drawn the series."""
+    page.goto(url)
+    page.click("#tabs button[data-tab=training]")
+    page.wait_for_function("() => window.megascope.series !== null")
+
+
+def follow_next_step(page: Any, writer: Any, step: int) -> None:
+    """Write ``step`` and wait until the followed page has drawn it."""
+    write_training_step(writer, step)
+    page.wait_for_function(
+        f"() => window.megascope.series.arrays.steps.data.length === {step + 1}",
+        timeout=60_000)

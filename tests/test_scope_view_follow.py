@@ -23,8 +23,9 @@ from megatronapp.errors import UserError
 from megatronapp.scope.storage import HostRecord, PartWriter, RecordKey, Rows, merge_capture
 from megatronapp.scope.view.follow import PartsFollower, followed_capture
 from megatronapp.scope.view.source import TrainingSeries, followed_source
-from tests.scope_view_support import (ViewServer, blank_of, client, launch_chromium, shoot,
-                                      write_training_step)
+from tests.scope_view_support import (ViewServer, blank_of, client, follow_next_step,
+                                      launch_chromium, open_training_view, shoot,
+                                      start_followed_run, write_training_step)
 
 
 def series_steps(follower: PartsFollower) -> list[int]:
@@ -141,8 +142,7 @@ def test_ridges_are_per_step_histograms_on_shared_edges() -> None:
 @pytest.fixture
 def growing(tmp_path: Path) -> Iterator[tuple[PartWriter, ViewServer]]:
     run = tmp_path / "run"
-    writer = PartWriter(run / "scope", 0)  # a run directory as the training run lays it out
-    write_training_step(writer, 0)
+    writer = start_followed_run(run)
     with ViewServer(run, ("--follow",)) as srv:
         yield writer, srv
 
@@ -152,6 +152,14 @@ def next_json(ws: Any, kind: str) -> dict[str, Any]:
         msg = ws.recv(timeout=60)
         if isinstance(msg, str) and json.loads(msg)["kind"] == kind:
             return json.loads(msg)
+
+
+@pytest.mark.slow
+def test_a_run_served_from_its_parent_is_named_as_given(tmp_path: Path) -> None:
+    # docs/img's screenshots name runs/NAME, not the temporary folder they were made in
+    start_followed_run(tmp_path / "runs" / "follow")
+    with ViewServer(Path("runs/follow"), ("--follow",), cwd=tmp_path) as srv, client(srv) as ws:
+        assert next_json(ws, "info")["capture"] == "runs/follow"
 
 
 @pytest.mark.slow
@@ -191,17 +199,13 @@ def test_the_training_view_gains_a_step_and_draws_ridges(
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(srv.url)
-            page.click("#tabs button[data-tab=training]")
-            page.wait_for_function("() => window.megascope.series !== null")
+            open_training_view(page, srv.url)
             blank = blank_of(page, 900, 420)
             assert page.evaluate("window.megascope.series.arrays.steps.data.length") == 1
             ridges_one = page.evaluate("document.getElementById('ridge-canvas').toDataURL()")
             line_one = page.evaluate("document.getElementById('train-canvas').toDataURL()")
             assert ridges_one != blank and page.evaluate("window.megascope.ridges") == 1
-            write_training_step(writer, 1)
-            page.wait_for_function(
-                "() => window.megascope.series.arrays.steps.data.length === 2", timeout=60_000)
+            follow_next_step(page, writer, 1)
             assert page.evaluate("window.megascope.ridges") == 2
             assert page.evaluate("document.getElementById('ridge-canvas').toDataURL()") != ridges_one
             assert page.evaluate("document.getElementById('train-canvas').toDataURL()") != line_one
