@@ -193,6 +193,9 @@ def cli_argv(command: str) -> list[str]:
         raise AssertionError(f"{command!r}: not a plain CLI call; run it or list it in NOT_RUN")
     if SHELL_OPERATORS.intersection(rest):
         raise AssertionError(f"{command!r}: a shell pipeline; list it in NOT_RUN")
+    if any(word.startswith("/") for word in rest):
+        raise AssertionError(f"{command!r}: an absolute path would be written or read outside "
+                             "the test's directory; list it in NOT_RUN")
     return [sys.executable, "-m", "megatronapp.cli", *rest]
 
 
@@ -252,6 +255,15 @@ def test_shown_output_is_compared_line_by_line() -> None:
     with pytest.raises(AssertionError, match="68 ops"):
         compare_shown(command, printed)
     compare_shown(command, printed.replace("516", "68"))
+
+
+def test_a_command_that_cannot_run_here_must_be_listed() -> None:
+    for command in ("megatronapp run a.yaml --out /tmp/a", "megatronapp run a.yaml | tee log",
+                    "taskset -c 1 megatronapp detect runs/a"):
+        with pytest.raises(AssertionError, match="NOT_RUN"):
+            cli_argv(command)
+    assert cli_argv("python -m megatronapp.cli detect runs/a")[1:] == [
+        "-m", "megatronapp.cli", "detect", "runs/a"]
 
 
 def test_prompted_blocks_pair_commands_with_their_output() -> None:
