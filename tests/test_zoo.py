@@ -73,3 +73,28 @@ def test_without_profiler_steps_a_trace_has_no_step_ranges_and_is_still_read(tmp
     assert sorted(traces) == list(range(WORLD))
     assert not any(step_ranges(t) for t in traces.values())
     assert analyzed_ranks(out, capsys) == {str(rank) for rank in range(WORLD)}
+
+
+def idle_after(trace: dict, span: dict) -> float:
+    """µs from ``span``'s end to the next event its thread starts."""
+    end = span["ts"] + span["dur"]
+    later = [e["ts"] for e in trace["traceEvents"] if e.get("ph") == "X"
+             and e.get("tid") == span["tid"] and e["ts"] >= end]
+    return min(later) - end
+
+
+@pytest.mark.slow
+def test_a_slowed_link_holds_each_of_its_receivers_before_wait(tmp_path):
+    """With ``record_shapes`` a receive names its source: each receive over
+    link 1-2 is followed by the receiver's sleep before ``wait()`` (a floor
+    the sleep sets, however loaded the machine), on both sides of the link."""
+    delay_ms = 20.0
+    out = run_job("pipeline_1f1b.py", tmp_path, "--record-shapes", "--slow-link", "1", "2",
+                  "--delay-ms", str(delay_ms))
+    traces = traces_by_rank(out)
+    for receiver, sender in ((2, 1), (1, 2)):
+        trace = traces[receiver]
+        receives = [e for e in trace["traceEvents"] if e.get("name") == "c10d::recv_"
+                    and e["args"]["Concrete Inputs"][2] == str(sender)]
+        assert len(receives) == STEPS * 8  # one per microbatch and step
+        assert min(idle_after(trace, e) for e in receives) >= delay_ms * 1e3
