@@ -9,6 +9,8 @@ import pytest
 
 from megatronapp.cli import main
 
+from .conftest import run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 NO_JITTER = "cluster.jitter={compute_sigma: 0, link_sigma: 0}"
 SCENARIOS = [
@@ -51,3 +53,13 @@ def test_predict_does_not_run_the_simpy_interpreter(monkeypatch: pytest.MonkeyPa
     scenario = ROOT / "scenarios" / "throttle.yaml"
     predicted = _json_of(["predict", str(scenario), "--quiet", "--json"], capsys)
     assert len(predicted["iteration_times_s"]) == load_scenario(str(scenario), []).iterations
+
+
+def test_predict_on_an_adaptive_schedule_says_memory_is_not_predicted() -> None:
+    """An adaptive schedule orders its work at run time: no static order to
+    size, so no peak is claimed (it was a ValueError traceback)."""
+    result = run_cli("predict", str(ROOT / "scenarios" / "dpp_healthy.yaml"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["peak_memory_bytes"] is None
+    text = run_cli("predict", str(ROOT / "scenarios" / "dpp_healthy.yaml")).stdout
+    assert "memory per rank: not predicted" in text

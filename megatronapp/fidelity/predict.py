@@ -50,8 +50,10 @@ class Prediction:
         return self.model_flops / self.gpus / self.iteration_s / self.peak_flops_per_gpu
 
     @property
-    def peak_memory_bytes(self) -> float:
-        return max(m.total for m in self.memory)
+    def peak_memory_bytes(self) -> float | None:
+        """None where the schedule decides its order at run time (adaptive):
+        there is no static order to size the activations of."""
+        return max((m.total for m in self.memory), default=None)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "gpus": self.gpus, "iteration_s": self.iteration_s,
@@ -103,7 +105,9 @@ def prediction_lines(p: Prediction) -> list[str]:
                  f"({len(p.iteration_times_s)} iteration(s) simulated)")
     lines.append(f"  throughput: {_figure(p.hardware_tflops_per_gpu)} TFLOP/s per GPU "
                  f"(recomputation included), MFU {_figure(p.mfu * 100)}%")
-    if p.memory:
+    if not p.memory:
+        lines.append("  memory per rank: not predicted (the schedule orders its work at run time)")
+    else:
         lines.append(f"  memory per rank (GB; device {p.capacity_bytes / 1e9:.1f}):")
         lines.append("    stage  weights  grads  optimizer  activations  transient  buffers   total")
         for m in p.memory:
