@@ -36,7 +36,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"sweep {spec.name}: {total} runs on {where.describe()}", file=sys.stderr)
     with bar:
         task = bar.add_task("runs", total=total)
-        rows = list(run_sweep(spec, run_function(spec.model.backend), where, lambda: bar.advance(task)))
+        rows = list(run_sweep(spec, run_function(spec.model.backend), where,
+                              lambda: bar.advance(task)))
     write_table(rows, out, args.force, [Path(args.spec)])
     failed = sum(1 for r in rows if r.get("error"))
     print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"
