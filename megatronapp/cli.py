@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
-               "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli")
+               "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli",
+               "megatronapp.report.cli")
 
 
 # ------------------------------------------------------------------- run
@@ -118,10 +119,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from .outdirs import staged_outputs
     from .progress import status
     from .scan.cli import check_trace
+    from .scan.focus import plot_cost
 
     run_dir = Path(args.run_dir)
     _check_plot_source(run_dir)
-    check_trace(args, run_dir, "plot", _plot_cost(run_dir))
+    check_trace(args, run_dir, "plot", plot_cost(run_dir))
     written = []
     with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir",
                                                             args.force) as stage:
@@ -151,14 +153,6 @@ def _check_plot_source(run_dir: Path) -> None:
         return
     raise UserError(f"run_dir: no trace.parquet or trace.json in {run_dir} and no "
                     "torch.profiler traces there (run 'megatronapp run' first)")
-
-
-def _plot_cost(run_dir: Path) -> limits.TraceCost:
-    """A stored run is diagnosed from its columns and at most MAX_RANKS ranks
-    are drawn, so it costs what detect costs; JSON input is all objects."""
-    from .scan.table import store_of
-
-    return limits.COSTS.detect_columns if store_of(run_dir) else limits.COSTS.plot
 
 
 def _plot_input(run_dir: Path, max_bytes: float, say: Callable[[str], None]) -> Any:

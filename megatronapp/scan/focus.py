@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from megatronapp.columns import EventColumns
+from megatronapp.limits import COSTS, TraceCost
 from megatronapp.progress import Say, quiet
 from megatronapp.tracer import Event
 
@@ -41,6 +42,14 @@ def focus_of(diagnosis: Diagnosis, selection: str = "") -> PlotFocus:
     what = f"link {cause.rank}->{cause.peer}" if cause.kind == "link" else f"rank {cause.rank}"
     label = f"root cause: {what} ({cause.kind}, confidence {cause.confidence:.2f})"
     return PlotFocus(cause.rank, label, diagnosis.victims, selection)
+
+
+def plot_cost(target: Path) -> TraceCost:
+    """A stored run is diagnosed from its columns and at most MAX_RANKS ranks
+    are drawn, so it costs what detect costs; JSON input is all objects."""
+    from .table import store_of
+
+    return COSTS.detect_columns if store_of(target) else COSTS.plot
 
 
 def load_plot_input(target: Path, max_bytes: float | None = None, say: Say = quiet,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 from matplotlib.collections import LineCollection
@@ -14,11 +13,14 @@ from matplotlib.lines import Line2D
 
 from megatronapp.plots import COLOURS, mark_row, note, rank_ticks, save, tick_step
 
+from megatronapp.tracer import Event
+
 from .focus import PlotFocus
-from .load import RankEvents
+
+Events = Mapping[int, Sequence[Event]]  # rank -> its events (a dict, or a view of columns)
 
 
-def mean_durations(events: RankEvents) -> tuple[list[int], list[str], np.ndarray]:
+def mean_durations(events: Events) -> tuple[list[int], list[str], np.ndarray]:
     """ranks, op names, matrix of mean duration in ms (NaN where a rank lacks the op)."""
     sums: dict[tuple[int, str], list[float]] = defaultdict(list)
     for rank, evs in events.items():
@@ -34,7 +36,7 @@ def mean_durations(events: RankEvents) -> tuple[list[int], list[str], np.ndarray
     return ranks, names, grid
 
 
-def heatmap_figure(events: RankEvents, title: str = "", focus: PlotFocus = PlotFocus()
+def heatmap_figure(events: Events, title: str = "", focus: PlotFocus = PlotFocus()
                    ) -> Figure:
     """Colour = mean duration relative to that op's median over ranks, so a
     slow rank shows up as a bright row whatever the op's absolute length;
@@ -62,12 +64,12 @@ def heatmap_figure(events: RankEvents, title: str = "", focus: PlotFocus = PlotF
     return fig
 
 
-def plot_heatmap(events: RankEvents, path: Path, title: str = "",
+def plot_heatmap(events: Events, path: Path, title: str = "",
                  focus: PlotFocus = PlotFocus()) -> Path:
     return save(heatmap_figure(events, title, focus), path)
 
 
-def _successors(events: RankEvents) -> dict[int, int]:
+def _successors(events: Events) -> dict[int, int]:
     """Each rank's next pipeline stage, from its send_forward peers."""
     nxt: dict[int, int] = {}
     for rank, evs in events.items():
@@ -84,14 +86,14 @@ def _chain(nxt: dict[int, int], first: int) -> list[int]:
     return order
 
 
-def pipelines(events: RankEvents) -> list[list[int]]:
+def pipelines(events: Events) -> list[list[int]]:
     """Every pipeline drawn from ``events``, each in stage order."""
     nxt = _successors(events)
     heads = sorted(r for r in events if r not in set(nxt.values()))
     return [_chain(nxt, h) for h in heads] or [_chain(nxt, min(events))]
 
 
-def pipeline_of(events: RankEvents, holding: int | None = None) -> list[int]:
+def pipeline_of(events: Events, holding: int | None = None) -> list[int]:
     """The pipeline that holds rank ``holding``, else the slowest one (most
     compute time in total), in stage order."""
     chains = pipelines(events)
@@ -101,11 +103,11 @@ def pipeline_of(events: RankEvents, holding: int | None = None) -> list[int]:
     return max(chains, key=lambda chain: _compute_time(events, chain))
 
 
-def _compute_time(events: RankEvents, ranks: Iterable[int]) -> float:
+def _compute_time(events: Events, ranks: Iterable[int]) -> float:
     return sum(e.dur_s for r in ranks for e in events[r] if e.name in ("forward", "backward"))
 
 
-def _marey_paths(events: RankEvents, stages: list[int], iteration: int
+def _marey_paths(events: Events, stages: list[int], iteration: int
                  ) -> dict[tuple[str, int, int], list[tuple[float, float, int]]]:
     """(forward|backward, microbatch, chunk) -> its (start ms, end ms, stage row)."""
     t0 = min((e.start_s for r in stages for e in events[r] if e.args.get("iteration") == iteration),
@@ -120,7 +122,7 @@ def _marey_paths(events: RankEvents, stages: list[int], iteration: int
     return paths
 
 
-def marey_figure(events: RankEvents, iteration: int = 0, title: str = "",
+def marey_figure(events: Events, iteration: int = 0, title: str = "",
                  focus: PlotFocus = PlotFocus()) -> Figure:
     """Time runs right, pipeline stages run down, for the pipeline that holds
     the root cause (else the slowest one). Each microbatch's forward (and
@@ -154,12 +156,12 @@ def marey_figure(events: RankEvents, iteration: int = 0, title: str = "",
     return fig
 
 
-def plot_marey(events: RankEvents, path: Path, iteration: int = 0, title: str = "",
+def plot_marey(events: Events, path: Path, iteration: int = 0, title: str = "",
                focus: PlotFocus = PlotFocus()) -> Path:
     return save(marey_figure(events, iteration, title, focus), path)
 
 
-def plot_hook(run_dir: Path, events: RankEvents, focus: PlotFocus = PlotFocus()) -> list[Path]:
+def plot_hook(run_dir: Path, events: Events, focus: PlotFocus = PlotFocus()) -> list[Path]:
     """Extra plots for ``megatronapp plot``."""
     out = [plot_heatmap(events, run_dir / "scan_heatmap.png",
                         title=f"{run_dir.name}: mean op time", focus=focus)]
