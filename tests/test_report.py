@@ -4,6 +4,7 @@ Playwright). With ``$MEGATRONAPP_SCREENSHOTS`` set to a directory
 (``docs/img`` for the documentation) the page's screenshot is copied there."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -86,3 +87,17 @@ def test_the_page_in_a_browser(report: Path, tmp_path: Path) -> None:
     target = os.environ.get("MEGATRONAPP_SCREENSHOTS")
     if target:
         shutil.copyfile(shot, Path(target) / shot.name)
+
+
+def test_a_run_that_trained_gets_its_loss_curve(report: Path, tmp_path: Path) -> None:
+    """A real run's summary has losses: the page plots them beside iteration time."""
+    run = tmp_path / "trained"
+    shutil.copytree(report.parent, run)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["loss_per_iteration"] = [10.4, 9.8, 9.1, 8.7]
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(run), "--out", str(tmp_path / "page.html")]) == 0
+    page = (tmp_path / "page.html").read_text()
+    iterations = page[page.index('<section id="iterations">'):page.index('<section id="timeline">')]
+    assert "Iteration time and loss" in iterations and iterations.count("<img ") == 2
+    assert "Iteration time and loss" not in report.read_text()
