@@ -36,6 +36,7 @@ def windows_figure(events: Mapping[int, Sequence[Event]], title: str = "") -> Fi
         ax.bar(ranks, values, color=colour, label=name)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=name)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(len(ranks), 16)))
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))  # whole activations
     fig.suptitle(title or "MegaDPP windows")
     return fig
 
