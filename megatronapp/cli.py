@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
-               "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli")
+               "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli",
+               "megatronapp.report.cli")
 
 
 # ------------------------------------------------------------------- run
@@ -118,51 +119,50 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from .outdirs import staged_outputs
     from .progress import status
     from .scan.cli import check_trace
+    from .scan.focus import plot_cost
 
     run_dir = Path(args.run_dir)
-    source = _plot_source(run_dir)
-    check_trace(args, source, "plot", limits.COSTS.plot)
+    _check_plot_source(run_dir)
+    check_trace(args, run_dir, "plot", plot_cost(run_dir))
     written = []
     with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir",
                                                             args.force) as stage:
-        events = _plot_events(source, limits.json_text_cap(args))  # all plots below, or none
+        data = _plot_input(run_dir, limits.json_text_cap(args), say)  # all plots, or none
         say("drawing the timeline")
         from .plots import plot_timeline  # matplotlib loads here, under the spinner
 
-        written.append(plot_timeline(events, stage / "timeline.png", title=run_dir.name))
+        f = data.focus
+        written.append(plot_timeline(data.events, stage / "timeline.png", run_dir.name,
+                                     f.root, f.root_label, f.selection))
         for extra in args.plot_hooks:
             say("drawing each module's plots")
-            written += extra(stage, events)
-    paths = [run_dir / Path(p).name for p in written]
-    for path in paths:
+            written += extra(stage, data.events, f)
+    for path in [run_dir / Path(p).name for p in written]:
         print(f"wrote {path}")
     return 0
 
 
-def _plot_source(run_dir: Path) -> Path:
-    """A run directory's merged trace.json, else the directory itself when it
-    holds torch.profiler traces (aligned first); the plots go next to them."""
+def _check_plot_source(run_dir: Path) -> None:
+    """A run directory (trace.parquet or trace.json), else a directory of
+    torch.profiler traces (aligned first); the plots go next to them."""
     from .scan.kineto import kineto_files
 
-    trace = run_dir / "trace.json"
-    if trace.is_file():
-        return trace
+    if any((run_dir / name).is_file() for name in ("trace.parquet", "trace.json")):
+        return
     if run_dir.is_dir() and kineto_files(run_dir):
-        return run_dir
-    raise UserError(f"run_dir: {trace} not found and no torch.profiler traces there "
-                    "(run 'megatronapp run' first)")
+        return
+    raise UserError(f"run_dir: no trace.parquet or trace.json in {run_dir} and no "
+                    "torch.profiler traces there (run 'megatronapp run' first)")
 
 
-def _plot_events(source: Path, max_bytes: float) -> dict[int, Any]:
-    from .runs import read_events
-    from .scan.inputs import load_scan_input
+def _plot_input(run_dir: Path, max_bytes: float, say: Callable[[str], None]) -> Any:
+    from .scan.cli import _side_file
+    from .scan.focus import load_plot_input
 
-    if source.is_file():
-        return read_events(source, max_bytes)
-    return load_scan_input(source, max_bytes=max_bytes).events
+    return _side_file(lambda target: load_plot_input(target, max_bytes, say), run_dir)
 
 
-PlotHook = Callable[[Path, dict], list[Path]]
+PlotHook = Callable[[Path, Any, Any], list[Path]]  # (folder, events, PlotFocus) -> written
 
 
 # ---------------------------------------------------------- export-trace

@@ -158,6 +158,15 @@ def chromium_path() -> str:
                        "installs it")
 
 
+def page_with_errors(browser: Any, viewport: dict[str, int]) -> tuple[Any, list[str]]:
+    """A new page, and the list its console errors and uncaught exceptions go to."""
+    errors: list[str] = []
+    page = browser.new_page(viewport=viewport)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return page, errors
+
+
 def blank_of(page: Any, width: int, height: int) -> str:
     """What an empty canvas of this size looks like, as a data URL."""
     return page.evaluate(  # type: ignore[no-any-return]

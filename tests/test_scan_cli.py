@@ -108,7 +108,8 @@ def test_heatmap_grid_and_pipeline_order(run_dir):
     ranks, names, grid = mean_durations(events)
     slowest = ranks[int(grid[:, names.index("backward")].argmax())]
     assert slowest == 6
-    assert pipeline_of(events) == [0, 4]  # stage 0 then stage 1 of the (dp 0, tp 0) pipeline
+    assert pipeline_of(events, holding=4) == [0, 4]  # stage 0 then 1 of (dp 0, tp 0)
+    assert pipeline_of(events) == [2, 6]  # with no rank named: the slowest rank's pipeline
 
 
 @pytest.mark.parametrize("argv, field", [

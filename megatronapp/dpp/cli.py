@@ -115,7 +115,8 @@ def in_milliseconds(metrics: dict[str, float]) -> dict[str, float]:
             for k, v in metrics.items()}
 
 
-def plot_hook(run_dir: Path, events: dict) -> list[Path]:
+def plot_hook(run_dir: Path, events: dict, _focus: Any = None) -> list[Path]:
+    """``megatronapp plot`` adds the window metrics (the root cause is not theirs to mark)."""
     from .plots import plot_windows
 
     return [plot_windows(events, Path(run_dir) / "dpp_windows.png", title=Path(run_dir).name)]

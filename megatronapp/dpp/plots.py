@@ -6,46 +6,46 @@ from pathlib import Path
 from statistics import fmean
 from typing import Mapping, Sequence
 
-import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from ..tracer import Event  # noqa: E402
-from .memory import trace_live_slots  # noqa: E402
-from .windows import allreduce_windows, send_windows  # noqa: E402
+from ..plots import save
+from ..tracer import Event
+from .memory import trace_live_slots
+from .windows import allreduce_windows, send_windows
 
 
-def plot_windows(events: Mapping[int, Sequence[Event]], path: Path, title: str = "") -> Path:
-    """Per rank: mean P2P send window, mean all-reduce window, live activations."""
+def windows_figure(events: Mapping[int, Sequence[Event]], title: str = "") -> Figure:
+    """Per rank: mean P2P send window, mean all-reduce window, and the most
+    activations it held at once (one bar per rank: readable at any size)."""
     ranks = sorted(events)
     by_src: dict[int, list[float]] = defaultdict(list)
     for w in send_windows(events):
         by_src[w.src].append(w.window_s)
     p2p = [fmean(by_src[r]) * 1e3 if by_src[r] else 0.0 for r in ranks]
     ar = [fmean(ws) * 1e3 if (ws := allreduce_windows(events[r])) else 0.0 for r in ranks]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    axes[0].bar(ranks, p2p, color="#8C8C8C")
-    axes[0].set(xlabel="sending rank", ylabel="ms", title="mean P2P send window")
-    axes[1].bar(ranks, ar, color="#C44E52")
-    axes[1].set(xlabel="rank", ylabel="ms", title="mean all-reduce window")
-    for r in ranks:
-        steps = trace_live_slots(events[r])
-        if steps:
-            axes[2].step([t for t, _ in steps], [n for _, n in steps], where="post",
-                         label=f"rank {r}", linewidth=1)
-    axes[2].set(xlabel="time (s)", ylabel="stored activations (microbatch x chunk)",
-                title="live activations")
-    if len(ranks) <= 8:
-        axes[2].legend(fontsize=7)
+    peak = [max((n for _, n in trace_live_slots(events[r])), default=0) for r in ranks]
+    fig = Figure(figsize=(15, 4.5), layout="constrained")
+    axes = fig.subplots(1, 3)
+    panels = ((p2p, "#8C8C8C", "sending rank", "window (ms)", "mean P2P send window"),
+              (ar, "#C44E52", "rank", "window (ms)", "mean all-reduce window"),
+              (peak, "#4C72B0", "rank", "stored activations (microbatch x chunk)",
+               "peak live activations"))
+    for ax, (values, colour, xlabel, ylabel, name) in zip(axes, panels):
+        ax.bar(ranks, values, color=colour, label=name)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=name)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(len(ranks), 16)))
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))  # whole activations
     fig.suptitle(title or "MegaDPP windows")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def draw_traversal(ax: plt.Axes, order: Sequence[tuple[int, int]], microbatches: int,
+def plot_windows(events: Mapping[int, Sequence[Event]], path: Path, title: str = "") -> Path:
+    return save(windows_figure(events, title), path)
+
+
+def draw_traversal(ax: Axes, order: Sequence[tuple[int, int]], microbatches: int,
                    chunks: int, title: str) -> None:
     """Task matrix (rows: microbatch, columns: chunk) with visit numbers and the path."""
     step = {cell: i for i, cell in enumerate(order)}

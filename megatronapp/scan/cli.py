@@ -342,11 +342,13 @@ def _report(reports: list[Any], args: argparse.Namespace, what: str,
 
 
 # -------------------------------------------------------------- register
-def plot_hook(run_dir: Path, events: dict) -> list[Path]:
-    """``megatronapp plot`` adds MegaScan's heat map and Marey graph."""
+def plot_hook(run_dir: Path, events: dict, focus: Any = None) -> list[Path]:
+    """``megatronapp plot`` adds MegaScan's heat map and Marey graph, the root
+    cause (``focus``, a ``PlotFocus``) marked on both."""
+    from .focus import PlotFocus
     from .plots import plot_hook as draw
 
-    return draw(run_dir, events)
+    return draw(run_dir, events, focus or PlotFocus())
 
 
 def register(subparsers: Any, plot_hooks: list) -> None:

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterable, Mapping, Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from megatronapp.plots import COLOURS, mark_row, note, rank_ticks, save, tick_step
 
-from megatronapp.plots import COLOURS  # noqa: E402
+from megatronapp.tracer import Event
 
-from .load import RankEvents  # noqa: E402
+from .focus import PlotFocus
+
+Events = Mapping[int, Sequence[Event]]  # rank -> its events (a dict, or a view of columns)
 
 
-def mean_durations(events: RankEvents) -> tuple[list[int], list[str], np.ndarray]:
+def mean_durations(events: Events) -> tuple[list[int], list[str], np.ndarray]:
     """ranks, op names, matrix of mean duration in ms (NaN where a rank lacks the op)."""
     sums: dict[tuple[int, str], list[float]] = defaultdict(list)
     for rank, evs in events.items():
@@ -32,53 +36,80 @@ def mean_durations(events: RankEvents) -> tuple[list[int], list[str], np.ndarray
     return ranks, names, grid
 
 
-def plot_heatmap(events: RankEvents, path: Path, title: str = "") -> Path:
+def heatmap_figure(events: Events, title: str = "", focus: PlotFocus = PlotFocus()
+                   ) -> Figure:
     """Colour = mean duration relative to that op's median over ranks, so a
-    slow rank shows up as a bright row whatever the op's absolute length."""
+    slow rank shows up as a bright row whatever the op's absolute length;
+    the root cause's row is outlined and named, since its victims' waits are
+    often the brightest cells."""
     ranks, names, grid = mean_durations(events)
     # log2 on a diverging scale clipped at 2x either way: a 1.3x compute row
     # must not be washed out by a victim's 7x longer collective waits.
     with np.errstate(divide="ignore", invalid="ignore"):
         relative = np.log2(grid / np.nanmedian(grid, axis=0, keepdims=True))
-    fig, ax = plt.subplots(figsize=(1.2 * len(names) + 3, min(0.22 * len(ranks) + 2, 14)))
+    fig = Figure(figsize=(1.0 * len(names) + 5, min(0.22 * len(ranks) + 3, 14)),
+                 layout="constrained")
+    ax = fig.add_subplot()
     im = ax.imshow(relative, aspect="auto", cmap="coolwarm", interpolation="nearest",
                    vmin=-1.0, vmax=1.0)
     ax.set_xticks(range(len(names)), names, rotation=40, ha="right")
-    step = max(1, len(ranks) // 40)
-    ax.set_yticks(range(0, len(ranks), step), [str(r) for r in ranks[::step]])
+    rank_ticks(ax, ranks, label="{}")
+    ax.set_xlabel("operation")
     ax.set_ylabel("rank")
-    fig.colorbar(im, ax=ax, label="log2(mean duration / median over ranks)")
+    fig.colorbar(im, ax=ax, label="log2(mean duration / median over ranks): 1 = 2x slower")
+    if focus.root in ranks:
+        mark_row(ax, ranks.index(focus.root), focus.root_label, offset=-0.5)
     ax.set_title(title or "mean op duration per rank")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    note(fig, focus.selection)
+    return fig
 
 
-def pipeline_of(events: RankEvents, start: int | None = None) -> list[int]:
-    """Ranks of one pipeline in stage order, following send_forward peers."""
+def plot_heatmap(events: Events, path: Path, title: str = "",
+                 focus: PlotFocus = PlotFocus()) -> Path:
+    return save(heatmap_figure(events, title, focus), path)
+
+
+def _successors(events: Events) -> dict[int, int]:
+    """Each rank's next pipeline stage, from its send_forward peers."""
     nxt: dict[int, int] = {}
-    receivers: set[int] = set()
     for rank, evs in events.items():
         for e in evs:
             if e.name == "send_forward" and e.args.get("peer") in events:  # a rank we have
                 nxt.setdefault(rank, int(e.args["peer"]))
-                receivers.add(int(e.args["peer"]))
-    first = start if start is not None else min((r for r in events if r not in receivers),
-                                                default=min(events))
+    return nxt
+
+
+def _chain(nxt: dict[int, int], first: int) -> list[int]:
     order = [first]
     while nxt.get(order[-1]) is not None and nxt[order[-1]] not in order:
         order.append(nxt[order[-1]])
     return order
 
 
-def plot_marey(events: RankEvents, path: Path, iteration: int = 0, title: str = "") -> Path:
-    """Time runs right, pipeline stages run down. Each microbatch's forward
-    (and backward) is a line through the stages; compute is a thick segment
-    at its stage, the slanted parts between stages are the transfers and
-    waits, so a slow stage shows as steep, long segments on one row."""
-    stages = pipeline_of(events)
-    fig, ax = plt.subplots(figsize=(14, 0.6 * len(stages) + 2))
+def pipelines(events: Events) -> list[list[int]]:
+    """Every pipeline drawn from ``events``, each in stage order."""
+    nxt = _successors(events)
+    heads = sorted(r for r in events if r not in set(nxt.values()))
+    return [_chain(nxt, h) for h in heads] or [_chain(nxt, min(events))]
+
+
+def pipeline_of(events: Events, holding: int | None = None) -> list[int]:
+    """The pipeline that holds rank ``holding``, else the slowest one (most
+    compute time in total), in stage order."""
+    chains = pipelines(events)
+    for chain in chains:
+        if holding in chain:
+            return chain
+    return max(chains, key=lambda chain: _compute_time(events, chain))
+
+
+def _compute_time(events: Events, ranks: Iterable[int]) -> float:
+    return sum(e.dur_s for r in ranks for e in events[r] if e.name in ("forward", "backward"))
+
+
+def _marey_paths(events: Events, stages: list[int], iteration: int
+                 ) -> dict[tuple[str, int, int], list[tuple[float, float, int]]]:
+    """(forward|backward, microbatch, chunk) -> its (start ms, end ms, stage row)."""
     t0 = min((e.start_s for r in stages for e in events[r] if e.args.get("iteration") == iteration),
              default=0.0)
     paths: dict[tuple[str, int, int], list[tuple[float, float, int]]] = defaultdict(list)
@@ -88,26 +119,53 @@ def plot_marey(events: RankEvents, path: Path, iteration: int = 0, title: str = 
                 continue
             key = (e.name, int(e.args.get("microbatch", 0)), int(e.args.get("chunk", 0)))
             paths[key].append(((e.start_s - t0) * 1e3, (e.end_s - t0) * 1e3, row))
-            ax.plot([(e.start_s - t0) * 1e3, (e.end_s - t0) * 1e3], [row, row], lw=6,
-                    color=COLOURS[e.name], solid_capstyle="butt")
-    for (name, _, _), pts in paths.items():
+    return paths
+
+
+def marey_figure(events: Events, iteration: int = 0, title: str = "",
+                 focus: PlotFocus = PlotFocus()) -> Figure:
+    """Time runs right, pipeline stages run down, for the pipeline that holds
+    the root cause (else the slowest one). Each microbatch's forward (and
+    backward) is a line through the stages; compute is a thick segment at its
+    stage, the slanted parts between stages are the transfers and waits, so a
+    slow stage shows as steep, long segments on one row."""
+    stages = pipeline_of(events, focus.root)
+    fig = Figure(figsize=(14, 0.6 * len(stages) + 2.5), layout="constrained")
+    ax = fig.add_subplot()
+    bars: dict[str, list[list[tuple[float, float]]]] = defaultdict(list)
+    for (name, _, _), pts in _marey_paths(events, stages, iteration).items():
         pts.sort(key=lambda p: p[0])
-        xs = [x for s, e, _ in pts for x in (s, e)]
-        ys = [r for _, _, r in pts for _ in (0, 1)]
-        ax.plot(xs, ys, lw=0.8, color=COLOURS[name], alpha=0.7)
-    ax.set_yticks(range(len(stages)), [f"stage {i} (rank {r})" for i, r in enumerate(stages)])
-    ax.invert_yaxis()
+        bars[name] += [[(s, row), (e, row)] for s, e, row in pts]
+        ax.plot([x for s, e, _ in pts for x in (s, e)], [r for _, _, r in pts for _ in (0, 1)],
+                lw=0.8, color=COLOURS[name], alpha=0.7)
+    for name, segments in bars.items():  # one collection per kind: fast at any size
+        ax.add_collection(LineCollection(segments, linewidths=6, colors=COLOURS[name],
+                                         capstyle="butt"))
+    rows = range(0, len(stages), tick_step(len(stages)))
+    ax.set_yticks(list(rows), [f"stage {i} (rank {stages[i]})" for i in rows])
+    ax.set_ylim(len(stages) - 0.5, -0.5)
+    ax.set_ylabel("pipeline stage")
     ax.set_xlabel("time in iteration (ms)")
+    if focus.root in stages:
+        mark_row(ax, stages.index(focus.root), focus.root_label, offset=-0.5)
+    ax.legend(handles=[Line2D([], [], color=COLOURS[k], lw=6, label=f"{k} (compute at a stage)")
+                       for k in ("forward", "backward")] +
+              [Line2D([], [], color="#555", lw=0.8, label="microbatch path (slant: transfer, wait)")],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_title(title or f"Marey graph, iteration {iteration}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def plot_hook(run_dir: Path, events: RankEvents) -> list[Path]:
+def plot_marey(events: Events, path: Path, iteration: int = 0, title: str = "",
+               focus: PlotFocus = PlotFocus()) -> Path:
+    return save(marey_figure(events, iteration, title, focus), path)
+
+
+def plot_hook(run_dir: Path, events: Events, focus: PlotFocus = PlotFocus()) -> list[Path]:
     """Extra plots for ``megatronapp plot``."""
-    out = [plot_heatmap(events, run_dir / "scan_heatmap.png", title=f"{run_dir.name}: mean op time")]
+    out = [plot_heatmap(events, run_dir / "scan_heatmap.png",
+                        title=f"{run_dir.name}: mean op time", focus=focus)]
     if any(e.name == "send_forward" for evs in events.values() for e in evs):
-        out.append(plot_marey(events, run_dir / "scan_marey.png", title=f"{run_dir.name}: Marey graph"))
+        out.append(plot_marey(events, run_dir / "scan_marey.png",
+                              title=f"{run_dir.name}: Marey graph", focus=focus))
     return out

@@ -1,0 +1,1 @@
+"""``megatronapp report``: one self-contained HTML page about a run."""
