@@ -73,7 +73,9 @@ def test_a_small_trace_passes_and_is_refused_before_reading_when_memory_is_short
     assert code == 0, err
     monkeypatch.setattr(limits, "available_memory", lambda: TINY_MEMORY)
     _no_event_reading(monkeypatch)
-    code, err = _main(capsys, argv)
+    fresh = tmp_path / "again"  # the first call's outputs are not replaced without --force
+    fresh.mkdir()
+    code, err = _main(capsys, _commands(run_dir, fresh)[command])
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"megatronapp: limits: {command.split()[0]} on ")
     assert "trace events" in err[0] and "50 MB available" in err[0] and "--no-limits" in err[0]
