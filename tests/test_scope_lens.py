@@ -49,6 +49,8 @@ def test_the_cache_holds_what_the_capture_kept(kept: Path) -> None:
         layer = int(name.split("/")[3].removeprefix("layer"))
         np.testing.assert_allclose(cache["resid_post", layer], data.raw(name)[0], rtol=1e-5,
                                    atol=1e-6)
+    from_capture = ms.run_with_cache(kept / "clean", PROSE)  # its manifest names the checkpoint
+    np.testing.assert_array_equal(from_capture.logits, cache.logits)
     layers = {n for _, n in cache.keys()}
     assert {s for s, _ in cache.keys()} >= {"resid_pre", "attn.q", "attn.probs", "mlp.post"}
     assert cache["attn.q", min(layers)].shape[0] == len(PROSE)

@@ -9,6 +9,7 @@ head_dim)`` for q/k/v, ``(heads, query, key)`` for ``attn.probs``.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -30,15 +31,16 @@ _POSITION_AXIS = {"sbh": 0, "sbnh": 0, "bnsk": 2}  # where the token position is
 
 
 def checkpoint_dir(target: str | Path) -> Path:
-    """A checkpoint directory, a run directory holding one, or a ``scope generate``
-    output (its capture names the checkpoint it ran on)."""
+    """A checkpoint directory, a run directory holding one, or a generation
+    capture (or its ``scope generate`` output) naming the checkpoint it ran on."""
     p = Path(target)
     if (p / "checkpoint" / "checkpoint.json").is_file():
         return p / "checkpoint"
-    if (p / "clean" / "manifest.json").is_file():
-        from megatronapp.scope.storage import Capture
-
-        named = Capture(p / "clean").manifest.get("checkpoint")
+    for capture in (p, p / "clean"):
+        try:
+            named = json.loads((capture / "manifest.json").read_text()).get("checkpoint")
+        except (OSError, ValueError, AttributeError):
+            continue
         if isinstance(named, str):
             return Path(named)
     return p
@@ -109,11 +111,11 @@ class LoadedModel:
         assert self.ckpt.vocab is not None
         return [self.ckpt.vocab.decode([int(i)]) for i in ids]
 
-    def sites(self, wanted: Sequence[str] | None) -> tuple[str, ...]:
+    def sites(self, wanted: Sequence[str] | None, option: str = "sites") -> tuple[str, ...]:
         sites = tuple(wanted) if wanted is not None else LAYER_SITES
         unknown = [s for s in sites if s not in LAYER_SITES]
         if unknown:
-            raise UserError(f"sites: unknown {unknown} (choose from {', '.join(LAYER_SITES)})")
+            raise UserError(f"{option}: unknown {unknown} (choose from {', '.join(LAYER_SITES)})")
         if not attention_materialised(self.model.decoder.layers[0]):
             sites = tuple(s for s in sites if s != "attn.probs")
         return sites

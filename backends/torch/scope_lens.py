@@ -50,7 +50,7 @@ def activation_patching(checkpoint: str | Path, clean: str, corrupt: str,
         if len(clean_ids) != len(corrupt_ids):
             raise UserError(f"--corrupt: must have as many characters as --clean "
                             f"({len(corrupt_ids)} vs {len(clean_ids)})")
-        sites = m.sites(sites)
+        sites = m.sites(sites, "--sites")
         clean_logits, cached = m.forward(clean_ids, sites)
         corrupt_logits, _ = m.forward(corrupt_ids)
         good = _answer(m, clean_answer, clean_logits, "--clean-answer")
