@@ -100,3 +100,17 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess(["megatronapp", *args], code, out.getvalue(), err.getvalue())
+
+
+SCOPE_TINY_ITERATIONS = 300  # enough for the logit lens to find the next character by the last layer
+
+
+@pytest.fixture(scope="session")
+def scope_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``megatronapp run scenarios/scope_tiny.yaml --backend torch`` as users run it,
+    shortened: a run directory with its capture (scope/) and checkpoint."""
+    out = tmp_path_factory.mktemp("scope_tiny") / "run"
+    r = run_cli("run", "scenarios/scope_tiny.yaml", "--backend", "torch", "--out", str(out),
+                "--set", f"iterations={SCOPE_TINY_ITERATIONS}")
+    assert r.returncode == 0, r.stderr
+    return out

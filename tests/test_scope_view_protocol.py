@@ -198,5 +198,5 @@ def test_a_directory_that_is_not_a_capture_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a directory"):
         open_source(tmp_path / "missing")
     (tmp_path / "manifest.json").write_text('{"format": "something-else"}')
-    with pytest.raises(UserError, match="not a megascope-capture manifest"):
+    with pytest.raises(UserError, match="no megascope-capture manifest"):
         open_source(tmp_path)

@@ -1,0 +1,28 @@
+"""MegaScope, and its notebook API.
+
+``megatronapp.scope.open(path)`` reads a capture (``notebook.CaptureData``:
+its tables as pyarrow / pandas, raw tensors by name). ``run_with_cache``,
+``logit_lens`` and ``activation_patching`` run a checkpoint's model and need
+torch: they live in the torch backend and load by name on first use, so the
+core never imports a backend (nor pyarrow, for ``--help``) until asked.
+"""
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_LAZY = {"open": ("megatronapp.scope.notebook", "open_capture"),
+         "run_with_cache": ("backends.torch.scope_cache", "run_with_cache"),
+         "logit_lens": ("backends.torch.scope_lens", "logit_lens"),
+         "activation_patching": ("backends.torch.scope_lens", "activation_patching")}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    return getattr(import_module(module), attr)
+
+
+def __dir__() -> list[str]:
+    return sorted(_LAZY)

@@ -67,7 +67,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
     check_output(Path(args.out), args.force)  # before any work
-    ckpt = read_checkpoint(_checkpoint_dir(args.checkpoint))
+    from backends.torch.scope_cache import checkpoint_dir
+
+    ckpt = read_checkpoint(checkpoint_dir(args.checkpoint))
     scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
     out = Path(args.out)
     try:
@@ -104,12 +106,6 @@ def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path) -> str:
             text += rec.clean.token
             print(json.dumps(record) if args.json else _step_line(rec, layers), flush=True)
     return text
-
-
-def _checkpoint_dir(target: str) -> Path:
-    """A checkpoint directory, or a run directory holding one."""
-    p = Path(target)
-    return p / "checkpoint" if (p / "checkpoint" / "checkpoint.json").is_file() else p
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
@@ -205,6 +201,90 @@ def _announce(host: str, port: int, config: Any, source: Any, live: Any,
     print(f"  http://{shown}:{port}/?token={config.token}", flush=True)
 
 
+def _results_beside_capture(target: str, name: str, force: bool, with_plot: bool) -> Path:
+    """The capture that ``scope lens``/``scope patch`` results join, checked
+    writable before any work."""
+    from ..outdirs import check_file
+    from .storage import find_capture
+
+    capture = find_capture(target, "RUN_DIR")
+    for suffix in (".json", ".png") if with_plot else (".json",):
+        check_file(capture / f"{name}{suffix}", "RUN_DIR", force)
+    return capture
+
+
+def _show_saved(result: Any, as_json: bool, written: list[Path]) -> None:
+    if as_json:
+        print(json.dumps(result.to_json()))
+        return
+    print("\n".join(result.lines()))
+    print("wrote " + ", ".join(str(p) for p in written))
+
+
+def cmd_lens(args: argparse.Namespace) -> int:
+    from backends.torch.scope_lens import logit_lens
+    from backends.torch.worker import quiet_megatron_warnings
+
+    from .lens import result_name, save
+
+    if args.top_k < 1:
+        raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
+    name = result_name("lens", args.prompt)
+    capture = _results_beside_capture(args.run, name, args.force, False)
+    quiet_megatron_warnings()
+    result = logit_lens(args.run, args.prompt, args.top_k)
+    _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
+    return 0
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    from backends.torch.scope_lens import PATCH_SITES, activation_patching
+    from backends.torch.worker import quiet_megatron_warnings
+
+    from .lens import result_name, save
+
+    sites = args.sites.split(",") if args.sites else list(PATCH_SITES)
+    name = result_name("patch", args.clean, args.corrupt, *sites, args.clean_answer or "",
+                       args.corrupt_answer or "")
+    capture = _results_beside_capture(args.run, name, args.force, True)
+    quiet_megatron_warnings()
+    result = activation_patching(args.run, args.clean, args.corrupt, sites, args.clean_answer,
+                                 args.corrupt_answer)
+    _show_saved(result, args.json, save(capture, name, result.to_json(), args.force,
+                                        result.plot))
+    return 0
+
+
+def _register_lens(sub: Any) -> None:
+    lens = sub.add_parser("lens", help="the logit lens: each layer's residual stream through "
+                          "the final norm and unembedding")
+    lens.add_argument("run", metavar="RUN_DIR", help="a run directory (checkpoint/ and a "
+                      "capture) or a scope generate output")
+    lens.add_argument("--prompt", required=True, help="the text read by the lens")
+    lens.add_argument("--top-k", type=int, default=5, help="tokens kept per layer and position "
+                      "(default 5)")
+    lens.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_force_option(lens, "a result file beside the capture that megatronapp did not write")
+    lens.set_defaults(func=cmd_lens)
+
+    patch = sub.add_parser("patch", help="activation patching, clean into corrupted, per site, "
+                           "layer and position (a heat map beside the capture)")
+    patch.add_argument("run", metavar="RUN_DIR", help="a run directory (checkpoint/ and a "
+                       "capture) or a scope generate output")
+    patch.add_argument("--clean", required=True, help="the clean prompt")
+    patch.add_argument("--corrupt", required=True,
+                       help="the corrupted prompt (as many characters as --clean)")
+    patch.add_argument("--sites", help="comma-separated sites to patch (default "
+                       "resid_pre,attn.out,mlp.out)")
+    patch.add_argument("--clean-answer", help="the clean answer (one character; default: the "
+                       "model's first choice after --clean)")
+    patch.add_argument("--corrupt-answer", help="the corrupted answer (default: the model's "
+                       "first choice after --corrupt)")
+    patch.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_force_option(patch, "a result file beside the capture that megatronapp did not write")
+    patch.set_defaults(func=cmd_patch)
+
+
 def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     scope = subparsers.add_parser("scope", help="MegaScope: generation with capture, capture "
                                   "summaries and SQL")
@@ -261,5 +341,6 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     srv.add_argument("--max-connections", type=int, default=64,
                      help="connections open at once; more are closed as they come (default 64)")
     srv.set_defaults(func=cmd_serve)
+    _register_lens(sub)
 
 

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import UserError
-from ..outdirs import discard, own_folder, rename_fresh
+from ..outdirs import MANIFEST_KIND, discard, own_folder, rename_fresh
 from ..scope_spec import parse_stat
 
 FORMAT = "megascope-capture"
@@ -413,7 +413,30 @@ class Capture:
         return json.loads((self.path / self.manifest["files"]["injections"]).read_text())
 
 
-def find_capture(path: str | Path) -> Path:
-    """A capture directory, or a run directory holding one under ``scope/``."""
-    p = Path(path)  # a run directory has a manifest.json of its own: look for scope/ first
-    return p / "scope" if (p / "scope" / "manifest.json").is_file() else p
+def _manifest_field(folder: Path, key: str) -> Any:
+    """``key`` of ``folder/manifest.json``; None when there is no readable one."""
+    try:
+        return json.loads((folder / "manifest.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def find_capture(path: str | Path, field: str = "CAPTURE_DIR") -> Path:
+    """The capture under ``path``: a capture directory itself, a run directory's
+    ``scope/`` or a ``scope generate`` output's ``clean/``. A run directory has a
+    manifest of its own (a result manifest), so the format decides, not the name.
+    ``UserError`` (naming ``field``, the command's argument) saying what to do
+    when there is none."""
+    root = Path(path)
+    if not root.is_dir():
+        raise UserError(f"{field}: {root} is not a directory")
+    found = next((c for c in (root, root / "scope", root / "clean")
+                  if _manifest_field(c, "format") == FORMAT), None)
+    if found is not None:
+        return found
+    if _manifest_field(root, "kind") == MANIFEST_KIND:
+        raise UserError(f"{field}: {root} is a run without a MegaScope capture: add a "
+                        "scope: section to its scenario (see scenarios/scope_tiny.yaml) and "
+                        "run it again, or use scope generate on its checkpoint")
+    raise UserError(f"{field}: {root} is not a MegaScope capture (no {FORMAT} manifest "
+                    "there, in scope/ or in clean/)")

@@ -19,15 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import UserError
-from ..storage import STATS_SCHEMA, Capture
-
-
-def _capture_dir(root: Path) -> Path:
-    for candidate in (root, root / "scope", root / "clean"):
-        if (candidate / "manifest.json").is_file():
-            return candidate
-    raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a MegaScope capture "
-                    "(no manifest.json, scope/manifest.json or clean/manifest.json)")
+from ..storage import STATS_SCHEMA, Capture, find_capture
 
 
 def _checkpoint_dir(root: Path, capture: Capture) -> Path | None:
@@ -124,9 +116,7 @@ class ViewSource:
 def open_source(path: str | Path) -> ViewSource:
     """The capture and checkpoint under ``path``; ``UserError`` when it is not a capture."""
     root = Path(path)
-    if not root.is_dir():
-        raise UserError(f"CAPTURE_DIR_OR_RUN_DIR: {root} is not a directory")
-    capture = Capture(_capture_dir(root))
+    capture = Capture(find_capture(root, "CAPTURE_DIR_OR_RUN_DIR"))
     return ViewSource(capture.path, capture.manifest, TrainingSeries.of(capture.stats()),
                       _checkpoint_dir(root, capture))
 

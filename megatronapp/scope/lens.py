@@ -1,0 +1,147 @@
+"""The logit lens and activation patching: their results and math (no torch).
+
+Logit lens: every layer's residual stream (entering each layer, and leaving
+the last) goes through the final norm and the unembedding, as if the model
+stopped there; per row and position the top-k next tokens, and the rank of
+the token that really comes next (0: the lens's first choice).
+
+Activation patching: a site's value at one layer and one position of the
+clean run is put into the corrupted run. The metric is the logit difference
+``logit[clean answer] - logit[corrupted answer]`` at the last position,
+normalised as TransformerLens does: ``(patched - corrupted) / (clean -
+corrupted)``, so 1 restores the clean behaviour and 0 changes nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+from ..outdirs import staged_outputs
+from .generate import TopK, softmax, top_k
+
+
+def next_token_ranks(logits: np.ndarray, ids: list[int]) -> np.ndarray:
+    """(tokens, vocab) logits -> the rank of ``ids[p + 1]`` at each position p
+    but the last (how many tokens score strictly higher)."""
+    target = np.asarray(ids[1:])
+    scores = logits[np.arange(len(target)), target]
+    return (logits[:-1] > scores[:, None]).sum(axis=1)
+
+
+@dataclass(frozen=True)
+class LensResult:
+    prompt: str
+    tokens: list[str]
+    rows: list[str]  # "resid_pre 1", ..., "resid_post L": where each row reads the stream
+    top: list[list[list[TopK]]]  # row -> position -> the k most probable next tokens
+    ranks: np.ndarray  # (rows, tokens - 1): rank of the next token
+
+    @classmethod
+    def of(cls, prompt: str, tokens: list[str], ids: list[int],
+           logits: dict[str, np.ndarray], k: int, decode: Any) -> "LensResult":
+        rows = list(logits)
+        top = [[top_k(softmax(pos), k, decode) for pos in logits[r]] for r in rows]
+        ranks = np.stack([next_token_ranks(logits[r], ids) for r in rows])
+        return cls(prompt, tokens, rows, top, ranks)
+
+    def mean_ranks(self) -> list[float]:
+        """Per row, the next token's rank averaged over positions."""
+        return [float(r.mean()) if r.size else float("nan") for r in self.ranks]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "tokens": self.tokens, "rows": self.rows,
+                "mean_rank": self.mean_ranks(), "rank": self.ranks.tolist(),
+                "top": [[[t.__dict__ for t in pos] for pos in row] for row in self.top]}
+
+    def lines(self) -> list[str]:
+        """A table: one line per position, the lens's first choice per row,
+        and the mean rank of the next token per row."""
+        width = max(len(r) for r in self.rows) + 2
+        head = "pos  token  next  " + "".join(r.ljust(width) for r in self.rows)
+        out = [head]
+        for p, token in enumerate(self.tokens):
+            nxt = repr(self.tokens[p + 1]) if p + 1 < len(self.tokens) else ""
+            cells = []
+            for i, row in enumerate(self.top):
+                rank = f" #{self.ranks[i, p]}" if p < self.ranks.shape[1] else ""
+                cells.append(f"{row[p][0].token!r}{rank}".ljust(width))
+            out.append(f"{p:3d}  {token!r:>5}  {nxt:>4}  " + "".join(cells))
+        out.append("mean rank of the next token: " + "  ".join(
+            f"{r} {m:.2f}" for r, m in zip(self.rows, self.mean_ranks())))
+        return out
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    clean: str
+    corrupt: str
+    tokens: list[str]  # the corrupted prompt's
+    answers: tuple[str, str]  # clean, corrupted
+    sites: list[str]
+    layers: list[int]
+    restored: np.ndarray  # (sites, layers, positions): the normalised metric
+
+    def to_json(self) -> dict[str, Any]:
+        return {"clean": self.clean, "corrupt": self.corrupt, "tokens": self.tokens,
+                "answers": list(self.answers), "sites": self.sites, "layers": self.layers,
+                "restored": self.restored.tolist()}
+
+    def lines(self) -> list[str]:
+        out = [f"clean {self.clean!r} -> {self.answers[0]!r}, corrupted {self.corrupt!r} -> "
+               f"{self.answers[1]!r}; restored logit difference (1: clean, 0: corrupted)",
+               "site       layer  " + " ".join(f"{t!r:>6}" for t in self.tokens)]
+        for s, site in enumerate(self.sites):
+            for n, layer in enumerate(self.layers):
+                out.append(f"{site:<10} {layer:5d}  "
+                           + " ".join(f"{v:6.2f}" for v in self.restored[s, n]))
+        return out
+
+    def plot(self, path: Path) -> None:
+        """One heat map per site: layers down, positions across."""
+        from ..plots import plt
+
+        fig, axes = plt.subplots(len(self.sites), 1, squeeze=False,
+                                 figsize=(max(6.0, 0.35 * len(self.tokens) + 2),
+                                          1.2 + 1.0 * len(self.sites) * len(self.layers) ** 0.5))
+        for ax, site, grid in zip(axes[:, 0], self.sites, self.restored):
+            im = ax.imshow(grid, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+            ax.set_title(f"{site}: restored logit difference")
+            ax.set_ylabel("layer")
+            ax.set_yticks(range(len(self.layers)), [str(n) for n in self.layers])
+            ax.set_xticks(range(len(self.tokens)), [repr(t) for t in self.tokens], fontsize=7)
+            ax.set_xlabel("position (corrupted prompt)")
+            fig.colorbar(im, ax=ax)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+
+
+def restored(patched: np.ndarray, clean: float, corrupt: float) -> np.ndarray:
+    """TransformerLens' normalisation of a logit difference."""
+    if np.isclose(clean, corrupt):
+        raise UserError("--corrupt: the clean and corrupted prompts give the same logit "
+                        "difference; nothing to restore (pick prompts, or answers, that differ)")
+    return (patched - corrupt) / (clean - corrupt)
+
+
+def result_name(kind: str, *texts: str) -> str:
+    """A file name per input (the same prompts name the same result)."""
+    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:12]
+    return f"{kind}-{digest}"
+
+
+def save(capture_dir: Path, name: str, record: dict[str, Any], force: bool,
+         plot: Any = None) -> list[Path]:
+    """``name``.json (and ``name``.png drawn by ``plot``) beside the capture,
+    all or nothing, never over a file megatronapp did not write."""
+    with staged_outputs(capture_dir, "RUN_DIR", force) as folder:
+        (folder / f"{name}.json").write_text(json.dumps(record, indent=1))
+        if plot is not None:
+            plot(folder / f"{name}.png")
+    return [capture_dir / f"{name}.json", *([capture_dir / f"{name}.png"] if plot else [])]

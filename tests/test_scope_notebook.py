@@ -1,0 +1,39 @@
+"""docs/megascope-notebook.md runs as written: its ```python blocks, in order,
+in one fresh interpreter, on the tiny model trained by the session's run."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # trains the tiny model (torch processes)
+
+PAGE = ROOT / "docs" / "megascope-notebook.md"
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def test_the_page_has_code_for_each_part() -> None:
+    code = "\n".join(python_blocks(PAGE.read_text()))
+    for call in ("ms.open(", "ms.run_with_cache(", "ms.logit_lens(", "ms.activation_patching("):
+        assert call in code
+
+
+def test_the_notebook_page_runs(scope_tiny_run: Path, tmp_path: Path) -> None:
+    script = tmp_path / "notebook.py"
+    script.write_text("\n\n".join(python_blocks(PAGE.read_text())))
+    env = {**os.environ, "RUN": str(scope_tiny_run), "PLOTS": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mean rank of the next character" in r.stdout
+    assert (tmp_path / "patching.png").is_file()
