@@ -15,6 +15,7 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field
 from .errors import Recreatable
 from .textio import TextError, check_depth, load_yaml, read_text
 
+from .devices import DEVICES, expand_device
 from .schedules import SCHEDULES
 from .suggest import did_you_mean, hint, quoted_names
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
@@ -204,6 +205,24 @@ class Cluster(_Strict):
     links: Links = Links()
     jitter: Jitter = Jitter()
     device_classes: tuple[DeviceClass, ...] = ()  # MegaFBD heterogeneous clusters
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_device(cls, data: Any) -> Any:
+        """``gpu: NAME`` or ``gpu: {device: NAME, ...}`` takes a device profile
+        (megatronapp/devices); the scenario's own keys win."""
+        gpu = data.get("gpu") if isinstance(data, dict) else None
+        if isinstance(gpu, str):
+            gpu = {"device": gpu}
+        if not isinstance(gpu, dict) or "device" not in gpu:
+            return data
+        name = gpu["device"]
+        if not isinstance(name, str) or name not in DEVICES:
+            raise ScenarioError("cluster.gpu.device", f"unknown device {name!r}; "
+                                + hint(str(name), DEVICES, "devices"))
+        if not isinstance(data.get("links", {}), dict):
+            raise ScenarioError("cluster.links", "must be a mapping")
+        return expand_device({**data, "gpu": gpu}, DEVICES[name])
 
 
 class Costs(_Strict):
