@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
+                      SerializerFunctionWrapHandler, ValidationError, field_validator,
+                      model_serializer, model_validator)
 
 from .errors import Recreatable
 from .textio import TextError, check_depth, load_yaml, read_text
@@ -288,12 +289,28 @@ class Training(_Strict):
     checkpoint: bool = False  # save the trained model under RUN_DIR/checkpoint/
     # activation recomputation; true / false (older scenarios) read as full / none
     recompute: Literal["none", "selective", "full"] = "none"
+    # Megatron-core's partial full recomputation (TransformerBlock._checkpointed_forward):
+    # block recomputes the first recompute_num_layers layers of each model chunk and
+    # stores the rest; uniform checkpoints the input of every group of that many
+    # layers and recomputes them all. Unset: every layer checkpointed on its own.
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: PositiveInt | None = None
     distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
     overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
     overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # parameters and activations
     grad_reduce_in_fp32: bool = False  # fp32 main gradients (Megatron-LM's bf16 default)
     bucket_params: PositiveInt | None = None  # default Megatron's max(40 M, 1 M·dp)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_partial_recompute(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Unset, the partial-recomputation keys are left out, so that a run's
+        summary of a scenario without them stays as it was."""
+        data = handler(self)
+        for key in ("recompute_method", "recompute_num_layers"):
+            if isinstance(data, dict) and data.get(key) is None:
+                data.pop(key, None)
+        return data
 
     @field_validator("recompute", mode="before")
     @classmethod
@@ -428,9 +445,27 @@ def _check_megatron_options(s: Scenario) -> None:
     if t.overlap_param_gather and not t.overlap_grad_reduce:
         raise ScenarioError("training.overlap_param_gather",
                             "needs training.overlap_grad_reduce (Megatron-LM rejects it too)")
+    _check_recompute_method(s)
     if t.grad_reduce_in_fp32 and t.precision == "fp32":
         raise ScenarioError("training.grad_reduce_in_fp32",
                             "only applies to bf16/fp16 training (precision is fp32)")
+
+
+def _check_recompute_method(s: Scenario) -> None:
+    """megatron-core's TransformerConfig.__post_init__ rules for partial recomputation."""
+    t, p = s.training, s.parallel
+    if t.recompute_method is None and t.recompute_num_layers is None:
+        return
+    if t.recompute != "full":
+        field = "recompute_method" if t.recompute_method else "recompute_num_layers"
+        raise ScenarioError(f"training.{field}", "applies to training.recompute: full only")
+    if t.recompute_method is None:
+        raise ScenarioError("training.recompute_method",
+                            "uniform or block is needed with training.recompute_num_layers")
+    per_chunk = s.model.layers // (p.pp * p.vpp)
+    if t.recompute_num_layers is None or t.recompute_num_layers > per_chunk:
+        raise ScenarioError("training.recompute_num_layers",
+                            f"must be between 1 and the layers per model chunk, {per_chunk}")
 
 
 def adjustments(s: Scenario) -> list[str]:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from .config import Scenario
 from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
-                    layer_gemms, logits_forward_flops)
-from .memory import (BYTES, layer_activation_bytes, max_stage_params, state_bytes,
-                     transient_activation_bytes)
+                    layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
+from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, max_stage_params,
+                     state_bytes, transient_activation_bytes)
 
 BYTES_PER_ELEMENT = 2  # bf16 activations and gradients (the default precision)
 OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 param + grad, fp32 master + Adam m, v
@@ -60,6 +60,7 @@ class StageCosts:
     tp_bytes: int = 0  # one layer's full activation: the buffer each collective moves
     state_bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM
     transient_mem_bytes: int = 0
+    recompute_layers: int = 0  # the first ones of each chunk (recompute_method: block)
     distributed_optimizer: bool = False  # reduce-scatter grads, all-gather params
     param_bytes: int = 0  # this rank's weights (all-gathered after a distributed step)
     bucket_bytes: int = 0  # gradient bucket, for overlapped reduction
@@ -150,7 +151,7 @@ def stage_costs(s: Scenario) -> StageCosts:
     layers_per_chunk = m.layers // (p.pp * p.vpp)
     act_element = BYTES[t.precision]
     fwd_chunk = layers_per_chunk * layer_forward_s(s, eff)
-    recompute = layers_per_chunk * layer_recompute_s(s, eff)
+    recompute = recomputed_layers_per_chunk(s) * layer_recompute_s(s, eff)
     logits = output_layer_s(s, eff)
     embedding = (eff.memory_s(m.micro_batch_size * m.seq_len * m.hidden * BYTES[t.precision])
                  + eff.module_overhead_s)
@@ -182,13 +183,14 @@ def stage_costs(s: Scenario) -> StageCosts:
         grad_bytes=int(params * per_param.grads),
         tp_allreduce_bytes=2 * layers_per_chunk * act if p.tp > 1 else 0,
         params_per_rank=params,
-        activation_mem_bytes_per_chunk=int(layers_per_chunk * layer_activation_bytes(s)),
+        activation_mem_bytes_per_chunk=int(chunk_activation_bytes(s)),
         fixed_p2p_s=c.p2p_s,
         fixed_allreduce_s=c.allreduce_s,
         logits_backward_s=logits_bwd,
         embedding_forward_s=embedding,
         embedding_backward_s=eff.backward_ratio * embedding,
         recompute_chunk_s=recompute,
+        recompute_layers=recomputed_layers_per_chunk(s),
         layers_per_chunk=layers_per_chunk,
         tp_layer_forward=tp_fwd,
         tp_layer_backward=tp_bwd,
