@@ -7,7 +7,7 @@ exit with status 2.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
                       SerializerFunctionWrapHandler, ValidationError, field_validator,
@@ -98,6 +98,21 @@ def _safe_name(name: str) -> str:
 SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
+class _OmitsUnset(_Strict):
+    """A section whose newer optional keys are left out of its dump while unset,
+    so that a run's summary of a scenario without them stays as it was."""
+
+    OMIT_WHEN_UNSET: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        for key in self.OMIT_WHEN_UNSET:
+            if isinstance(data, dict) and data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
 class Parallel(_Strict):
     tp: PositiveInt = 1
     pp: PositiveInt = 1
@@ -119,7 +134,7 @@ class Parallel(_Strict):
         return self.microbatch_group_size or self.pp
 
 
-class Model(_Strict):
+class Model(_OmitsUnset):
     layers: PositiveInt = 8
     hidden: PositiveInt = 1024
     heads: PositiveInt = 16
@@ -133,6 +148,15 @@ class Model(_Strict):
     num_query_groups: PositiveInt | None = None  # grouped-query attention; default heads
     activation: Literal["gelu", "swiglu"] = "gelu"
     untie_embeddings: bool = False  # Megatron ties input embedding and output layer
+    # megatron-core's AttnBackend (transformer/enums.py): unfused (DotProductAttention)
+    # stores the a·s² scores; flash and fused (TEDotProductAttention) keep only the
+    # softmax statistics and rebuild the scores in backward. Unset: unfused.
+    attention_backend: Literal["unfused", "flash", "fused"] | None = None
+    OMIT_WHEN_UNSET = ("attention_backend",)
+
+    @property
+    def stores_scores(self) -> bool:
+        return self.attention_backend in (None, "unfused")
 
     @property
     def ffn(self) -> int:
@@ -280,7 +304,7 @@ class Data(_Strict):
     path: str | None = None  # a UTF-8 text file; default CPython's pydoc_data/topics.py
 
 
-class Training(_Strict):
+class Training(_OmitsUnset):
     """How a run trains: the torch backend's optimizer and checkpoint, and
     Megatron-core's options that change time and memory (docs/fidelity.md)."""
 
@@ -295,22 +319,13 @@ class Training(_Strict):
     # layers and recomputes them all. Unset: every layer checkpointed on its own.
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: PositiveInt | None = None
+    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers")
     distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
     overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
     overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # parameters and activations
     grad_reduce_in_fp32: bool = False  # fp32 main gradients (Megatron-LM's bf16 default)
     bucket_params: PositiveInt | None = None  # default Megatron's max(40 M, 1 M·dp)
-
-    @model_serializer(mode="wrap")
-    def _omit_unset_partial_recompute(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Unset, the partial-recomputation keys are left out, so that a run's
-        summary of a scenario without them stays as it was."""
-        data = handler(self)
-        for key in ("recompute_method", "recompute_num_layers"):
-            if isinstance(data, dict) and data.get(key) is None:
-                data.pop(key, None)
-        return data
 
     @field_validator("recompute", mode="before")
     @classmethod

@@ -118,6 +118,14 @@ def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
     return 0.0
 
 
+def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
+    """Flash and fused attention's backward computes Q·Kᵀ again from the stored
+    softmax statistics (one more scores GEMM per layer); unfused keeps them."""
+    if s.model.stores_scores:
+        return 0.0
+    return eff.gemm_s(layer_gemms(s).scores / s.parallel.tp)
+
+
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
@@ -155,7 +163,7 @@ def stage_costs(s: Scenario) -> StageCosts:
     logits = output_layer_s(s, eff)
     embedding = (eff.memory_s(m.micro_batch_size * m.seq_len * m.hidden * BYTES[t.precision])
                  + eff.module_overhead_s)
-    bwd_chunk = eff.backward_ratio * fwd_chunk
+    bwd_chunk = eff.backward_ratio * fwd_chunk + layers_per_chunk * scores_rebuild_s(s, eff)
     logits_bwd = eff.backward_ratio * logits
     if c.forward_s is not None:
         fwd_chunk, logits, recompute, logits_bwd = c.forward_s / p.vpp, 0.0, 0.0, 0.0

@@ -83,6 +83,18 @@ def scores_bytes(s: Scenario) -> float:
     return 5 * m.heads * m.seq_len * m.seq_len * m.micro_batch_size
 
 
+def stored_scores_bytes(s: Scenario) -> float:
+    """What attention keeps of its scores for backward, in the 16-bit units of
+    Korthikanti's counts: all 5·a·s²·b unfused (megatron-core's
+    DotProductAttention); with flash or fused attention (TEDotProductAttention)
+    only the fp32 softmax statistics, one float per head and query (Dao et al.
+    2022, FlashAttention), from which backward rebuilds the scores."""
+    m = s.model
+    if m.stores_scores:
+        return scores_bytes(s)
+    return 4 * m.heads * m.seq_len * m.micro_batch_size / (BYTES[s.training.precision] / 2)
+
+
 def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
     """Bytes one layer keeps for its backward, per microbatch, on one rank."""
     t = s.parallel.tp
@@ -91,7 +103,7 @@ def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
     recompute = recompute or s.training.recompute
     if recompute == "full":
         return 2 * _sbh(s) / sp * scale
-    scores = 0.0 if recompute == "selective" else scores_bytes(s) / t
+    scores = 0.0 if recompute == "selective" else stored_scores_bytes(s) / t
     return (replicated_bytes(s) / sp + split_bytes(s) / t + scores) * scale
 
 
@@ -117,7 +129,7 @@ def transient_activation_bytes(s: Scenario) -> float:
         group = s.training.recompute_num_layers if s.training.recompute_method == "uniform" else 1
         return (group or 1) * layer_activation_bytes(s, "none")
     if recompute == "selective":
-        return scores_bytes(s) / s.parallel.tp * BYTES[s.training.precision] / 2
+        return stored_scores_bytes(s) / s.parallel.tp * BYTES[s.training.precision] / 2
     return 0.0
 
 
