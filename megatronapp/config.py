@@ -7,14 +7,16 @@ exit with status 2.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
+                      SerializerFunctionWrapHandler, ValidationError, field_validator,
+                      model_serializer, model_validator)
 
 from .errors import Recreatable
 from .textio import TextError, check_depth, load_yaml, read_text
 
+from .devices import DEVICES, expand_device
 from .schedules import SCHEDULES
 from .suggest import did_you_mean, hint, quoted_names
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
@@ -96,6 +98,21 @@ def _safe_name(name: str) -> str:
 SafeName = Annotated[str, AfterValidator(_safe_name)]
 
 
+class _OmitsUnset(_Strict):
+    """A section whose newer optional keys are left out of its dump while unset,
+    so that a run's summary of a scenario without them stays as it was."""
+
+    OMIT_WHEN_UNSET: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        for key in self.OMIT_WHEN_UNSET:
+            if isinstance(data, dict) and data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
 class Parallel(_Strict):
     tp: PositiveInt = 1
     pp: PositiveInt = 1
@@ -117,7 +134,7 @@ class Parallel(_Strict):
         return self.microbatch_group_size or self.pp
 
 
-class Model(_Strict):
+class Model(_OmitsUnset):
     layers: PositiveInt = 8
     hidden: PositiveInt = 1024
     heads: PositiveInt = 16
@@ -131,6 +148,15 @@ class Model(_Strict):
     num_query_groups: PositiveInt | None = None  # grouped-query attention; default heads
     activation: Literal["gelu", "swiglu"] = "gelu"
     untie_embeddings: bool = False  # Megatron ties input embedding and output layer
+    # megatron-core's AttnBackend (transformer/enums.py): unfused (DotProductAttention)
+    # stores the a·s² scores; flash and fused (TEDotProductAttention) keep only the
+    # softmax statistics and rebuild the scores in backward. Unset: unfused.
+    attention_backend: Literal["unfused", "flash", "fused"] | None = None
+    OMIT_WHEN_UNSET = ("attention_backend",)
+
+    @property
+    def stores_scores(self) -> bool:
+        return self.attention_backend in (None, "unfused")
 
     @property
     def ffn(self) -> int:
@@ -205,6 +231,24 @@ class Cluster(_Strict):
     jitter: Jitter = Jitter()
     device_classes: tuple[DeviceClass, ...] = ()  # MegaFBD heterogeneous clusters
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named_device(cls, data: Any) -> Any:
+        """``gpu: NAME`` or ``gpu: {device: NAME, ...}`` takes a device profile
+        (megatronapp/devices); the scenario's own keys win."""
+        gpu = data.get("gpu") if isinstance(data, dict) else None
+        if isinstance(gpu, str):
+            gpu = {"device": gpu}
+        if not isinstance(gpu, dict) or "device" not in gpu:
+            return data
+        name = gpu["device"]
+        if not isinstance(name, str) or name not in DEVICES:
+            raise ScenarioError("cluster.gpu.device", f"unknown device {name!r}; "
+                                + hint(str(name), DEVICES, "devices"))
+        if not isinstance(data.get("links", {}), dict):
+            raise ScenarioError("cluster.links", "must be a mapping")
+        return expand_device({**data, "gpu": gpu}, DEVICES[name])
+
 
 class Costs(_Strict):
     """Fixed durations replacing the analytical cost model (calibration, exact tests)."""
@@ -260,7 +304,7 @@ class Data(_Strict):
     path: str | None = None  # a UTF-8 text file; default CPython's pydoc_data/topics.py
 
 
-class Training(_Strict):
+class Training(_OmitsUnset):
     """How a run trains: the torch backend's optimizer and checkpoint, and
     Megatron-core's options that change time and memory (docs/fidelity.md)."""
 
@@ -269,6 +313,13 @@ class Training(_Strict):
     checkpoint: bool = False  # save the trained model under RUN_DIR/checkpoint/
     # activation recomputation; true / false (older scenarios) read as full / none
     recompute: Literal["none", "selective", "full"] = "none"
+    # Megatron-core's partial full recomputation (TransformerBlock._checkpointed_forward):
+    # block recomputes the first recompute_num_layers layers of each model chunk and
+    # stores the rest; uniform checkpoints the input of every group of that many
+    # layers and recomputes them all. Unset: every layer checkpointed on its own.
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: PositiveInt | None = None
+    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers")
     distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
     overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
     overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
@@ -409,9 +460,27 @@ def _check_megatron_options(s: Scenario) -> None:
     if t.overlap_param_gather and not t.overlap_grad_reduce:
         raise ScenarioError("training.overlap_param_gather",
                             "needs training.overlap_grad_reduce (Megatron-LM rejects it too)")
+    _check_recompute_method(s)
     if t.grad_reduce_in_fp32 and t.precision == "fp32":
         raise ScenarioError("training.grad_reduce_in_fp32",
                             "only applies to bf16/fp16 training (precision is fp32)")
+
+
+def _check_recompute_method(s: Scenario) -> None:
+    """megatron-core's TransformerConfig.__post_init__ rules for partial recomputation."""
+    t, p = s.training, s.parallel
+    if t.recompute_method is None and t.recompute_num_layers is None:
+        return
+    if t.recompute != "full":
+        field = "recompute_method" if t.recompute_method else "recompute_num_layers"
+        raise ScenarioError(f"training.{field}", "applies to training.recompute: full only")
+    if t.recompute_method is None:
+        raise ScenarioError("training.recompute_method",
+                            "uniform or block is needed with training.recompute_num_layers")
+    per_chunk = s.model.layers // (p.pp * p.vpp)
+    if t.recompute_num_layers is None or t.recompute_num_layers > per_chunk:
+        raise ScenarioError("training.recompute_num_layers",
+                            f"must be between 1 and the layers per model chunk, {per_chunk}")
 
 
 def adjustments(s: Scenario) -> list[str]:

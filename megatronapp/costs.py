@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from .config import Scenario
 from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
-                    layer_gemms, logits_forward_flops)
-from .memory import (BYTES, layer_activation_bytes, max_stage_params, state_bytes,
-                     transient_activation_bytes)
+                    layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
+from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, max_stage_params,
+                     state_bytes, transient_activation_bytes)
 
 BYTES_PER_ELEMENT = 2  # bf16 activations and gradients (the default precision)
 OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 param + grad, fp32 master + Adam m, v
@@ -60,6 +60,7 @@ class StageCosts:
     tp_bytes: int = 0  # one layer's full activation: the buffer each collective moves
     state_bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM
     transient_mem_bytes: int = 0
+    recompute_layers: int = 0  # the first ones of each chunk (recompute_method: block)
     distributed_optimizer: bool = False  # reduce-scatter grads, all-gather params
     param_bytes: int = 0  # this rank's weights (all-gathered after a distributed step)
     bucket_bytes: int = 0  # gradient bucket, for overlapped reduction
@@ -117,6 +118,14 @@ def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
     return 0.0
 
 
+def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
+    """Flash and fused attention's backward computes Q·Kᵀ again from the stored
+    softmax statistics (one more scores GEMM per layer); unfused keeps them."""
+    if s.model.stores_scores:
+        return 0.0
+    return eff.gemm_s(layer_gemms(s).scores / s.parallel.tp)
+
+
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
@@ -150,11 +159,11 @@ def stage_costs(s: Scenario) -> StageCosts:
     layers_per_chunk = m.layers // (p.pp * p.vpp)
     act_element = BYTES[t.precision]
     fwd_chunk = layers_per_chunk * layer_forward_s(s, eff)
-    recompute = layers_per_chunk * layer_recompute_s(s, eff)
+    recompute = recomputed_layers_per_chunk(s) * layer_recompute_s(s, eff)
     logits = output_layer_s(s, eff)
     embedding = (eff.memory_s(m.micro_batch_size * m.seq_len * m.hidden * BYTES[t.precision])
                  + eff.module_overhead_s)
-    bwd_chunk = eff.backward_ratio * fwd_chunk
+    bwd_chunk = eff.backward_ratio * fwd_chunk + layers_per_chunk * scores_rebuild_s(s, eff)
     logits_bwd = eff.backward_ratio * logits
     if c.forward_s is not None:
         fwd_chunk, logits, recompute, logits_bwd = c.forward_s / p.vpp, 0.0, 0.0, 0.0
@@ -182,13 +191,14 @@ def stage_costs(s: Scenario) -> StageCosts:
         grad_bytes=int(params * per_param.grads),
         tp_allreduce_bytes=2 * layers_per_chunk * act if p.tp > 1 else 0,
         params_per_rank=params,
-        activation_mem_bytes_per_chunk=int(layers_per_chunk * layer_activation_bytes(s)),
+        activation_mem_bytes_per_chunk=int(chunk_activation_bytes(s)),
         fixed_p2p_s=c.p2p_s,
         fixed_allreduce_s=c.allreduce_s,
         logits_backward_s=logits_bwd,
         embedding_forward_s=embedding,
         embedding_backward_s=eff.backward_ratio * embedding,
         recompute_chunk_s=recompute,
+        recompute_layers=recomputed_layers_per_chunk(s),
         layers_per_chunk=layers_per_chunk,
         tp_layer_forward=tp_fwd,
         tp_layer_backward=tp_bwd,

@@ -66,6 +66,23 @@ def recompute_forward_flops(s: Scenario) -> float:
     return {"none": 0.0, "selective": g.scores + g.attend, "full": g.total}[s.training.recompute]
 
 
+def recomputed_layers_per_chunk(s: Scenario) -> int:
+    """Layers of one model chunk recomputed before its backward: all of them
+    unless ``recompute_method: block`` limits them to the first few."""
+    if s.training.recompute == "none":
+        return 0
+    if s.training.recompute_method == "block" and s.training.recompute_num_layers:
+        return s.training.recompute_num_layers
+    return s.model.layers // (s.parallel.pp * s.parallel.vpp)
+
+
+def recomputed_layers(s: Scenario) -> int:
+    """Layers recomputed per microbatch over the whole model."""
+    if s.training.recompute_method == "block":
+        return recomputed_layers_per_chunk(s) * s.parallel.pp * s.parallel.vpp
+    return s.model.layers
+
+
 def microbatches_per_iteration(s: Scenario) -> int:
     """Global batch in microbatches: every dp replica runs ``parallel.microbatches``."""
     return s.parallel.microbatches * s.parallel.dp
@@ -80,5 +97,5 @@ def model_flops_per_iteration(s: Scenario) -> float:
 def hardware_flops_per_iteration(s: Scenario) -> float:
     """FLOPs actually executed, recomputation included (Narayanan et al.'s Eq. 3
     for full recomputation)."""
-    extra = s.model.layers * recompute_forward_flops(s) * microbatches_per_iteration(s)
+    extra = recomputed_layers(s) * recompute_forward_flops(s) * microbatches_per_iteration(s)
     return model_flops_per_iteration(s) + extra

@@ -22,9 +22,11 @@ optimizer is distributed, else 1).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .config import Scenario, Training
+from .flops import recomputed_layers_per_chunk
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ADAM_MOMENTS = 8  # fp32 m and v
@@ -81,6 +83,18 @@ def scores_bytes(s: Scenario) -> float:
     return 5 * m.heads * m.seq_len * m.seq_len * m.micro_batch_size
 
 
+def stored_scores_bytes(s: Scenario) -> float:
+    """What attention keeps of its scores for backward, in the 16-bit units of
+    Korthikanti's counts: all 5·a·s²·b unfused (megatron-core's
+    DotProductAttention); with flash or fused attention (TEDotProductAttention)
+    only the fp32 softmax statistics, one float per head and query (Dao et al.
+    2022, FlashAttention), from which backward rebuilds the scores."""
+    m = s.model
+    if m.stores_scores:
+        return scores_bytes(s)
+    return 4 * m.heads * m.seq_len * m.micro_batch_size / (BYTES[s.training.precision] / 2)
+
+
 def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
     """Bytes one layer keeps for its backward, per microbatch, on one rank."""
     t = s.parallel.tp
@@ -89,17 +103,33 @@ def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
     recompute = recompute or s.training.recompute
     if recompute == "full":
         return 2 * _sbh(s) / sp * scale
-    scores = 0.0 if recompute == "selective" else scores_bytes(s) / t
+    scores = 0.0 if recompute == "selective" else stored_scores_bytes(s) / t
     return (replicated_bytes(s) / sp + split_bytes(s) / t + scores) * scale
 
 
+def chunk_activation_bytes(s: Scenario) -> float:
+    """Bytes one model chunk keeps for its backward, per microbatch, on one rank.
+    Partial recomputation (megatron-core TransformerBlock._checkpointed_forward):
+    block stores the first k layers' inputs only and the rest whole; uniform
+    stores the input of each group of k layers."""
+    t = s.training
+    layers = s.model.layers // (s.parallel.pp * s.parallel.vpp)
+    if t.recompute_method == "uniform" and t.recompute_num_layers:
+        return math.ceil(layers / t.recompute_num_layers) * layer_activation_bytes(s)
+    recomputed = recomputed_layers_per_chunk(s) if t.recompute == "full" else layers
+    return (recomputed * layer_activation_bytes(s)
+            + (layers - recomputed) * layer_activation_bytes(s, "none"))
+
+
 def transient_activation_bytes(s: Scenario) -> float:
-    """What recomputation rebuilds for one layer at a time during backward."""
+    """What recomputation rebuilds at once during backward: one layer, or one
+    group of ``recompute_num_layers`` under the uniform method."""
     recompute = s.training.recompute
     if recompute == "full":
-        return layer_activation_bytes(s, "none")
+        group = s.training.recompute_num_layers if s.training.recompute_method == "uniform" else 1
+        return (group or 1) * layer_activation_bytes(s, "none")
     if recompute == "selective":
-        return scores_bytes(s) / s.parallel.tp * BYTES[s.training.precision] / 2
+        return stored_scores_bytes(s) / s.parallel.tp * BYTES[s.training.precision] / 2
     return 0.0
 
 
@@ -165,9 +195,8 @@ def rank_memory(s: Scenario, pp_rank: int, peak_chunks: int, buffers: float) -> 
     the schedule's peak on this stage (p for 1F1B's first stage)."""
     per = state_bytes(s.training, s.parallel.dp)
     params = stage_params(s, pp_rank)
-    layers_per_chunk = s.model.layers // (s.parallel.pp * s.parallel.vpp)
     return RankMemory(
         pp_rank=pp_rank, weights=params * per.weights, grads=params * per.grads,
         optimizer=params * per.optimizer,
-        activations=peak_chunks * layers_per_chunk * layer_activation_bytes(s),
+        activations=peak_chunks * chunk_activation_bytes(s),
         transient=transient_activation_bytes(s), buffers=buffers)

@@ -96,11 +96,12 @@ def backward_plan(c: StageCosts, first_layer: int, extra_before: float, extra_af
         steps += _bucketed_work(c.backward_chunk_s + extra_before + extra_after, buckets)
         return steps
     steps = []
-    per_bwd, per_rc = c.backward_chunk_s / layers, c.recompute_chunk_s / layers
+    per_bwd = c.backward_chunk_s / layers
+    per_rc = c.recompute_chunk_s / c.recompute_layers if c.recompute_layers else 0.0
     done, posted = 0.0, 0
     total = float(sum(buckets))
     for i, layer in enumerate(reversed(range(first_layer, first_layer + layers))):
-        if recompute:
+        if recompute and layer - first_layer < c.recompute_layers:
             kinds = c.tp_layer_forward if c.tp_recompute else ()
             steps += layer_steps("recompute_forward", layer, per_rc, kinds, c.attention_share)
         steps += layer_steps("backward", layer, per_bwd, c.tp_layer_backward,

@@ -19,17 +19,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megatronapp.config import Scenario, load_scenario  # noqa: E402
-from megatronapp.fidelity.fit import fit_constants, with_settings  # noqa: E402
+from megatronapp.config import Scenario  # noqa: E402
+from megatronapp.fidelity.fit import with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict  # noqa: E402
 from megatronapp.fidelity.published import NARAYANAN_TABLE1_TFLOPS as PUBLISHED  # noqa: E402
-from megatronapp.fidelity.published import TABLE1_KNOBS as KNOBS  # noqa: E402
-from megatronapp.fidelity.published import iteration_s_from_tflops  # noqa: E402
+from megatronapp.fidelity.published import (PublishedRun, fit_simulator, narayanan_row,  # noqa: E402
+                                            parameter_count)
 from sim import simulate_iteration_times  # noqa: E402
 
 
 def row_scenario(i: int) -> Scenario:
-    return load_scenario(ROOT / "scenarios" / "narayanan2021" / f"row{i:02d}.yaml")
+    return narayanan_row(ROOT, i)
 
 
 def replica_time(s: Scenario) -> float:
@@ -44,10 +44,9 @@ def main() -> int:
     args = parser.parse_args()
     fit_rows = [int(r) for r in args.fit.split(",")]
     rows = {i: row_scenario(i) for i in PUBLISHED}
-    targets = [(rows[i], iteration_s_from_tflops(rows[i], PUBLISHED[i])) for i in fit_rows]
     t0 = time.perf_counter()
-    fit = fit_constants(targets, KNOBS, replica_time,
-                        progress=lambda m: print(m, file=sys.stderr, flush=True))
+    fit = fit_simulator([PublishedRun(f"row {i}", rows[i], PUBLISHED[i], True) for i in fit_rows],
+                        replica_time, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"fitted on rows {fit_rows} in {time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{k.split('.')[-1]} = {v:.4f}" for k, v in fit.values.items()))
     print()
@@ -65,7 +64,7 @@ def main() -> int:
         if role == "predicted":
             errors.append(abs(err))
         q = s.parallel
-        print(f"| {i} | {params_b(s):.1f} | {s.world_size} | {q.tp} | {q.pp} | {q.vpp} "
+        print(f"| {i} | {parameter_count(s) / 1e9:.1f} | {s.world_size} | {q.tp} | {q.pp} | {q.vpp} "
               f"| {q.microbatches} | {bubble(s) * 100:.1f}% | {PUBLISHED[i]} | {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% "
               f"| {p.iteration_s:.2f} | {cpu:.0f} / {wall:.0f} | {role} |", flush=True)
     print(f"\npredicted rows: mean |error| {sum(errors) / len(errors) * 100:.1f}%, "
@@ -96,12 +95,6 @@ def bubble(s: Scenario) -> float:
     """The pipeline bubble over ideal time, (p - 1) / (v m) (Narayanan et al. §2.2)."""
     q = s.parallel
     return (q.pp - 1) / (q.vpp * q.microbatches)
-
-
-def params_b(s: Scenario) -> float:
-    m = s.model
-    return (12 * m.layers * m.hidden ** 2 * (1 + 13 / (12 * m.hidden))
-            + m.vocab * m.hidden + m.seq_len * m.hidden) / 1e9
 
 
 if __name__ == "__main__":

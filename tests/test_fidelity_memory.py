@@ -100,7 +100,7 @@ def test_first_stage_activations_match_korthikanti_section_4(schedule: str, pp: 
 
 
 def test_eq3_counts_the_flops_of_a_narayanan_row() -> None:
-    s = load_scenario(ROOT / "scenarios" / "narayanan2021" / "row05.yaml")
+    s = load_scenario(ROOT / "scenarios" / "published" / "narayanan2021" / "row05.yaml")
     batch, l, h, v, seq = 1536, 48, 8192, 51200, 2048
     eq3 = 96 * batch * seq * l * h * h * (1 + seq / (6 * h) + v / (16 * l * h))
     assert hardware_flops_per_iteration(s) == pytest.approx(eq3, rel=1e-12)
@@ -135,7 +135,7 @@ def test_each_option_alone_is_named_when_it_suffices() -> None:
 
 
 def test_every_table1_row_and_fidelity_scenario_loads_and_fits() -> None:
-    paths = sorted((ROOT / "scenarios" / "narayanan2021").glob("row*.yaml"))
+    paths = sorted((ROOT / "scenarios" / "published" / "narayanan2021").glob("row*.yaml"))
     assert len(paths) == 10
     for path in paths + sorted((ROOT / "scenarios" / "fidelity").glob("*.yaml")):
         check_memory(load_scenario(path))

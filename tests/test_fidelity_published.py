@@ -6,17 +6,21 @@ from __future__ import annotations
 import pytest
 
 from sim import simulate_iteration_times
-from megatronapp.config import Scenario, load_scenario
-from megatronapp.fidelity.fit import fit_constants, with_settings
+from megatronapp.config import Scenario
+from megatronapp.devices import DEVICES
+from megatronapp.flops import hardware_flops_per_iteration
+from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.predict import predict
-from megatronapp.fidelity.published import (NARAYANAN_TABLE1_TFLOPS, TABLE1_KNOBS,
-                                            iteration_s_from_tflops)
+from megatronapp.fidelity.published import (LEFT_OUT, NARAYANAN_TABLE1_TFLOPS, PublishedRun,
+                                            fit_flops_only_efficiency, fit_simulator,
+                                            flops_only_peak_share, held_out_errors,
+                                            narayanan_row, published_runs)
 
 from .conftest import ROOT
 
 
 def row(i: int) -> Scenario:
-    return load_scenario(ROOT / "scenarios" / "narayanan2021" / f"row{i:02d}.yaml")
+    return narayanan_row(ROOT, i)
 
 
 def replica_time(s: Scenario) -> float:
@@ -29,9 +33,7 @@ def tflops_per_gpu(s: Scenario) -> float:
 
 @pytest.fixture(scope="module")
 def fitted() -> dict[str, float]:
-    targets = [(row(i), iteration_s_from_tflops(row(i), NARAYANAN_TABLE1_TFLOPS[i]))
-               for i in (1, 7)]
-    return fit_constants(targets, TABLE1_KNOBS, replica_time).values
+    return fit_simulator([r for r in published_runs(ROOT) if r.fitted], replica_time).values
 
 
 @pytest.mark.slow
@@ -52,3 +54,46 @@ def test_strong_scaling_loses_throughput_per_gpu(fitted: dict[str, float]) -> No
                                                "parallel.microbatches": batch // dp}))
               for dp in (s.parallel.dp // 2, s.parallel.dp, s.parallel.dp * 2)]
     assert series[0] > series[1] > series[2]
+
+
+@pytest.mark.slow
+def test_the_a100_profile_holds_the_constants_the_fit_finds(fitted: dict[str, float]) -> None:
+    profile = DEVICES["a100-80gb"].fitted
+    for key, value in fitted.items():
+        assert profile[key.split(".")[-1]] == pytest.approx(value, rel=1e-3)
+
+
+def test_every_published_row_is_fitted_or_held_out_and_few_are_fitted() -> None:
+    runs = published_runs(ROOT)
+    fitted_rows = [r for r in runs if r.fitted]
+    assert len(fitted_rows) == 2 and len(runs) == len(NARAYANAN_TABLE1_TFLOPS)
+    assert all(r.scenario.cluster.gpu.tflops == DEVICES["a100-80gb"].gpu["tflops"] for r in runs)
+    assert all(left.missing for left in LEFT_OUT)
+
+
+def test_the_flops_only_peer_does_not_see_the_parallel_layout() -> None:
+    """6·N·tokens at one efficiency: the same model and global batch on another
+    layout predicts the same throughput per GPU (no bubble, no communication)."""
+    s = row(5)
+    other = with_settings(s, {"parallel.pp": 1, "parallel.dp": s.parallel.dp * 2,
+                              "parallel.microbatches": s.parallel.microbatches // 2})
+    assert flops_only_peak_share(other) == pytest.approx(flops_only_peak_share(s), rel=1e-12)
+
+
+def test_the_flops_only_peer_counts_8_flops_per_parameter_with_full_recompute() -> None:
+    full = row(1)
+    none = with_settings(full, {"training.recompute": "none"})
+    # throughput is Eq. 3 FLOPs over the peer's time; the time scales as 8 : 6
+    hw = [hardware_flops_per_iteration(x) for x in (full, none)]
+    ratio = (flops_only_peak_share(full) / hw[0]) / (flops_only_peak_share(none) / hw[1])
+    assert ratio == pytest.approx(6 / 8, rel=1e-12)
+
+
+def test_the_flops_only_efficiency_is_recovered_from_exact_figures() -> None:
+    runs = [PublishedRun(f"row {i}", row(i), flops_only_peak_share(row(i)) * 0.37, fitted=True)
+            for i in (1, 4, 7)]
+    assert fit_flops_only_efficiency(runs) == pytest.approx(0.37, rel=1e-12)
+
+
+def test_the_worst_held_out_error_keeps_its_sign() -> None:
+    assert held_out_errors([0.02, -0.3, 0.1]) == (pytest.approx(0.14), -0.3)

@@ -75,6 +75,10 @@ def check_supported(s: Scenario) -> None:
         if getattr(s.training, key):
             raise ScenarioError(f"training.{key}", "the torch backend reduces gradients after "
                                 "the last backward; simulate overlap with --backend sim")
+    if not s.model.stores_scores:
+        raise ScenarioError("model.attention_backend", "the torch backend's stages run "
+                            "megatron-core's unfused attention; simulate flash or fused "
+                            "attention with --backend sim")
     if s.sequence_parallel and not torch.cuda.is_available():
         raise ScenarioError("parallel.sequence_parallel", "needs NCCL (gloo has no "
                             "reduce-scatter for megatron-core's sequence-parallel layers)")

@@ -80,8 +80,9 @@ def transformer_config(s: Scenario) -> Any:
 def recompute_options(s: Scenario) -> dict[str, Any]:
     """Megatron-core's recomputation settings for ``training.recompute``."""
     if s.training.recompute == "full":
-        return {"recompute_granularity": "full", "recompute_method": "uniform",
-                "recompute_num_layers": 1}
+        return {"recompute_granularity": "full",
+                "recompute_method": s.training.recompute_method or "uniform",
+                "recompute_num_layers": s.training.recompute_num_layers or 1}
     if s.training.recompute == "selective":
         return {"recompute_granularity": "selective"}
     return {}

@@ -1,0 +1,55 @@
+"""Named devices: spec-sheet numbers and the efficiency constants fitted for them.
+
+``cluster.gpu: h100-sxm`` (or ``cluster.gpu: {device: h100-sxm, ...}``) fills
+the GPU's peak, memory and HBM bandwidth and the node's NVLink and
+InfiniBand bandwidths from the profile below; keys the scenario gives
+itself win. Rates are dense bf16 TFLOP/s, GB, TB/s, and Gbit/s per direction
+per GPU (the unit of ``cluster.links``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    gpu: dict[str, float]  # cluster.gpu keys
+    links: dict[str, float | int]  # cluster.links keys
+    # Efficiency-model constants fitted on published runs (docs/fidelity.md,
+    # paper_figs/published_runs.py); empty where no published row was fitted.
+    fitted: dict[str, float] = field(default_factory=dict)
+    fitted_on: str = ""
+
+
+DEVICES: dict[str, DeviceProfile] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense,
+    # 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 per direction);
+    # DGX A100 datasheet: eight 200 Gb/s HDR InfiniBand compute NICs.
+    "a100-80gb": DeviceProfile(
+        gpu={"tflops": 312.0, "memory_gb": 80.0, "hbm_tbps": 2.039},
+        links={"intra_node_gbps": 2400.0, "inter_node_gbps": 200.0, "nics_per_node": 8},
+        fitted={"efficiency": 0.6541, "elementwise_traffic": 2.1653},
+        fitted_on="Narayanan et al. 2021, Table 1, rows 1 and 7"),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s bf16 dense,
+    # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction);
+    # DGX H100 datasheet: eight 400 Gb/s NDR InfiniBand (ConnectX-7) NICs.
+    "h100-sxm": DeviceProfile(
+        gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35},
+        links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOP/s bf16 dense,
+    # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: eight 400 Gb/s NDR NICs.
+    "h200": DeviceProfile(
+        gpu={"tflops": 989.0, "memory_gb": 141.0, "hbm_tbps": 4.8},
+        links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
+}
+
+
+def expand_device(cluster: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:
+    """``cluster`` (a scenario's raw mapping) with the profile's values under
+    the keys it does not set itself; ``gpu.device`` removed."""
+    gpu = {k: v for k, v in cluster["gpu"].items() if k != "device"}
+    links = cluster.get("links") or {}
+    return {**cluster,
+            "gpu": {**profile.gpu, **profile.fitted, **gpu},
+            "links": {**profile.links, **links}}

@@ -1,0 +1,71 @@
+"""model.attention_backend: flash and fused attention keep only the softmax
+statistics (memory against Korthikanti's Table 2 without its 5·a·s/h term) and
+rebuild the scores in backward (one more scores GEMM per layer)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from megatronapp.config import ScenarioError, parse_scenario
+from megatronapp.costs import Efficiency, stage_costs
+from megatronapp.flops import layer_gemms
+from megatronapp.memory import layer_activation_bytes, transient_activation_bytes
+
+S, B, H, A, T, LAYERS_PER_CHUNK = 512, 2, 1024, 8, 2, 4
+BASE: dict[str, Any] = {
+    "parallel": {"tp": T, "pp": 2, "dp": 2, "microbatches": 4, "sequence_parallel": True},
+    "model": {"layers": 2 * LAYERS_PER_CHUNK, "hidden": H, "heads": A, "seq_len": S,
+              "vocab": 4096, "micro_batch_size": B},
+    "cluster": {"gpu": {"elementwise_traffic": 2.0}},
+}
+
+
+def scenario(backend: str | None, **training: Any) -> Any:
+    data = json.loads(json.dumps(BASE))
+    if backend is not None:
+        data["model"]["attention_backend"] = backend
+    data["training"] = training
+    return parse_scenario(data)
+
+
+SOFTMAX_STATS = 4 * A * S * B / T  # one fp32 per head and query, split over tp
+
+
+@pytest.mark.parametrize("backend", ["flash", "fused"])
+def test_flash_stores_no_scores_only_their_statistics(backend: str) -> None:
+    # Korthikanti et al. 2022 Table 2 (tp + sp): s·b·h·(34/t + 5·a·s/(h·t)); flash drops the second term
+    assert layer_activation_bytes(scenario(backend)) == pytest.approx(
+        S * B * H * 34 / T + SOFTMAX_STATS, rel=1e-12)
+    assert layer_activation_bytes(scenario("unfused")) == pytest.approx(
+        S * B * H * (34 / T + 5 * A * S / (H * T)), rel=1e-12)
+    assert transient_activation_bytes(scenario(backend, recompute="selective")) == \
+        pytest.approx(SOFTMAX_STATS, rel=1e-12)
+
+
+def test_unset_is_unfused() -> None:
+    assert stage_costs(scenario(None)) == stage_costs(scenario("unfused"))
+
+
+def test_flash_backward_rebuilds_the_scores_and_its_forward_moves_fewer_bytes() -> None:
+    flash, unfused = stage_costs(scenario("flash")), stage_costs(scenario("unfused"))
+    s = scenario("flash")
+    rebuild = Efficiency.of(s).gemm_s(layer_gemms(s).scores / T)
+    assert flash.backward_chunk_s == pytest.approx(
+        2.0 * flash.forward_chunk_s + LAYERS_PER_CHUNK * rebuild, rel=1e-12)
+    assert flash.forward_chunk_s < unfused.forward_chunk_s
+
+
+def test_an_unknown_backend_is_refused_naming_the_field() -> None:
+    with pytest.raises(ScenarioError) as err:
+        scenario("flash2")
+    assert err.value.field == "model.attention_backend"
+
+
+def test_the_torch_backend_refuses_flash_in_one_line() -> None:
+    from backends.torch import check_supported
+
+    with pytest.raises(ScenarioError) as err:
+        check_supported(scenario("flash"))
+    assert err.value.field == "model.attention_backend"
