@@ -39,6 +39,9 @@ def test_open_gives_the_tables_scope_query_reads(scope_tiny_run: Path) -> None:
     assert q.returncode == 0, q.stderr
     assert json.loads(q.stdout) == [{"n": len(set(stats["site"].to_pylist()))}]
     assert data.table("injections").num_rows == data.manifest["injections"]
+    frame = data.df("stats")  # the notebook's pandas view of the same rows
+    assert len(frame) == stats.num_rows and list(frame.columns) == stats.column_names
+    assert frame["site"].tolist() == stats["site"].to_pylist()
 
 
 def test_the_cache_holds_what_the_capture_kept(kept: Path) -> None:
