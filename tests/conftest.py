@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from megatronapp.config import Scenario, parse_scenario
+from megatronapp.scenario.config import Scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp.runs import read_events
+from megatronapp.run.write import read_events
 
 from .conftest import ROOT, run_cli
 
@@ -90,7 +90,7 @@ def test_simulated_deadlock_is_one_line_exit_2(tmp_path: Path, monkeypatch: pyte
                                                capsys: pytest.CaptureFixture[str]) -> None:
     import sim.run
     from megatronapp.cli import main
-    from megatronapp.ops import Recv
+    from megatronapp.parallel.ops import Recv
 
     def receive_first(rank: int):
         yield Recv(src=1 - rank, tag="x", nbytes=4)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatronapp.config import ScenarioError, apply_overrides, load_scenario, parse_scenario
+from megatronapp.scenario.config import ScenarioError, apply_overrides, load_scenario, parse_scenario
 
 from .conftest import ROOT, run_cli
 

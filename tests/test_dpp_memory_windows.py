@@ -8,7 +8,7 @@ import pytest
 
 from megatronapp.dpp.memory import MemoryExceeded, order_peak_slots
 from megatronapp.dpp.windows import send_windows, window_metrics
-from megatronapp.schedules import PipeShape, static_order
+from megatronapp.parallel.schedules import PipeShape, static_order
 from sim import run_sim
 from tests.conftest import fixed_cost_scenario, run_cli
 

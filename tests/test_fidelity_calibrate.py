@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatronapp.config import load_scenario, parse_scenario
+from megatronapp.scenario.config import load_scenario, parse_scenario
 from megatronapp.fidelity.fit import Knob, fit_constants, with_settings
-from megatronapp.flops import model_flops_per_iteration
+from megatronapp.costs.flops import model_flops_per_iteration
 from sim import simulate_iteration_times
 
 from .conftest import ROOT, run_cli

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from megatronapp.config import ScenarioError, adjustments, parse_scenario
+from megatronapp.scenario.config import ScenarioError, adjustments, parse_scenario
 
 from .conftest import run_cli
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim import simulate_iteration_times
-from megatronapp.config import Scenario, load_scenario
+from megatronapp.scenario.config import Scenario, load_scenario
 from megatronapp.fidelity.fit import fit_constants, with_settings
 from megatronapp.fidelity.predict import predict
 from megatronapp.fidelity.published import (NARAYANAN_TABLE1_TFLOPS, TABLE1_KNOBS,

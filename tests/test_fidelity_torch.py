@@ -10,7 +10,7 @@ import pytest
 
 from backends.torch.launch import spawn_run
 from backends.torch.stages import TrainOptions
-from megatronapp.config import load_scenario, parse_scenario
+from megatronapp.scenario.config import load_scenario, parse_scenario
 
 from .conftest import ROOT, run_cli
 from .test_torch_backend import SGD, full_model, scenario

@@ -28,7 +28,7 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from megatronapp.eventstore import read_columns
+from megatronapp.trace.store import read_columns
 
 from .conftest import ROOT
 

@@ -12,7 +12,7 @@ import pytest
 
 from megatronapp.cli import main
 from megatronapp.errors import UserError
-from megatronapp.outdirs import (MANIFEST, STAGING_MARKER, clean_leftovers, read_manifest,
+from megatronapp.io.outdirs import (MANIFEST, STAGING_MARKER, clean_leftovers, read_manifest,
                                  staged_dir)
 
 from .conftest import ROOT

@@ -41,7 +41,7 @@ def test_predict_reports_the_iteration_times_of_run(name: str, sets: list[str], 
 
 def test_predict_does_not_run_the_simpy_interpreter(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from megatronapp.config import load_scenario
+    from megatronapp.scenario.config import load_scenario
     from sim.interpreter import SimInterpreter
 
     def refuse(*_args: object, **_kw: object) -> None:

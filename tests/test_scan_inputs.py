@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.config import parse_scenario
-from megatronapp.runs import write_run
+from megatronapp.scenario.config import parse_scenario
+from megatronapp.run.write import write_run
 from megatronapp.scan.load import TraceError, events_from_chrome
 from sim import run_sim
 

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatronapp.config import parse_scenario
+from megatronapp.scenario.config import parse_scenario
 from megatronapp.scan.align import score_against_truth, trace_span
 from megatronapp.scan.bounds import Bounds, maximin_line
 from megatronapp.scan.detect import Thresholds, megascan, rank_sum_z
 from megatronapp.scan.pairwise import shorth
 from megatronapp.scan.validate import injected_clocks, scan_of_result
-from megatronapp.tracer import Event, RunResult
+from megatronapp.trace.events import Event, RunResult
 from sim import run_sim
 
 SKEWS = [{"kind": "clock_skew", "rank": 1, "offset_us": 7300.0, "drift_ppm": 60.0},

@@ -20,7 +20,7 @@ from megatronapp.scope.stats import Slice, finish, partials
 from megatronapp.scope.storage import (Capture, HostRecord, PartWriter, RawSlice, RecordKey, Rows,
                                        merge_capture)
 from megatronapp.scope.summary import query, summary_lines
-from megatronapp.scope_spec import parse_stat
+from megatronapp.scenario.scope_spec import parse_stat
 from tests.conftest import ROOT, run_cli
 
 STATS = ("mean", "std", "kurtosis", "topk(3)", "pixels_absmax(4)", "hist")

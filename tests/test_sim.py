@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.layout import pipe_shape, topology_of
-from megatronapp.ops import AllReduce, ISend, Recv, Wait
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.program.layout import pipe_shape, topology_of
+from megatronapp.parallel.ops import AllReduce, ISend, Recv, Wait
 from megatronapp.scan.critical import critical_path
 from megatronapp.scan.deps import reconstruct
-from megatronapp.summary import iteration_spans, summarize
-from megatronapp.tracer import Event
+from megatronapp.trace.summary import iteration_spans, summarize
+from megatronapp.trace.events import Event
 from sim import SimDeadlock, run_sim
 from sim.cluster import build_cluster
 from sim.interpreter import SimInterpreter

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.core.parallel_state import RankGenerator
 
-from megatronapp.topology import Topology
+from megatronapp.parallel.topology import Topology
 
 from .conftest import run_cli
 

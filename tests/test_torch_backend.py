@@ -25,13 +25,13 @@ from backends.torch.launch import TorchDeadlock, spawn_run
 from backends.torch.stages import TrainOptions, merge_tp_shards
 from backends.torch.worker import WorkerResult
 from megatronapp import cli
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.kinds import COMPUTE_NAMES
-from megatronapp.layout import topology_of
-from megatronapp.ops import Compute, Recv
-from megatronapp.programs import NullStages
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.trace.kinds import COMPUTE_NAMES
+from megatronapp.program.layout import topology_of
+from megatronapp.parallel.ops import Compute, Recv
+from megatronapp.program.ranks import NullStages
 from megatronapp.scan.load import load_trace
-from megatronapp.tracer import Event
+from megatronapp.trace.events import Event
 from sim import injected_faults, run_sim
 
 pytestmark = pytest.mark.slow

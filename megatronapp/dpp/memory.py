@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..config import Scenario, ScenarioError
-from ..costs import StageCosts
-from ..schedules import Order, PipeShape
-from ..tracer import Event
+from ..scenario.config import Scenario, ScenarioError
+from ..costs.per_op import StageCosts
+from ..parallel.schedules import Order, PipeShape
+from ..trace.events import Event
 
 GB = 1e9
 BUFFERS = 4  # forward received, forward to send, backward received, backward to send
@@ -110,7 +110,7 @@ def trace_live_slots(events: Iterable[Event]) -> list[tuple[float, int]]:
 
 
 def trace_peak_slots(events: Sequence[Event]) -> int:
-    from ..columns import columns_from_events
-    from ..metrics import live_slot_peaks
+    from ..trace.columns import columns_from_events
+    from ..trace.metrics import live_slot_peaks
 
     return live_slot_peaks(columns_from_events({0: list(events)})).get(0, 0)

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..tracer import Event  # noqa: E402
+from ..trace.events import Event  # noqa: E402
 from .memory import trace_live_slots  # noqa: E402
 from .windows import allreduce_windows, send_windows  # noqa: E402
 

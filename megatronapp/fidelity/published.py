@@ -6,8 +6,8 @@ included. The rows' scenarios are ``scenarios/narayanan2021/rowNN.yaml``.
 """
 from __future__ import annotations
 
-from ..config import Scenario
-from ..flops import hardware_flops_per_iteration
+from ..scenario.config import Scenario
+from ..costs.flops import hardware_flops_per_iteration
 from .fit import Knob
 
 NARAYANAN_TABLE1_TFLOPS: dict[int, float] = {

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from megatronapp.plots import COLOURS  # noqa: E402
+from megatronapp.trace.timeline import COLOURS  # noqa: E402
 
 from .load import RankEvents  # noqa: E402
 

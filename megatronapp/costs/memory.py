@@ -1,0 +1,173 @@
+"""Memory of a Megatron rank: weights, gradients, optimizer state, activations.
+
+Activations per layer follow Korthikanti et al., "Reducing Activation
+Recomputation in Large Transformer Models" (2022), Table 2, with s sequence,
+b micro-batch, h hidden, a heads, t tensor-parallel size (16-bit values,
+1-byte dropout masks):
+
+    no parallelism              s·b·h·(34 + 5·a·s/h)
+    tensor parallel             s·b·h·(10 + 24/t + 5·a·s/(h·t))
+    + sequence parallel         s·b·h·(34/t + 5·a·s/(h·t))
+    tensor parallel + selective s·b·h·(10 + 24/t)
+    + sequence parallel         s·b·h·34/t
+    full recomputation          2·s·b·h (divided by t with sequence parallelism)
+
+The 34 splits into 10 that tensor parallelism leaves replicated (layer norms,
+dropout masks, the inputs of the QKV and first MLP projections) and 24 that it
+splits; grouped-query attention and the MLP width change the 24 (see
+``split_bytes``). Weights, gradients and optimizer state per parameter follow
+Megatron-core's distributed-optimizer table: bf16 weights with fp32 gradients
+6 + 12/d bytes, fp16 4 + 16/d, fp32 8 + 8/d (d = data-parallel size when the
+optimizer is distributed, else 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..scenario.config import Scenario, Training
+
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+ADAM_MOMENTS = 8  # fp32 m and v
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter on one rank."""
+
+    weights: float
+    grads: float
+    optimizer: float  # fp32 master weights, Adam moments, fp16's fp32 gradient copy
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+def state_bytes(t: Training, dp: int) -> StateBytes:
+    low = t.precision != "fp32"
+    grads = 4 if (not low or t.grad_reduce_in_fp32) else 2
+    optimizer = ADAM_MOMENTS + (4 if low else 0)  # + fp32 master weights
+    if t.precision == "fp16" and not t.grad_reduce_in_fp32:
+        optimizer += 4  # fp16 unscales into an fp32 gradient copy
+    shards = dp if t.distributed_optimizer else 1
+    return StateBytes(BYTES[t.precision], grads, optimizer / shards)
+
+
+# ------------------------------------------------------------ activations
+def _sbh(s: Scenario) -> float:
+    m = s.model
+    return m.seq_len * m.micro_batch_size * m.hidden
+
+
+def replicated_bytes(s: Scenario) -> float:
+    """The 10·s·b·h tensor parallelism does not split (sequence parallelism does)."""
+    return 10 * _sbh(s)
+
+
+def split_bytes(s: Scenario) -> float:
+    """The part tensor parallelism splits, 24·s·b·h for MHA with a 4h GELU MLP:
+    Q and K (2·sbh + 2·sb·kv), V (2·sb·kv), the output projection's input
+    (2·sbh), and the MLP's activation and second-projection inputs."""
+    m = s.model
+    sb = m.seq_len * m.micro_batch_size
+    kv = m.query_groups * (m.hidden // m.heads)
+    mlp = (4 if m.activation == "swiglu" else 2) * m.ffn + 2 * m.ffn
+    return 4 * _sbh(s) + 4 * sb * kv + sb * mlp
+
+
+def scores_bytes(s: Scenario) -> float:
+    """5·a·s²·b: softmax output, its dropout mask and dropout output."""
+    m = s.model
+    return 5 * m.heads * m.seq_len * m.seq_len * m.micro_batch_size
+
+
+def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
+    """Bytes one layer keeps for its backward, per microbatch, on one rank."""
+    t = s.parallel.tp
+    sp = t if s.sequence_parallel else 1
+    scale = BYTES[s.training.precision] / 2  # the paper counts 16-bit activations
+    recompute = recompute or s.training.recompute
+    if recompute == "full":
+        return 2 * _sbh(s) / sp * scale
+    scores = 0.0 if recompute == "selective" else scores_bytes(s) / t
+    return (replicated_bytes(s) / sp + split_bytes(s) / t + scores) * scale
+
+
+def transient_activation_bytes(s: Scenario) -> float:
+    """What recomputation rebuilds for one layer at a time during backward."""
+    recompute = s.training.recompute
+    if recompute == "full":
+        return layer_activation_bytes(s, "none")
+    if recompute == "selective":
+        return scores_bytes(s) / s.parallel.tp * BYTES[s.training.precision] / 2
+    return 0.0
+
+
+# -------------------------------------------------------------- parameters
+def layer_params(s: Scenario) -> tuple[int, int]:
+    """(split by tp, replicated) parameters of one transformer layer."""
+    m = s.model
+    h, f = m.hidden, m.ffn
+    qkv = h + 2 * m.query_groups * (h // m.heads)
+    fc1 = 2 * f if m.activation == "swiglu" else f
+    split = h * qkv + qkv + h * h + h * fc1 + fc1 + f * h  # weights + column biases
+    replicated = 2 * h + 4 * h  # row-parallel biases, two layer norms
+    return split, replicated
+
+
+def stage_params(s: Scenario, pp_rank: int) -> int:
+    """Parameters held by one rank of pipeline stage ``pp_rank``."""
+    m, p = s.model, s.parallel
+    split, replicated = layer_params(s)
+    layers = m.layers // p.pp
+    params = layers * (split // p.tp + replicated)
+    embedding = m.vocab * m.hidden // p.tp
+    first, last = pp_rank == 0, pp_rank == p.pp - 1
+    if first:
+        params += embedding + m.seq_len * m.hidden  # word and position embeddings
+    if last:
+        params += 2 * m.hidden  # final layer norm
+        if m.untie_embeddings or not first:
+            params += embedding  # the output layer (a tied copy on another stage)
+    return params
+
+
+def max_stage_params(s: Scenario) -> int:
+    return max(stage_params(s, r) for r in range(s.parallel.pp))
+
+
+# ------------------------------------------------------------ one rank
+@dataclass(frozen=True)
+class RankMemory:
+    """Peak memory of one rank of a pipeline stage, in bytes."""
+
+    pp_rank: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float  # stored for backward at the schedule's peak
+    transient: float  # recomputation's working set
+    buffers: float  # p2p buffers
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads + self.optimizer + self.activations
+                + self.transient + self.buffers)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"pp_rank": self.pp_rank, "weights": self.weights, "grads": self.grads,
+                "optimizer": self.optimizer, "activations": self.activations,
+                "transient": self.transient, "buffers": self.buffers, "total": self.total}
+
+
+def rank_memory(s: Scenario, pp_rank: int, peak_chunks: int, buffers: float) -> RankMemory:
+    """``peak_chunks``: microbatch-chunks whose activations are alive at once at
+    the schedule's peak on this stage (p for 1F1B's first stage)."""
+    per = state_bytes(s.training, s.parallel.dp)
+    params = stage_params(s, pp_rank)
+    layers_per_chunk = s.model.layers // (s.parallel.pp * s.parallel.vpp)
+    return RankMemory(
+        pp_rank=pp_rank, weights=params * per.weights, grads=params * per.grads,
+        optimizer=params * per.optimizer,
+        activations=peak_chunks * layers_per_chunk * layer_activation_bytes(s),
+        transient=transient_activation_bytes(s), buffers=buffers)
