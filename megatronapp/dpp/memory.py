@@ -84,16 +84,6 @@ def order_peak_slots(order: Order) -> int:
     return max(order_live_slots(order), default=0)
 
 
-def check_static_memory(schedule: str, orders: dict[int, Order], memory: MemoryModel,
-                        first_rank_of_stage: dict[int, int]) -> None:
-    """Raise MemoryExceeded for the first pipeline stage whose peak does not fit."""
-    for pp_rank in sorted(orders):
-        peak = memory.bytes_for(order_peak_slots(orders[pp_rank]))
-        if peak > memory.capacity_bytes:
-            raise MemoryExceeded(schedule, first_rank_of_stage[pp_rank], pp_rank, peak,
-                                 memory.capacity_bytes)
-
-
 def trace_live_slots(events: Iterable[Event]) -> list[tuple[float, int]]:
     """(time, live slots) steps of one rank from its forward/backward events."""
     # A task split into pieces (around its collectives) starts with part 0, ends with its last.

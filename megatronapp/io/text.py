@@ -158,8 +158,3 @@ def load_json_bytes(raw: bytes, what: str) -> Any:
         raise TextError(f"{what} is not valid JSON (line {err.lineno}: {err.msg})") from None
     except ValueError as err:  # e.g. an integer with more digits than Python converts
         raise TextError(f"{what} is not valid JSON ({str(err).splitlines()[0][:80]})") from None
-
-
-def dumps_strict(data: Any, **kw: Any) -> str:
-    """JSON text that every parser accepts: a non-finite float is a bug, not output."""
-    return json.dumps(data, allow_nan=False, **kw)

@@ -272,11 +272,6 @@ def pipe_ranks(topo: Topology, pipe: int) -> tuple[int, ...]:
     return topo.pp_groups[pipe]
 
 
-def pipe_of(topo: Topology, rank: int) -> int:
-    c = topo.coord(rank)
-    return c.dp * topo.tp + c.tp
-
-
 # ---------------------------------------------------------- recorded times
 @dataclass(frozen=True)
 class CompiledRun:

@@ -39,10 +39,6 @@ class Trial:
     truth_rank: int | None  # the throttled rank
     truth_pair: tuple[int, int] | None  # the faulty link
 
-    @property
-    def is_control(self) -> bool:
-        return self.band in CONTROLS
-
 
 @dataclass(frozen=True)
 class TrialPlan:
