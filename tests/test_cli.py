@@ -8,7 +8,7 @@ import pytest
 
 from megatronapp.run.write import read_events
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from megatronapp.scan.methods import DETECTORS
 from megatronapp.parallel.schedules import SCHEDULES
 from megatronapp.trace.events import Event
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 HEAVY = ("matplotlib", "torch", "duckdb", "numpy", "pydantic", "rich", "networkx", "simpy")
 

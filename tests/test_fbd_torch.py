@@ -18,7 +18,7 @@ from backends.torch.worker import WorkerResult
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.fbd.run import fbd_layout
 from megatronapp.parallel.ops import Compute, Recv
-from tests.test_torch_backend import full_model
+from tests.support import full_model
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from megatronapp.fidelity.fit import Knob, fit_constants, with_settings
 from megatronapp.costs.flops import model_flops_per_iteration
 from sim import simulate_iteration_times
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 CPU_TINY = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"
 TRUTH = {"cluster.gpu.efficiency": 0.3, "cluster.gpu.gemm_overhead_us": 50.0,

@@ -14,7 +14,7 @@ from megatronapp.fidelity.fit import with_settings
 from megatronapp.trace.kinds import event_kind
 from sim import run_sim
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 from .test_fidelity_calibrate import TRUTH
 
 CPU_TINY = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"

@@ -12,7 +12,7 @@ from megatronapp.fidelity.predict import predict
 from megatronapp.fidelity.published import (NARAYANAN_TABLE1_TFLOPS, TABLE1_KNOBS,
                                             iteration_s_from_tflops)
 
-from .conftest import ROOT
+from .support import ROOT
 
 
 def row(i: int) -> Scenario:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from megatronapp.trace.store import read_columns
 
-from .conftest import ROOT
+from .support import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from megatronapp.scan.deps import reconstruct
 from megatronapp.trace.events import Event, chrome_events
 from sim import run_sim
 
-from .conftest import fixed_cost_scenario
+from .support import fixed_cost_scenario
 
 META = {"iteration": 1, "microbatch": 2, "chunk": 0}
 

@@ -14,7 +14,7 @@ from megatronapp.scenario.config import load_scenario, parse_scenario
 from megatronapp.host.limits import (COSTS, Limits, available_memory, check, estimate_run,
                                 estimate_topology)
 
-from .conftest import ROOT
+from .support import ROOT
 
 BASE = ("name: tiny\nparallel: {pp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from .conftest import ROOT
+from .support import ROOT
 
 WRITER = "megatronapp/io/outdirs.py"
 ALLOWED: set[tuple[str, str]] = set()  # (file, call) pairs allowed elsewhere, each with its reason

@@ -19,7 +19,7 @@ import pytest
 
 from megatronapp.cli import main
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 ADDRESS_SPACE = 3 * 2**30  # bytes: a Python list of 20 M result rows needs more
 MANY_ROWS = 20_000_000

@@ -22,7 +22,7 @@ from megatronapp.scan.validate import scan_of_result
 from megatronapp.trace.events import chrome_events
 from sim import run_sim
 
-from .test_scan_real_timing import real_like, real_like_run
+from .support import real_like, real_like_run
 
 # One trial of each band: skew only, slow link, healthy, jittered link, three throttles.
 TRIALS = (0, 1, 2, 5, 8, 9, 11)

@@ -28,7 +28,7 @@ from megatronapp.scope.cost import model_shape
 from megatronapp.scope.generate import PcaBasis
 from megatronapp.scope.storage import Capture
 from megatronapp.scenario.scope_spec import Scope, parameter_shapes
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 MODEL = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 12, "vocab": 40}

@@ -10,7 +10,7 @@ import yaml
 
 from megatronapp.scenario.config import ScenarioError, parse_scenario
 from megatronapp.scenario.scope_spec import parse_stat
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 MODEL = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 8, "vocab": 64}
 

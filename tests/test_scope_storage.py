@@ -21,7 +21,7 @@ from megatronapp.scope.storage import (Capture, HostRecord, PartWriter, RawSlice
                                        merge_capture)
 from megatronapp.scope.summary import query, summary_lines
 from megatronapp.scenario.scope_spec import parse_stat
-from tests.conftest import ROOT, run_cli
+from tests.support import ROOT, run_cli
 
 STATS = ("mean", "std", "kurtosis", "topk(3)", "pixels_absmax(4)", "hist")
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from .conftest import ROOT
+from .support import ROOT
 
 pytestmark = pytest.mark.slow
 

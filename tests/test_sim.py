@@ -20,7 +20,7 @@ from sim.cluster import build_cluster
 from sim.interpreter import SimInterpreter
 from sim.network import gbps_to_bytes_per_s
 
-from .conftest import fixed_cost_scenario
+from .support import fixed_cost_scenario
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

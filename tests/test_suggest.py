@@ -6,7 +6,7 @@ import pytest
 from megatronapp.scenario.config import ScenarioError, parse_scenario
 from megatronapp.io.suggest import closest, hint
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 
 @pytest.mark.parametrize("data,field,suggested", [

@@ -17,7 +17,7 @@ import pytest
 from megatronapp.scenario.config import ScenarioError
 from megatronapp.sweep.spec import load_spec
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 BASE = ROOT / "scenarios" / "throttle.yaml"
 

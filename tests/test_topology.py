@@ -7,7 +7,7 @@ from megatron.core.parallel_state import RankGenerator
 
 from megatronapp.parallel.topology import Topology
 
-from .conftest import run_cli
+from .support import run_cli
 
 sizes = st.integers(min_value=1, max_value=4)
 

@@ -17,7 +17,7 @@ from megatronapp.cli import main
 from megatronapp.scan.kineto import read_json_any
 from megatronapp.scan.load import TraceError, TraceSize, locate_trace, trace_size
 
-from .conftest import ROOT
+from .support import ROOT
 
 SCENARIO = ("name: small\niterations: 3\nparallel: {pp: 4, dp: 2, microbatches: 16}\n"  # ~2k events
             "model: {layers: 4, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")

@@ -20,7 +20,7 @@ from megatronapp.run.write import read_events
 from megatronapp.scan.load import load_trace
 from megatronapp.trace.events import Event, RankClock, chrome_events, write_json
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 
 def _flat(events: Any) -> list[tuple[Any, ...]]:

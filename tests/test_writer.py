@@ -17,8 +17,7 @@ import pytest
 from megatronapp.cli import main
 from megatronapp.io.outdirs import MANIFEST, STAGING_MARKER, read_manifest
 
-from .conftest import ROOT
-from .test_outdirs import dead_pid, mark_as_ours
+from .support import ROOT, dead_pid, mark_as_ours
 
 TINY = ("name: tiny\nparallel: {pp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
