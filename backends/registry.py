@@ -9,12 +9,12 @@ import importlib
 from functools import partial
 from typing import TYPE_CHECKING
 
-from megatronapp.backend import PROFILE, REPLICA, STALL_TIMEOUT, Backend, RunHooks, RunOptions
+from megatronapp.program.backend import PROFILE, REPLICA, STALL_TIMEOUT, Backend, RunHooks, RunOptions
 from megatronapp.errors import UserError
-from megatronapp.tracer import RunResult, RunScenario
+from megatronapp.trace.events import RunResult, RunScenario
 
 if TYPE_CHECKING:  # the parser is built before any scenario loads
-    from megatronapp.config import Scenario
+    from megatronapp.scenario.config import Scenario
 
 # name -> (module, class), and what ``--backend`` says of each
 BACKENDS = {"sim": ("backends.sim", "SimBackend"), "torch": ("backends.torch", "TorchBackend")}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatronapp.backend import REPLICA, RunHooks, RunOptions
-from megatronapp.config import Scenario
-from megatronapp.tracer import RunResult
+from megatronapp.program.backend import REPLICA, RunHooks, RunOptions
+from megatronapp.scenario.config import Scenario
+from megatronapp.trace.events import RunResult
 from sim import compare_plans, simulate
 
 __all__ = ["SimBackend", "compare_plans"]  # compare_plans: fbd-compare, a simulator-only study

@@ -23,14 +23,14 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
-from . import limits  # light: the size model imports the scenario schema only when used
+from .host import limits  # light: the size model imports the scenario schema only when used
 from .errors import UserError
-from .interrupts import Interrupted, stop_on_signals
-from .outdirs import add_force_option
-from .run_report import PROFILE_DIR, print_summary
+from .io.interrupts import Interrupted, stop_on_signals
+from .io.outdirs import add_force_option
+from .run.report import PROFILE_DIR, print_summary
 
 if TYPE_CHECKING:
-    from .backend import RunOptions
+    from .program.backend import RunOptions
 
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
@@ -42,11 +42,11 @@ MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.c
 def cmd_run(args: argparse.Namespace) -> int:
     from backends.registry import check_options, get_backend
 
-    from .backend import RunHooks
-    from .config import load_scenario
-    from .outdirs import check_output, staged_dir
-    from .progress import RunProgress
-    from .runs import write_run
+    from .program.backend import RunHooks
+    from .scenario.config import load_scenario
+    from .io.outdirs import check_output, staged_dir
+    from .io.progress import RunProgress
+    from .run.write import write_run
 
     scenario = load_scenario(args.scenario, args.set)
     backend = get_backend(args.backend)
@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_options(args: argparse.Namespace, profile_dir: Path, out_dir: Path | None = None
                  ) -> RunOptions:
-    from .backend import RunOptions
+    from .program.backend import RunOptions
 
     return RunOptions(stall_timeout_s=args.stall_timeout, out_dir=out_dir,
                       profile_dir=profile_dir if args.profile else None)
@@ -91,7 +91,7 @@ def _check_stall_timeout(args: argparse.Namespace) -> None:
 
 # -------------------------------------------------------------- topology
 def cmd_topology(args: argparse.Namespace) -> int:
-    from .topology import Topology
+    from .parallel.topology import Topology
 
     for name in ("tp", "pp", "dp"):
         if getattr(args, name) < 1:
@@ -116,8 +116,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ plot
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .outdirs import staged_outputs
-    from .progress import status
+    from .io.outdirs import staged_outputs
+    from .io.progress import status
     from .scan.cli import check_trace
     from .scan.focus import plot_cost
 
@@ -129,7 +129,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
                                                             args.force) as stage:
         data = _plot_input(run_dir, limits.json_text_cap(args), say)  # all plots, or none
         say("drawing the timeline")
-        from .plots import plot_timeline  # matplotlib loads here, under the spinner
+        from .trace.timeline import plot_timeline  # matplotlib loads here, under the spinner
 
         f = data.focus
         written.append(plot_timeline(data.events, stage / "timeline.png", run_dir.name,
@@ -167,8 +167,8 @@ PlotHook = Callable[[Path, Any, Any], list[Path]]  # (folder, events, PlotFocus)
 
 # ---------------------------------------------------------- export-trace
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import parse_selection
-    from .runs import TRACE_FILE, export_trace
+    from .trace.chrome import parse_selection
+    from .run.write import TRACE_FILE, export_trace
     from .scan.cli import check_trace
 
     ranks = parse_selection(args.ranks, "--ranks")
@@ -208,7 +208,7 @@ class Parser(argparse.ArgumentParser):
 
 def _with_suggestion(message: str) -> str:
     """argparse's ``invalid choice: 'x' (choose from ...)`` led by the closest choice."""
-    from .suggest import closest, quoted_names
+    from .io.suggest import closest, quoted_names
 
     head, sep, tail = message.partition("invalid choice: ")
     if not sep:
@@ -324,7 +324,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version and usage errors (already printed)
         return stop.code if isinstance(stop.code, int) else 2
-    from .config import ScenarioError  # after parsing: --help and usage errors stay fast
+    from .scenario.config import ScenarioError  # after parsing: --help and usage errors stay fast
     from .scan.load import TraceError
 
     try:

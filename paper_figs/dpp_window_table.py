@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from megatronapp.config import read_scenario_data
+from megatronapp.scenario.config import read_scenario_data
 from megatronapp.dpp.cli import COMPARED, compare, format_table
 
 SCENARIOS = ("dpp_healthy", "dpp_link_jitter", "dpp_slow_link", "dpp_throttled_stage")

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.progress import track  # noqa: E402
 
-from megatronapp.config import load_scenario  # noqa: E402
+from megatronapp.scenario.config import load_scenario  # noqa: E402
 from megatronapp.fbd.hetero import format_table  # noqa: E402
 from sim.fbd import compare_plans  # noqa: E402
 

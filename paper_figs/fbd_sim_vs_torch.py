@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.torch.fbd_worker import FBD  # noqa: E402
 from backends.torch.launch import spawn_run  # noqa: E402
-from megatronapp.config import Scenario, load_scenario  # noqa: E402
+from megatronapp.scenario.config import Scenario, load_scenario  # noqa: E402
 from sim import simulate as run_sim_scenario  # noqa: E402
 
 

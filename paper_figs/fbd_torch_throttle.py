@@ -28,8 +28,8 @@ from statistics import median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.torch import run_scenario  # noqa: E402
-from megatronapp.config import load_scenario  # noqa: E402
-from megatronapp.kinds import COMPUTE_NAMES  # noqa: E402
+from megatronapp.scenario.config import load_scenario  # noqa: E402
+from megatronapp.trace.kinds import COMPUTE_NAMES  # noqa: E402
 
 
 def children_cpu_s() -> float:

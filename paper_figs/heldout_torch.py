@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends.torch import run_scenario as run_torch  # noqa: E402
-from megatronapp.config import Scenario, load_scenario  # noqa: E402
+from megatronapp.scenario.config import Scenario, load_scenario  # noqa: E402
 from megatronapp.fidelity.calibrate import calibrate, load_measured  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.runs import write_run  # noqa: E402
+from megatronapp.run.write import write_run  # noqa: E402
 from sim import simulate_iteration_times  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"

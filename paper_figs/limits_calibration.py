@@ -1,5 +1,5 @@
 """Measure what ``megatronapp run`` costs per trace event and per collective group
-member, beside the constants ``megatronapp.limits.CostModel`` uses to refuse
+member, beside the constants ``megatronapp.host.limits.CostModel`` uses to refuse
 jobs up front. Rerun after making the simulator faster and update the model.
 
     .venv/bin/python paper_figs/limits_calibration.py
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megatronapp.limits import COSTS  # noqa: E402
+from megatronapp.host.limits import COSTS  # noqa: E402
 
 BASE = {"iterations": 2, "model": {"layers": 8, "hidden": 256, "heads": 4, "seq_len": 256,
                                     "vocab": 1024}}

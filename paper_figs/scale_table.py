@@ -82,8 +82,8 @@ def one_size(gpus: int, workdir: Path) -> dict[str, object]:
 def jitter_ratio(gpus: int) -> dict[str, float]:
     """Simulation core with jitter everywhere vs a bare SimPy timeout, CPU time per op."""
     from sim.engine import Engine
-    from megatronapp.config import load_scenario
-    from megatronapp.jobs import compile_static
+    from megatronapp.scenario.config import load_scenario
+    from megatronapp.run.jobs import compile_static
     from sim import bare_simpy_cpu_s_per_event
     from sim.cluster import build_cluster
     from sim.symmetry import pipe_classes

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backends.torch.scope_generate import Probe, build_model, local_scenario, one_rank  # noqa: E402
 from backends.torch.megatron_compat import causal_mask  # noqa: E402
 from backends.torch.worker import quiet_megatron_warnings  # noqa: E402
-from megatronapp.checkpoint import read_checkpoint  # noqa: E402
-from megatronapp.data import read_text  # noqa: E402
-from megatronapp.scope_spec import Scope  # noqa: E402
+from megatronapp.scenario.checkpoint import read_checkpoint  # noqa: E402
+from megatronapp.scenario.data import read_text  # noqa: E402
+from megatronapp.scenario.scope_spec import Scope  # noqa: E402
 
 OFFSETS = 4
 

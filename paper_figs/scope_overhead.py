@@ -56,9 +56,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megatronapp.config import Scenario, load_scenario, parse_scenario  # noqa: E402
-from megatronapp.jobs import StagesFor, rank_programs  # noqa: E402
-from megatronapp.ops import Compute, RankProgram  # noqa: E402
+from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario  # noqa: E402
+from megatronapp.run.jobs import StagesFor, rank_programs  # noqa: E402
+from megatronapp.parallel.ops import Compute, RankProgram  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "scope_tiny.yaml"
 GPU_SCENARIO = ROOT / "scenarios" / "scope_overhead_gpu.yaml"
@@ -190,7 +190,7 @@ def calibrate(base: Scenario) -> dict[str, float]:
     from megatronapp.scope import stats
     from megatronapp.scope.cost import model_shape
     from megatronapp.scope.storage import PartWriter
-    from megatronapp.scope_spec import parse_stat
+    from megatronapp.scenario.scope_spec import parse_stat
 
     torch.set_num_threads(1)
     specs = tuple(parse_stat(s) for s in STATS)
@@ -255,7 +255,7 @@ def sim_costs(base: Scenario, measured: dict[str, float]) -> dict[str, float]:
     """The measured per-chunk compute medians, and a point-to-point time fitted
     so that the simulated baseline iteration equals the measured one."""
     from sim import run_sim
-    from megatronapp.summary import iteration_times
+    from megatronapp.trace.summary import iteration_times
 
     costs = {"forward_s": measured["forward_s"], "backward_s": measured["backward_s"],
              "optimizer_s": measured["optimizer_s"], "allreduce_s": 0.0}

@@ -7,13 +7,16 @@ the 64-GPU one on the compiled engine and on the SimPy generator path.
 """
 from __future__ import annotations
 
+import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from megatronapp.config import parse_scenario
-from megatronapp.speed import JOB_1024, job_1024, simulate_speed
-from sim import run_sim
-from sim import bare_simpy_events_per_s
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks' speed helpers
+
+from megatronapp.scenario.config import parse_scenario  # noqa: E402
+from sim import bare_simpy_events_per_s, run_sim  # noqa: E402
+from tests.benchmarks.speed import JOB_1024, job_1024, simulate_speed  # noqa: E402
 
 SMALL = {**JOB_1024, "name": "gpt-64gpu", "parallel": {"tp": 2, "pp": 4, "dp": 8, "microbatches": 16}}
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from backends.torch.interpreter import INJECTED
 from backends.torch.launch import spawn_run
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.tracer import Event
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.trace.events import Event
 
 TINY = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 8, "vocab": 64, "micro_batch_size": 2}
 # (label, parallel, fault, faulty ranks, healthy ranks, op kind compared)

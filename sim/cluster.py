@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import simpy
 
-from megatronapp import seeds
-from megatronapp.config import ClockSkew, LinkJitter, Scenario, SlowLink, Throttle
-from megatronapp.layout import topology_of
-from megatronapp.topology import Topology
-from megatronapp.tracer import RankClock
+from megatronapp.scenario import seeds
+from megatronapp.scenario.config import ClockSkew, LinkJitter, Scenario, SlowLink, Throttle
+from megatronapp.program.layout import topology_of
+from megatronapp.parallel.topology import Topology
+from megatronapp.trace.events import RankClock
 
 from .devices import Device, ThrottleWindow
 from .network import LinkFaults, Network, pair

@@ -36,11 +36,11 @@ from typing import Any, Callable, Iterator
 import networkx as nx
 import numpy as np
 
-from megatronapp.compiled import (ASYNC_COLLECTIVE, COLLECTIVE, COLLECTIVE_WAIT, COMPUTE,
+from megatronapp.program.compiled import (ASYNC_COLLECTIVE, COLLECTIVE, COLLECTIVE_WAIT, COMPUTE,
                                   GROUP_KINDS, RECV, RECV_WAIT, SEND, WAIT, CompiledRun,
                                   PipeProgram, kind_group, pipe_ranks)
 from megatronapp.errors import Recreatable
-from megatronapp.gc_pause import paused_gc
+from megatronapp.host.gc_pause import paused_gc
 from sim.cluster import Cluster
 from sim.network import Flow
 from sim.symmetry import PipeClasses

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from megatronapp.config import Jitter, Scenario
+from megatronapp.scenario.config import Jitter, Scenario
 from megatronapp.fbd.run import fbd_layout
 
 from .cluster import build_cluster

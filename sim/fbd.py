@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import simpy
 
-from megatronapp import seeds
-from megatronapp.config import ClockSkew, Scenario, ScenarioError, Throttle
-from megatronapp.costs import stage_costs
+from megatronapp.scenario import seeds
+from megatronapp.scenario.config import ClockSkew, Scenario, ScenarioError, Throttle
+from megatronapp.costs.per_op import stage_costs
 from megatronapp.fbd.control import Align, Aligned, Execute, Nap, Requests, control_thread
 from megatronapp.fbd.coordinator import Coordinator, GroupTable, or_tables
 from megatronapp.fbd.hetero import (DeviceStats, PlanResult, busy_fraction, check_fbd_memory,
@@ -36,10 +36,10 @@ from megatronapp.fbd.ranks import FbdLayout, coordinated_groups
 from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout, fbd_programs,
                                  fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.transport import table_bytes
-from megatronapp.layout import topology_of
-from megatronapp.ops import AllReduce, Compute, IRecv, ISend, RankProgram, trace_args
-from megatronapp.topology import Topology
-from megatronapp.tracer import Event, RankClock, Tracer
+from megatronapp.program.layout import topology_of
+from megatronapp.parallel.ops import AllReduce, Compute, IRecv, ISend, RankProgram, trace_args
+from megatronapp.parallel.topology import Topology
+from megatronapp.trace.events import Event, RankClock, Tracer
 from .cluster import Cluster, link_faults
 from .devices import Device, ThrottleWindow
 from .hetero import ClassSlot, slots_by_class

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from megatronapp.config import DeviceClass, Scenario, ScenarioError
+from megatronapp.scenario.config import DeviceClass, Scenario, ScenarioError
 
 
 @dataclass(frozen=True)

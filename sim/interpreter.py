@@ -15,10 +15,10 @@ from typing import Any, Callable, Hashable
 import simpy
 
 from megatronapp.errors import UserError
-from megatronapp.gc_pause import paused_gc
-from megatronapp.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
+from megatronapp.host.gc_pause import paused_gc
+from megatronapp.parallel.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
                              ReduceScatter, Send, Wait, WaitAny, describe, trace_args)
-from megatronapp.tracer import Event, Tracer
+from megatronapp.trace.events import Event, Tracer
 from .cluster import Cluster
 from .network import succeeds
 

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import simpy
 
-from megatronapp import seeds
-from megatronapp.topology import Topology
+from megatronapp.scenario import seeds
+from megatronapp.parallel.topology import Topology
 
 from .draws import NormalStream
 

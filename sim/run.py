@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from megatronapp.columns import RankEventsView
-from megatronapp.config import Scenario
-from megatronapp.jobs import StagesFor, compile_programs, rank_programs
+from megatronapp.trace.columns import RankEventsView
+from megatronapp.scenario.config import Scenario
+from megatronapp.run.jobs import StagesFor, compile_programs, rank_programs
 from megatronapp.scope.cost import capture_plan
-from megatronapp.tracer import Event, RunResult
+from megatronapp.trace.events import Event, RunResult
 
 from .cluster import build_cluster
 from .engine import CompiledDeadlock, run_compiled
@@ -29,7 +29,7 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
 
     ``engine``: "auto" runs static schedules (with placeholder stages and no
     per-event hook or MegaScope capture) on the compiled engine, unless a rank
-    program is not static (``megatronapp.compiled.NotStatic``); anything else
+    program is not static (``megatronapp.program.compiled.NotStatic``); anything else
     runs on the SimPy generator path; "generator" forces the latter. ``reduce``
     simulates one pipeline per class of identical ones (exact; see ``sim.symmetry``).
     ``watch`` sees each event where the SimPy interpreter runs them (it

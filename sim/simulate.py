@@ -6,12 +6,12 @@ on the SimPy interpreter (``sim.run.run_replica``); everything else on
 """
 from __future__ import annotations
 
-from megatronapp.backend import RunHooks
-from megatronapp.config import Scenario
-from megatronapp.jobs import StagesFor
+from megatronapp.program.backend import RunHooks
+from megatronapp.scenario.config import Scenario
+from megatronapp.run.jobs import StagesFor
 from megatronapp.scope.cost import capture_plan, predicted_overhead
-from megatronapp.summary import run_iteration_times
-from megatronapp.tracer import RunResult
+from megatronapp.trace.summary import run_iteration_times
+from megatronapp.trace.events import RunResult
 
 from .fbd import run_fbd_scenario
 from .run import run_replica, run_sim

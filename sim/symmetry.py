@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable
 
-from megatronapp.compiled import GROUP_KINDS, embedding_group, kind_group, pipe_ranks
-from megatronapp.topology import Topology
+from megatronapp.program.compiled import GROUP_KINDS, embedding_group, kind_group, pipe_ranks
+from megatronapp.parallel.topology import Topology
 
 from .cluster import Cluster
 from .devices import Device

@@ -1,19 +1,17 @@
-"""Shared fixtures: scenario builders and a CLI runner."""
+"""Hooks every test shares (hypothesis settings, the machine lock of ``alone``
+tests, GPU skips); helpers live in tests/support.py."""
 from __future__ import annotations
 
 import fcntl
-import io
 import os
-import subprocess
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from megatronapp.config import Scenario, parse_scenario
+from .support import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,40 +64,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def fixed_cost_scenario(**overrides: Any) -> Scenario:
-    """Fixed compute costs and zero communication: closed forms hold exactly."""
-    data: dict[str, Any] = {
-        "schedule": "1f1b",
-        "parallel": {"pp": 4, "microbatches": 8},
-        "model": {"layers": 48, "hidden": 256, "heads": 4, "seq_len": 256, "vocab": 1024},
-        "costs": {"forward_s": 1.0, "backward_s": 2.0, "p2p_s": 0.0, "allreduce_s": 0.0,
-                  "optimizer_s": 0.0},
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return parse_scenario(data)
-
-
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """The console entry point's ``main`` run in this process (nothing is
-    spawned): its exit status, stdout and stderr. tests/test_entry_point.py
-    runs the installed command itself."""
-    from megatronapp.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    here = os.getcwd()
-    os.chdir(cwd or ROOT)
-    try:
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        os.chdir(here)
-    return subprocess.CompletedProcess(["megatronapp", *args], code, out.getvalue(), err.getvalue())
 
 
 SCOPE_TINY_ITERATIONS = 300  # enough for the logit lens to find the next character by the last layer

@@ -30,8 +30,8 @@ def make_run(out: Path, model: dict[str, Any] = TINY, steps: int = 4) -> Path:
     """``out/checkpoint`` (untrained, seeded) and ``out/gen/clean`` (a capture
     of ``steps`` decoding steps with a perturbed run beside it)."""
     from backends.torch.scope_generate import generate, initial_state, one_rank
-    from megatronapp.checkpoint import read_checkpoint, write_checkpoint
-    from megatronapp.config import Data, parse_scenario
+    from megatronapp.scenario.checkpoint import read_checkpoint, write_checkpoint
+    from megatronapp.scenario.config import Data, parse_scenario
     from megatronapp.scope.cli import generation_scope
 
     with one_rank():
@@ -197,7 +197,7 @@ def write_training_step(writer: Any, step: int, layers: int = 2, tokens: int = 8
 
     from megatronapp.scope import stats
     from megatronapp.scope.storage import HostRecord, RecordKey, Rows
-    from megatronapp.scope_spec import parse_stat
+    from megatronapp.scenario.scope_spec import parse_stat
 
     specs = (parse_stat("mean"), parse_stat("std"))
     gen = torch.Generator().manual_seed(step)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from backends import registry
-from megatronapp.backend import PROFILE, RunHooks, RunOptions
+from megatronapp.program.backend import PROFILE, RunHooks, RunOptions
 from megatronapp.cli import main
-from megatronapp.config import Scenario
-from megatronapp.tracer import RunResult
+from megatronapp.scenario.config import Scenario
+from megatronapp.trace.events import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = str(ROOT / "scenarios" / "throttle.yaml")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp.runs import read_events
+from megatronapp.run.write import read_events
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_simulated_deadlock_is_one_line_exit_2(tmp_path: Path, monkeypatch: pyte
                                                capsys: pytest.CaptureFixture[str]) -> None:
     import sim.run
     from megatronapp.cli import main
-    from megatronapp.ops import Recv
+    from megatronapp.parallel.ops import Recv
 
     def receive_first(rank: int):
         yield Recv(src=1 - rank, tag="x", nbytes=4)

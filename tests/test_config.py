@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatronapp.config import ScenarioError, apply_overrides, load_scenario, parse_scenario
+from megatronapp.scenario.config import ScenarioError, apply_overrides, load_scenario, parse_scenario
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 GOOD = {"seed": 1, "iterations": 1, "schedule": "1f1b",
         "parallel": {"tp": 1, "pp": 2, "dp": 2, "microbatches": 4},

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatronapp.config import Data, ScenarioError
-from megatronapp.data import UNKNOWN_ID, CharVocab, TextData, random_tokens, read_text
+from megatronapp.scenario.config import Data, ScenarioError
+from megatronapp.scenario.data import UNKNOWN_ID, CharVocab, TextData, random_tokens, read_text
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import pytest
 
 from megatronapp.dpp.memory import MemoryExceeded, order_peak_slots
 from megatronapp.dpp.windows import send_windows, window_metrics
-from megatronapp.schedules import PipeShape, static_order
+from megatronapp.parallel.schedules import PipeShape, static_order
 from sim import run_sim
-from tests.conftest import fixed_cost_scenario, run_cli
+from tests.support import fixed_cost_scenario, run_cli
 
 
 @pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 2)])

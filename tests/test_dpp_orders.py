@@ -7,7 +7,7 @@ import pytest
 from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
 
 from megatronapp.dpp.policies import breadth_first_traversal, depth_first_traversal, planned_order
-from megatronapp.schedules import PipeShape, check_order, static_order
+from megatronapp.parallel.schedules import PipeShape, check_order, static_order
 
 SHAPES = [(pp, vpp, m) for pp in (2, 3, 4) for vpp in (2, 3) for m in (pp, 2 * pp, 4 * pp)]
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from megatronapp.dpp.policies import AdaptiveGreedy, RankView, forward_fits
-from megatronapp.schedules import PipeShape, Task
+from megatronapp.parallel.schedules import PipeShape, Task
 
 SHAPE = PipeShape(pp=2, vpp=2, microbatches=4)
 POLICY = AdaptiveGreedy.planned("breadth", 0, SHAPE, max_pending_sends=2)

@@ -7,11 +7,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.costs import stage_costs
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.costs.per_op import stage_costs
 from megatronapp.dpp.memory import MemoryModel, trace_peak_slots
-from megatronapp.layout import pipe_shape, topology_of
-from megatronapp.tracer import Event
+from megatronapp.program.layout import pipe_shape, topology_of
+from megatronapp.trace.events import Event
 from sim import run_sim
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from backends.torch.launch import spawn_run
 
-from .test_torch_backend import SGD, compute_sequence, full_model, sample_losses, scenario
+from .support import SGD, compute_sequence, full_model, sample_losses, torch_scenario
 
 pytestmark = pytest.mark.slow  # every test spawns torch ranks
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow  # every test spawns torch ranks
                                               "interleaved")])
 def test_adaptive_step_equals_static_schedule(parallel: dict, static: str) -> None:
     layers = 2 * parallel.get("vpp", 1)
-    adaptive_s = scenario(parallel, layers=layers, schedule="adaptive")
-    static_s = scenario(parallel, layers=layers, schedule=static)
+    adaptive_s = torch_scenario(parallel, layers=layers, schedule="adaptive")
+    static_s = torch_scenario(parallel, layers=layers, schedule=static)
     adaptive_run, adaptive = spawn_run(adaptive_s, SGD)
     static_run, fixed = spawn_run(static_s, SGD)
     # the two runs really traversed the task matrix differently

@@ -10,12 +10,12 @@ from importlib.metadata import version
 import pytest
 
 from megatronapp.cli import build_parser
-from megatronapp.progress import RunProgress
+from megatronapp.io.progress import RunProgress
 from megatronapp.scan.methods import DETECTORS
-from megatronapp.schedules import SCHEDULES
-from megatronapp.tracer import Event
+from megatronapp.parallel.schedules import SCHEDULES
+from megatronapp.trace.events import Event
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 HEAVY = ("matplotlib", "torch", "duckdb", "numpy", "pydantic", "rich", "networkx", "simpy")
 

@@ -15,7 +15,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatronapp.interrupts import Interrupted
+from megatronapp.io.interrupts import Interrupted
 
 PACKAGES = ("megatronapp", "backends", "sim")
 

@@ -11,7 +11,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from megatronapp.fbd.coordinator import GroupTable
 from megatronapp.fbd.protocol import (CoordinatedSystem, ModelSystem, NaiveSystem, drive,
                                       project)
-from megatronapp.topology import Topology
+from megatronapp.parallel.topology import Topology
 
 # The paper's example: rank 0 wants to talk to rank 2 (group 0), rank 2 wants
 # rank 1 first (group 1); ranks 0 and 1 share control thread 0.

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from megatronapp.fbd.ranks import FbdLayout, Worker, coordinated_groups, p2p_pairs
-from megatronapp.topology import Topology
+from megatronapp.parallel.topology import Topology
 
 
 @st.composite

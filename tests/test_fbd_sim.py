@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from megatronapp.config import ScenarioError, parse_scenario
-from megatronapp.costs import stage_costs
+from megatronapp.scenario.config import ScenarioError, parse_scenario
+from megatronapp.costs.per_op import stage_costs
 from megatronapp.fbd.hetero import steady_iteration_s, peak_outstanding
 from sim.fbd import colocated_scenario, compare_plans, run_fbd
 

@@ -15,10 +15,10 @@ from backends.torch.fbd_worker import FBD
 from backends.torch.launch import TorchDeadlock, spawn_run
 from backends.torch.stages import TrainOptions
 from backends.torch.worker import WorkerResult
-from megatronapp.config import Scenario, parse_scenario
+from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.fbd.run import fbd_layout
-from megatronapp.ops import Compute, Recv
-from tests.test_torch_backend import full_model
+from megatronapp.parallel.ops import Compute, Recv
+from tests.support import full_model
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatronapp.config import load_scenario, parse_scenario
+from megatronapp.scenario.config import load_scenario, parse_scenario
 from megatronapp.fidelity.fit import Knob, fit_constants, with_settings
-from megatronapp.flops import model_flops_per_iteration
+from megatronapp.costs.flops import model_flops_per_iteration
 from sim import simulate_iteration_times
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 CPU_TINY = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"
 TRUTH = {"cluster.gpu.efficiency": 0.3, "cluster.gpu.gemm_overhead_us": 50.0,

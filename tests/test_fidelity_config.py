@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from megatronapp.config import ScenarioError, adjustments, parse_scenario
+from megatronapp.scenario.config import ScenarioError, adjustments, parse_scenario
 
-from .conftest import run_cli
+from .support import run_cli
 
 GOOD: dict[str, Any] = {
     "parallel": {"tp": 2, "pp": 2, "dp": 2, "microbatches": 4},

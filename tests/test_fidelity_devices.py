@@ -9,7 +9,7 @@ from megatronapp.config import ScenarioError, parse_scenario
 from megatronapp.devices import DEVICES
 from sim import simulate_iteration_times
 
-from .conftest import run_cli
+from .support import run_cli
 
 SMALL: dict[str, Any] = {
     "parallel": {"tp": 2, "pp": 2, "dp": 2, "microbatches": 4},

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp.config import Training, load_scenario, parse_scenario
+from megatronapp.scenario.config import Training, load_scenario, parse_scenario
 from megatronapp.dpp.memory import MemoryExceeded
-from megatronapp.flops import hardware_flops_per_iteration
-from megatronapp.jobs import check_memory, stage_memory
-from megatronapp.memory import layer_activation_bytes, stage_params, state_bytes
+from megatronapp.costs.flops import hardware_flops_per_iteration
+from megatronapp.run.jobs import check_memory, stage_memory
+from megatronapp.costs.memory import layer_activation_bytes, stage_params, state_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 S, B, H, A, T = 2048, 2, 12288, 96, 8  # GPT-3's sequence, hidden, heads; tp 8

@@ -9,12 +9,12 @@ from typing import Any, Callable
 
 import pytest
 
-from megatronapp.config import load_scenario
+from megatronapp.scenario.config import load_scenario
 from megatronapp.fidelity.fit import with_settings
-from megatronapp.kinds import event_kind
+from megatronapp.trace.kinds import event_kind
 from sim import run_sim
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 from .test_fidelity_calibrate import TRUTH
 
 CPU_TINY = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"
@@ -98,7 +98,7 @@ def test_messages_of_unknown_size_fit_no_bandwidth() -> None:
     """A profile may record a transfer without its size: such messages are not
     used for bandwidth (a zero would make an invalid calibrated scenario)."""
     from megatronapp.fidelity.calibrate import Calibration, fit_links
-    from megatronapp.tracer import Event
+    from megatronapp.trace.events import Event
 
     def pair(nbytes: int, t: float) -> dict[int, list[Event]]:
         common = {"tag": "f0", "iteration": 0, "kind": "p2p", "bytes": nbytes}

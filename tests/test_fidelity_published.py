@@ -16,7 +16,7 @@ from megatronapp.fidelity.published import (LEFT_OUT, NARAYANAN_TABLE1_TFLOPS, P
                                             flops_only_peak_share, held_out_errors,
                                             narayanan_row, published_runs)
 
-from .conftest import ROOT
+from .support import ROOT
 
 
 def row(i: int) -> Scenario:

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.costs import stage_costs
-from megatronapp.ops import AllGather, AllReduce, ReduceScatter
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.costs.per_op import stage_costs
+from megatronapp.parallel.ops import AllGather, AllReduce, ReduceScatter
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.validate import scan_of_result
-from megatronapp.summary import summarize
-from megatronapp.tracer import Event
+from megatronapp.trace.summary import summarize
+from megatronapp.trace.events import Event
 from sim import run_sim, simulate_iteration_times
 from sim.cluster import build_cluster
 from sim.interpreter import SimInterpreter
@@ -89,8 +89,8 @@ def test_full_recomputation_repeats_each_layers_forward_collectives() -> None:
 
 
 def test_megatron_stages_that_run_their_own_tp_comm_get_no_tp_ops() -> None:
-    from megatronapp.jobs import rank_programs
-    from megatronapp.programs import NullStages
+    from megatronapp.run.jobs import rank_programs
+    from megatronapp.program.ranks import NullStages
 
     class OwnComm(NullStages):
         does_tp_comm = True

@@ -10,17 +10,16 @@ import pytest
 
 from backends.torch.launch import spawn_run
 from backends.torch.stages import TrainOptions
-from megatronapp.config import load_scenario, parse_scenario
+from megatronapp.scenario.config import load_scenario, parse_scenario
 
-from .conftest import ROOT, run_cli
-from .test_torch_backend import SGD, full_model, scenario
+from .support import ROOT, SGD, full_model, run_cli, torch_scenario
 
 CPU_TINY = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"
 
 
 @pytest.mark.slow
 def test_distributed_optimizer_trains_like_a_single_process() -> None:
-    s = scenario({"dp": 2, "microbatches": 2}, iterations=2,
+    s = torch_scenario({"dp": 2, "microbatches": 2}, iterations=2,
                  training={"distributed_optimizer": True})
     run, results = spawn_run(s, SGD)
     names = {e.name for ev in run.events.values() for e in ev}

@@ -28,9 +28,9 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from megatronapp.eventstore import read_columns
+from megatronapp.trace.store import read_columns
 
-from .conftest import ROOT
+from .support import ROOT
 
 pytestmark = pytest.mark.slow
 

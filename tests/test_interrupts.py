@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from megatronapp import cli
-from megatronapp.interrupts import Interrupted, stop_on_signals
+from megatronapp.io.interrupts import Interrupted, stop_on_signals
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])

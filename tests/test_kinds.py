@@ -1,18 +1,18 @@
 """One trace-args contract (``ops.trace_args``) and one event classifier
-(``megatronapp.kinds``), with fallbacks for older and foreign traces."""
+(``megatronapp.trace.kinds``), with fallbacks for older and foreign traces."""
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
 
-from megatronapp.kinds import event_kind, p2p_side
-from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Send, encode_tag, trace_args
+from megatronapp.trace.kinds import event_kind, p2p_side
+from megatronapp.parallel.ops import AllReduce, Compute, IRecv, ISend, Recv, Send, encode_tag, trace_args
 from megatronapp.scan.deps import reconstruct
-from megatronapp.tracer import Event, chrome_events
+from megatronapp.trace.events import Event, chrome_events
 from sim import run_sim
 
-from .conftest import fixed_cost_scenario
+from .support import fixed_cost_scenario
 
 META = {"iteration": 1, "microbatch": 2, "chunk": 0}
 

@@ -10,11 +10,11 @@ import pytest
 
 from sim import simulate as run_scenario
 from megatronapp.cli import main
-from megatronapp.config import load_scenario, parse_scenario
-from megatronapp.limits import (COSTS, Limits, available_memory, check, estimate_run,
+from megatronapp.scenario.config import load_scenario, parse_scenario
+from megatronapp.host.limits import (COSTS, Limits, available_memory, check, estimate_run,
                                 estimate_topology)
 
-from .conftest import ROOT
+from .support import ROOT
 
 BASE = ("name: tiny\nparallel: {pp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
@@ -124,7 +124,7 @@ def _cap_address_space() -> None:
 
 
 def test_available_memory_respects_an_address_space_cap():
-    code = "from megatronapp.limits import available_memory; print(available_memory())"
+    code = "from megatronapp.host.limits import available_memory; print(available_memory())"
     capped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, preexec_fn=_cap_address_space, timeout=120)
     assert capped.returncode == 0, capped.stderr

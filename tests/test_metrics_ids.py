@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatronapp.metrics import group_ids, nth_in_group
+from megatronapp.trace.metrics import group_ids, nth_in_group
 
 COLUMN = st.lists(st.integers(-2**20, 2**20), min_size=1, max_size=300)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from .conftest import ROOT
+from .support import ROOT
 
-WRITER = "megatronapp/outdirs.py"
+WRITER = "megatronapp/io/outdirs.py"
 ALLOWED: set[tuple[str, str]] = set()  # (file, call) pairs allowed elsewhere, each with its reason
 MODULE_CALLS = {"os": {"remove", "unlink", "rmdir", "removedirs", "replace", "rename", "renames"},
                 "shutil": {"rmtree", "move"}, "tempfile": {"TemporaryDirectory"}}

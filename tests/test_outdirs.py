@@ -12,10 +12,9 @@ import pytest
 
 from megatronapp.cli import main
 from megatronapp.errors import UserError
-from megatronapp.outdirs import (MANIFEST, STAGING_MARKER, clean_leftovers, read_manifest,
-                                 staged_dir)
+from megatronapp.io.outdirs import MANIFEST, clean_leftovers, read_manifest, staged_dir
 
-from .conftest import ROOT
+from .support import ROOT, dead_pid, mark_as_ours
 
 TINY = ("name: tiny\nparallel: {pp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
@@ -149,19 +148,6 @@ def test_an_exception_while_staging_removes_the_staging_directory(tmp_path):
             (tmp / "ranks" / "rank0.json").write_text("[")
             raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def mark_as_ours(folder: Path, pid: int, target: str, use: str = "partial") -> None:
-    """The marker a command of process ``pid`` on this host writes into its staging folder."""
-    (folder / STAGING_MARKER).write_text(json.dumps({
-        "kind": "megatronapp staging", "use": use, "pid": pid,
-        "host": os.uname().nodename, "target": target}))
 
 
 def test_leftovers_of_killed_runs_are_cleaned_and_nothing_else(tmp_path, scenario, capsys):

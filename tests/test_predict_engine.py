@@ -9,7 +9,7 @@ import pytest
 
 from megatronapp.cli import main
 
-from .conftest import run_cli
+from .support import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_JITTER = "cluster.jitter={compute_sigma: 0, link_sigma: 0}"
@@ -43,7 +43,7 @@ def test_predict_reports_the_iteration_times_of_run(name: str, sets: list[str], 
 
 def test_predict_does_not_run_the_simpy_interpreter(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from megatronapp.config import load_scenario
+    from megatronapp.scenario.config import load_scenario
     from sim.interpreter import SimInterpreter
 
     def refuse(*_args: object, **_kw: object) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from megatronapp.cli import main
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 ADDRESS_SPACE = 3 * 2**30  # bytes: a Python list of 20 M result rows needs more
 MANY_ROWS = 20_000_000
@@ -177,7 +177,7 @@ def test_the_row_count_is_a_positive_number(capsys, trace):
 
 def test_first_rows_says_whether_more_came():
     from megatronapp.scan.query import Rows, run_query
-    from megatronapp.tracer import Event
+    from megatronapp.trace.events import Event
 
     events = {0: [Event("forward", 0.0, 1e-3, {})]}
     exact = run_query(events, "SELECT * FROM range(5)", max_rows=5)

@@ -10,7 +10,7 @@ import pytest
 
 from megatronapp.cli import main
 from megatronapp.scan.query import QueryLimits, run_query
-from megatronapp.tracer import Event
+from megatronapp.trace.events import Event
 
 EVENTS = {0: [Event("forward", 0.0, 1e-3, {"iteration": 0})],
           1: [Event("backward", 1e-3, 2e-3, {"iteration": 0})]}

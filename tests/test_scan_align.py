@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from megatronapp.config import parse_scenario
+from megatronapp.scenario.config import parse_scenario
 from megatronapp.scan.align import robust_line, score_against_truth, trace_span
 from megatronapp.scan.deps import annotate, reconstruct
 from megatronapp.scan.validate import scan_of_result

@@ -11,7 +11,7 @@ from megatronapp.scan.deps import reconstruct
 from megatronapp.scan.load import events_from_chrome
 from sim import run_sim
 
-from .conftest import fixed_cost_scenario
+from .support import fixed_cost_scenario
 
 LEGACY_KEYS = ("kind", "role", "tag")
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from megatronapp.config import parse_scenario
+from megatronapp.scenario.config import parse_scenario
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.diagnosis import Diagnosis
 from megatronapp.scan.trials import CONTROLS, make_sim_trial
 from megatronapp.scan.validate import METHODS, run_trial, scan_of_result
-from megatronapp.topology import Topology
+from megatronapp.parallel.topology import Topology
 from sim import run_sim
 
 

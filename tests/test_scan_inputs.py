@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.config import parse_scenario
-from megatronapp.runs import write_run
+from megatronapp.scenario.config import parse_scenario
+from megatronapp.run.write import write_run
 from megatronapp.scan.load import TraceError, events_from_chrome
 from sim import run_sim
 
-from .conftest import ROOT
+from .support import ROOT
 
 SCENARIO = {"name": "scan", "seed": 3, "parallel": {"tp": 2, "pp": 2, "microbatches": 2},
             "model": {"layers": 4, "hidden": 64, "heads": 2, "seq_len": 64, "vocab": 128},

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatronapp.scan.analyze import analyze
-from megatronapp.summary import union_length
+from megatronapp.trace.summary import union_length
 from megatronapp.scan.load import TraceError, events_from_chrome, load_trace
 
 

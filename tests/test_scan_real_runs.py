@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from megatronapp.cli import main
-from megatronapp.eventstore import read_columns
+from megatronapp.trace.store import read_columns
 from megatronapp.scan.inputs import load_scan_input
-from megatronapp.kinds import event_kind
+from megatronapp.trace.kinds import event_kind
 from megatronapp.scan.trials import REAL, REAL_BANDS, make_real_trial
-from megatronapp.topology import Topology
+from megatronapp.parallel.topology import Topology
 
 
 def test_real_trials_fit_a_small_machine_and_repeat_by_seed():

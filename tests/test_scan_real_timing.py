@@ -17,65 +17,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatronapp.config import parse_scenario
 from megatronapp.scan.align import score_against_truth, trace_span
 from megatronapp.scan.bounds import Bounds, maximin_line
 from megatronapp.scan.detect import Thresholds, megascan, rank_sum_z
 from megatronapp.scan.pairwise import shorth
 from megatronapp.scan.validate import injected_clocks, scan_of_result
-from megatronapp.tracer import Event, RunResult
-from sim import run_sim
+from megatronapp.trace.events import RunResult
 
-SKEWS = [{"kind": "clock_skew", "rank": 1, "offset_us": 7300.0, "drift_ppm": 60.0},
-         {"kind": "clock_skew", "rank": 2, "offset_us": -4100.0, "drift_ppm": -80.0}]
+from .support import real_like, real_like_run
+
 NO_SLOW_LINK = Thresholds(wait_ratio=math.inf, link_excess=math.inf)  # judge spread only
-
-
-def real_like(result: RunResult, seed: int, contended: dict[int, float] | None = None,
-               link: tuple[tuple[int, int], str, float] | None = None) -> RunResult:
-    """``contended``: rank -> share of its compute ops stretched 1.5-4x;
-    ``link``: (pair, "slow" | "erratic", extra seconds) added after its receives."""
-    rng = np.random.default_rng(seed)
-    contended = contended or {}
-    events: dict[int, list[Event]] = {}
-    for rank, evs in result.events.items():
-        iteration_end: dict[object, float] = {}
-        for e in evs:
-            key = e.args.get("iteration")
-            iteration_end[key] = max(iteration_end.get(key, e.end_s), e.end_s)
-        out = []
-        for e in evs:
-            end = e.end_s
-            if "peer" in e.args and e.name.startswith("send"):
-                end = iteration_end[e.args.get("iteration")]  # waited for at the end
-            elif "peer" in e.args:
-                end += 50e-6 + float(rng.exponential(1e-3))  # the receiver wakes up late
-                pair = tuple(sorted((rank, int(e.args["peer"]))))
-                if link is not None and pair == link[0]:
-                    kind, extra = link[1], link[2]
-                    end += extra if kind == "slow" else extra * float(rng.random() < 0.5)
-            elif "group" in e.args:
-                end += float(rng.exponential(0.5e-3))  # members leave at different times
-            elif rng.random() < contended.get(rank, 0.0):
-                end += e.dur_s * float(rng.uniform(0.5, 3.0))
-            out.append(Event(e.name, e.start_s, end - e.start_s, e.args))
-        events[rank] = out
-    return RunResult(result.backend, result.topo, events, result.clocks, result.extra)
-
-
-def real_like_run(tp: int, pp: int, dp: int, iterations: int, seed: int = 4,
-         faults: tuple[dict, ...] = ()) -> RunResult:
-    return run_sim(parse_scenario({
-        "seed": seed, "iterations": iterations,
-        "parallel": {"tp": tp, "pp": pp, "dp": dp, "microbatches": 8},
-        # Untied: the first and last stages' embedding all-reduce (tied embeddings,
-        # pp > 1), with this file's jittered completions, loosens the bounds of
-        # the last stage past 300 us (follow-up for alignment); these thresholds
-        # were set on pipelines without it.
-        "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024,
-                  "untie_embeddings": True},
-        "cluster": {"jitter": {"compute_sigma": 0.02, "link_sigma": 0.05}},
-        "faults": SKEWS + list(faults)}))
 
 
 @pytest.fixture(scope="module")

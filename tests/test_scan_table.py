@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatronapp.columns import columns_from_events
+from megatronapp.trace.columns import columns_from_events
 from megatronapp.scan.align import ClockFit, causal_bounds
 from megatronapp.scan.deps import reconstruct
 from megatronapp.scan.detect import _floors_and_medians, _row_medians, megascan
@@ -19,10 +19,10 @@ from megatronapp.scan.table import causal_violations, prepare_table, sorted_like
 from megatronapp.scan.table_detect import _last_to_start, megascan_table
 from megatronapp.scan.trials import make_sim_trial
 from megatronapp.scan.validate import scan_of_result
-from megatronapp.tracer import chrome_events
+from megatronapp.trace.events import chrome_events
 from sim import run_sim
 
-from .test_scan_real_timing import real_like, real_like_run
+from .support import real_like, real_like_run
 
 # One trial of each band: skew only, slow link, healthy, jittered link, three throttles.
 TRIALS = (0, 1, 2, 5, 8, 9, 11)

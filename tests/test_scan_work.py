@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.costs import stage_costs
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.costs.per_op import stage_costs
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.table import load_table_scan

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.config import ScenarioError, load_scenario, parse_scenario
-from megatronapp.seeds import entropy, rng, torch_seed
+from megatronapp.scenario.config import ScenarioError, load_scenario, parse_scenario
+from megatronapp.scenario.seeds import entropy, rng, torch_seed
 
 BASE = ("name: tiny\nparallel: {pp: 2, dp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")

@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatronapp.schedules import (PipeShape, Task, check_order, format_orders, gpipe_order,
+from megatronapp.parallel.schedules import (PipeShape, Task, check_order, format_orders, gpipe_order,
                                    interleaved_order, one_f_one_b_order)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import megatronapp.scope as ms
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 pytestmark = pytest.mark.slow  # the run spawns torch processes
 

@@ -21,14 +21,14 @@ from backends.torch.scope_perturb import (BITS_AS, HeldParam, P2PInjector, Param
                                           flip_bits, generator_for)
 from backends.torch.stages import partition_dim_of
 from backends.torch.megatron_compat import causal_mask
-from megatronapp.checkpoint import read_checkpoint, write_checkpoint
-from megatronapp.config import Data, Scenario, parse_scenario
+from megatronapp.scenario.checkpoint import read_checkpoint, write_checkpoint
+from megatronapp.scenario.config import Data, Scenario, parse_scenario
 from megatronapp.errors import UserError
 from megatronapp.scope.cost import model_shape
 from megatronapp.scope.generate import PcaBasis
 from megatronapp.scope.storage import Capture
-from megatronapp.scope_spec import Scope, parameter_shapes
-from tests.conftest import run_cli
+from megatronapp.scenario.scope_spec import Scope, parameter_shapes
+from tests.support import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 MODEL = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 12, "vocab": 40}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from megatronapp.scope.view.source import open_source
-from tests.conftest import run_cli
+from tests.support import run_cli
 from tests.scope_view_support import ViewServer
 
 pytestmark = pytest.mark.slow  # the run spawns torch processes

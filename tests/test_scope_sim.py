@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from megatronapp.config import parse_scenario
+from megatronapp.scenario.config import parse_scenario
 from sim import simulate as run_scenario
 
 MODEL = {"layers": 4, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 1000}

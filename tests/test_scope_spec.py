@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from megatronapp.config import ScenarioError, parse_scenario
-from megatronapp.scope_spec import parse_stat
-from tests.conftest import run_cli
+from megatronapp.scenario.config import ScenarioError, parse_scenario
+from megatronapp.scenario.scope_spec import parse_stat
+from tests.support import run_cli
 
 MODEL = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 8, "vocab": 64}
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatronapp.scope.stats import Slice, combine, finish, partials
-from megatronapp.scope_spec import HIST_MAX_EXP, HIST_MIN_EXP, STATS, parse_stat
+from megatronapp.scenario.scope_spec import HIST_MAX_EXP, HIST_MIN_EXP, STATS, parse_stat
 
 
 def reference(name: str, x: np.ndarray, arg: float | None) -> np.ndarray:

@@ -20,8 +20,8 @@ from megatronapp.scope.stats import Slice, finish, partials
 from megatronapp.scope.storage import (Capture, HostRecord, PartWriter, RawSlice, RecordKey, Rows,
                                        merge_capture)
 from megatronapp.scope.summary import query, summary_lines
-from megatronapp.scope_spec import parse_stat
-from tests.conftest import ROOT, run_cli
+from megatronapp.scenario.scope_spec import parse_stat
+from tests.support import ROOT, run_cli
 
 STATS = ("mean", "std", "kurtosis", "topk(3)", "pixels_absmax(4)", "hist")
 

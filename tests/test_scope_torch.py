@@ -16,12 +16,11 @@ import torch
 from backends.torch.launch import spawn_run
 from backends.torch.scope_run import finalize
 from backends.torch.stages import TrainOptions
-from megatronapp.checkpoint import read_checkpoint
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.data import random_tokens
+from megatronapp.scenario.checkpoint import read_checkpoint
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.scenario.data import random_tokens
 from megatronapp.scope.storage import Capture
-from tests.conftest import run_cli
-from tests.test_torch_backend import full_model
+from tests.support import full_model, run_cli
 
 pytestmark = pytest.mark.slow
 MODEL = {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 8, "vocab": 64, "micro_batch_size": 2}

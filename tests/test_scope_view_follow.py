@@ -53,7 +53,7 @@ def test_a_tensor_parallel_row_appears_once_all_its_slices_are_in(tmp_path: Path
     import torch
 
     from megatronapp.scope import stats
-    from megatronapp.scope_spec import parse_stat
+    from megatronapp.scenario.scope_spec import parse_stat
 
     specs = (parse_stat("max"),)
     x = np.arange(8.0).reshape(1, 8)
@@ -105,7 +105,7 @@ def test_following_needs_parts_or_a_manifest(tmp_path: Path) -> None:
 
 def test_a_run_being_staged_is_followed_until_it_moves_into_place(tmp_path: Path) -> None:
     """``megatronapp run --out RUN`` writes a hidden sibling, renamed to RUN at the end."""
-    from megatronapp.outdirs import staged_dir
+    from megatronapp.io.outdirs import staged_dir
 
     run = tmp_path / "run"
     follower = PartsFollower(run)

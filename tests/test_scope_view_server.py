@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection
 
 from megatronapp.scope.view.protocol import MAX_FRAME_BYTES, decode_frame
-from tests.conftest import run_cli
+from tests.support import run_cli
 from tests.scope_view_support import ViewServer, client, run_dir  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow,

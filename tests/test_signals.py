@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from .conftest import ROOT
+from .support import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -61,9 +61,9 @@ def _stop_when_working(argv: list[str], cwd: Path, sig: signal.Signals,
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A scenario, a run of a million events, a sweep spec and a checkpoint."""
     from backends.torch.scope_generate import initial_state, one_rank
-    from megatronapp.checkpoint import write_checkpoint
+    from megatronapp.scenario.checkpoint import write_checkpoint
     from megatronapp.cli import main
-    from megatronapp.config import Data, parse_scenario
+    from megatronapp.scenario.config import Data, parse_scenario
 
     work = tmp_path_factory.mktemp("inputs")
     (work / "big.yaml").write_text(BIG)

@@ -8,19 +8,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.layout import pipe_shape, topology_of
-from megatronapp.ops import AllReduce, ISend, Recv, Wait
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.program.layout import pipe_shape, topology_of
+from megatronapp.parallel.ops import AllReduce, ISend, Recv, Wait
 from megatronapp.scan.critical import critical_path
 from megatronapp.scan.deps import reconstruct
-from megatronapp.summary import iteration_spans, summarize
-from megatronapp.tracer import Event
+from megatronapp.trace.summary import iteration_spans, summarize
+from megatronapp.trace.events import Event
 from sim import SimDeadlock, run_sim
 from sim.cluster import build_cluster
 from sim.interpreter import SimInterpreter
 from sim.network import gbps_to_bytes_per_s
 
-from .conftest import fixed_cost_scenario
+from .support import fixed_cost_scenario
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megatronapp.compiled import GROUP_KINDS, NotStatic, compile_pipe, pipe_ranks, record
-from megatronapp.config import parse_scenario
-from megatronapp.jobs import compile_static, rank_programs
-from megatronapp.layout import topology_of
-from megatronapp.ops import AllReduce, Recv, Send, WaitAny
-from megatronapp.topology import Topology
-from megatronapp.tracer import Event
+from megatronapp.program.compiled import GROUP_KINDS, NotStatic, compile_pipe, pipe_ranks, record
+from megatronapp.scenario.config import parse_scenario
+from megatronapp.run.jobs import compile_static, rank_programs
+from megatronapp.program.layout import topology_of
+from megatronapp.parallel.ops import AllReduce, Recv, Send, WaitAny
+from megatronapp.parallel.topology import Topology
+from megatronapp.trace.events import Event
 from sim import SimDeadlock, run_sim
 from sim.cluster import build_cluster
 from sim.engine import CompiledDeadlock, Engine, run_compiled
@@ -222,9 +222,9 @@ def test_event_views_are_built_per_rank_from_the_compact_run() -> None:
 
 
 def test_the_compact_summary_equals_the_summary_of_every_rank() -> None:
-    from megatronapp.columns import source_of
+    from megatronapp.trace.columns import source_of
     from megatronapp.dpp.windows import dpp_summary, dpp_summary_source
-    from megatronapp.summary import summarize, summarize_source
+    from megatronapp.trace.summary import summarize, summarize_source
 
     s = parse_scenario({**HEALTHY, "schedule": "interleaved",
                         "parallel": {"tp": 2, "pp": 4, "dp": 8, "vpp": 2, "microbatches": 8},

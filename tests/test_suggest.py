@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp.config import ScenarioError, parse_scenario
-from megatronapp.suggest import closest, hint
+from megatronapp.scenario.config import ScenarioError, parse_scenario
+from megatronapp.io.suggest import closest, hint
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 
 @pytest.mark.parametrize("data,field,suggested", [
@@ -89,7 +89,7 @@ def test_dpp_windows_prints_durations_in_ms_like_dpp_compare(tmp_path: Path) -> 
 
 
 def test_read_events_takes_a_string_path_as_the_docs_show(tmp_path: Path) -> None:
-    from megatronapp.runs import read_events
+    from megatronapp.run.write import read_events
 
     out = tmp_path / "res"
     assert run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out",

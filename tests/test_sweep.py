@@ -14,10 +14,10 @@ from typing import Iterator
 import pyarrow.parquet as pq
 import pytest
 
-from megatronapp.config import ScenarioError
+from megatronapp.scenario.config import ScenarioError
 from megatronapp.sweep.spec import load_spec
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 BASE = ROOT / "scenarios" / "throttle.yaml"
 
@@ -163,8 +163,8 @@ def test_a_point_too_large_is_refused_before_any_point_runs(tmp_path: Path) -> N
 def test_processes_that_run_points_at_once_need_memory_at_once(tmp_path: Path, jobs: str,
                                                                monkeypatch) -> None:
     """Two points that fit one at a time; side by side they may not."""
-    from megatronapp import limits
-    from megatronapp.executors import Where
+    from megatronapp.host import limits
+    from megatronapp.host.executors import Where
     from megatronapp.sweep.run import estimate_sweep
 
     points = load_spec(_spec(tmp_path, "grid: {iterations: [1, 2]}\n"), ["iterations=1"]).points()

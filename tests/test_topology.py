@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.core.parallel_state import RankGenerator
 
-from megatronapp.topology import Topology
+from megatronapp.parallel.topology import Topology
 
-from .conftest import run_cli
+from .support import run_cli
 
 sizes = st.integers(min_value=1, max_value=4)
 

@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -22,50 +22,20 @@ import yaml
 from backends.torch import launch
 from backends.torch.interpreter import INJECTED
 from backends.torch.launch import TorchDeadlock, spawn_run
-from backends.torch.stages import TrainOptions, merge_tp_shards
+from backends.torch.stages import TrainOptions
 from backends.torch.worker import WorkerResult
 from megatronapp import cli
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.kinds import COMPUTE_NAMES
-from megatronapp.layout import topology_of
-from megatronapp.ops import Compute, Recv
-from megatronapp.programs import NullStages
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.parallel.ops import Compute, Recv
+from megatronapp.program.ranks import NullStages
 from megatronapp.scan.load import load_trace
-from megatronapp.tracer import Event
+from megatronapp.trace.events import Event
 from sim import injected_faults, run_sim
 
+from .support import (ROOT, SGD, TINY_MODEL, compute_sequence, full_model, sample_losses,
+                      torch_scenario)
+
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-TINY_MODEL = {"hidden": 32, "heads": 4, "seq_len": 8, "vocab": 64, "micro_batch_size": 2}
-SGD = TrainOptions(optimizer="sgd", lr=0.5, capture_first_step=True)
-
-
-def scenario(parallel: dict[str, int], layers: int = 2, **top: Any) -> Scenario:
-    return parse_scenario({"seed": 5, "iterations": 1, "schedule": "1f1b", **top,
-                           "parallel": parallel, "model": {"layers": layers, **TINY_MODEL}})
-
-
-def full_model(results: Sequence[WorkerResult], s: Scenario, field: str, dp: int = 0
-               ) -> dict[str, np.ndarray]:
-    """One replica's full-model tensors, TP shards concatenated."""
-    topo = topology_of(s)
-    shards: dict[str, dict[int, np.ndarray]] = defaultdict(dict)
-    dims: dict[str, int | None] = {}
-    for r in results:
-        coord = topo.coord(r.rank)
-        if coord.dp == dp:
-            for name, value in getattr(r.capture, field).items():
-                shards[name][coord.tp] = value
-                dims[name] = r.capture.partition_dim[name]
-    return {n: merge_tp_shards([by_tp[t] for t in sorted(by_tp)], dims[n])
-            for n, by_tp in shards.items()}
-
-
-def sample_losses(results: Sequence[WorkerResult], s: Scenario) -> dict[int, float]:
-    """Iteration 0's loss per global sample (dp rank * microbatches + microbatch)."""
-    topo, m = topology_of(s), s.parallel.microbatches
-    return {topo.coord(r.rank).dp * m + mb: loss
-            for r in results for mb, loss in r.losses.get(0, {}).items()}
 
 
 def single_process_reference(s: Scenario, results: Sequence[WorkerResult]):
@@ -96,11 +66,6 @@ def assert_step_matches_reference(s: Scenario, results: Sequence[WorkerResult]) 
     for name, grad in ref_grads.items():  # the SGD step really moved the weights
         np.testing.assert_allclose(after[name], before[name] - SGD.lr * grad, rtol=1e-4,
                                    atol=1e-6, err_msg=name)
-
-
-def compute_sequence(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    return [(e.name, e.args.get("microbatch"), e.args.get("chunk"))
-            for e in sorted(events, key=lambda e: e.start_s) if e.name in COMPUTE_NAMES]
 
 
 class LikeMegatronStages(NullStages):
@@ -134,7 +99,7 @@ def assert_same_compute_order_as_sim(s: Scenario, events: dict[int, list[Event]]
 
 @pytest.fixture(scope="module")
 def pp2_dp2():
-    s = scenario({"pp": 2, "dp": 2, "microbatches": 4})
+    s = torch_scenario({"pp": 2, "dp": 2, "microbatches": 4})
     run, results = spawn_run(s, SGD)
     return s, run, results
 
@@ -142,7 +107,7 @@ def pp2_dp2():
 @pytest.fixture(scope="module")
 def tp2_interleaved():
     """tp=2, pp=2, vpp=2 (interleaved); sends held for the next receive (NCCL's path)."""
-    s = scenario({"tp": 2, "pp": 2, "vpp": 2, "microbatches": 4}, layers=4,
+    s = torch_scenario({"tp": 2, "pp": 2, "vpp": 2, "microbatches": 4}, layers=4,
                  schedule="interleaved")
     run, results = spawn_run(s, SGD, coalesce=True)
     return s, run, results
@@ -187,7 +152,7 @@ def test_throttled_rank_sleeps_what_the_device_model_adds():
     measured, inside the op, and its healthy dp peer sleeps nothing. (Wall-time
     ratios under load are measured by paper_figs/torch_fault_timing.py.) The
     launcher says what it is doing while the ranks start."""
-    s = scenario({"dp": 2, "microbatches": 8}, faults=[{"kind": "throttle", "rank": 1,
+    s = torch_scenario({"dp": 2, "microbatches": 8}, faults=[{"kind": "throttle", "rank": 1,
                                                         "factor": 4.0}])
     phases: list[str] = []
     run, _ = spawn_run(s, on_phase=phases.append)
@@ -255,7 +220,7 @@ def test_torchrun_worker_writes_a_run_dir(tmp_path: Path):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs for NCCL")
 def test_nccl_pipeline_runs_and_follows_the_sim_order():
-    s = scenario({"pp": 2, "microbatches": 4}, iterations=2)
+    s = torch_scenario({"pp": 2, "microbatches": 4}, iterations=2)
     run, results = spawn_run(s)
     assert all(r.dist_backend == "nccl" and r.coalesce for r in results)
     assert_same_compute_order_as_sim(s, run.events)
@@ -285,7 +250,7 @@ def rank_one_dies(s: Scenario, stages_for: Any) -> dict[int, Any]:
 
 def test_deadlocked_pair_stops_with_each_rank_and_its_blocked_recv():
     with pytest.raises(TorchDeadlock) as err:
-        spawn_run(scenario(PAIR), programs=both_receive_first, stall_timeout_s=1.0)
+        spawn_run(torch_scenario(PAIR), programs=both_receive_first, stall_timeout_s=1.0)
     message = str(err.value)
     assert "\n" not in message and message.startswith("deadlock: no rank made progress for 1 s")
     assert err.value.blocked == {0: "Recv(src=1, tag=('fwd', 0, 0))",
@@ -295,7 +260,7 @@ def test_deadlocked_pair_stops_with_each_rank_and_its_blocked_recv():
 def test_dead_rank_stops_the_run_naming_what_its_peer_waits_for():
     with pytest.raises(TorchDeadlock, match=r"^rank 1 died with exit code 3 after 1 ops; "
                                             r"1 rank\(s\) blocked: rank 0 on Recv\(src=1"):
-        spawn_run(scenario(PAIR), programs=rank_one_dies)
+        spawn_run(torch_scenario(PAIR), programs=rank_one_dies)
 
 
 def test_cli_deadlock_exits_2_with_one_line_and_no_run_dir(tmp_path: Path,
@@ -322,7 +287,7 @@ def test_faulty_link_receives_sleep_what_the_link_model_prices(fault: dict[str, 
     """Every receive over the faulty pair sleeps, inside the op, what the
     simulator's link model adds for it (replayed from the seed, per direction,
     in the order the receiver drew it); healthy pairs sleep nothing."""
-    s = scenario({"pp": 2, "dp": 2, "microbatches": 4}, costs=LINK_COSTS,
+    s = torch_scenario({"pp": 2, "dp": 2, "microbatches": 4}, costs=LINK_COSTS,
                  faults=[{**fault, "ranks": list(FAULTY_PAIR)}])
     run, _ = spawn_run(s)
     injected = []

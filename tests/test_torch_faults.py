@@ -24,7 +24,7 @@ import yaml
 
 from backends.torch import launch
 from megatronapp import cli
-from megatronapp.ops import Compute
+from megatronapp.parallel.ops import Compute
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = {"name": "faulted", "seed": 5, "iterations": 5000, "schedule": "1f1b",

@@ -13,8 +13,8 @@ from backends.torch.lifetime import is_stopped, process_state
 from backends.torch.watchdog import (FINISHED, ProgressWatch, blocked_line, death_line,
                                      describe_blocked, describe_failure, short_path)
 from megatronapp import cli
-from megatronapp.config import parse_scenario
-from megatronapp.ops import AllReduce, Compute, IRecv, ISend, Recv, Wait, WaitAny
+from megatronapp.scenario.config import parse_scenario
+from megatronapp.parallel.ops import AllReduce, Compute, IRecv, ISend, Recv, Wait, WaitAny
 from sim import injected_faults
 
 

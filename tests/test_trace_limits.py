@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp import limits
+from megatronapp.host import limits
 from megatronapp.cli import main
 from megatronapp.scan.kineto import read_json_any
 from megatronapp.scan.load import TraceError, TraceSize, locate_trace, trace_size
 
-from .conftest import ROOT
+from .support import ROOT
 
 SCENARIO = ("name: small\niterations: 3\nparallel: {pp: 4, dp: 2, microbatches: 16}\n"  # ~2k events
             "model: {layers: 4, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
@@ -55,7 +55,7 @@ def _no_event_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     def read(*_args: object, **_kw: object) -> None:
         raise AssertionError("events were read before the size check")
 
-    import megatronapp.eventstore as store
+    import megatronapp.trace.store as store
     import megatronapp.scan.load as load
     import megatronapp.scan.table as table
 

@@ -10,17 +10,17 @@ import pytest
 
 from sim import run_sim
 from megatronapp.cli import main
-from megatronapp.columns import TableSource, columns_from_events, whole_ranks
-from megatronapp.config import load_scenario, parse_scenario
-from megatronapp.eventstore import (StoreMeta, local_clock_view, read_columns, read_meta,
+from megatronapp.trace.columns import TableSource, columns_from_events, whole_ranks
+from megatronapp.scenario.config import load_scenario, parse_scenario
+from megatronapp.trace.store import (StoreMeta, local_clock_view, read_columns, read_meta,
                                     write_events)
-from megatronapp.kinds import event_kind
-from megatronapp.outdirs import read_manifest
-from megatronapp.runs import read_events
+from megatronapp.trace.kinds import event_kind
+from megatronapp.io.outdirs import read_manifest
+from megatronapp.run.write import read_events
 from megatronapp.scan.load import load_trace
-from megatronapp.tracer import Event, RankClock, chrome_events, write_json
+from megatronapp.trace.events import Event, RankClock, chrome_events, write_json
 
-from .conftest import ROOT, run_cli
+from .support import ROOT, run_cli
 
 
 def _flat(events: Any) -> list[tuple[Any, ...]]:

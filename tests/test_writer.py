@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.outdirs import MANIFEST, STAGING_MARKER, read_manifest
+from megatronapp.io.outdirs import MANIFEST, STAGING_MARKER, read_manifest
 
-from .conftest import ROOT
-from .test_outdirs import dead_pid, mark_as_ours
+from .support import ROOT, dead_pid, mark_as_ours
 
 TINY = ("name: tiny\nparallel: {pp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
@@ -152,7 +151,7 @@ def test_a_file_deep_in_a_result_is_the_results_even_with_force(tmp_path):
     """A torch run's ``profile/rank0.pt.trace.json.gz``: the manifest of the
     folder above protects it, and a file added there joins that manifest."""
     from megatronapp.errors import UserError
-    from megatronapp.outdirs import check_file, new_file
+    from megatronapp.io.outdirs import check_file, new_file
 
     (tmp_path / "profile").mkdir()
     (tmp_path / "profile" / "rank0.json").write_text("the run's own")

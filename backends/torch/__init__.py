@@ -1,7 +1,7 @@
 """The torch.distributed backend: real processes, megatron-core GPT stages.
 
 ``TorchBackend.run`` (``run_scenario``) spawns one process per rank (gloo on CPU, NCCL with CUDA),
-each interpreting its rank program from ``megatronapp.jobs.rank_programs``
+each interpreting its rank program from ``megatronapp.run.jobs.rank_programs``
 with megatron-core stages, and gathers every rank's events into a RunResult.
 A scenario with an ``fbd`` section trains decoupled through the same launcher
 and interpreter: one process per MegaFBD worker (``fbd_worker.FBD``).
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatronapp.backend import PROFILE, REAL, STALL_TIMEOUT, RunHooks, RunOptions
-from megatronapp.config import Scenario, ScenarioError
+from megatronapp.program.backend import PROFILE, REAL, STALL_TIMEOUT, RunHooks, RunOptions
+from megatronapp.scenario.config import Scenario, ScenarioError
 from megatronapp.errors import UserError
-from megatronapp.tracer import RunResult
+from megatronapp.trace.events import RunResult
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from megatronapp.fbd.control import Align, Aligned, Execute, Nap, Requests, cont
 from megatronapp.fbd.coordinator import Coordinator, GroupTable
 from megatronapp.fbd.ranks import FbdLayout, p2p_pairs
 from megatronapp.fbd.transport import Encoding, decode, encode
-from megatronapp.ops import AllReduce, encode_tag
-from megatronapp.topology import Group
+from megatronapp.parallel.ops import AllReduce, encode_tag
+from megatronapp.parallel.topology import Group
 from sim import InjectedFaults
 
 from .interpreter import Handle, Interpreter, sleep_s

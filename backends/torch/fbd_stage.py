@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from megatronapp.config import Scenario
-from megatronapp.ops import Report
+from megatronapp.scenario.config import Scenario
+from megatronapp.parallel.ops import Report
 
 from .stages import MegatronStages, TrainOptions
 

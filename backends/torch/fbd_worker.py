@@ -28,15 +28,15 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from megatronapp.config import Scenario
+from megatronapp.scenario.config import Scenario
 from megatronapp.fbd.coordinator import GroupTable
 from megatronapp.fbd.ranks import coordinated_groups
 from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout, fbd_programs,
                                  fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.workers import NullDecoupledStage
-from megatronapp.ops import RankProgram
-from megatronapp.progress import Say, quiet
-from megatronapp.tracer import Event, Tracer
+from megatronapp.parallel.ops import RankProgram
+from megatronapp.io.progress import Say, quiet
+from megatronapp.trace.events import Event, Tracer
 from sim import device_clocks, fbd_device_faults, fbd_slots
 
 from .fbd_runtime import ControlThread, CoordinatedInterpreter

@@ -33,10 +33,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from megatronapp.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
+from megatronapp.parallel.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
                              ReduceScatter, Send, Wait, WaitAny, encode_tag, trace_args)
-from megatronapp.topology import Group, Topology
-from megatronapp.tracer import Tracer
+from megatronapp.parallel.topology import Group, Topology
+from megatronapp.trace.events import Tracer
 from sim import InjectedFaults
 
 from .watchdog import OpBeacon

@@ -10,7 +10,7 @@ operation for ``stall_timeout_s``, stops every rank and raises
 ``TorchDeadlock`` with one line naming each rank and the operation it is
 blocked in (see watchdog.py). Workers die with the launcher and every stop is
 bounded (see lifetime.py); an exception or signal that ends the run early
-(``megatronapp.interrupts.Interrupted``) carries the note ``stopped N ranks``.
+(``megatronapp.io.interrupts.Interrupted``) carries the note ``stopped N ranks``.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from megatronapp.errors import UserError
-from megatronapp.config import Scenario, ScenarioError
-from megatronapp.progress import Say, quiet
-from megatronapp.tracer import Event, RunResult
+from megatronapp.scenario.config import Scenario, ScenarioError
+from megatronapp.io.progress import Say, quiet
+from megatronapp.trace.events import Event, RunResult
 
 from .lifetime import (die_with_parent, ignore_terminal_signals, is_stopped, join_or_stop,
                        stop_processes, terminal_signals_held)

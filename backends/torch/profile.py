@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from megatronapp.ops import Compute, RankProgram
+from megatronapp.parallel.ops import Compute, RankProgram
 
 
 def annotated(program: RankProgram) -> RankProgram:

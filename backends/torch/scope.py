@@ -31,7 +31,7 @@ import torch
 from megatronapp.scope import stats
 from megatronapp.scope.cost import local_heads
 from megatronapp.scope.storage import PartWriter, RecordKey, Rows
-from megatronapp.scope_spec import (GRAD_PREFIX, P2P_KINDS, PARAM_GRADS, PARAM_KINDS, SITES,
+from megatronapp.scenario.scope_spec import (GRAD_PREFIX, P2P_KINDS, PARAM_GRADS, PARAM_KINDS, SITES,
                                     HeadMask, ModelShape, Observe, Scope, base_site,
                                     channels_of, site_layer)
 

@@ -21,15 +21,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatronapp.checkpoint import Checkpoint
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.data import CharVocab, read_text
+from megatronapp.scenario.checkpoint import Checkpoint
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.scenario.data import CharVocab, read_text
 from megatronapp.errors import UserError
 from megatronapp.scope.cost import model_shape
 from megatronapp.scope.generate import (GenerationStep, PcaBasis, StepView, kl_divergence, pick,
                                         relative_change, softmax, top_k)
 from megatronapp.scope.storage import merge_capture, record_tables
-from megatronapp.scope_spec import PARAM_KINDS, Scope
+from megatronapp.scenario.scope_spec import PARAM_KINDS, Scope
 
 from . import megatron_compat
 from .launch import free_port

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from megatronapp.scope_spec import (ActMask, ActNoise, ActOffset, HeadMask, P2PNoise, P2POffset,
+from megatronapp.scenario.scope_spec import (ActMask, ActNoise, ActOffset, HeadMask, P2PNoise, P2POffset,
                                     P2PZero, ParamBitflip, ParamNoise, ParamStuck, Quantize,
                                     param_targets)
 

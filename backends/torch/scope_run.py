@@ -4,7 +4,7 @@ Each rank writes its own parts into the run's work directory (capture parts
 under ``scope/parts/rank{r}``, its parameters under ``checkpoint/parts``);
 once every rank is done, ``finalize`` merges them into ``scope/`` (one
 capture, see ``megatronapp.scope.storage``) and ``checkpoint/`` (the full
-model, see ``megatronapp.checkpoint``).
+model, see ``megatronapp.scenario.checkpoint``).
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from megatronapp.checkpoint import write_checkpoint
-from megatronapp.config import Scenario, scenario_to_dict
-from megatronapp.layout import topology_of
-from megatronapp.outdirs import discard, own_folder
+from megatronapp.scenario.checkpoint import write_checkpoint
+from megatronapp.scenario.config import Scenario, scenario_to_dict
+from megatronapp.program.layout import topology_of
+from megatronapp.io.outdirs import discard, own_folder
 from megatronapp.scope.cost import model_shape
 from megatronapp.scope.storage import merge_capture
 

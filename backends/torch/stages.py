@@ -19,10 +19,10 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from megatronapp.config import Scenario
-from megatronapp.data import TextData, random_tokens
-from megatronapp.ops import Report
-from megatronapp.seeds import torch_seed
+from megatronapp.scenario.config import Scenario
+from megatronapp.scenario.data import TextData, random_tokens
+from megatronapp.parallel.ops import Report
+from megatronapp.scenario.seeds import torch_seed
 
 from . import megatron_compat
 
@@ -121,7 +121,7 @@ class MegatronStages:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        from megatronapp.layout import pipe_shape, topology_of
+        from megatronapp.program.layout import pipe_shape, topology_of
 
         self.s, self.device, self.options = s, device, options
         self.topo, self.shape = topology_of(s), pipe_shape(s)

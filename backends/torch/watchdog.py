@@ -24,8 +24,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from megatronapp.ops import Compute, Op, Wait, WaitAny
-from megatronapp.ops import describe as describe_op
+from megatronapp.parallel.ops import Compute, Op, Wait, WaitAny
+from megatronapp.parallel.ops import describe as describe_op
 
 STALL_TIMEOUT_S = 300.0
 FLAG_POLL_S = 0.2

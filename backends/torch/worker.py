@@ -20,13 +20,13 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from megatronapp.config import Scenario, ScenarioError, load_scenario
-from megatronapp.jobs import StagesFor, rank_programs
-from megatronapp.layout import topology_of
-from megatronapp.ops import RankProgram
-from megatronapp.programs import NullStages
-from megatronapp.progress import Say, quiet
-from megatronapp.tracer import Event, RunResult, Tracer
+from megatronapp.scenario.config import Scenario, ScenarioError, load_scenario
+from megatronapp.run.jobs import StagesFor, rank_programs
+from megatronapp.program.layout import topology_of
+from megatronapp.parallel.ops import RankProgram
+from megatronapp.program.ranks import NullStages
+from megatronapp.io.progress import Say, quiet
+from megatronapp.trace.events import Event, RunResult, Tracer
 from sim import clocks_of, injected_faults
 
 from . import megatron_compat
@@ -191,8 +191,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from megatronapp.run_report import print_summary
-    from megatronapp.runs import staged_dir, write_run
+    from megatronapp.run.report import print_summary
+    from megatronapp.run.write import staged_dir, write_run
 
     args = _parse(argv)
     quiet_megatron_warnings()

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .. import limits
-from ..schedules import SCHEDULES
+from ..host import limits
+from ..parallel.schedules import SCHEDULES
 
 if TYPE_CHECKING:
-    from ..config import Scenario
+    from ..scenario.config import Scenario
 
 COMPARED = ("1f1b", "interleaved", "dfc", "bfc", "adaptive")
 COLUMNS = ("iteration_ms", "p2p_send_window_ms", "allreduce_window_ms", "compute_ratio",
@@ -19,7 +19,7 @@ COLUMNS = ("iteration_ms", "p2p_send_window_ms", "allreduce_window_ms", "compute
 
 def scenario_for(data: dict[str, Any], schedule: str, overrides: Sequence[str] = ()) -> Scenario:
     """One scenario file run under another schedule (1F1B has no chunks)."""
-    from ..config import apply_overrides, parse_scenario
+    from ..scenario.config import apply_overrides, parse_scenario
 
     sets = [f"schedule={schedule}", *overrides]
     if schedule in ("gpipe", "1f1b"):
@@ -31,8 +31,8 @@ def compare_row(s: Scenario) -> dict[str, float]:
     """Simulate one scenario; its iteration time, windows and peak memory."""
     from backends.registry import run_named
 
-    from ..backend import RunOptions
-    from ..summary import iteration_times
+    from ..program.backend import RunOptions
+    from ..trace.summary import iteration_times
     from .windows import dpp_summary
 
     events = run_named("sim", RunOptions(), s).events
@@ -49,8 +49,8 @@ def compare_row(s: Scenario) -> dict[str, float]:
 def compare(data: dict[str, Any], schedules: Sequence[str], overrides: Sequence[str] = (),
             progress: bool = False) -> dict[str, dict[str, float] | str]:
     """schedule -> its row, or the one-line reason it cannot run (memory)."""
-    from ..config import ScenarioError
-    from ..progress import status
+    from ..scenario.config import ScenarioError
+    from ..io.progress import status
 
     rows: dict[str, dict[str, float] | str] = {}
     with status("simulating", None if progress else False) as say:
@@ -78,7 +78,7 @@ def format_table(rows: dict[str, dict[str, float] | str], title: str = "") -> st
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..config import default_name, read_scenario_data
+    from ..scenario.config import default_name, read_scenario_data
     from ..errors import UserError
 
     schedules = [x for x in args.schedules.split(",") if x]

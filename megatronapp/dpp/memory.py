@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..config import Scenario, ScenarioError
-from ..costs import StageCosts
-from ..schedules import Order, PipeShape
-from ..tracer import Event
+from ..scenario.config import Scenario, ScenarioError
+from ..costs.per_op import StageCosts
+from ..parallel.schedules import Order, PipeShape
+from ..trace.events import Event
 
 GB = 1e9
 BUFFERS = 4  # forward received, forward to send, backward received, backward to send
@@ -84,16 +84,6 @@ def order_peak_slots(order: Order) -> int:
     return max(order_live_slots(order), default=0)
 
 
-def check_static_memory(schedule: str, orders: dict[int, Order], memory: MemoryModel,
-                        first_rank_of_stage: dict[int, int]) -> None:
-    """Raise MemoryExceeded for the first pipeline stage whose peak does not fit."""
-    for pp_rank in sorted(orders):
-        peak = memory.bytes_for(order_peak_slots(orders[pp_rank]))
-        if peak > memory.capacity_bytes:
-            raise MemoryExceeded(schedule, first_rank_of_stage[pp_rank], pp_rank, peak,
-                                 memory.capacity_bytes)
-
-
 def trace_live_slots(events: Iterable[Event]) -> list[tuple[float, int]]:
     """(time, live slots) steps of one rank from its forward/backward events."""
     # A task split into pieces (around its collectives) starts with part 0, ends with its last.
@@ -110,7 +100,7 @@ def trace_live_slots(events: Iterable[Event]) -> list[tuple[float, int]]:
 
 
 def trace_peak_slots(events: Sequence[Event]) -> int:
-    from ..columns import columns_from_events
-    from ..metrics import live_slot_peaks
+    from ..trace.columns import columns_from_events
+    from ..trace.metrics import live_slot_peaks
 
     return live_slot_peaks(columns_from_events({0: list(events)})).get(0, 0)

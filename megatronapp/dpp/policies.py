@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-from ..schedules import (Order, PipeShape, Task, interleaved_order, one_f_one_b_order,
+from ..parallel.schedules import (Order, PipeShape, Task, interleaved_order, one_f_one_b_order,
                          schedule_table)
 
 Traversal = Literal["breadth", "depth"]

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import Scenario
-from ..ops import IRecv, RankProgram, Wait, WaitAny
-from ..programs import (CapturePricing, PipelineContext, StagesFor, compute_and_send,
+from ..scenario.config import Scenario
+from ..parallel.ops import IRecv, RankProgram, Wait, WaitAny
+from ..program.ranks import (CapturePricing, PipelineContext, StagesFor, compute_and_send,
                         finish_iteration, pipeline_contexts, task_meta)
-from ..schedules import Order, PipeShape, Task
+from ..parallel.schedules import Order, PipeShape, Task
 from .memory import MemoryExceeded, MemoryModel
 from .policies import AdaptiveGreedy, RankView
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .. import metrics
-from ..columns import EventColumns, EventSource, columns_from_events
-from ..tracer import Event
+from ..trace import metrics
+from ..trace.columns import EventColumns, EventSource, columns_from_events
+from ..trace.events import Event
 
 if TYPE_CHECKING:
-    from ..config import Scenario
+    from ..scenario.config import Scenario
 
 Events = Mapping[int, Sequence[Event]]
 PHASE_NAMES = metrics.PHASES
@@ -106,8 +106,8 @@ def dpp_summary_columns(s: "Scenario", cols: EventColumns, weight: np.ndarray,
                         stand_ins: Mapping[int, Sequence[int]]) -> dict[str, object]:
     """Windows and per-rank peak memory; ``stand_ins`` maps each rank of the
     table to the ranks whose identical timeline it stands for."""
-    from ..costs import stage_costs
-    from ..layout import pipe_shape
+    from ..costs.per_op import stage_costs
+    from ..program.layout import pipe_shape
     from .memory import MemoryModel
 
     memory = MemoryModel.of(s, stage_costs(s), pipe_shape(s))

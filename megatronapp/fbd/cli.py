@@ -5,8 +5,8 @@ import argparse
 import json
 from typing import Any
 
-from megatronapp import limits
-from megatronapp.topology import Topology
+from megatronapp.host import limits
+from megatronapp.parallel.topology import Topology
 
 from .ranks import FbdLayout, coordinated_groups
 
@@ -34,7 +34,7 @@ def print_layout(topo: Topology, forward_tp: int | None, as_json: bool) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from backends.sim import compare_plans
-    from megatronapp.config import load_scenario
+    from megatronapp.scenario.config import load_scenario
 
     from .hetero import format_table
 

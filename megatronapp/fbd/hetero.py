@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Iterable, Mapping, Sequence
 
-from megatronapp.config import Scenario, ScenarioError
-from megatronapp.costs import StageCosts, layer_forward_flops
-from megatronapp.summary import iteration_spans
-from megatronapp.tracer import Event
+from megatronapp.scenario.config import Scenario, ScenarioError
+from megatronapp.costs.per_op import StageCosts, layer_forward_flops
+from megatronapp.trace.summary import iteration_spans
+from megatronapp.trace.events import Event
 
 from .ranks import FbdLayout, Worker
 

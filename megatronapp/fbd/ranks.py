@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from megatronapp.topology import Group, Topology
+from megatronapp.parallel.topology import Group, Topology
 
 Phase = Literal["F", "B"]
 

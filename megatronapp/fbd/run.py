@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from megatronapp.config import Fbd, Scenario
-from megatronapp.costs import layer_forward_flops, stage_costs
-from megatronapp.kinds import COMPUTE_NAMES
-from megatronapp.layout import topology_of
-from megatronapp.ops import RankProgram
-from megatronapp.tracer import Event, RunResult
+from megatronapp.scenario.config import Fbd, Scenario
+from megatronapp.costs.per_op import layer_forward_flops, stage_costs
+from megatronapp.trace.kinds import COMPUTE_NAMES
+from megatronapp.program.layout import topology_of
+from megatronapp.parallel.ops import RankProgram
+from megatronapp.trace.events import Event, RunResult
 
 from .hetero import iteration_periods, steady_iteration_s
 from .ranks import FbdLayout

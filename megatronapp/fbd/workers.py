@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from megatronapp.costs import BYTES_PER_ELEMENT, StageCosts
-from megatronapp.ops import AllReduce, Compute, ISend, RankProgram, Recv, Wait
+from megatronapp.costs.per_op import BYTES_PER_ELEMENT, StageCosts
+from megatronapp.parallel.ops import AllReduce, Compute, ISend, RankProgram, Recv, Wait
 
 from .ranks import FbdLayout, Worker
 

@@ -42,14 +42,14 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import yaml
 
-from ..config import Scenario, ScenarioError, load_scenario, parse_scenario, read_scenario_data
+from ..scenario.config import Scenario, ScenarioError, load_scenario, parse_scenario, read_scenario_data
 from ..errors import UserError
-from ..flops import layer_gemms, logits_forward_flops
-from ..kinds import event_kind, p2p_side
-from ..layout import pipe_shape, topology_of
-from ..memory import BYTES, layer_activation_bytes, state_bytes
-from ..summary import iteration_times
-from ..tracer import Event
+from ..costs.flops import layer_gemms, logits_forward_flops
+from ..trace.kinds import event_kind, p2p_side
+from ..program.layout import pipe_shape, topology_of
+from ..costs.memory import BYTES, layer_activation_bytes, state_bytes
+from ..trace.summary import iteration_times
+from ..trace.events import Event
 from .fit import with_settings
 
 Events = Mapping[int, list[Event]]
@@ -78,7 +78,7 @@ def load_measured(path: Path, scenario_path: Path) -> Measured:
     """A run directory (its summary.json names the scenario that ran), one of
     our trace files, or a torch.profiler trace (a file, or a directory of one
     per rank), the last two described by ``scenario_path``."""
-    from ..runs import read_events
+    from ..run.write import read_events
     from .profiled import annotate, is_profile, load_profile
 
     path = Path(path)
@@ -232,7 +232,7 @@ def fit_memory_bound(s: Scenario, events: Events, cal: Calibration) -> None:
     steps = [e.dur_s for ev in events.values() for e in ev if e.name == "optimizer"]
     if not steps:
         return
-    from ..memory import max_stage_params
+    from ..costs.memory import max_stage_params
 
     t = s.training
     per = state_bytes(t, s.parallel.dp)
@@ -362,7 +362,7 @@ def default_out(scenario: str) -> Path:
 
 def calibrate_command(args: argparse.Namespace, simulate: Callable[[Scenario], list[float]]
                       ) -> int:
-    from ..outdirs import check_file, new_file
+    from ..io.outdirs import check_file, new_file
 
     out = Path(args.out) if args.out else default_out(args.scenario)
     inputs = [Path(args.scenario), Path(args.measured)]

@@ -9,12 +9,12 @@ import json
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ..backend import RunHooks
-from ..outdirs import add_force_option
-from ..progress import shown, status
+from ..program.backend import RunHooks
+from ..io.outdirs import add_force_option
+from ..io.progress import shown, status
 
 if TYPE_CHECKING:
-    from ..config import Scenario
+    from ..scenario.config import Scenario
 
 
 SHOW_EVERY = 20_000  # operations between progress lines
@@ -41,15 +41,15 @@ def simulate(s: Scenario, replica: bool, quiet: bool = False) -> list[float]:
     terminal."""
     from backends.registry import run_named
 
-    from ..backend import RunOptions
-    from ..summary import run_iteration_times
+    from ..program.backend import RunOptions
+    from ..trace.summary import run_iteration_times
 
     with sim_progress(shown() and not quiet, f"simulating {s.name}:") as hooks:
         return run_iteration_times(run_named("sim", RunOptions(replica=replica), s, hooks))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ..config import load_scenario
+    from ..scenario.config import load_scenario
     from ..dpp.memory import MemoryExceeded
     from .predict import predict, prediction_lines
 
@@ -66,7 +66,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _memory_only(s: Scenario) -> list[str]:
-    from ..jobs import stage_memory
+    from ..run.jobs import stage_memory
     from .predict import Prediction, prediction_lines
 
     memory = tuple(stage_memory(s).values()) if s.schedule != "adaptive" else ()

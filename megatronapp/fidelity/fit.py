@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..config import Scenario, apply_overrides, parse_scenario, scenario_to_dict
+from ..scenario.config import Scenario, apply_overrides, parse_scenario, scenario_to_dict
 
 SimulateTime = Callable[[Scenario], float]  # a backend's iteration time, handed in
 

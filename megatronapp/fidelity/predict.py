@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any, Callable
 
-from ..config import Scenario, adjustments
+from ..scenario.config import Scenario, adjustments
 from ..errors import UserError
-from ..flops import hardware_flops_per_iteration, model_flops_per_iteration
-from ..jobs import stage_memory
-from ..memory import RankMemory
+from ..costs.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from ..run.jobs import stage_memory
+from ..costs.memory import RankMemory
 
 # scenario, replica -> simulated iteration times in seconds
 IterationTimes = Callable[[Scenario, bool], list[float]]

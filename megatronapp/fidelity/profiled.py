@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..compiled import NotStatic
-from ..config import Scenario, parse_scenario
+from ..program.compiled import NotStatic
+from ..scenario.config import Scenario, parse_scenario
 from ..errors import UserError
-from ..programs import static_compute_ops
-from ..tracer import Event
+from ..program.ranks import static_compute_ops
+from ..trace.events import Event
 
 OpMeta = tuple[str, dict[str, Any]]  # (compute op name, its meta) in issue order
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from megatronapp.tracer import Event
+from megatronapp.trace.events import Event
 
 from .bounds import Bounds, all_to_all, maximin_line
 from .deps import SyncOp

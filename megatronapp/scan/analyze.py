@@ -2,7 +2,7 @@
 times, and the critical path through the ranks.
 
 Works on our traces (each event's recorded kind) and on foreign ones (kinds
-from names, ``megatronapp.kinds``). Times are unions of intervals over the
+from names, ``megatronapp.trace.kinds``). Times are unions of intervals over the
 trace's window (first start to last end over all ranks): communication is what
 compute does not hide, idle is everything else.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from megatronapp.kinds import event_kind, is_comm
-from megatronapp.progress import Say, quiet
-from megatronapp.summary import bubble_fraction, iteration_times, union_length
+from megatronapp.trace.kinds import event_kind, is_comm
+from megatronapp.io.progress import Say, quiet
+from megatronapp.trace.summary import bubble_fraction, iteration_times, union_length
 
 from .critical import critical_path
 from .deps import SyncOp, reconstruct

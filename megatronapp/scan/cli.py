@@ -6,17 +6,17 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from megatronapp import limits
-from megatronapp.limits import COSTS
+from megatronapp.host import limits
+from megatronapp.host.limits import COSTS
 from megatronapp.errors import UserError
-from megatronapp.outdirs import add_force_option
-from megatronapp.progress import Say, status
+from megatronapp.io.outdirs import add_force_option
+from megatronapp.io.progress import Say, status
 
 from .methods import DETECTORS
 
 if TYPE_CHECKING:
-    from megatronapp.backend import Backend
-    from megatronapp.tracer import RunScenario
+    from megatronapp.program.backend import Backend
+    from megatronapp.trace.events import RunScenario
 
 TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a Chrome trace file"
 JSON_HELP = "print JSON instead of text"
@@ -71,7 +71,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
 
 def _scenario(path: str | None) -> Any:
-    from megatronapp.config import ScenarioError, load_scenario
+    from megatronapp.scenario.config import ScenarioError, load_scenario
 
     try:
         return load_scenario(path) if path else None
@@ -178,8 +178,8 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------- align
 def cmd_align(args: argparse.Namespace) -> int:
-    from megatronapp.outdirs import check_file, new_file
-    from megatronapp.tracer import chrome_events, write_json
+    from megatronapp.io.outdirs import check_file, new_file
+    from megatronapp.trace.events import chrome_events, write_json
 
     from .align import score_against_truth, trace_span
     from .deps import annotate
@@ -226,7 +226,7 @@ def _align_inputs(target: Path, run_dir: Path) -> list[Path]:
     """What align reads, which --out may never replace: the trace file, or a
     directory's torch.profiler traces, and the ground truth beside them (a
     run directory's own files its manifest protects)."""
-    from megatronapp.outdirs import path_errors
+    from megatronapp.io.outdirs import path_errors
 
     from .kineto import kineto_files
 
@@ -239,9 +239,9 @@ def _align_inputs(target: Path, run_dir: Path) -> list[Path]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from backends.registry import get_backend
 
-    from megatronapp.backend import REAL
-    from megatronapp.executors import Where, where_from
-    from megatronapp.outdirs import check_file
+    from megatronapp.program.backend import REAL
+    from megatronapp.host.executors import Where, where_from
+    from megatronapp.io.outdirs import check_file
 
     from .trials import PLANS
     from .validate import replay_trials, run_trials
@@ -283,7 +283,7 @@ def _validation_run(args: argparse.Namespace, backend: Backend) -> RunScenario:
     """The run function handed to the harness (it is pickled)."""
     from backends.registry import run_function
 
-    from megatronapp.backend import REAL, RunOptions
+    from megatronapp.program.backend import REAL, RunOptions
 
     if REAL not in backend.capabilities:
         return run_function(backend.name)
@@ -355,7 +355,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     from backends.registry import add_backend_option
 
     """Add this module's subcommands; ``plot_hooks`` gets extra plotters."""
-    from megatronapp.executors import add_where_options
+    from megatronapp.host.executors import add_where_options
 
     plot_hooks.append(plot_hook)
     detect = subparsers.add_parser("detect", help="name the root-cause slow rank or link")

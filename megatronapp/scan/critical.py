@@ -30,9 +30,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import networkx as nx
 
-from megatronapp.gc_pause import paused_gc
-from megatronapp.kinds import EventKind, event_kind
-from megatronapp.tracer import Event
+from megatronapp.host.gc_pause import paused_gc
+from megatronapp.trace.kinds import EventKind, event_kind
+from megatronapp.trace.events import Event
 
 from .deps import SyncOp
 from .load import RankEvents

@@ -14,8 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from megatronapp.kinds import Stream, event_kind, p2p_side
-from megatronapp.tracer import Event
+from megatronapp.trace.kinds import Stream, event_kind, p2p_side
+from megatronapp.trace.events import Event
 
 from .load import RankEvents
 

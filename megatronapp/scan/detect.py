@@ -19,8 +19,8 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
-from megatronapp.kinds import event_kind
-from megatronapp.tracer import Event
+from megatronapp.trace.kinds import event_kind
+from megatronapp.trace.events import Event
 
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import ScanInput, stage_peers

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from megatronapp.config import Scenario
-from megatronapp.progress import Say, quiet
+from megatronapp.scenario.config import Scenario
+from megatronapp.io.progress import Say, quiet
 
 from .align import ClockFit, apply_clocks, fit_clocks
 from .deps import SyncOp, reconstruct

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from megatronapp import limits
-from megatronapp.columns import is_int32
-from megatronapp.textio import TextError, load_json_bytes
-from megatronapp.tracer import Event
+from megatronapp.host import limits
+from megatronapp.trace.columns import is_int32
+from megatronapp.io.text import TextError, load_json_bytes
+from megatronapp.trace.events import Event
 
 from .errors import TraceError
 
@@ -669,7 +669,7 @@ def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRa
 
 
 def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:
-    # the kind is recorded as our backends record it (megatronapp.kinds reads it back)
+    # the kind is recorded as our backends record it (megatronapp.trace.kinds reads it back)
     events = [Event(s.name, s.start_us * 1e-6, s.dur_us * 1e-6,
                     {"cat": s.cat, "kind": "other" if s.name.startswith(STEP_PREFIX) else "compute"})
               for s in k.compute]

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping
 
-from megatronapp.columns import is_int32
-from megatronapp.progress import Say, quiet
-from megatronapp.textio import MAX_DEPTH, structure_size
-from megatronapp.tracer import Event
+from megatronapp.trace.columns import is_int32
+from megatronapp.io.progress import Say, quiet
+from megatronapp.io.text import MAX_DEPTH, structure_size
+from megatronapp.trace.events import Event
 
 from .errors import TraceError
 from .kineto import is_kineto, kineto_files, load_kineto, read_json_any, text_size
@@ -261,8 +261,8 @@ def _rank_files(ranks_dir: Path) -> list[Path]:
 def load_store(path: Path, raw_clocks: bool, say: Say = quiet) -> LoadedTrace:
     """A run's ``trace.parquet``: with ``raw_clocks`` each rank on its own clock
     (unaligned, as a real job would hand it over), else in true time."""
-    from megatronapp.columns import RankEventsView, TableSource
-    from megatronapp.eventstore import StoreError, local_clock_view, read_columns
+    from megatronapp.trace.columns import RankEventsView, TableSource
+    from megatronapp.trace.store import StoreError, local_clock_view, read_columns
 
     say(f"loading {path}")
     try:

@@ -29,9 +29,9 @@ from typing import Any, Callable, ContextManager, Iterator, TypeVar
 import duckdb
 
 from megatronapp.errors import UserError
-from megatronapp.outdirs import discard, new_file, own_folder
-from megatronapp.kinds import event_kind
-from megatronapp.limits import available_memory
+from megatronapp.io.outdirs import discard, new_file, own_folder
+from megatronapp.trace.kinds import event_kind
+from megatronapp.host.limits import available_memory
 
 from .load import RankEvents
 from .query_options import Output

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from megatronapp.config import Scenario
-from megatronapp.columns import KINDS, TIMELESS_FIELDS, EventColumns, RankEventsView, TableSource
-from megatronapp.eventstore import TRACE_FILE, StoreError, local_clock_view, read_columns
-from megatronapp.metrics import group_ids, nth_in_group
+from megatronapp.scenario.config import Scenario
+from megatronapp.trace.columns import KINDS, TIMELESS_FIELDS, EventColumns, RankEventsView, TableSource
+from megatronapp.trace.store import TRACE_FILE, StoreError, local_clock_view, read_columns
+from megatronapp.trace.metrics import group_ids, nth_in_group
 
 from .align import MIN_RECV_WAIT_S, AnchorFit, ClockFit, freed_ranks, solve_freed
 from .bounds import all_to_all

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from megatronapp.metrics import group_ids
+from megatronapp.trace.metrics import group_ids
 
 from .detect import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
                      durations_per_work, flow_of, judge_bandwidth, judge_compute, judge_links,

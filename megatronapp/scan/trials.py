@@ -20,9 +20,9 @@ from typing import Callable
 
 import numpy as np
 
-from megatronapp import seeds
-from megatronapp.config import Scenario, parse_scenario
-from megatronapp.topology import Topology
+from megatronapp.scenario import seeds
+from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.parallel.topology import Topology
 
 from .diagnosis import RootCause
 
@@ -38,10 +38,6 @@ class Trial:
     scenario: Scenario
     truth_rank: int | None  # the throttled rank
     truth_pair: tuple[int, int] | None  # the faulty link
-
-    @property
-    def is_control(self) -> bool:
-        return self.band in CONTROLS
 
 
 @dataclass(frozen=True)

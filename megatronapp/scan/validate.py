@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from megatronapp.errors import UserError
-from megatronapp.executors import Where, map_unordered
-from megatronapp.outdirs import new_file, remove_result, staged_dir
-from megatronapp.run_trace import write_traces
-from megatronapp.config import Scenario
-from megatronapp.tracer import RunResult, RunScenario, chrome_events
+from megatronapp.host.executors import Where, map_unordered
+from megatronapp.io.outdirs import new_file, remove_result, staged_dir
+from megatronapp.trace.on_disk import write_traces
+from megatronapp.scenario.config import Scenario
+from megatronapp.trace.events import RunResult, RunScenario, chrome_events
 
 from .align import score_against_truth, trace_span
 from .diagnosis import Detector, Diagnosis

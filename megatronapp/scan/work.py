@@ -13,11 +13,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from megatronapp.compiled import NotStatic
-from megatronapp.config import Scenario, ScenarioError, parse_scenario
+from megatronapp.program.compiled import NotStatic
+from megatronapp.scenario.config import Scenario, ScenarioError, parse_scenario
 from megatronapp.errors import UserError
-from megatronapp.ops import Compute
-from megatronapp.programs import static_compute_ops
+from megatronapp.parallel.ops import Compute
+from megatronapp.program.ranks import static_compute_ops
 
 from .load import read_object
 

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
-from ..outdirs import add_force_option, check_output
+from ..io.outdirs import add_force_option, check_output
 
 
 def _yaml_arg(text: str, what: str) -> Any:
@@ -33,7 +33,7 @@ def _perturbations(items: list[str]) -> list[Any]:
 
 def generation_scope(ckpt: Any, observe: str | None, perturb: list[str], seed: int) -> Any:
     """The ``scope:`` section of a generation, validated like a scenario's."""
-    from ..config import parse_scenario
+    from ..scenario.config import parse_scenario
     from .generate import default_observe
 
     m = ckpt.model
@@ -60,7 +60,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from backends.torch.worker import quiet_megatron_warnings
 
     quiet_megatron_warnings()
-    from ..checkpoint import read_checkpoint
+    from ..scenario.checkpoint import read_checkpoint
 
     if args.tokens < 1:
         raise UserError(f"--tokens: must be >= 1, got {args.tokens}")
@@ -87,7 +87,7 @@ def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path) -> str:
     """Generate into a staged ``out``, printing a line (or a JSON record) per step."""
     from backends.torch.scope_generate import generate, one_rank
 
-    from ..outdirs import staged_dir
+    from ..io.outdirs import staged_dir
 
     layers = list(range(1, ckpt.model.layers + 1))
     text = args.prompt
@@ -132,7 +132,7 @@ def _live_model(checkpoint: Path) -> Any:
     """Live generation on the torch backend (one process, one rank)."""
     from backends.torch.scope_generate import generate
 
-    from ..checkpoint import read_checkpoint
+    from ..scenario.checkpoint import read_checkpoint
     from .view.server import LiveModel
 
     ckpt = read_checkpoint(checkpoint)

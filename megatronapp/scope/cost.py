@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import Scenario
-from ..costs import stage_costs
-from ..scope_spec import (PARAM_GRADS, SITES, CaptureCost, ModelShape, Observe, base_site,
+from ..scenario.config import Scenario
+from ..costs.per_op import stage_costs
+from ..scenario.scope_spec import (PARAM_GRADS, SITES, CaptureCost, ModelShape, Observe, base_site,
                           channels_of, LAYER_PARAMS)
 
 FLOAT_BYTES = 4
@@ -231,7 +231,7 @@ def predicted_overhead(s: Scenario, run: Callable[[Scenario], Any],
     without background jitter (so the difference is the capture alone).
     ``ran``: the scenario's own simulated run, reused when it had no jitter
     (the simulator is deterministic: running it again would repeat it)."""
-    from ..summary import iteration_times
+    from ..trace.summary import iteration_times
 
     jitter = s.cluster.jitter
     quiet = s.cluster.model_copy(update={"jitter": jitter.model_copy(

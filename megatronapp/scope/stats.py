@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..scope_spec import HIST_BUCKETS, HIST_MAX_EXP, HIST_MIN_EXP, STATS, StatSpec
+from ..scenario.scope_spec import HIST_BUCKETS, HIST_MAX_EXP, HIST_MIN_EXP, STATS, StatSpec
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from megatronapp import limits
+from megatronapp.host import limits
 from megatronapp.errors import UserError
-from megatronapp.executors import add_where_options, where_from
-from megatronapp.outdirs import add_force_option, check_file
+from megatronapp.host.executors import add_where_options, where_from
+from megatronapp.io.outdirs import add_force_option, check_file
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .. import limits
-from ..config import Scenario, ScenarioError, parse_scenario
+from ..host import limits
+from ..scenario.config import Scenario, ScenarioError, parse_scenario
 from ..errors import UserError
-from ..executors import Where, map_unordered
-from ..outdirs import new_file
-from ..summary import summarize
-from ..tracer import RunScenario
+from ..host.executors import Where, map_unordered
+from ..io.outdirs import new_file
+from ..trace.summary import summarize
+from ..trace.events import RunScenario
 from .spec import Point, SweepSpec
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..config import (ScenarioError, apply_overrides, parse_scenario, read_scenario_data,
+from ..scenario.config import (ScenarioError, apply_overrides, parse_scenario, read_scenario_data,
                       scenario_to_dict)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from megatronapp.config import parse_scenario
+from megatronapp.scenario.config import parse_scenario
 from megatronapp.scan.critical import critical_path
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.validate import scan_of_result

@@ -5,8 +5,8 @@ affects both sides alike; it is reported in extra_info, not asserted.
 """
 import pytest
 
-from megatronapp.config import parse_scenario
-from megatronapp.speed import JOB_1024, job_1024, simulate_speed
+from megatronapp.scenario.config import parse_scenario
+from tests.benchmarks.speed import JOB_1024, job_1024, simulate_speed
 from sim import run_sim
 from sim import bare_simpy_events_per_s
 

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...outdirs import staged_siblings
+from ...io.outdirs import staged_siblings
 from ..storage import FORMAT, PARTIAL_SCHEMA, STATS_SCHEMA, Capture, merge_partials
 
 

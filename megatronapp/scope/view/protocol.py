@@ -24,7 +24,7 @@ import numpy as np
 from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
                       field_validator)
 
-from ...scope_spec import SITES
+from ...scenario.scope_spec import SITES
 
 MAX_MESSAGE_BYTES = 4096  # a client message above this is refused (the connection stays)
 MAX_FRAME_BYTES = 65536  # the websocket layer closes a connection sending a bigger frame

@@ -1,0 +1,217 @@
+"""Per-rank costs of a scenario: compute durations, message sizes, memory.
+
+The analytical model prices each of a layer's GEMMs (``flops.py``) at the
+device's peak times ``efficiency`` plus a fixed ``gemm_overhead_us`` (small
+GEMMs run slower), and the layer's elementwise work as memory traffic
+(``elementwise_traffic`` bytes per stored activation byte, at ``hbm_tbps``),
+plus ``module_overhead_us`` per module call (a layer, the embedding, the
+output layer with its loss).
+Backward takes ``backward_ratio`` times its forward. Tensor-parallel traffic
+is not folded in: the rank programs issue each layer's collectives as
+operations (``tp_layer_forward`` / ``tp_layer_backward``). ``costs:`` in a
+scenario replaces compute durations with fixed numbers. Memory follows
+``memory.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..scenario.config import Scenario
+from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
+                    layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
+from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, max_stage_params,
+                     state_bytes, transient_activation_bytes)
+
+BYTES_PER_ELEMENT = 2  # bf16 activations and gradients (the default precision)
+OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 param + grad, fp32 master + Adam m, v
+HBM_BYTES_PER_S = 3.0e12
+MEGATRON_MIN_BUCKET_PARAMS = 40_000_000  # Megatron-core: max(40 M, 1 M·dp) per bucket
+
+# Per layer, in issue order: the collectives Megatron's TP layers run.
+TP_FORWARD = ("all_reduce", "all_reduce")  # after the attention and MLP row-parallel GEMMs
+SP_FORWARD = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")
+TP_BACKWARD = ("all_reduce", "all_reduce")  # input grads of the column-parallel GEMMs
+SP_BACKWARD = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """What one pipeline rank's program needs to know about durations and sizes."""
+
+    forward_chunk_s: float  # one microbatch through one model chunk
+    backward_chunk_s: float
+    logits_forward_s: float  # extra on the last virtual stage (output layer)
+    optimizer_s: float
+    activation_bytes: int  # one microbatch's boundary activation (p2p payload)
+    grad_bytes: int  # this rank's gradients, reduced over dp
+    tp_allreduce_bytes: int  # per microbatch and chunk, forward and backward (MegaFBD)
+    params_per_rank: int
+    activation_mem_bytes_per_chunk: int  # stored for backward, per microbatch
+    fixed_p2p_s: float | None
+    fixed_allreduce_s: float | None
+    logits_backward_s: float = 0.0
+    embedding_forward_s: float = 0.0  # extra on the first virtual stage
+    embedding_backward_s: float = 0.0
+    recompute_chunk_s: float = 0.0  # recomputation before a chunk's backward
+    layers_per_chunk: int = 0
+    tp_layer_forward: tuple[str, ...] = ()  # collective kinds per layer (empty at tp 1)
+    tp_layer_backward: tuple[str, ...] = ()
+    tp_recompute: bool = False  # full recomputation repeats the forward's collectives
+    tp_bytes: int = 0  # one layer's full activation: the buffer each collective moves
+    state_bytes_per_param: float = OPTIMIZER_BYTES_PER_PARAM
+    transient_mem_bytes: int = 0
+    recompute_layers: int = 0  # the first ones of each chunk (recompute_method: block)
+    distributed_optimizer: bool = False  # reduce-scatter grads, all-gather params
+    param_bytes: int = 0  # this rank's weights (all-gathered after a distributed step)
+    bucket_bytes: int = 0  # gradient bucket, for overlapped reduction
+    embedding_grad_bytes: int = 0  # tied embeddings on pp > 1: first/last stage all-reduce
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    p2p_all_gather: bool = False  # scatter/gather p2p: receivers all-gather over tp
+    attention_share: float = 0.5  # of a layer's compute, the attention block's
+
+    @property
+    def model_mem_bytes(self) -> int:
+        return int(self.params_per_rank * self.state_bytes_per_param)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The device-class constants that turn FLOPs and bytes into seconds."""
+
+    flops_per_s: float
+    gemm_overhead_s: float
+    module_overhead_s: float
+    hbm_bytes_per_s: float
+    elementwise_traffic: float
+    backward_ratio: float
+
+    @classmethod
+    def of(cls, s: Scenario) -> "Efficiency":
+        g = s.cluster.gpu
+        return cls(g.tflops * 1e12 * g.efficiency, g.gemm_overhead_us * 1e-6,
+                   g.module_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.elementwise_traffic, g.backward_ratio)
+
+    def gemm_s(self, flops: float) -> float:
+        """rate(F) = R·F/(F + R·overhead): the size-dependent falloff."""
+        return flops / self.flops_per_s + self.gemm_overhead_s
+
+    def memory_s(self, nbytes: float) -> float:
+        return self.elementwise_traffic * nbytes / self.hbm_bytes_per_s
+
+
+def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
+    """One layer, one microbatch, on one rank: GEMMs split over tp + elementwise work."""
+    tp = s.parallel.tp
+    gemms = sum(eff.gemm_s(f / tp) for _, f in layer_gemms(s).items())
+    return gemms + eff.memory_s(layer_activation_bytes(s, "none")) + eff.module_overhead_s
+
+
+def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
+    recompute = s.training.recompute
+    if recompute == "full":
+        return layer_forward_s(s, eff)
+    if recompute == "selective":
+        g = dict(layer_gemms(s).items())
+        return (sum(eff.gemm_s(g[n] / s.parallel.tp) for n in ATTENTION_CORE)
+                + eff.memory_s(transient_activation_bytes(s)))
+    return 0.0
+
+
+def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
+    """Flash and fused attention's backward computes Q·Kᵀ again from the stored
+    softmax statistics (one more scores GEMM per layer); unfused keeps them."""
+    if s.model.stores_scores:
+        return 0.0
+    return eff.gemm_s(layer_gemms(s).scores / s.parallel.tp)
+
+
+def output_layer_s(s: Scenario, eff: Efficiency) -> float:
+    """The logits GEMM and the loss over fp32 logits (elementwise)."""
+    m = s.model
+    logits_bytes = m.micro_batch_size * m.seq_len * m.vocab // s.parallel.tp * 4
+    return (eff.gemm_s(logits_forward_flops(s) / s.parallel.tp) + eff.memory_s(logits_bytes)
+            + eff.module_overhead_s)
+
+
+def attention_share(s: Scenario, eff: Efficiency) -> float:
+    """The attention block's share of a layer's GEMM time (the MLP has the rest)."""
+    times = {n: eff.gemm_s(f / s.parallel.tp) for n, f in layer_gemms(s).items()}
+    total = sum(times.values())
+    return sum(times[n] for n in ATTENTION_BLOCK) / total if total > 0 else 0.5
+
+
+def bucket_params(s: Scenario) -> int:
+    return s.training.bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS, 1_000_000 * s.parallel.dp)
+
+
+def _tp_plan(s: Scenario) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if s.parallel.tp == 1:
+        return (), ()
+    if s.sequence_parallel:
+        return SP_FORWARD, SP_BACKWARD
+    return TP_FORWARD, TP_BACKWARD
+
+
+def stage_costs(s: Scenario) -> StageCosts:
+    p, m, c, t = s.parallel, s.model, s.costs, s.training
+    eff = Efficiency.of(s)
+    layers_per_chunk = m.layers // (p.pp * p.vpp)
+    act_element = BYTES[t.precision]
+    fwd_chunk = layers_per_chunk * layer_forward_s(s, eff)
+    recompute = recomputed_layers_per_chunk(s) * layer_recompute_s(s, eff)
+    logits = output_layer_s(s, eff)
+    embedding = (eff.memory_s(m.micro_batch_size * m.seq_len * m.hidden * BYTES[t.precision])
+                 + eff.module_overhead_s)
+    bwd_chunk = eff.backward_ratio * fwd_chunk + layers_per_chunk * scores_rebuild_s(s, eff)
+    logits_bwd = eff.backward_ratio * logits
+    if c.forward_s is not None:
+        fwd_chunk, logits, recompute, logits_bwd = c.forward_s / p.vpp, 0.0, 0.0, 0.0
+        bwd_chunk, embedding = 2 * fwd_chunk, 0.0
+    if c.backward_s is not None:
+        bwd_chunk, logits_bwd = c.backward_s / p.vpp, 0.0
+    params = max_stage_params(s)
+    per_param = state_bytes(t, p.dp)
+    act = m.micro_batch_size * m.seq_len * m.hidden * act_element
+    # Adam is memory-bound: read and write every state byte of the shard it updates.
+    shard = params / p.dp if t.distributed_optimizer else params
+    full_state = per_param.weights + per_param.grads + state_bytes(t, 1).optimizer
+    optimizer = 0.0 if c.forward_s is not None else 2 * shard * full_state / eff.hbm_bytes_per_s
+    if c.optimizer_s is not None:
+        optimizer = c.optimizer_s
+    tp_fwd, tp_bwd = _tp_plan(s)
+    tied = not m.untie_embeddings and p.pp > 1
+    scatter_gather = p.scatter_gather_p2p and p.tp > 1 and not s.sequence_parallel
+    return StageCosts(
+        forward_chunk_s=fwd_chunk,
+        backward_chunk_s=bwd_chunk,
+        logits_forward_s=logits,
+        optimizer_s=optimizer,
+        activation_bytes=act // p.tp if (s.sequence_parallel or scatter_gather) else act,
+        grad_bytes=int(params * per_param.grads),
+        tp_allreduce_bytes=2 * layers_per_chunk * act if p.tp > 1 else 0,
+        params_per_rank=params,
+        activation_mem_bytes_per_chunk=int(chunk_activation_bytes(s)),
+        fixed_p2p_s=c.p2p_s,
+        fixed_allreduce_s=c.allreduce_s,
+        logits_backward_s=logits_bwd,
+        embedding_forward_s=embedding,
+        embedding_backward_s=eff.backward_ratio * embedding,
+        recompute_chunk_s=recompute,
+        recompute_layers=recomputed_layers_per_chunk(s),
+        layers_per_chunk=layers_per_chunk,
+        tp_layer_forward=tp_fwd,
+        tp_layer_backward=tp_bwd,
+        tp_recompute=t.recompute == "full",
+        tp_bytes=act,
+        state_bytes_per_param=per_param.total,
+        transient_mem_bytes=int(transient_activation_bytes(s)),
+        distributed_optimizer=t.distributed_optimizer,
+        param_bytes=int(params * per_param.weights),
+        bucket_bytes=int(bucket_params(s) * per_param.grads),
+        embedding_grad_bytes=int(m.vocab * m.hidden // p.tp * per_param.grads) if tied else 0,
+        overlap_grad_reduce=t.overlap_grad_reduce,
+        overlap_param_gather=t.overlap_param_gather,
+        p2p_all_gather=scatter_gather,
+        attention_share=attention_share(s, eff),
+    )

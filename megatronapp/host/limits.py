@@ -1,0 +1,377 @@
+"""What a job will cost, estimated before any work, against what this machine has.
+
+A scenario's size is cheap to compute in closed form (ranks, events, the
+collective group members those events list, faults), and the simulator's cost
+per event is measured. Every measured constant lives in ``CostModel`` so that
+a faster simulator updates one place. A job that cannot fit in memory, on disk
+or in ``max_seconds`` is refused with one line saying the estimate and the
+limit; ``--no-limits`` (an explicit choice) skips the check.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import shutil
+from dataclasses import dataclass, replace
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from ..errors import UserError
+
+if TYPE_CHECKING:  # the schema (pydantic) loads only when a scenario is estimated
+    from ..scenario.config import Scenario
+
+DEFAULT_MAX_SECONDS = 3600.0  # an hour of estimated work: beyond it, say so first
+
+
+@dataclass(frozen=True)
+class TraceCost:
+    """What a command that reads a trace costs per event."""
+
+    bytes_per_event: float
+    seconds_per_event: float
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Costs of ``megatronapp run`` on the simulator, in CPU time and peak RSS,
+    measured on this 2-core CPU machine with ``paper_figs/limits_calibration.py``
+    (slopes between runs that differ in microbatches, or in dp): 54-61 us and
+    ~900 B per event, 0.7 us and ~9 B per group member, 317 B of disk per event.
+    Rounded up here; see docs/robustness.md."""
+
+    base_bytes: float = 100e6  # interpreter, numpy, simpy, pydantic
+    base_seconds: float = 1.0
+    bytes_per_event: float = 1000.0  # Event objects + JSON dicts while writing
+    seconds_per_event: float = 60e-6  # simulate, summarise and write one event
+    bytes_per_group_entry: float = 12.0  # a collective event lists its group's ranks
+    seconds_per_group_entry: float = 1e-6
+    disk_bytes_per_event: float = 320.0  # rank file + merged trace
+    disk_bytes_per_group_entry: float = 10.0
+    bytes_per_fault: float = 6000.0  # YAML, validation, summary and ground truth
+    seconds_per_fault: float = 300e-6
+    # A compute op scans its rank's throttle windows at each window edge it
+    # crosses: about w * (compute ops + w) scans for w windows on a rank.
+    seconds_per_throttle_scan: float = 30e-9
+    # The compiled engine (static schedules, no MegaFBD) keeps events as columns
+    # and writes trace.parquet (trace.json too only for jobs a browser opens).
+    # Measured with paper_figs/scale_table.py and a 32k-rank job of 15 events a
+    # rank: with jitter on every link (every operation simulated, the worst
+    # case) ~32 B of memory per event, ~1.3 kB per rank (devices, clocks,
+    # links, labels); parquet ~1 B per event when pipelines repeat, up to
+    # ~20 B when jitter makes every time distinct. Its time is bounded by the
+    # per-event model above (it runs faster).
+    compiled_bytes_per_event: float = 40.0
+    compiled_disk_bytes_per_event: float = 24.0
+    bytes_per_rank: float = 1500.0
+    topology_bytes_per_rank: float = 400.0  # ``megatronapp topology`` labels and groups
+    topology_seconds_per_rank: float = 15e-6
+    # The torch backend runs a process per rank (or device): on a CPU, more than
+    # a few per core only thrash; below 64 the backend's own checks speak first.
+    torch_processes_per_cpu: int = 8
+    torch_min_processes: int = 64
+    # Commands that read a trace, measured with ``paper_figs/limits_calibration.py
+    # --scan`` (slopes of peak RSS and CPU time between runs of 78 k and 312 k
+    # events; 5 k and 20 k for JSON input): MegaScan on a run's trace.parquet
+    # keeps columns (259 B, 0.3 us an event; 9.3 GB at 47 M events), the
+    # baselines and JSON input an object per event (1.1 kB, 15 us), analyze
+    # 3.6 kB and 47 us, align 1.9 kB and 32 us, export-trace 0.3 kB and 6 us,
+    # plot 19 kB and 3.5 ms. Rounded up here.
+    detect_columns: TraceCost = TraceCost(300.0, 1e-6)
+    detect_events: TraceCost = TraceCost(1500.0, 20e-6)
+    analyze: TraceCost = TraceCost(4000.0, 50e-6)
+    align: TraceCost = TraceCost(2200.0, 35e-6)
+    export: TraceCost = TraceCost(400.0, 7e-6)
+    plot: TraceCost = TraceCost(20e3, 5e-3)
+    # A JSON trace is sized in events from its bytes (ours take ~200 B an
+    # event; fewer bytes an event is the safe side); parsing the text takes
+    # ~3.2 B of memory a byte (the text, its dicts and lists).
+    json_bytes_per_event: float = 150.0
+    json_memory_per_byte: float = 4.0
+
+
+COSTS = CostModel()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A job's size and what it will need."""
+
+    ranks: int
+    events: int
+    group_entries: int
+    faults: int
+    memory_bytes: float
+    disk_bytes: float
+    seconds: float
+
+    def describe(self) -> str:
+        size = [f"{self.ranks:,} ranks"] if self.ranks else []
+        size += [f"{self.events:,} trace events"] if self.events else []
+        size += [f"{self.faults:,} faults"] if self.faults else []
+        need = [f"{readable_bytes(self.memory_bytes)} memory"]
+        need += [f"{readable_bytes(self.disk_bytes)} disk"] if self.disk_bytes else []
+        return f"{', '.join(size)}: about {', '.join(need)}, {_duration(self.seconds)}"
+
+    def then(self, other: "Estimate") -> "Estimate":
+        """This job followed by ``other`` in the same process: times add, the
+        memory peak is the larger one."""
+        return Estimate(max(self.ranks, other.ranks), self.events + other.events,
+                        self.group_entries + other.group_entries, self.faults + other.faults,
+                        max(self.memory_bytes, other.memory_bytes),
+                        self.disk_bytes + other.disk_bytes, self.seconds + other.seconds)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What this machine offers a job now."""
+
+    memory_bytes: float
+    disk_bytes: float | None  # free space where the result goes (None: not writing)
+    max_seconds: float
+    max_torch_ranks: int
+
+
+def readable_bytes(n: float) -> str:
+    """Bytes in the largest unit that keeps the number readable."""
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:,.3g} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:,.3g} min"
+    return f"{seconds / 3600:,.3g} h"
+
+
+# ---------------------------------------------------------------- sizes
+def _per_rank_iteration(s: Scenario) -> tuple[int, int, int]:
+    """(events, group entries, compute ops) one rank records in one iteration:
+    per task its plan's compute pieces and TP collectives (taskplan), a receive
+    and a send between stages (and the receiver's all-gather with scattered
+    messages); per iteration the DP gradient reduction (buckets when
+    overlapped), the parameter all-gather of a distributed optimizer, the
+    embedding and grad-norm all-reduces and the step."""
+    from ..costs.per_op import stage_costs
+    from ..costs.taskplan import TpCollective, backward_plan, bucket_sizes, forward_plan
+
+    p, c = s.parallel, stage_costs(s)
+    tasks = 2 * p.microbatches * p.vpp
+    tp, pp, dp = p.tp, p.pp, p.dp
+    plans = (forward_plan(c, 0, 0.0, 0.0, tp > 1), backward_plan(c, 0, 0.0, 0.0, tp > 1, []))
+    steps = max(len(plan) for plan in plans)
+    tp_ops = max(sum(isinstance(st, TpCollective) for st in plan) for plan in plans)
+    p2p = (3 if p.scatter_gather_p2p and tp > 1 else 2) if pp > 1 else 0
+    buckets = p.vpp * len(bucket_sizes(c.grad_bytes // p.vpp, c.bucket_bytes))
+    dp_ops = (2 * buckets + 2) if dp > 1 else 0  # gradient buckets or one reduction, gathers
+    events = tasks * (steps + p2p) + 2 + dp_ops + (tp * pp > 1)
+    groups = (tasks * tp * (tp_ops + (p2p == 3)) + dp * dp_ops + 2
+              + tp * pp * (tp * pp > 1))
+    return events, groups, tasks * steps + 1
+
+
+def estimate_run(s: Scenario) -> Estimate:
+    """What one run of ``s`` on the simulator will cost (closed form)."""
+    from ..scenario.config import Throttle, device_count
+
+    c = COSTS
+    ranks = device_count(s)
+    events_ri, groups_ri, compute_ri = _per_rank_iteration(s)
+    workers = ranks * (2 if s.fbd is not None else 1)  # MegaFBD: forward + backward threads
+    events = s.iterations * workers * events_ri
+    groups = s.iterations * workers * groups_ri
+    throttles: dict[int, int] = {}
+    for f in s.faults:
+        if isinstance(f, Throttle):
+            throttles[f.rank] = throttles.get(f.rank, 0) + 1
+    scans = sum(w * (s.iterations * compute_ri + w) for w in throttles.values())
+    faults = len(s.faults)
+    estimate = Estimate(
+        ranks=ranks, events=events, group_entries=groups, faults=faults,
+        memory_bytes=(c.base_bytes + events * c.bytes_per_event
+                      + groups * c.bytes_per_group_entry + faults * c.bytes_per_fault),
+        disk_bytes=events * c.disk_bytes_per_event + groups * c.disk_bytes_per_group_entry,
+        seconds=(c.base_seconds + events * c.seconds_per_event
+                 + groups * c.seconds_per_group_entry + faults * c.seconds_per_fault
+                 + scans * c.seconds_per_throttle_scan))
+    compiled = s.fbd is None and s.schedule != "adaptive"
+    return _compiled(estimate) if compiled else estimate
+
+
+def _compiled(estimate: Estimate) -> Estimate:
+    """A static job on the compiled engine: events as columns (costed as if no
+    two pipelines were alike; identical ones are simulated once), no per-event
+    objects or group lists, trace.json only for a browser-sized job."""
+    from ..trace.chrome import BROWSER_EVENTS
+
+    c = COSTS
+    events = estimate.events
+    browser = events * c.disk_bytes_per_event if events <= BROWSER_EVENTS else 0.0
+    return replace(estimate,
+                   memory_bytes=(c.base_bytes + events * c.compiled_bytes_per_event
+                                 + estimate.ranks * c.bytes_per_rank
+                                 + estimate.faults * c.bytes_per_fault),
+                   disk_bytes=events * c.compiled_disk_bytes_per_event + browser)
+
+
+def estimate_runs(scenarios: Iterable[Scenario]) -> Estimate:
+    """Several simulations, one after the other (schedule and plan comparisons);
+    nothing is written, so no disk."""
+    runs = [estimate_run(s) for s in scenarios]
+    total = reduce(Estimate.then, runs)
+    return replace(total, disk_bytes=0.0)
+
+
+def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost) -> Estimate:
+    """Reading a trace of ``stored_events`` rows of a run's Parquet store, or
+    of ``text_bytes`` of JSON (sized in events at ``json_bytes_per_event``),
+    and working on each event at ``cost``."""
+    c = COSTS
+    events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
+    return Estimate(ranks=0, events=events, group_entries=0, faults=0,
+                    memory_bytes=(c.base_bytes + events * cost.bytes_per_event
+                                  + text_bytes * c.json_memory_per_byte),
+                    disk_bytes=0.0, seconds=c.base_seconds + events * cost.seconds_per_event)
+
+
+def estimate_topology(world: int) -> Estimate:
+    c = COSTS
+    return Estimate(ranks=world, events=0, group_entries=3 * world, faults=0,
+                    memory_bytes=c.base_bytes + world * c.topology_bytes_per_rank,
+                    disk_bytes=0.0, seconds=c.base_seconds + world * c.topology_seconds_per_rank)
+
+
+# ----------------------------------------------------------- the machine
+def _meminfo_available() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_headroom() -> float | None:
+    """cgroup v2 memory.max - memory.current, when this process is capped."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+    except OSError:
+        return None
+    return None if limit == "max" else float(limit) - float(used)
+
+
+def _rlimit_headroom() -> float | None:
+    """An address-space cap (ulimit -v) minus what this process already maps."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pages = 0
+    return float(soft) - pages * resource.getpagesize()
+
+
+def available_memory() -> float:
+    """Bytes this process can still use: the tightest of RAM, cgroup and ulimit."""
+    candidates = [m for m in (_meminfo_available(), _cgroup_headroom(), _rlimit_headroom())
+                  if m is not None]
+    if not candidates:
+        pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
+        candidates = [float(pages * resource.getpagesize())]
+    return max(0.0, min(candidates))
+
+
+def max_json_text() -> float:
+    """The most JSON text (bytes) this machine's memory can parse now."""
+    return available_memory() / COSTS.json_memory_per_byte
+
+
+def free_disk(directory: Path) -> float | None:
+    """Free bytes on the filesystem that would hold ``directory``."""
+    for candidate in (directory, *directory.parents):
+        if candidate.exists():
+            try:
+                return float(shutil.disk_usage(candidate).free)
+            except OSError:
+                return None
+    return None
+
+
+def machine_limits(out_dir: Path | None = None,
+                   max_seconds: float = DEFAULT_MAX_SECONDS) -> Limits:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return Limits(memory_bytes=available_memory(),
+                  disk_bytes=free_disk(out_dir.absolute()) if out_dir is not None else None,
+                  max_seconds=max_seconds,
+                  max_torch_ranks=max(COSTS.torch_min_processes,
+                                      COSTS.torch_processes_per_cpu * (cpus or 1)))
+
+
+# ---------------------------------------------------------------- checks
+OVERRIDE = "pass --no-limits to try anyway"
+
+
+def check(estimate: Estimate, limits: Limits, what: str = "this run",
+          backend: str = "sim") -> None:
+    """Raise one line naming the first limit ``estimate`` exceeds. The memory
+    and time model is the simulator's; a real (torch) run is bounded by ranks."""
+    if backend != "sim" and estimate.ranks > limits.max_torch_ranks:
+        raise UserError(f"limits: {what} needs {estimate.ranks:,} processes on the {backend} "
+                        f"backend; this machine takes at most {limits.max_torch_ranks} "
+                        f"({OVERRIDE})")
+    if backend == "sim" and estimate.memory_bytes > limits.memory_bytes:
+        raise UserError(f"limits: {what} is too large for this machine's memory: "
+                        f"{estimate.describe()}; {readable_bytes(limits.memory_bytes)} available "
+                        f"({OVERRIDE})")
+    if limits.disk_bytes is not None and estimate.disk_bytes > limits.disk_bytes:
+        raise UserError(f"limits: {what} would write about {readable_bytes(estimate.disk_bytes)} "
+                        f"but only {readable_bytes(limits.disk_bytes)} is free there ({OVERRIDE})")
+    if backend == "sim" and estimate.seconds > limits.max_seconds:
+        raise UserError(f"limits: {what} would take too long: {estimate.describe()}; the "
+                        f"limit is {_duration(limits.max_seconds)} (raise it with "
+                        f"--max-seconds, or {OVERRIDE})")
+
+
+# ------------------------------------------------------ command options
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (no nan, no inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """``--no-limits`` and ``--max-seconds`` for a command that runs simulations."""
+    parser.add_argument("--no-limits", action="store_true",
+                        help="skip the size check against this machine's memory, disk and "
+                             "--max-seconds")
+    parser.add_argument("--max-seconds", type=positive_seconds, default=DEFAULT_MAX_SECONDS,
+                        metavar="S", help="refuse work estimated to take longer than S "
+                                          f"seconds (default {DEFAULT_MAX_SECONDS:g})")
+
+
+def enforce(args: argparse.Namespace, estimate: Estimate, out_dir: Path | None = None,
+            what: str = "this run", backend: str = "sim") -> None:
+    """Check ``estimate`` unless the command line said ``--no-limits``."""
+    if not args.no_limits:
+        check(estimate, machine_limits(out_dir, args.max_seconds), what, backend)
+
+
+def json_text_cap(args: argparse.Namespace) -> float:
+    """The cap on a JSON trace's text for a command: none with ``--no-limits``."""
+    return math.inf if args.no_limits else max_json_text()

@@ -1,0 +1,59 @@
+"""What a backend is, as the CLI and the harnesses see it.
+
+A backend runs a scenario's rank programs and hands back a ``RunResult``:
+the simulator (``sim``) or real torch.distributed ranks (``backends.torch``).
+It has a name, says what it can do (``capabilities``), and takes typed
+options and hooks; the registry (``backends.registry``) names them all.
+Everything here is data: the core never imports a backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from ..io.progress import Say, quiet
+from ..trace.events import Event, RunResult
+
+if TYPE_CHECKING:  # pydantic loads with the scenario, not with --help
+    from ..scenario.config import Scenario
+
+# What a backend may declare it can do (the CLI checks options against these).
+REAL = "real"  # runs real processes: one trial at a time, on this machine
+STALL_TIMEOUT = "stall_timeout"  # stops ranks that make no progress (RunOptions.stall_timeout_s)
+PROFILE = "profile"  # writes torch.profiler traces (RunOptions.profile_dir)
+REPLICA = "replica"  # may run one data-parallel replica for all (RunOptions.replica)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run, beyond the scenario; a backend refuses what it cannot do
+    (``capabilities``) before it starts."""
+
+    stall_timeout_s: float | None = None  # None: the backend's own default
+    profile_dir: Path | None = None
+    out_dir: Path | None = None  # the run directory: captures and checkpoints go there
+    replica: bool = False  # simulate data-parallel replica 0 for all (no faults or jitter)
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """Where a backend reports while it runs; each uses what it has: the compiled
+    simulator counts operations, event-by-event backends hand over each event.
+    Observing never changes how a backend runs."""
+
+    on_phase: Say = quiet  # what the run is doing now (spawning, simulating)
+    operations: Callable[[int, int], None] | None = None  # (done since the last call, total)
+    events: Callable[[int, Event], None] | None = None  # (rank, event) as each is recorded
+
+
+class Backend(Protocol):
+    """A named interpreter of rank programs."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> frozenset[str]: ...
+
+    def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult: ...

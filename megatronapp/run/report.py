@@ -1,0 +1,64 @@
+"""What ``megatronapp run`` prints about a finished run (the CLI and the
+torch backend's torchrun entry point print the same)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
+PROFILE_DIR = "profile"  # RUN_DIR/profile/rank{r}.pt.trace.json.gz with --profile
+
+
+def print_summary(summary: dict[str, Any], out: Path) -> None:
+    if "fbd" in summary:  # a decoupled (MegaFBD) run: devices, roles, throughput
+        from ..fbd.run import summary_lines
+
+        print("\n".join(summary_lines(summary)))
+    else:
+        _print_pipeline_summary(summary)
+    for note in summary.get("adjustments", []):  # what Megatron would silently change
+        print(f"  note: {note}")
+    losses = summary.get("loss_per_iteration")
+    if losses:  # a real run trains: say whether it learns
+        print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))
+    if "scope" in summary:
+        from ..scope.summary import run_lines
+
+        print("\n".join(run_lines(summary["scope"], out)))
+    faults = summary["faults"] or [{"kind": "none"}]
+    for f in faults[:MAX_FAULT_LINES]:
+        detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
+        print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
+    if len(faults) > MAX_FAULT_LINES:
+        print(f"  ... and {len(faults) - MAX_FAULT_LINES} more faults (see summary.json)")
+    print("\n".join(written_lines(summary.get("trace", {}), out)))
+    if (out / PROFILE_DIR).is_dir():
+        print(f"  wrote {out / PROFILE_DIR}/ (torch.profiler traces, one per rank)")
+
+
+def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
+    """Where the trace went, and how to look at a big one."""
+    from ..trace.chrome import BROWSER_EVENTS
+
+    lines = [f"  wrote {out / 'trace.parquet'} ({trace.get('events', 0):,} events; "
+             f"query it with megatronapp query or DuckDB), {out / 'summary.json'}"]
+    if trace.get("trace_json"):
+        lines.append(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev)")
+    else:
+        lines.append(f"  no trace.json: {trace.get('events', 0):,} events are more than a browser "
+                     f"opens (limit {BROWSER_EVENTS:,}); export a selection with "
+                     f"megatronapp export-trace {out} --ranks 0-63 --iterations 0")
+    return lines
+
+
+def _print_pipeline_summary(summary: dict[str, Any]) -> None:
+    times = summary["iteration_times_s"]
+    mean = sum(times) / len(times) if times else float("nan")
+    sc = summary["scenario"]
+    p = sc["parallel"]
+    print(f"{sc['name']}: {summary['backend']} backend, {summary['world_size']} ranks "
+          f"(tp {p['tp']}, pp {p['pp']}, dp {p['dp']}, vpp {p['vpp']}), schedule {sc['schedule']}, "
+          f"{p['microbatches']} microbatches")
+    print(f"  iterations: {len(times)}, mean {mean * 1e3:.3f} ms "
+          f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f})")
+    print(f"  bubble fraction: {summary['bubble_fraction']:.3f}")

@@ -1,0 +1,137 @@
+"""Run directories: summary.json, ground truth, writing a run, reading back.
+
+Where a run may be written, and how it is published, is ``outdirs``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from ..trace.columns import source_of
+from ..scenario.config import ClockSkew, Scenario, adjustments, scenario_to_dict
+from ..dpp.windows import dpp_summary_source
+from ..errors import UserError
+from ..trace.store import TRACE_FILE, StoreMeta
+from ..trace.chrome import write_chrome
+from ..io.outdirs import new_file, staged_dir  # noqa: F401 (runs are written through staged_dir)
+from ..trace.summary import summarize_source
+from ..parallel.topology import Topology
+from ..trace.events import Event, RunResult, write_json
+from ..trace.on_disk import Phase, write_traces
+
+
+def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
+    """What was injected, for scoring detectors and aligners."""
+    faults = [f.model_dump(mode="json") for f in s.faults]
+    clocks = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm}
+              for r, c in sorted(result.clocks.items())}
+    skewed = [f.rank for f in s.faults if isinstance(f, ClockSkew)]
+    truth = {"faults": faults, "clocks": clocks, "skewed_ranks": skewed}
+    if "fbd" in result.extra:  # trace pids are MegaFBD worker threads, fault ranks devices
+        device_of = result.extra["fbd"]["device_of_worker"]
+        truth.update(skewed_ranks=[int(w) for w, d in device_of.items() if d in skewed],
+                     skewed_devices=skewed, device_of_pid=device_of)
+    return truth
+
+
+def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
+    """One vectorised pass over the run's columns (compact for symmetric runs)."""
+    source = source_of(result)
+    summary = {"backend": result.backend, "world_size": result.topo.world_size,
+               "schedule": s.schedule, **summarize_source(source),
+               "faults": ground_truth(s, result)["faults"], **result.extra,
+               "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
+    if "fbd" not in result.extra:  # MegaFBD runs report their own memory and idle time
+        summary["dpp"] = dpp_summary_source(s, source)  # pipeline windows and peak memory
+    return summary
+
+
+def finite_json(data: Any) -> Any:
+    """``data`` with every NaN or infinity replaced by null: JSON has no such
+    numbers (an empty run's mean is undefined, not an invalid file)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite_json(v) for v in data]
+    return data
+
+
+def write_run(s: Scenario, result: RunResult, out_dir: Path,
+              phase: Phase | None = None) -> dict[str, Any]:
+    """Traces, ground truth and summary.json; an OSError (a full disk) is one line."""
+    try:
+        written = write_traces(s, result, out_dir, phase)
+        summary = finite_json({**build_summary(s, result), "trace": written})
+        write_json(out_dir / "ground_truth.json", finite_json(ground_truth(s, result)))
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    except OSError as err:
+        raise UserError(f"--out: cannot write the result: {err.strerror or err}") from None
+    return summary
+
+
+def read_events(path: Path | str, max_bytes: float | None = None) -> dict[int, list[Event]]:
+    """Events of one of our trace files (merged or per rank), in seconds, sorted
+    (``max_bytes``: the cap on its JSON text, see ``scan.kineto.read_json_any``)."""
+    from ..scan.load import load_chrome_file
+
+    return load_chrome_file(Path(path), max_bytes)  # docs pass a string path
+
+
+# ------------------------------------------------------------------ export
+def run_label(meta: StoreMeta) -> Callable[[int], str]:
+    """A rank's label in a stored run: its own, or its place in the topology."""
+    topo_args = meta.extra.get("topology")
+    labels = meta.extra.get("labels", {})
+    topo = Topology(**topo_args) if topo_args else None
+
+    def label(rank: int) -> str:
+        if str(rank) in labels:
+            return str(labels[str(rank)])
+        return topo.label(rank) if topo is not None and rank < topo.world_size else f"rank {rank}"
+
+    return label
+
+
+def export_trace(run_dir: Path, ranks: list[int] | None, iterations: list[int] | None,
+                 fmt: str, clock: str, out: Path | None, force: bool = False
+                 ) -> tuple[Path, int]:
+    """A selection of a run's trace.parquet as a Chrome (or Perfetto) trace file."""
+    from ..trace.store import StoreError, iter_columns, local_clock_view, read_meta
+
+    store = run_dir / TRACE_FILE
+    if not store.is_file():
+        raise UserError(f"RUN_DIR: {store} not found (runs written before trace.parquet keep "
+                        "their trace.json)")
+    try:
+        meta = read_meta(store)
+    except StoreError as err:
+        raise UserError(f"RUN_DIR: {err}") from None
+    if ranks is not None and max(ranks) >= meta.world_size:
+        raise UserError(f"--ranks: rank {max(ranks)} out of range 0..{meta.world_size - 1}")
+    suffix = ".json" if fmt == "chrome" else ".pftrace"
+    out = out or run_dir / f"trace-{_selection_name(ranks, iterations)}{suffix}"
+    batches = iter_columns(store, ranks, iterations)
+    if clock == "local":
+        batches = (local_clock_view(b, meta.clocks) for b in batches)
+    with new_file(out, "--out", force, [store]) as tmp:  # a failed selection leaves nothing
+        if fmt == "perfetto":
+            from ..trace.perfetto import write_perfetto
+
+            count = write_perfetto(tmp, batches, run_label(meta))
+        else:
+            count = write_chrome(tmp, batches, run_label(meta), {"clock": clock})
+    return out, count
+
+
+def _selection_name(ranks: list[int] | None, iterations: list[int] | None) -> str:
+    def part(name: str, values: list[int] | None) -> str:
+        if values is None:
+            return f"all-{name}"
+        if values == list(range(values[0], values[-1] + 1)):
+            return f"{name}{values[0]}" + (f"-{values[-1]}" if len(values) > 1 else "")
+        return f"{name}{values[0]}+{len(values) - 1}"
+    return part("ranks", ranks) + "_" + part("it", iterations)

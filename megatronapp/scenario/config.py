@@ -1,0 +1,725 @@
+"""Scenario files: a validated schema, dotted overrides and one-line errors.
+
+A scenario is the single input that every backend runs unchanged. Errors are
+reported as ``ScenarioError(field, reason)`` so the CLI can print one line and
+exit with status 2.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
+                      SerializerFunctionWrapHandler, ValidationError, field_validator,
+                      model_serializer, model_validator)
+
+from ..errors import Recreatable
+from ..io.text import TextError, check_depth, load_yaml, read_text
+
+from .devices import DEVICES, expand_device
+from .schedules import SCHEDULES
+from .suggest import did_you_mean, hint, quoted_names
+from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
+
+
+class ScenarioError(Recreatable, ValueError):
+    """Bad scenario input, naming the offending field."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+# Sanity bounds: far beyond any real job, small enough that sums and products
+# of them stay finite floats (what fits this machine is limits.py's business).
+MAX_COUNT = 2**31 - 1  # ranks, microbatches, layers, sizes
+MAX_SECONDS = 1e9  # durations and times (about 32 years)
+MAX_RATE = 1e9  # TFLOPS, GB, Gbit/s
+MAX_FACTOR = 1e6  # slowdowns and speedups (1/MAX_FACTOR), also combined
+MAX_OFFSET_US = 1e12  # clock offset (about 11 days)
+MAX_DRIFT_PPM = 1e5  # clock drift (10%)
+
+
+def _mentions_bool(annotation: Any) -> bool:
+    return annotation is bool or any(_mentions_bool(a) for a in get_args(annotation))
+
+
+class _NotANumber:
+    """Stands in for a YAML true/false given where a number is expected, so that
+    validation fails at that field (``iterations: true`` is a mistake, not 1)."""
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return str(self.value).lower()
+
+
+def _unbool(value: Any) -> Any:
+    if isinstance(value, bool):
+        return _NotANumber(value)
+    if isinstance(value, list):
+        return [_NotANumber(v) if isinstance(v, bool) else v for v in value]
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v if k not in fields or _mentions_bool(fields[k].annotation) else _unbool(v)
+                for k, v in data.items()}
+
+
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Rank = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+Rate = Annotated[float, Field(ge=1 / MAX_RATE, le=MAX_RATE)]
+Factor = Annotated[float, Field(ge=1 / MAX_FACTOR, le=MAX_FACTOR)]
+NAME_MAX = 100
+
+
+def _safe_name(name: str) -> str:
+    """The scenario name becomes a directory name: one plain path component."""
+    if not name or name in (".", "..") or name.startswith("."):
+        raise ValueError(f"{name!r} cannot be a directory name (empty, '.', '..' or hidden)")
+    if any(c in name for c in "/\\") or not name.isprintable() or len(name) > NAME_MAX:
+        raise ValueError(f"{name[:40]!r} must be one printable file name of at most "
+                         f"{NAME_MAX} characters, without '/' or '\\'")
+    return name
+
+
+SafeName = Annotated[str, AfterValidator(_safe_name)]
+
+
+class _OmitsUnset(_Strict):
+    """A section whose newer optional keys are left out of its dump while unset,
+    so that a run's summary of a scenario without them stays as it was."""
+
+    OMIT_WHEN_UNSET: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        for key in self.OMIT_WHEN_UNSET:
+            if isinstance(data, dict) and data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class Parallel(_Strict):
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt = 1
+    vpp: PositiveInt = 1
+    microbatches: PositiveInt = 1
+    microbatch_group_size: PositiveInt | None = None  # Megatron's default: pp
+    sequence_parallel: bool = False  # Megatron turns it off at tp = 1 (see adjustments)
+    # Megatron-LM 2021's scatter/gather of pipeline messages: each tp rank sends
+    # 1/tp of the activation, the receiver all-gathers it over the tp group.
+    scatter_gather_p2p: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def group_size(self) -> int:
+        return self.microbatch_group_size or self.pp
+
+
+class Model(_OmitsUnset):
+    layers: PositiveInt = 8
+    hidden: PositiveInt = 1024
+    heads: PositiveInt = 16
+    seq_len: PositiveInt = 1024
+    vocab: PositiveInt = 32000
+    micro_batch_size: PositiveInt = 1
+    # Megatron's name; ``ffn_hidden`` is still accepted. Default 4·hidden
+    # (gelu) or Megatron's swiglu default, 8·hidden/3 rounded down to 64.
+    ffn_hidden: PositiveInt | None = Field(
+        None, validation_alias=AliasChoices("ffn_hidden_size", "ffn_hidden"))
+    num_query_groups: PositiveInt | None = None  # grouped-query attention; default heads
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    untie_embeddings: bool = False  # Megatron ties input embedding and output layer
+    # megatron-core's AttnBackend (transformer/enums.py): unfused (DotProductAttention)
+    # stores the a·s² scores; flash and fused (TEDotProductAttention) keep only the
+    # softmax statistics and rebuild the scores in backward. Unset: unfused.
+    attention_backend: Literal["unfused", "flash", "fused"] | None = None
+    OMIT_WHEN_UNSET = ("attention_backend",)
+
+    @property
+    def stores_scores(self) -> bool:
+        return self.attention_backend in (None, "unfused")
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.activation == "swiglu":
+            return int(4 * self.hidden * 2 / 3 / 64) * 64
+        return 4 * self.hidden
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.heads
+
+
+class Gpu(_Strict):
+    tflops: Rate = 400.0
+    memory_gb: Rate = 80.0
+    efficiency: float = Field(0.5, gt=0, le=1)  # achieved share of peak FLOPs on large GEMMs
+    # The efficiency model (docs/fidelity.md), calibrated by ``megatronapp calibrate``:
+    gemm_overhead_us: Seconds = 0.0  # fixed time per GEMM: small GEMMs run slower
+    module_overhead_us: Seconds = 0.0  # per layer, embedding and output-layer call
+    hbm_tbps: Rate = 3.0  # memory bandwidth (elementwise work, optimizer)
+    elementwise_traffic: float = Field(0.0, ge=0, le=MAX_FACTOR)  # HBM bytes per activation byte
+    backward_ratio: Factor = 2.0  # backward time / forward time (FLOPs: 2)
+    op_overhead_us: Seconds = 0.0  # host time to issue each operation
+
+
+class Links(_Strict):
+    intra_node_gbps: Rate = 2400.0  # GB/s·8, i.e. Gbit/s
+    inter_node_gbps: Rate = 400.0
+    latency_us: float = Field(5.0, ge=0, le=MAX_SECONDS)
+    intra_node_latency_us: Seconds | None = None  # default latency_us
+    inter_node_latency_us: Seconds | None = None
+    # A collective spanning nodes with k members on each node drives min(k, nics)
+    # NICs at once (NCCL's rings); None: one NIC's bandwidth, as a single ring.
+    nics_per_node: PositiveInt | None = None
+
+
+class Jitter(_Strict):
+    """Background noise everywhere (healthy-run controls): lognormal sigmas."""
+
+    compute_sigma: float = Field(0.0, ge=0, le=1)
+    link_sigma: float = Field(0.0, ge=0, le=2)
+
+
+class DeviceClass(_Strict):
+    """A kind of device in a heterogeneous cluster (MegaFBD)."""
+
+    name: str
+    count: PositiveInt
+    tflops: Rate
+    memory_gb: Rate
+
+
+class Fbd(_Strict):
+    """MegaFBD placement (physical forward TP degree and device classes) and
+    the coordinator's pace: a control thread whose round ran nothing naps
+    ``round_nap_s`` before the next (rounds are all-reduces; back to back
+    they would take the CPU from the workers)."""
+
+    forward_tp: PositiveInt | None = None  # default: the virtual tp
+    forward_class: str | None = None  # default: the first device class
+    backward_class: str | None = None
+    round_nap_s: float = Field(1e-3, ge=0, le=1)
+
+
+class Cluster(_Strict):
+    gpus_per_node: PositiveInt = 8
+    nodes: PositiveInt | None = None  # if given, must hold exactly tp·pp·dp GPUs
+    gpu: Gpu = Gpu()
+    links: Links = Links()
+    jitter: Jitter = Jitter()
+    device_classes: tuple[DeviceClass, ...] = ()  # MegaFBD heterogeneous clusters
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_device(cls, data: Any) -> Any:
+        """``gpu: NAME`` or ``gpu: {device: NAME, ...}`` takes a device profile
+        (megatronapp/devices); the scenario's own keys win."""
+        gpu = data.get("gpu") if isinstance(data, dict) else None
+        if isinstance(gpu, str):
+            gpu = {"device": gpu}
+        if not isinstance(gpu, dict) or "device" not in gpu:
+            return data
+        name = gpu["device"]
+        if not isinstance(name, str) or name not in DEVICES:
+            raise ScenarioError("cluster.gpu.device", f"unknown device {name!r}; "
+                                + hint(str(name), DEVICES, "devices"))
+        if not isinstance(data.get("links", {}), dict):
+            raise ScenarioError("cluster.links", "must be a mapping")
+        return expand_device({**data, "gpu": gpu}, DEVICES[name])
+
+
+class Costs(_Strict):
+    """Fixed durations replacing the analytical cost model (calibration, exact tests)."""
+
+    forward_s: Seconds | None = None
+    backward_s: Seconds | None = None
+    p2p_s: Seconds | None = None
+    allreduce_s: Seconds | None = None
+    optimizer_s: Seconds | None = None
+
+
+class Throttle(_Strict):
+    kind: Literal["throttle"]
+    rank: Rank
+    factor: Factor
+    start_s: Seconds = 0.0
+    end_s: Seconds | None = None
+
+
+class SlowLink(_Strict):
+    kind: Literal["slow_link"]
+    ranks: tuple[Rank, Rank]
+    factor: Factor
+
+
+class LinkJitter(_Strict):
+    kind: Literal["link_jitter"]
+    ranks: tuple[Rank, Rank]
+    sigma: float = Field(gt=0, le=2)
+
+
+class ClockSkew(_Strict):
+    kind: Literal["clock_skew"]
+    rank: Rank
+    offset_us: float = Field(0.0, ge=-MAX_OFFSET_US, le=MAX_OFFSET_US)
+    drift_ppm: float = Field(0.0, ge=-MAX_DRIFT_PPM, le=MAX_DRIFT_PPM)
+
+
+Fault = Annotated[Union[Throttle, SlowLink, LinkJitter, ClockSkew], Field(discriminator="kind")]
+
+
+class Dpp(_Strict):
+    """Knobs of the adaptive (MegaDPP) schedule."""
+
+    traversal: Literal["breadth", "depth"] = "breadth"  # preferred order among ready tasks
+    max_pending_sends: PositiveInt = 2  # a link with this many messages in flight is congested
+
+
+class Data(_Strict):
+    """What the torch backend trains on (the simulator only needs sizes)."""
+
+    kind: Literal["text", "random"] = "text"  # text: character-level windows of ``path``
+    path: str | None = None  # a UTF-8 text file; default CPython's pydoc_data/topics.py
+
+
+class Training(_OmitsUnset):
+    """How a run trains: the torch backend's optimizer and checkpoint, and
+    Megatron-core's options that change time and memory (docs/fidelity.md)."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    checkpoint: bool = False  # save the trained model under RUN_DIR/checkpoint/
+    # activation recomputation; true / false (older scenarios) read as full / none
+    recompute: Literal["none", "selective", "full"] = "none"
+    # Megatron-core's partial full recomputation (TransformerBlock._checkpointed_forward):
+    # block recomputes the first recompute_num_layers layers of each model chunk and
+    # stores the rest; uniform checkpoints the input of every group of that many
+    # layers and recomputes them all. Unset: every layer checkpointed on its own.
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: PositiveInt | None = None
+    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers")
+    distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
+    overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
+    overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # parameters and activations
+    grad_reduce_in_fp32: bool = False  # fp32 main gradients (Megatron-LM's bf16 default)
+    bucket_params: PositiveInt | None = None  # default Megatron's max(40 M, 1 M·dp)
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute_as_bool(cls, value: Any) -> Any:
+        flag = value.value if isinstance(value, _NotANumber) else value
+        if isinstance(flag, bool):
+            return "full" if flag else "none"
+        return value
+
+
+class Scenario(_Strict):
+    name: SafeName = "scenario"
+    seed: int = 0  # any integer (megatronapp.scenario.seeds maps it for numpy and torch)
+    iterations: PositiveInt = 1
+    schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
+    parallel: Parallel = Parallel()
+    model: Model = Model()
+    cluster: Cluster = Cluster()
+    costs: Costs = Costs()
+    fbd: Fbd | None = None  # present: ``run`` trains decoupled (MegaFBD)
+    faults: tuple[Fault, ...] = ()
+    dpp: Dpp = Dpp()
+    data: Data = Data()
+    training: Training = Training()
+    scope: Scope | None = None  # MegaScope: observations and perturbations
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Effective sequence parallelism: Megatron disables it at tp = 1."""
+        return self.parallel.sequence_parallel and self.parallel.tp > 1
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        check_consistency(self)
+        return self
+
+
+def check_consistency(s: Scenario) -> None:
+    """Cross-field rules; raise ScenarioError naming the field."""
+    p, m = s.parallel, s.model
+    world = device_count(s)  # fault ranks are physical devices
+    if s.cluster.nodes is not None and s.cluster.nodes * s.cluster.gpus_per_node != world:
+        raise ScenarioError(
+            "parallel", f"{'MegaFBD needs' if s.fbd else 'tp*pp*dp ='} {world} devices but "
+            f"cluster has {s.cluster.nodes}*{s.cluster.gpus_per_node} GPUs")
+    if m.layers % (p.pp * p.vpp):
+        raise ScenarioError(
+            "model.layers", f"{m.layers} is not divisible by pp*vpp = {p.pp * p.vpp}")
+    if m.heads % p.tp:
+        raise ScenarioError("model.heads", f"{m.heads} is not divisible by tp = {p.tp}")
+    if m.hidden % m.heads:
+        raise ScenarioError("model.hidden", f"{m.hidden} is not divisible by heads = {m.heads}")
+    if p.vpp > 1 and s.schedule in ("gpipe", "1f1b"):
+        raise ScenarioError("parallel.vpp", f"vpp = {p.vpp} needs an interleaved schedule, not {s.schedule}")
+    grouped = s.schedule in ("interleaved", "dfc")  # bfc and adaptive need no groups
+    if p.vpp > 1 and grouped and p.microbatches % p.group_size:
+        raise ScenarioError(
+            "parallel.microbatches",
+            f"{p.microbatches} is not divisible by microbatch_group_size = {p.group_size}")
+    if p.vpp > 1 and grouped and p.group_size < p.pp:
+        raise ScenarioError(
+            "parallel.microbatch_group_size", f"{p.group_size} is smaller than pp = {p.pp}")
+    _check_megatron_options(s)
+    for i, fault in enumerate(s.faults):
+        _check_fault_ranks(f"faults[{i}]", fault, world,
+                           " (MegaFBD: a fault rank is a physical device)" if s.fbd else "")
+    _check_combined_factors(s.faults)
+    _check_fbd(s)
+    _check_scope(s)
+
+
+def _check_scope(s: Scenario) -> None:
+    if s.scope is None:
+        return
+    if s.fbd is not None:
+        raise ScenarioError("scope", "MegaScope does not run together with an fbd section")
+    p, m = s.parallel, s.model
+    bad = check_against_model(s.scope, ModelShape(
+        layers=m.layers, heads=m.heads, hidden=m.hidden, ffn=m.ffn, vocab=m.vocab,
+        seq_len=m.seq_len, tp=p.tp, pp_vpp=p.pp * p.vpp))
+    if bad is not None:
+        raise ScenarioError(*bad)
+
+
+def _check_combined_factors(faults: tuple[Any, ...]) -> None:
+    """Faults that act at once multiply (slow links on one link, throttles whose
+    windows overlap on one rank): keep each product within the sane range."""
+    links: dict[tuple[int, ...], float] = {}
+    edges: dict[int, list[tuple[float, int, int]]] = {}  # rank -> (time, +1 start/-1 end, i)
+    for i, f in enumerate(faults):
+        if isinstance(f, SlowLink):
+            key = tuple(sorted(f.ranks))
+            links[key] = links.get(key, 1.0) * f.factor
+            _check_product(i, f"slow_link factors on link {key}", links[key])
+        elif isinstance(f, Throttle):
+            end = MAX_SECONDS * 2 if f.end_s is None else f.end_s
+            edges.setdefault(f.rank, []).extend([(f.start_s, 1, i), (end, -1, i)])
+    for rank, rank_edges in edges.items():
+        product = 1.0
+        for _, sign, i in sorted(rank_edges):  # ends sort before starts at one instant
+            product = product * faults[i].factor if sign > 0 else product / faults[i].factor
+            _check_product(i, f"overlapping throttle factors on rank {rank}", product)
+
+
+def _check_product(index: int, what: str, product: float) -> None:
+    if not 1 / MAX_FACTOR <= product <= MAX_FACTOR:
+        raise ScenarioError(f"faults[{index}].factor", f"{what} multiply to {product:.3g}, "
+                            f"outside [{1 / MAX_FACTOR:g}, {MAX_FACTOR:g}]")
+
+
+def _check_megatron_options(s: Scenario) -> None:
+    """The combinations Megatron-LM itself rejects (its arguments.py asserts)."""
+    p, m, t = s.parallel, s.model, s.training
+    if m.heads % m.query_groups:
+        raise ScenarioError("model.num_query_groups",
+                            f"{m.query_groups} does not divide heads = {m.heads}")
+    if m.query_groups % p.tp:
+        raise ScenarioError("model.num_query_groups",
+                            f"{m.query_groups} is not divisible by tp = {p.tp}")
+    if m.ffn % p.tp:
+        raise ScenarioError("model.ffn_hidden_size", f"{m.ffn} is not divisible by tp = {p.tp}")
+    if s.sequence_parallel and m.seq_len % p.tp:
+        raise ScenarioError("model.seq_len", f"{m.seq_len} is not divisible by tp = {p.tp} "
+                            "(sequence parallelism splits the sequence)")
+    if t.overlap_param_gather and not t.distributed_optimizer:
+        raise ScenarioError("training.overlap_param_gather",
+                            "needs training.distributed_optimizer (Megatron-LM rejects it too)")
+    if t.overlap_param_gather and not t.overlap_grad_reduce:
+        raise ScenarioError("training.overlap_param_gather",
+                            "needs training.overlap_grad_reduce (Megatron-LM rejects it too)")
+    _check_recompute_method(s)
+    if t.grad_reduce_in_fp32 and t.precision == "fp32":
+        raise ScenarioError("training.grad_reduce_in_fp32",
+                            "only applies to bf16/fp16 training (precision is fp32)")
+
+
+def _check_recompute_method(s: Scenario) -> None:
+    """megatron-core's TransformerConfig.__post_init__ rules for partial recomputation."""
+    t, p = s.training, s.parallel
+    if t.recompute_method is None and t.recompute_num_layers is None:
+        return
+    if t.recompute != "full":
+        field = "recompute_method" if t.recompute_method else "recompute_num_layers"
+        raise ScenarioError(f"training.{field}", "applies to training.recompute: full only")
+    if t.recompute_method is None:
+        raise ScenarioError("training.recompute_method",
+                            "uniform or block is needed with training.recompute_num_layers")
+    per_chunk = s.model.layers // (p.pp * p.vpp)
+    if t.recompute_num_layers is None or t.recompute_num_layers > per_chunk:
+        raise ScenarioError("training.recompute_num_layers",
+                            f"must be between 1 and the layers per model chunk, {per_chunk}")
+
+
+def adjustments(s: Scenario) -> list[str]:
+    """Settings Megatron-LM silently changes, applied here the same way."""
+    notes = []
+    if s.parallel.sequence_parallel and not s.sequence_parallel:
+        notes.append("parallel.sequence_parallel is off: tp = 1 "
+                     "(Megatron-LM disables sequence parallelism without tensor parallelism)")
+    return notes
+
+
+def _check_fbd(s: Scenario) -> None:
+    names = [c.name for c in s.cluster.device_classes]
+    if len(set(names)) != len(names):
+        raise ScenarioError("cluster.device_classes", "device class names must be unique")
+    f = s.fbd or Fbd()
+    if f.forward_tp is not None and s.parallel.tp % f.forward_tp:
+        raise ScenarioError("fbd.forward_tp",
+                            f"{f.forward_tp} does not divide the virtual tp = {s.parallel.tp}")
+    for key in ("forward_class", "backward_class"):
+        name = getattr(f, key)
+        if name is not None and name not in names:
+            raise ScenarioError(f"fbd.{key}", f"unknown device class {name!r} "
+                                f"(cluster.device_classes has {names or 'none'})")
+
+
+def device_count(s: Scenario) -> int:
+    """Physical devices of the job: tp*pp*dp, or with an ``fbd`` section the
+    forward instance (physical tp ``forward_tp``) plus the backward instance."""
+    p = s.parallel
+    if s.fbd is None:
+        return p.world_size
+    forward_tp = s.fbd.forward_tp or p.tp
+    if p.tp % forward_tp:
+        return p.world_size  # reported as fbd.forward_tp by _check_fbd
+    return p.pp * p.dp * (forward_tp + p.tp)
+
+
+def _check_fault_ranks(where: str, fault: Any, world: int, note: str = "") -> None:
+    ranks = fault.ranks if hasattr(fault, "ranks") else (fault.rank,)
+    field = f"{where}.ranks" if hasattr(fault, "ranks") else f"{where}.rank"
+    for r in ranks:
+        if not 0 <= r < world:
+            raise ScenarioError(field, f"rank {r} out of range 0..{world - 1}{note}")
+    if hasattr(fault, "ranks") and len(set(ranks)) < len(ranks):
+        raise ScenarioError(field, "a link needs two different ranks")
+    end = getattr(fault, "end_s", None)
+    if end is not None and end <= fault.start_s:
+        raise ScenarioError(f"{where}.end_s", "must be later than start_s")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("throttle", "slow_link", "link_jitter", "clock_skew") + PERTURBATION_KINDS:
+            continue  # the discriminator tag pydantic puts in the path
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "scenario"
+
+
+def _step(node: Any, part: Any) -> Any:
+    """The type one step down ``loc`` from ``node`` (a model, a container or a
+    tagged union), or None where the path leaves what is modelled."""
+    while get_origin(node) is Annotated:
+        node = get_args(node)[0]
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        field = node.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field is not None else None
+    members = [m for m in get_args(node) if m is not type(None)]
+    if isinstance(part, int):  # tuple[X, ...], list[X]: the element type
+        return members[0] if members else None
+    for member in members:  # a tagged union: the member whose kind is ``part``
+        kind = getattr(member, "model_fields", {}).get("kind")
+        if kind is not None and part in get_args(kind.annotation):
+            return member
+    return _step(members[0], part) if len(members) == 1 else None
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the model accepts at ``loc`` (by the names a file uses)."""
+    node: Any = Scenario
+    for part in loc:
+        node = _step(node, part)
+        if node is None:
+            return []
+    while get_origin(node) is Annotated or (get_origin(node) is Union and len(
+            [m for m in get_args(node) if m is not type(None)]) == 1):
+        node = [m for m in get_args(node) if m is not type(None)][0]
+    if not (isinstance(node, type) and issubclass(node, BaseModel)):
+        return []
+    return [name for name, f in node.model_fields.items() if name != "kind"]
+
+
+def _first_error(err: ValidationError) -> Any:
+    """A mistyped key usually causes the other errors (its field is then
+    missing): report it first."""
+    errors = err.errors()
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+
+
+def _error_from_validation(err: ValidationError) -> ScenarioError:
+    first = _first_error(err)
+    ctx_error = first.get("ctx", {}).get("error")
+    if isinstance(ctx_error, ScenarioError):
+        return ctx_error
+    field = _format_loc(tuple(first["loc"]))
+    reason = first["msg"].removeprefix("Value error, ")
+    if isinstance(first.get("input"), _NotANumber):
+        reason = f"true/false is not allowed here (got {first['input']!r})"
+    if first["type"] == "extra_forbidden":
+        loc = tuple(first["loc"])
+        keys = _keys_at(loc[:-1])
+        reason = f"unknown key; {hint(str(loc[-1]), keys, 'keys')}" if keys else "unknown key"
+    elif first["type"] == "union_tag_invalid":
+        what = "perturbation" if field.startswith("scope.") else "fault"
+        tag = str(first.get("ctx", {}).get("tag", ""))
+        kinds = quoted_names(str(first.get("ctx", {}).get("expected_tags", "")))
+        reason = f"unknown {what} kind {tag!r}; {hint(tag, kinds, 'kinds')}"
+        field = field + ".kind" if not field.endswith("kind") else field
+    elif first["type"] == "literal_error" and isinstance(first.get("input"), str):
+        reason += did_you_mean(first["input"], quoted_names(str(first["ctx"]["expected"])))
+    return ScenarioError(field, reason)
+
+
+def parse_scenario(data: Any) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario", "top level must be a mapping")
+    try:
+        check_depth(data, "the scenario")  # also what --set built
+    except TextError as err:
+        raise ScenarioError("scenario", str(err)) from None
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise _error_from_validation(err) from None
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ScenarioError("--set", f"expected dotted.key=value, got {text!r}")
+    try:
+        value = load_yaml(raw, "value") if raw.strip() else None
+    except TextError as err:
+        if "nested" in str(err) or "duplicate" in str(err):
+            raise ScenarioError(f"--set {key.strip()}", str(err)) from None
+        value = raw  # not YAML: take it as text
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``dotted.key=value`` applied."""
+    import copy
+
+    out = copy.deepcopy(data)  # read_scenario_data bounded its depth
+    for text in overrides:
+        path, value = _parse_override(text)
+        node: Any = out
+        for i, part in enumerate(path[:-1]):
+            nxt = _child(node, part, ".".join(path[: i + 1]))
+            if nxt is None:
+                nxt = {}
+                _assign(node, part, nxt, ".".join(path[: i + 1]))
+            node = nxt
+        _assign(node, path[-1], value, ".".join(path))
+    return out
+
+
+def _child(node: Any, part: str, where: str) -> Any:
+    if isinstance(node, list):
+        idx = _index(part, where, len(node))
+        return node[idx]
+    if not isinstance(node, dict):
+        raise ScenarioError(where, "cannot descend into a scalar")
+    return node.get(part)
+
+
+def _assign(node: Any, part: str, value: Any, where: str) -> None:
+    if isinstance(node, list):
+        node[_index(part, where, len(node))] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise ScenarioError(where, "cannot set a key inside a scalar")
+
+
+def _index(part: str, where: str, size: int) -> int:
+    if not part.isdigit() or int(part) >= size:
+        raise ScenarioError(where, f"no list element {part!r}")
+    return int(part)
+
+
+def read_scenario_data(path: str | Path) -> dict[str, Any]:
+    """The mapping in a UTF-8 YAML file; an empty file is an error, not the defaults."""
+    path = Path(path)
+    if path.is_dir():
+        raise ScenarioError("scenario", _what_directory(path))
+    try:
+        data = load_yaml(read_text(path, str(path)), str(path))
+    except TextError as err:
+        raise ScenarioError("scenario", str(err)) from None
+    if isinstance(data, dict) and "traceEvents" in data:
+        raise ScenarioError("scenario", f"{path} is a trace, not a scenario; did you mean "
+                            f"`megatronapp detect {path}`?")
+    if data is None:
+        raise ScenarioError("scenario", f"{path} is empty (an empty scenario would silently "
+                            "run the defaults; write at least a name)")
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario", f"{path} must hold a mapping at the top level")
+    return data
+
+
+def _what_directory(path: Path) -> str:
+    """Why a directory is no scenario, and the command it was probably meant for."""
+    if (path / "summary.json").is_file() or (path / "trace.parquet").is_file():
+        return (f"{path} is a run directory; `run` takes a scenario file (.yaml) — did you "
+                f"mean `megatronapp detect {path}`?")
+    return f"{path} is a directory; `run` takes a scenario file (.yaml)"
+
+
+def default_name(path: str | Path) -> str:
+    """The file's stem, when it makes a safe directory name."""
+    try:
+        return _safe_name(Path(path).stem)
+    except ValueError:
+        return "scenario"
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    data = read_scenario_data(path)
+    data.setdefault("name", default_name(path))
+    return parse_scenario(apply_overrides(data, overrides or []))
+
+
+def scenario_to_dict(s: Scenario) -> dict[str, Any]:
+    return s.model_dump(mode="json")

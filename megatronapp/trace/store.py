@@ -1,0 +1,236 @@
+"""A run's events on disk: one Parquet file, written while streaming, read as columns.
+
+``trace.parquet`` holds one row per event in true (aligned) seconds: rank,
+name, kind, start_s, dur_s, iteration, microbatch, chunk, bytes, peer, group
+(an id into the groups in the file's metadata), role (0 send, 1 recv), tag
+(what pairs a send with its receive), and ``args`` (JSON of any other
+arguments) when some event has them. Absent values are nulls. The
+file's metadata (key ``megatronapp``) holds the format version, the world
+size, the groups and every rank clock that is not the identity: a rank's
+local-clock view (what its own profiler would have written) is
+``local = true·(1 + drift) + offset``, applied on reading.
+
+Rows are written in batches (row groups) as the run expands them, so memory
+stays bounded by one batch; DuckDB and pyarrow read the file directly.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource
+from .events import RankClock
+
+FORMAT = 1
+META_KEY = b"megatronapp"
+TRACE_FILE = "trace.parquet"
+NULLABLE = ("iteration", "microbatch", "chunk", "nbytes", "peer", "group", "role", "tag")
+COLUMN_OF = {"nbytes": "bytes"}  # field -> column name where they differ
+ROW_GROUP = 1 << 20
+
+
+class StoreError(ValueError):
+    """An unreadable or foreign Parquet file (the message names it)."""
+
+
+@dataclass(frozen=True)
+class StoreMeta:
+    world_size: int
+    groups: tuple[tuple[int, ...], ...]
+    clocks: dict[int, RankClock] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. gpus_per_node
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "world_size": self.world_size,
+                "groups": [list(g) for g in self.groups],
+                "clocks": {str(r): [c.offset_us, c.drift_ppm] for r, c in self.clocks.items()
+                           if c != RankClock()}, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "StoreMeta":
+        clocks = {int(r): RankClock(float(o), float(d)) for r, (o, d) in data["clocks"].items()}
+        extra = {k: v for k, v in data.items()
+                 if k not in ("format", "world_size", "groups", "clocks")}
+        return cls(int(data["world_size"]), tuple(tuple(int(x) for x in g) for g in data["groups"]),
+                   clocks, extra)
+
+
+def _schema(with_args: bool, meta: StoreMeta) -> pa.Schema:
+    fields = [pa.field("rank", pa.int32(), nullable=False),
+              pa.field("name", pa.dictionary(pa.int16(), pa.string()), nullable=False),
+              pa.field("kind", pa.dictionary(pa.int8(), pa.string()), nullable=False),
+              pa.field("start_s", pa.float64(), nullable=False),
+              pa.field("dur_s", pa.float64(), nullable=False)]
+    fields += [pa.field(COLUMN_OF.get(f, f), pa.from_numpy_dtype(DTYPES[f])) for f in NULLABLE]
+    if with_args:
+        fields.append(pa.field("args", pa.string()))
+    return pa.schema(fields, metadata={META_KEY: json.dumps(meta.to_json()).encode()})
+
+
+def _batch(cols: EventColumns, schema: pa.Schema) -> pa.RecordBatch:
+    arrays: list[pa.Array] = [
+        pa.array(cols.rank, pa.int32()),
+        pa.DictionaryArray.from_arrays(pa.array(cols.name, pa.int16()),
+                                       pa.array(cols.names, pa.string())),
+        pa.DictionaryArray.from_arrays(pa.array(cols.kind, pa.int8()), pa.array(KINDS)),
+        pa.array(cols.start_s, pa.float64()), pa.array(cols.dur_s, pa.float64())]
+    for f in NULLABLE:
+        values = getattr(cols, f)
+        arrays.append(pa.array(values, pa.from_numpy_dtype(DTYPES[f]), mask=values < 0))
+    if "args" in schema.names:
+        extra = cols.extra if cols.extra is not None else np.full(len(cols), None, object)
+        arrays.append(pa.array(extra, pa.string()))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def write_events(path: Path, source: EventSource, meta: StoreMeta,
+                 on_rows: Callable[[int], None] = lambda _n: None,
+                 max_rows: int = ROW_GROUP) -> int:
+    """Stream every event of ``source`` into ``path``; returns the rows written."""
+    batches = source.batches(max_rows)
+    first = next(batches, None)
+    with_args = first is not None and first.extra is not None
+    schema = _schema(with_args, meta)
+    rows = 0
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for cols in _chain(first, batches):
+            writer.write_batch(_batch(cols, schema), row_group_size=max_rows)
+            rows += len(cols)
+            on_rows(len(cols))
+    return rows
+
+
+def _chain(first: EventColumns | None, rest: Iterator[EventColumns]) -> Iterator[EventColumns]:
+    if first is not None:
+        yield first
+    yield from rest
+
+
+# ------------------------------------------------------------------ reading
+def read_meta(path: Path) -> StoreMeta:
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowInvalid) as err:
+        raise StoreError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]})") \
+            from None
+    raw = (schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise StoreError(f"{path}: not a megatronapp event table (no '{META_KEY.decode()}' "
+                         "metadata)")
+    data = json.loads(raw)
+    if data.get("format") != FORMAT:
+        raise StoreError(f"{path}: event table format {data.get('format')!r}, this version "
+                         f"reads {FORMAT}")
+    return StoreMeta.from_json(data)
+
+
+def _filter(ranks: Sequence[int] | None, iterations: Sequence[int] | None) -> Any:
+    out = None
+    if ranks is not None:
+        out = ds.field("rank").isin(list(ranks))
+    if iterations is not None:
+        by_iteration = ds.field("iteration").isin(list(iterations))
+        out = by_iteration if out is None else out & by_iteration
+    return out
+
+
+def read_columns(path: Path, ranks: Sequence[int] | None = None,
+                 iterations: Sequence[int] | None = None,
+                 with_args: bool = True) -> tuple[EventColumns, StoreMeta]:
+    """The events (all, or those of ``ranks`` / ``iterations``) and the file's
+    metadata; ``with_args=False`` leaves out the JSON args column (what the
+    typed columns do not hold: a detector needs none of it)."""
+    meta = read_meta(path)
+    dataset = ds.dataset(path, format="parquet")
+    names = [n for n in dataset.schema.names if with_args or n != "args"]
+    table = dataset.to_table(columns=names, filter=_filter(ranks, iterations))
+    return _columns(table, meta), meta
+
+
+def iter_columns(path: Path, ranks: Sequence[int] | None = None,
+                 iterations: Sequence[int] | None = None,
+                 max_rows: int = ROW_GROUP) -> Iterator[EventColumns]:
+    """The same rows batch by batch (bounded memory, e.g. for exports)."""
+    meta = read_meta(path)
+    dataset = ds.dataset(path, format="parquet")
+    for batch in dataset.to_batches(filter=_filter(ranks, iterations), batch_size=max_rows):
+        if batch.num_rows:
+            yield _columns(pa.Table.from_batches([batch]), meta)
+
+
+def _ints(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
+    """A nullable integer column as numpy, nulls as -1, written chunk by chunk
+    into one array (from the buffers: ``fill_null`` copies every chunk twice,
+    and whole-column temporaries of 47 M rows cost their pages each time)."""
+    column = table.column(name)
+    out = np.empty(len(column), dtype)
+    start = 0
+    for chunk in column.chunks:
+        n = len(chunk)
+        mine = out[start:start + n]
+        start += n
+        if chunk.null_count == 0:
+            mine[:] = chunk.to_numpy(zero_copy_only=False)
+            continue
+        validity, data = chunk.buffers()[:2]
+        mine[:] = np.frombuffer(data, chunk.type.to_pandas_dtype())[chunk.offset:chunk.offset + n]
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), count=chunk.offset + n,
+                             bitorder="little")[chunk.offset:]
+        mine[bits == 0] = -1
+    return out
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]]:
+    if column.num_chunks == 0:
+        return np.zeros(0, np.int16), ()
+    combined = column.unify_dictionaries().combine_chunks() if column.num_chunks > 1 else \
+        column.chunk(0)
+    return (combined.indices.to_numpy(zero_copy_only=False).astype(np.int16),
+            tuple(combined.dictionary.to_pylist()))
+
+
+def _args(column: pa.ChunkedArray) -> np.ndarray:
+    """The JSON args column as objects, one string object per distinct value
+    (the compiled engine's layer/part arguments repeat across millions of rows)."""
+    encoded = column.combine_chunks().dictionary_encode()
+    distinct = np.asarray([*encoded.dictionary.to_pylist(), None], object)  # -1: no args
+    return distinct[pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)]
+
+
+def _columns(table: pa.Table, meta: StoreMeta) -> EventColumns:
+    name, names = _codes(table.column("name"))
+    kind_codes, kinds = _codes(table.column("kind"))
+    kind = np.array([KINDS.index(k) for k in kinds], np.int8)[kind_codes] if kinds else \
+        np.zeros(0, np.int8)
+    arrays = {f: _ints(table, COLUMN_OF.get(f, f), DTYPES[f]) for f in NULLABLE}
+    extra = _args(table.column("args")) if "args" in table.column_names else None
+    return EventColumns(rank=table.column("rank").to_numpy().astype(np.int32, copy=False),
+                        name=name, kind=kind,
+                        start_s=table.column("start_s").to_numpy(),
+                        dur_s=table.column("dur_s").to_numpy(), **arrays,
+                        names=names, groups=meta.groups, extra=extra)
+
+
+def local_clock_view(cols: EventColumns, clocks: Mapping[int, RankClock]) -> EventColumns:
+    """Each rank's events on its own (skewed) clock, as its profiler would record them."""
+    if not clocks:
+        return cols
+    scale = np.ones(len(cols))
+    offset = np.zeros(len(cols))
+    for rank, clock in clocks.items():
+        mine = cols.rank == rank
+        scale[mine] = 1.0 + clock.drift_ppm * 1e-6
+        offset[mine] = clock.offset_us * 1e-6
+    start = cols.start_s * scale + offset
+    end = (cols.start_s + cols.dur_s) * scale + offset
+    return EventColumns(**{**{f: getattr(cols, f) for f in TIMELESS_FIELDS},
+                           "start_s": start, "dur_s": end - start},
+                        names=cols.names, groups=cols.groups, extra=cols.extra)

@@ -1,0 +1,58 @@
+"""Run summaries computed from events in aligned (true) time.
+
+The work is done over columns in one vectorised pass (``metrics``); these
+functions accept the per-rank ``Event`` lists of small runs and foreign traces.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from . import metrics
+from .columns import EventSource, columns_from_events, source_of
+from .events import Event, RunResult
+
+
+def iteration_spans(events: Mapping[int, Iterable[Event]]) -> dict[int, tuple[float, float]]:
+    """iteration -> (first start, last end) over all ranks."""
+    return metrics.iteration_spans(columns_from_events(_lists(events)))
+
+
+def iteration_times(events: Mapping[int, Iterable[Event]]) -> list[float]:
+    return [hi - lo for lo, hi in iteration_spans(events).values()]
+
+
+def run_iteration_times(result: RunResult) -> list[float]:
+    """A run's iteration times, as its summary reports them (compact runs too)."""
+    cols, _weight = source_of(result).compact()
+    return [hi - lo for lo, hi in metrics.iteration_spans(cols).values()]
+
+
+def bubble_fraction(events: Mapping[int, Iterable[Event]]) -> float:
+    """Mean over ranks and iterations of idle / iteration time."""
+    return float(summarize(events)["bubble_fraction"])  # type: ignore[arg-type]
+
+
+def summarize(events: Mapping[int, Iterable[Event]]) -> dict[str, Any]:
+    cols = columns_from_events(_lists(events))
+    return metrics.summarize_columns(cols, metrics.unit_weights(cols))
+
+
+def summarize_source(source: EventSource) -> dict[str, Any]:
+    """``summarize`` of a run's event source (compact for symmetric runs)."""
+    return metrics.summarize_columns(*source.compact())
+
+
+def _lists(events: Mapping[int, Iterable[Event]]) -> dict[int, list[Event]]:
+    return {r: list(ev) for r, ev in events.items()}
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping intervals."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
