@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megatronapp.config import Scenario  # noqa: E402
+from megatronapp.scenario.config import Scenario  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict  # noqa: E402
 from megatronapp.fidelity.published import NARAYANAN_TABLE1_TFLOPS as PUBLISHED  # noqa: E402

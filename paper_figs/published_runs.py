@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from megatronapp.devices import DEVICES  # noqa: E402
+from megatronapp.scenario.devices import DEVICES  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict  # noqa: E402
 from megatronapp.fidelity.published import (LEFT_OUT, PublishedRun, fit_flops_only_efficiency,  # noqa: E402

@@ -70,6 +70,11 @@ NOT_RUN: dict[str, str] = {
     "megatronapp scope serve runs/scope_tiny --host ::1": SERVER,
     "megatronapp run scenarios/scope_tiny.yaml --backend torch --out runs/live &": TORCH,
     "megatronapp scope summary runs/scope_tiny": NEEDS_TORCH_RUN,
+    "megatronapp scope lens runs/scope_tiny --prompt \"If the value of the expression is true\"":
+        NEEDS_TORCH_RUN,
+    "megatronapp scope patch runs/scope_tiny --clean \"is an\" --corrupt \"is on\"":
+        NEEDS_TORCH_RUN,
+    "megatronapp report RUN_DIR [--out FILE] [--force]": "a template (RUN_DIR) for any run",
     "megatronapp scope query runs/scope_tiny \"SELECT layer, head, avg(value) FROM stats "
     "WHERE stat = 'entropy' AND step = 1400 GROUP BY ALL ORDER BY ALL\"": NEEDS_TORCH_RUN,
     "megatronapp scope generate runs/scope_tiny --prompt \"The return statement\" "

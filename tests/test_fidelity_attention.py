@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from megatronapp.config import ScenarioError, parse_scenario
-from megatronapp.costs import Efficiency, stage_costs
-from megatronapp.flops import layer_gemms
-from megatronapp.memory import layer_activation_bytes, transient_activation_bytes
+from megatronapp.scenario.config import ScenarioError, parse_scenario
+from megatronapp.costs.per_op import Efficiency, stage_costs
+from megatronapp.costs.flops import layer_gemms
+from megatronapp.costs.memory import layer_activation_bytes, transient_activation_bytes
 
 S, B, H, A, T, LAYERS_PER_CHUNK = 512, 2, 1024, 8, 2, 4
 BASE: dict[str, Any] = {

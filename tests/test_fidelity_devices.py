@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from megatronapp.config import ScenarioError, parse_scenario
-from megatronapp.devices import DEVICES
+from megatronapp.scenario.config import ScenarioError, parse_scenario
+from megatronapp.scenario.devices import DEVICES
 from sim import simulate_iteration_times
 
 from .support import run_cli

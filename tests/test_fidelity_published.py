@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sim import simulate_iteration_times
-from megatronapp.config import Scenario
-from megatronapp.devices import DEVICES
-from megatronapp.flops import hardware_flops_per_iteration
+from megatronapp.scenario.config import Scenario
+from megatronapp.scenario.devices import DEVICES
+from megatronapp.costs.flops import hardware_flops_per_iteration
 from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.predict import predict
 from megatronapp.fidelity.published import (LEFT_OUT, NARAYANAN_TABLE1_TFLOPS, PublishedRun,

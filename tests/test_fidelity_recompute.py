@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from megatronapp.config import ScenarioError, parse_scenario
-from megatronapp.costs import Efficiency, layer_forward_s, stage_costs
-from megatronapp.flops import (hardware_flops_per_iteration, layer_forward_flops,
+from megatronapp.scenario.config import ScenarioError, parse_scenario
+from megatronapp.costs.per_op import Efficiency, layer_forward_s, stage_costs
+from megatronapp.costs.flops import (hardware_flops_per_iteration, layer_forward_flops,
                                microbatches_per_iteration, model_flops_per_iteration)
-from megatronapp.memory import chunk_activation_bytes, rank_memory, transient_activation_bytes
+from megatronapp.costs.memory import chunk_activation_bytes, rank_memory, transient_activation_bytes
 from sim import simulate_iteration_times
 
 S, B, H, A, T, LAYERS_PER_CHUNK = 512, 2, 1024, 8, 2, 4

@@ -10,15 +10,15 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from megatronapp import run_trace
+from megatronapp.trace import on_disk as run_trace
 from megatronapp.cli import main
-from megatronapp.config import load_scenario
+from megatronapp.scenario.config import load_scenario
 from megatronapp.dpp.plots import windows_figure
-from megatronapp.plots import MAX_TICK_LABELS, timeline_figure
-from megatronapp.runs import write_run
+from megatronapp.trace.timeline import MAX_TICK_LABELS, timeline_figure
+from megatronapp.run.write import write_run
 from megatronapp.scan.focus import PlotInput, load_plot_input
 from megatronapp.scan.plots import heatmap_figure, marey_figure
-from megatronapp.tracer import Event
+from megatronapp.trace.events import Event
 from sim import run_sim
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.config import load_scenario
-from megatronapp.runs import write_run
+from megatronapp.scenario.config import load_scenario
+from megatronapp.run.write import write_run
 from sim import run_sim
 from tests.scope_view_support import launch_chromium, page_with_errors
 

@@ -17,11 +17,11 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from megatronapp.checkpoint import Checkpoint, read_checkpoint
-from megatronapp.config import parse_scenario
+from megatronapp.scenario.checkpoint import Checkpoint, read_checkpoint
+from megatronapp.scenario.config import parse_scenario
 from megatronapp.errors import UserError
 from megatronapp.scope.storage import find_capture
-from megatronapp.scope_spec import SITES
+from megatronapp.scenario.scope_spec import SITES
 
 from .scope import ACCESS, attention_materialised
 from .scope_generate import build_model, one_rank

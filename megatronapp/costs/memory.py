@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import Scenario, Training
+from ..scenario.config import Scenario, Training
 from .flops import recomputed_layers_per_chunk
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

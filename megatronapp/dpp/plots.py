@@ -10,8 +10,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..plots import save
-from ..tracer import Event
+from ..trace.timeline import save
+from ..trace.events import Event
 from .memory import trace_live_slots
 from .windows import allreduce_windows, send_windows
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Callable, Sequence
 
-from ..config import Scenario, load_scenario
-from ..flops import hardware_flops_per_iteration, microbatches_per_iteration
+from ..scenario.config import Scenario, load_scenario
+from ..costs.flops import hardware_flops_per_iteration, microbatches_per_iteration
 from .fit import FitResult, Knob, SimulateTime, fit_constants
 
 NARAYANAN_TABLE1_TFLOPS: dict[int, float] = {

@@ -5,16 +5,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from megatronapp import limits
+from megatronapp.host import limits
 from megatronapp.errors import UserError
-from megatronapp.outdirs import add_force_option
+from megatronapp.io.outdirs import add_force_option
 
 REPORT_FILE = "report.html"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from megatronapp.outdirs import new_file
-    from megatronapp.progress import status
+    from megatronapp.io.outdirs import new_file
+    from megatronapp.io.progress import status
     from megatronapp.scan.cli import _side_file, check_trace
     from megatronapp.scan.focus import load_plot_input, plot_cost
 

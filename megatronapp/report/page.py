@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from megatronapp.plots import DPI, timeline_figure
+from megatronapp.trace.timeline import DPI, timeline_figure
 from megatronapp.scan.cli import explain
 from megatronapp.scan.focus import PlotInput
 from megatronapp.scan.plots import heatmap_figure, marey_figure

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from megatronapp.columns import EventColumns
-from megatronapp.limits import COSTS, TraceCost
-from megatronapp.progress import Say, quiet
-from megatronapp.tracer import Event
+from megatronapp.trace.columns import EventColumns
+from megatronapp.host.limits import COSTS, TraceCost
+from megatronapp.io.progress import Say, quiet
+from megatronapp.trace.events import Event
 
 from .diagnosis import Diagnosis
 
@@ -72,8 +72,8 @@ def load_plot_input(target: Path, max_bytes: float | None = None, say: Say = qui
 
 
 def _stored_input(store: Path, say: Say, max_ranks: int) -> PlotInput:
-    from megatronapp.columns import RankEventsView, TableSource
-    from megatronapp.eventstore import read_meta
+    from megatronapp.trace.columns import RankEventsView, TableSource
+    from megatronapp.trace.store import read_meta
 
     from .table import load_table_scan
     from .table_detect import megascan_table
@@ -92,7 +92,7 @@ def _stored_input(store: Path, say: Say, max_ranks: int) -> PlotInput:
 
 
 def _read_ranks(store: Path, ranks: Sequence[int]) -> EventColumns:
-    from megatronapp.eventstore import read_columns
+    from megatronapp.trace.store import read_columns
 
     cols, _meta = read_columns(store, ranks=ranks)
     return cols.sorted_by_rank_and_start()
@@ -116,7 +116,7 @@ def select_ranks(world: int, topology: Mapping[str, int] | None, diagnosis: Diag
 
 
 def _peers(rank: int, world: int, topology: Mapping[str, int] | None) -> list[int]:
-    from megatronapp.topology import Topology
+    from megatronapp.parallel.topology import Topology
 
     if not topology or rank >= world:
         return []

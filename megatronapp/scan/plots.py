@@ -11,9 +11,9 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from megatronapp.plots import COLOURS, mark_row, note, rank_ticks, save, tick_step
+from megatronapp.trace.timeline import COLOURS, mark_row, note, rank_ticks, save, tick_step
 
-from megatronapp.tracer import Event
+from megatronapp.trace.events import Event
 
 from .focus import PlotFocus
 

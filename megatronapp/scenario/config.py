@@ -17,8 +17,8 @@ from ..errors import Recreatable
 from ..io.text import TextError, check_depth, load_yaml, read_text
 
 from .devices import DEVICES, expand_device
-from .schedules import SCHEDULES
-from .suggest import did_you_mean, hint, quoted_names
+from ..parallel.schedules import SCHEDULES
+from ..io.suggest import did_you_mean, hint, quoted_names
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 

@@ -204,7 +204,7 @@ def _announce(host: str, port: int, config: Any, source: Any, live: Any,
 def _results_beside_capture(target: str, name: str, force: bool, with_plot: bool) -> Path:
     """The capture that ``scope lens``/``scope patch`` results join, checked
     writable before any work."""
-    from ..outdirs import check_file
+    from ..io.outdirs import check_file
     from .storage import find_capture
 
     capture = find_capture(target, "RUN_DIR")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..outdirs import staged_outputs
+from ..io.outdirs import staged_outputs
 from .generate import TopK, softmax, top_k
 
 
@@ -104,11 +104,13 @@ class PatchResult:
 
     def plot(self, path: Path) -> None:
         """One heat map per site: layers down, positions across."""
-        from ..plots import plt
+        from matplotlib.figure import Figure  # no pyplot: no global figure registry
 
-        fig, axes = plt.subplots(len(self.sites), 1, squeeze=False,
-                                 figsize=(max(6.0, 0.35 * len(self.tokens) + 2),
-                                          1.2 + 1.0 * len(self.sites) * len(self.layers) ** 0.5))
+        from ..trace.timeline import save
+
+        fig = Figure(figsize=(max(6.0, 0.35 * len(self.tokens) + 2),
+                              1.2 + 1.0 * len(self.sites) * len(self.layers) ** 0.5))
+        axes = fig.subplots(len(self.sites), 1, squeeze=False)
         for ax, site, grid in zip(axes[:, 0], self.sites, self.restored):
             im = ax.imshow(grid, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
             ax.set_title(f"{site}: restored logit difference")
@@ -118,8 +120,7 @@ class PatchResult:
             ax.set_xlabel("position (corrupted prompt)")
             fig.colorbar(im, ax=ax)
         fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
+        save(fig, path)
 
 
 def restored(patched: np.ndarray, clean: float, corrupt: float) -> np.ndarray:

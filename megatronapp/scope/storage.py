@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import UserError
-from ..outdirs import MANIFEST_KIND, discard, own_folder, rename_fresh
-from ..scope_spec import parse_stat
+from ..io.outdirs import MANIFEST_KIND, discard, own_folder, rename_fresh
+from ..scenario.scope_spec import parse_stat
 
 FORMAT = "megascope-capture"
 VERSION = 1

@@ -62,6 +62,10 @@ class EventColumns:
         extra = self.extra[index] if self.extra is not None else None
         return EventColumns(**arrays, names=self.names, groups=self.groups, extra=extra)
 
+    def sorted_by_rank_and_start(self) -> "EventColumns":
+        order = np.lexsort((-self.dur_s, self.start_s, self.rank))
+        return self.take(order)
+
     def rank_bounds(self) -> dict[int, tuple[int, int]]:
         """rank -> (first row, end row); rows must be grouped by rank."""
         if not len(self):

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from .kinds import event_kind
-from .tracer import Event
+from .events import Event
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
            "p2p": "#8C8C8C", "collective": "#C44E52", "other": "#937860"}
