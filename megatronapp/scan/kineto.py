@@ -38,10 +38,11 @@ import json
 import math
 import re
 import zlib
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from megatronapp import limits
 from megatronapp.columns import is_int32
@@ -107,6 +108,15 @@ class ProcessGroup:
 
 
 @dataclass(frozen=True)
+class ProfilerStep:
+    """A ``ProfilerStep#N`` range: iteration N of the job on this rank."""
+
+    start_us: float
+    end_us: float
+    number: int
+
+
+@dataclass(frozen=True)
 class KinetoRank:
     """What one file gives: the rank, its groups, compute spans, communication."""
 
@@ -117,6 +127,7 @@ class KinetoRank:
     compute: tuple[Span, ...]
     comms: tuple[Comm, ...]
     phases: Mapping[str, int] = field(default_factory=dict)  # ph -> events seen
+    steps: tuple[ProfilerStep, ...] = ()
 
 
 # ------------------------------------------------------------------ files
@@ -260,7 +271,30 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
         if span.cat != "Trace":  # the profiler's own window, not work
             spans.append(span)
     return KinetoRank(source, rank, base, groups, tuple(_compute(spans)),
-                      tuple(_comms(spans, source)), dict(phases))
+                      tuple(_comms(spans, source)), dict(phases), _profiler_steps(spans))
+
+
+STEP_NUMBER = re.compile(re.escape(STEP_PREFIX) + r"#(\d{1,9})$")
+
+
+def _profiler_steps(spans: Iterable[Span]) -> tuple[ProfilerStep, ...]:
+    """The rank's ``ProfilerStep#N`` ranges, by start (one per step: the
+    profiler opens it on the thread that calls ``step()``)."""
+    steps = {}
+    for s in spans:
+        found = STEP_NUMBER.match(s.name)
+        if found is not None:
+            steps.setdefault(int(found.group(1)), ProfilerStep(s.start_us, s.end_us,
+                                                               int(found.group(1))))
+    return tuple(sorted(steps.values(), key=lambda p: p.start_us))
+
+
+def _iteration_of(steps: Sequence[ProfilerStep], starts: Sequence[float],
+                  at_us: float) -> int | None:
+    """The number of the step whose range holds ``at_us`` (any thread's
+    event started inside it belongs to that iteration), else None."""
+    i = bisect_right(starts, at_us) - 1
+    return steps[i].number if i >= 0 and at_us <= steps[i].end_us else None
 
 
 # ---------------------------------------------------------------- compute
@@ -669,12 +703,19 @@ def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRa
 
 
 def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:
+    starts = [p.start_us for p in k.steps]
+
+    def iteration(at_us: float) -> dict[str, int]:
+        number = _iteration_of(k.steps, starts, at_us)
+        return {} if number is None else {"iteration": number}
+
     # the kind is recorded as our backends record it (megatronapp.kinds reads it back)
     events = [Event(s.name, s.start_us * 1e-6, s.dur_us * 1e-6,
-                    {"cat": s.cat, "kind": "other" if s.name.startswith(STEP_PREFIX) else "compute"})
+                    {"cat": s.cat, "kind": "other" if s.name.startswith(STEP_PREFIX) else "compute",
+                     **iteration(s.start_us)})
               for s in k.compute]
     for c in comms:
-        args: dict[str, Any] = {"bytes": c.nbytes, "cat": "comm"}
+        args: dict[str, Any] = {"bytes": c.nbytes, "cat": "comm", **iteration(c.start_us)}
         if c.op in P2P_OPS and c.peer is not None:
             args.update(kind="p2p", peer=c.peer)
         elif c.group is not None:

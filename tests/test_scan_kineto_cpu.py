@@ -1,0 +1,48 @@
+"""What ordinary CPU jobs' torch.profiler traces hold, read right: profiler
+steps as iterations, FSDP2's group-less ``*_base`` collectives, send/recv
+without recorded peers, and compute that is not annotated. Traces are built
+to the schema gloo jobs write (``tests/zoo`` runs the real jobs)."""
+from __future__ import annotations
+
+from typing import Any
+
+from megatronapp.scan.analyze import analyze
+from megatronapp.scan.kineto import kineto_files, load_kineto
+
+from .test_scan_kineto import BASE_NS, _meta, _write, _x
+
+MAIN, GLOO = 1, 21  # the main thread and a gloo worker thread
+
+
+def gloo_file(rank: int, world: int, events: list[dict[str, Any]]) -> dict:
+    return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "host_name": "node0",
+            "traceEvents": _meta(rank) + events,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
+                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
+                                               "pg_size": world, "ranks": list(range(world))}]}}
+
+
+def collective(rank: int, op: str, gloo_op: str, at: float, done: float) -> list[dict]:
+    """A c10d call on the main thread, run by gloo on its own thread until ``done``."""
+    return [_x(f"c10d::{op}", "cpu_op", rank, MAIN, at, 20.0),
+            _x(f"gloo:{gloo_op}", "user_annotation", rank, GLOO, at + 5, done - at - 5)]
+
+
+def stepped_rank(rank: int, steps: int = 3) -> list[dict]:
+    """Each step: a matmul, then an all-reduce every rank finishes together."""
+    events, t = [], 1000.0
+    for n in range(steps):
+        events += [_x(f"ProfilerStep#{n + 5}", "user_annotation", rank, MAIN, t, 1000.0),
+                   _x("aten::mm", "cpu_op", rank, MAIN, t + 10, 600.0 + 50 * rank),
+                   *collective(rank, "allreduce_", "all_reduce", t + 700, t + 950)]
+        t += 1000.0
+    return events
+
+
+def test_profiler_steps_are_the_iterations_of_every_event_on_every_thread(tmp_path):
+    target = _write(tmp_path, {r: gloo_file(r, 2, stepped_rank(r)) for r in (0, 1)})
+    events = load_kineto(kineto_files(target)).events
+    for evs in events.values():
+        work = [e for e in evs if not e.name.startswith("ProfilerStep")]
+        assert [e.args.get("iteration") for e in work] == [5, 5, 6, 6, 7, 7]
+    assert len(analyze(events)["iteration_times_s"]) == 3
