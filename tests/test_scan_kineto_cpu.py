@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from megatronapp.scan.analyze import analyze
 from megatronapp.scan.kineto import kineto_files, load_kineto
 
@@ -46,3 +48,46 @@ def test_profiler_steps_are_the_iterations_of_every_event_on_every_thread(tmp_pa
         work = [e for e in evs if not e.name.startswith("ProfilerStep")]
         assert [e.args.get("iteration") for e in work] == [5, 5, 6, 6, 7, 7]
     assert len(analyze(events)["iteration_times_s"]) == 3
+
+
+def fsdp_rank(rank: int, steps: int = 3) -> list[dict]:
+    """FSDP2 on gloo: flat-tensor all-gathers and reduce-scatters (gloo runs
+    the latter as an all-reduce), no process group recorded on any call."""
+    events, t = [], 1000.0
+    for n in range(steps):
+        events += [_x(f"ProfilerStep#{n}", "user_annotation", rank, MAIN, t, 2000.0),
+                   *collective(rank, "_allgather_base_", "all_gather", t + 10, t + 300),
+                   _x("aten::mm", "cpu_op", rank, MAIN, t + 310, 500.0 + 100 * rank),
+                   *collective(rank, "_reduce_scatter_base_", "all_reduce", t + 1000, t + 1900)]
+        t += 2000.0
+    return events
+
+
+def test_fsdp2_base_collectives_link_across_ranks_and_count_as_communication(tmp_path):
+    target = _write(tmp_path, {r: gloo_file(r, 2, fsdp_rank(r)) for r in (0, 1)})
+    events = load_kineto(kineto_files(target)).events
+    for evs in events.values():
+        linked = [(e.name, e.args.get("group")) for e in evs if e.args.get("cat") == "comm"]
+        assert linked == [("dp_allgather", [0, 1]), ("dp_reducescatter", [0, 1])] * 3
+    times = analyze(events)["ranks"]
+    # the gathers' waits, and the reduce-scatters beyond each rank's matmul
+    assert times["0"]["comm_s"] == pytest.approx(3 * (300.0 - 10.0 + 1900.0 - 1000.0) * 1e-6)
+
+
+def ddp_rank(rank: int, wait_us: float) -> list[dict]:
+    """DDP with ``record_function("backward")``: the range holds the backward
+    matmul, the gradient all-reduce and the wait for it."""
+    return [_x("ProfilerStep#0", "user_annotation", rank, MAIN, 0.0, 5000.0),
+            _x("backward", "user_annotation", rank, MAIN, 100.0, 1000.0 + wait_us),
+            _x("aten::mm", "cpu_op", rank, MAIN, 110.0, 800.0),
+            *collective(rank, "allreduce_", "all_reduce", 950.0, 1050.0 + wait_us),
+            _x("aten::add_", "cpu_op", rank, MAIN, 1200.0 + wait_us, 300.0)]
+
+
+def test_an_annotation_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path):
+    target = _write(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0)) for r in (0, 1)})
+    times = analyze(load_kineto(kineto_files(target)).events)["ranks"]
+    for rank in ("0", "1"):
+        # the matmul and the op after the range, which no annotation holds
+        assert times[rank]["compute_s"] == pytest.approx((800.0 + 300.0) * 1e-6)
+        assert times[rank]["comm_s"] == pytest.approx((1050.0 + 400.0 - 950.0) * 1e-6)

@@ -7,13 +7,20 @@ A job profiled with ``torch.profiler`` writes one JSON file per rank
   and ``pg_config``: each process group's ranks and description); ``pid`` is
   an OS process id (or a string such as ``"Spans"``) and is not the rank;
 - compute: on GPU, the top-level events of each CUDA stream
-  (``gpu_user_annotation`` ranges, else kernels); on CPU, the top-level
-  ``record_function`` annotations of each thread (else its top-level CPU ops);
+  (``gpu_user_annotation`` ranges, else kernels); on CPU, what each thread
+  runs at its top level, ``record_function`` annotations and CPU ops alike,
+  communication aside (an annotation holding a communication call and other
+  ops, as DDP's ``backward`` holds the all-reduce's wait, counts by its ops);
+- iterations: each ``ProfilerStep#N`` range makes N the iteration of every
+  event of the rank that starts inside it, on any thread;
 - communication: NCCL kernels with their ``record_param_comms`` metadata
   (collective name, process-group ranks, message size, dtype; linked to the
   launch through its correlation id), and gloo's ``c10d::<op>`` calls with the
   ``gloo:<op>`` annotation that runs them (the pair spans the call's arrival to
-  its completion).
+  its completion); the flat-tensor and coalesced variants
+  (``c10d::_allgather_base_``, ``_reduce_scatter_base_``: FSDP2's) are read as
+  the collective they vary, run by the gloo range of that collective (a
+  reduce-scatter by gloo's ``all_reduce``).
 
 Metadata (``M``), instant (``i``/``I``), counter (``C``), flow (``s``/``t``/
 ``f``), async and object events are skipped on purpose; anything else, or an
@@ -38,7 +45,7 @@ import json
 import math
 import re
 import zlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -298,9 +305,16 @@ def _iteration_of(steps: Sequence[ProfilerStep], starts: Sequence[float],
 
 
 # ---------------------------------------------------------------- compute
+VARIANT_SUFFIX = re.compile(r"(base|coalesced|intotensor|tensor)+$")
+# gloo runs some collectives as another: FSDP2's reduce-scatter is an all-reduce
+GLOO_RUNS_AS = {"reducescatter": "allreduce"}
+
+
 def _op_of(name: str) -> str:
-    """c10d::allreduce_, gloo:all_reduce, nccl:all_reduce -> allreduce."""
-    return name.split(":")[-1].strip("_").replace("_", "").lower()
+    """c10d::allreduce_, gloo:all_reduce, nccl:all_reduce -> allreduce; the
+    flat-tensor and coalesced variants (c10d::_allgather_base_,
+    reduce_scatter_tensor_coalesced) are the collective they vary."""
+    return VARIANT_SUFFIX.sub("", name.split(":")[-1].strip("_").replace("_", "").lower())
 
 
 def _is_comm(span: Span) -> bool:
@@ -326,19 +340,43 @@ def _top_level(spans: Iterable[Span]) -> list[Span]:
 
 
 def _compute(spans: list[Span]) -> list[Span]:
-    """GPU work where the trace has any, else the CPU threads' annotated work."""
+    """GPU work where the trace has any, else the CPU threads' top-level ops
+    and annotations, communication aside (``_holding_comm``)."""
     gpu = [s for s in spans if s.cat in GPU_CATS]
     if gpu:
         annotated = {s.lane for s in gpu if s.cat == "gpu_user_annotation"}
         pool = [s for s in gpu if s.lane not in annotated or s.cat == "gpu_user_annotation"]
     else:
         cpu = [s for s in spans if s.cat in CPU_CATS]
-        annotated = {s.lane for s in cpu if s.cat == "user_annotation" and not _is_comm(s)
-                     and not s.name.startswith(STEP_PREFIX)}
-        pool = [s for s in cpu if s.lane not in annotated or s.cat == "user_annotation"
-                or _is_comm(s)]
+        split = {s.index for s in _holding_comm(cpu)}
+        pool = [s for s in cpu if s.index not in split]
     steps = [s for s in spans if s.name.startswith(STEP_PREFIX)]
     return [s for s in _top_level(pool) if not _is_comm(s)] + steps
+
+
+def _holding_comm(cpu: list[Span]) -> list[Span]:
+    """Annotations that hold a communication call of their thread and other
+    ops besides (DDP's ``record_function("backward")`` holds the gradient
+    all-reduce and its wait): their ops are the compute, not the whole range."""
+    by_lane: dict[tuple[Any, Any], list[Span]] = defaultdict(list)
+    for s in cpu:
+        by_lane[s.lane].append(s)
+    out = []
+    for lane in by_lane.values():
+        comm = sorted(s.start_us for s in lane if _is_comm(s) and s.cat == "cpu_op")
+        ops = sorted(s.start_us for s in lane if s.cat == "cpu_op" and not _is_comm(s))
+        for s in lane:
+            if (s.cat == "user_annotation" and not _is_comm(s)
+                    and not s.name.startswith(STEP_PREFIX)
+                    and _any_within(comm, s) and _any_within(ops, s)):
+                out.append(s)
+    return out
+
+
+def _any_within(starts: Sequence[float], span: Span) -> bool:
+    """Whether a sorted start time falls inside ``span``."""
+    i = bisect_left(starts, span.start_us)
+    return i < len(starts) and starts[i] <= span.end_us
 
 
 # ---------------------------------------------------------- communication
@@ -427,11 +465,12 @@ def _gloo_comms(spans: list[Span], source: str) -> list[Comm]:
     out = []
     for call in calls:
         op = _op_of(call.name)
-        queue = runs.get(op, [])
+        run_op = op if op in runs else GLOO_RUNS_AS.get(op, op)
+        queue = runs.get(run_op, [])
         run = None
-        while taken[op] < len(queue):
-            candidate = queue[taken[op]]
-            taken[op] += 1
+        while taken[run_op] < len(queue):
+            candidate = queue[taken[run_op]]
+            taken[run_op] += 1
             if candidate.end_us >= call.start_us:
                 run = candidate
                 break
