@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from megatronapp.scan.analyze import analyze
+from megatronapp.scan.detect import megascan
+from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.kineto import kineto_files, load_kineto
 
 from .test_scan_kineto import BASE_NS, _meta, _write, _x
@@ -91,3 +93,57 @@ def test_an_annotation_holding_a_collective_wait_counts_only_its_ops_as_compute(
         # the matmul and the op after the range, which no annotation holds
         assert times[rank]["compute_s"] == pytest.approx((800.0 + 300.0) * 1e-6)
         assert times[rank]["comm_s"] == pytest.approx((1050.0 + 400.0 - 950.0) * 1e-6)
+
+
+def pipeline_files(slow_rank: int | None = None, link_delay_us: float = 0.0,
+                   stages: int = 4, microbatches: int = 6) -> dict[int, dict]:
+    """A 4-stage pipeline on gloo without ``record_shapes``: all forwards,
+    then all backwards, each stage sending its output on with ``send`` and
+    waiting in ``recv`` for its input; no op records its peer. Rank 2's
+    receives from rank 1 may arrive ``link_delay_us`` late."""
+    fwd = {r: 400.0 * (2.0 if r == slow_rank else 1.0) for r in range(stages)}
+    events: dict[int, list[dict]] = {r: [] for r in range(stages)}
+    ready: dict[tuple[int, int], float] = {}  # (stage, microbatch) -> input arrived
+    free = {r: 0.0 for r in range(stages)}
+    for direction in (1, -1):
+        order = range(stages) if direction == 1 else range(stages - 1, -1, -1)
+        for m in range(microbatches):
+            for r in order:
+                source = r - direction
+                start = free[r]
+                if 0 <= source < stages:  # wait for the input
+                    delay = link_delay_us if {source, r} == {1, 2} else 0.0
+                    arrive = max(start, ready[(source, m)]) + 50.0 + delay
+                    events[r] += [_x("c10d::recv_", "cpu_op", r, MAIN, start, 20.0),
+                                  _x("gloo:recv", "user_annotation", r, GLOO, start + 10,
+                                     arrive - start - 10)]
+                    start = arrive
+                dur = fwd[r] * (1 if direction == 1 else 2)
+                events[r].append(_x("aten::mm", "cpu_op", r, MAIN, start, dur))
+                done = start + dur
+                if 0 <= r + direction < stages:  # send the output on
+                    events[r] += [_x("c10d::send", "cpu_op", r, MAIN, done, 20.0),
+                                  _x("gloo:send", "user_annotation", r, GLOO + 1, done + 10, 30.0)]
+                    done += 20.0
+                ready[(r, m)] = done
+                free[r] = done
+    return {r: gloo_file(r, stages, evs) for r, evs in events.items()}
+
+
+@pytest.mark.parametrize("fault", [{}, {"slow_rank": 1}, {"link_delay_us": 3000.0}])
+def test_send_recv_without_peers_never_name_a_link_the_pipeline_did_not_use(tmp_path, fault):
+    target = _write(tmp_path, pipeline_files(**fault))
+    used = {frozenset((s, s + 1)) for s in range(3)}
+    linked = {frozenset((r, e.args["peer"])) for r, evs in load_kineto(kineto_files(target))
+              .events.items() for e in evs if "peer" in e.args}
+    assert linked <= used
+    diagnosis = megascan(load_scan_input(target))
+    assert all(frozenset((c.rank, c.peer)) in used for c in diagnosis.root_causes
+               if c.kind == "link")
+
+
+def test_send_recv_without_peers_pair_where_the_counts_allow_one_routing(tmp_path):
+    target = _write(tmp_path, pipeline_files(stages=2))
+    for rank, evs in load_kineto(kineto_files(target)).events.items():
+        p2p = [e for e in evs if e.name in ("send", "recv")]
+        assert len(p2p) == 12 and all(e.args.get("peer") == 1 - rank for e in p2p)

@@ -31,9 +31,10 @@ Files written on one host (the same ``host_name``) share its clock and are
 taken as aligned; files from several hosts are aligned like raw per-rank
 traces. What a trace leaves out is inferred across the files of one job: a gloo
 collective without metadata belongs to the smallest of its rank's process
-groups whose members all made as many such calls; a point-to-point op
-without a recorded peer is paired with the other rank's opposite op that
-overlaps it in time (files of one host share its clock). Ops that are the
+groups whose members all made as many such calls; point-to-point ops
+without recorded peers are paired only where one assignment of each
+sending rank to one receiving rank fits their counts and order
+(``p2p_infer``; files of one host share its clock), else left unpeered. Ops that are the
 same work on data-parallel peers are matched by name and occurrence (no
 microbatch index is recorded); a group whose members run the same compute
 and send nothing to each other is named as such a peer group (``dp_``).
@@ -57,6 +58,7 @@ from megatronapp.textio import TextError, load_json_bytes
 from megatronapp.tracer import Event
 
 from .errors import TraceError
+from .p2p_infer import forced_pairs
 
 RankEvents = dict[int, list[Event]]
 
@@ -287,7 +289,7 @@ STEP_NUMBER = re.compile(re.escape(STEP_PREFIX) + r"#(\d{1,9})$")
 def _profiler_steps(spans: Iterable[Span]) -> tuple[ProfilerStep, ...]:
     """The rank's ``ProfilerStep#N`` ranges, by start (one per step: the
     profiler opens it on the thread that calls ``step()``)."""
-    steps = {}
+    steps: dict[int, ProfilerStep] = {}
     for s in spans:
         found = STEP_NUMBER.match(s.name)
         if found is not None:
@@ -666,63 +668,34 @@ def _meet_in_order(sequences: list[list[Comm]]) -> bool:
 MAX_INFERRED_P2P_RANKS = 64  # pairing unpeered p2p compares every rank pair
 
 
-def _fifo_overlaps(sends: list[Comm], recvs: list[Comm]) -> list[tuple[int, int]]:
-    """In-order matches of one channel: the n-th send meets the n-th receive,
-    and a matched pair overlaps in time (the receive waits for the send, or
-    the send for the receive)."""
-    out, i, j = [], 0, 0
-    while i < len(sends) and j < len(recvs):
-        send, recv = sends[i], recvs[j]
-        if send.end_us < recv.start_us:
-            i += 1
-        elif recv.end_us < send.start_us:
-            j += 1
-        else:
-            out.append((i, j))
-            i, j = i + 1, j + 1
-    return out
-
-
-def _slack(send: Comm, recv: Comm) -> float:
-    """How loosely a pair meets: one side usually waits for the other."""
-    return min(recv.end_us - send.start_us, send.end_us - recv.start_us)
+def _fits(sends: list[Comm], recvs: list[Comm]) -> bool:
+    """One rank's sends can be another's receives, in order: as many, and
+    each receive ends after its send starts."""
+    return len(sends) == len(recvs) and all(
+        recv.end_us >= send.start_us for send, recv in zip(sends, recvs))
 
 
 def _pair_p2p(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
-    """Peers for point-to-point ops the trace did not record: channel by
-    channel, the rank pair whose sends and receives overlap in order most
-    often (then most tightly) takes those ops, until none is left."""
-    pools = {r: {"send": [i for i, c in enumerate(cs) if c.op == "send" and c.peer is None],
-                 "recv": [i for i, c in enumerate(cs) if c.op == "recv" and c.peer is None]}
-             for r, cs in comms.items()}
+    """Peers for point-to-point ops the trace did not record, where only one
+    sender-to-receiver assignment of whole ranks fits (``forced_pairs``);
+    otherwise they stay unpeered."""
+    unpeered = {op: {r: [i for i, c in enumerate(cs) if c.op == op and c.peer is None]
+                     for r, cs in comms.items()} for op in P2P_OPS}
+    sends = {r: ids for r, ids in unpeered["send"].items() if ids}
+    recvs = {r: ids for r, ids in unpeered["recv"].items() if ids}
+    if not sends or len(sends) + len(recvs) > 2 * MAX_INFERRED_P2P_RANKS:
+        return comms
+    fitting = [(r, s) for r in sends for s in recvs if r != s and _fits(
+        [comms[r][i] for i in sends[r]], [comms[s][j] for j in recvs[s]])]
+    chosen = forced_pairs(fitting)
+    if chosen is None or set(chosen) != set(sends) or set(chosen.values()) != set(recvs):
+        return comms
     out = {r: list(cs) for r, cs in comms.items()}
-    busy = [r for r, p in pools.items() if p["send"] or p["recv"]]
-    if len(busy) > MAX_INFERRED_P2P_RANKS:
-        return out
-    while True:
-        best: tuple[int, float, int, int, list[tuple[int, int]]] | None = None
-        for r in busy:
-            for s in busy:
-                if r == s or not pools[r]["send"] or not pools[s]["recv"]:
-                    continue
-                sends = [comms[r][i] for i in pools[r]["send"]]
-                recvs = [comms[s][j] for j in pools[s]["recv"]]
-                matched = _fifo_overlaps(sends, recvs)
-                if not matched:
-                    continue
-                slack = sorted(_slack(sends[i], recvs[j]) for i, j in matched)[len(matched) // 2]
-                if best is None or (len(matched), -slack) > (best[0], -best[1]):
-                    best = (len(matched), slack, r, s, matched)
-        if best is None:
-            return out
-        _, _, r, s, matched = best
-        send_ids = [pools[r]["send"][i] for i, _ in matched]
-        recv_ids = [pools[s]["recv"][j] for _, j in matched]
-        for i, j in zip(send_ids, recv_ids):
+    for r, s in chosen.items():
+        for i, j in zip(sends[r], recvs[s]):
             out[r][i] = replace(comms[r][i], peer=s)
             out[s][j] = replace(comms[s][j], peer=r)
-        pools[r]["send"] = [i for i in pools[r]["send"] if i not in set(send_ids)]
-        pools[s]["recv"] = [j for j in pools[s]["recv"] if j not in set(recv_ids)]
+    return out
 
 
 def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
