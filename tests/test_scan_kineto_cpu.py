@@ -76,18 +76,22 @@ def test_fsdp2_base_collectives_link_across_ranks_and_count_as_communication(tmp
     assert times["0"]["comm_s"] == pytest.approx(3 * (300.0 - 10.0 + 1900.0 - 1000.0) * 1e-6)
 
 
-def ddp_rank(rank: int, wait_us: float) -> list[dict]:
-    """DDP with ``record_function("backward")``: the range holds the backward
-    matmul, the gradient all-reduce and the wait for it."""
+def ddp_rank(rank: int, wait_us: float, holder: tuple[str, str]) -> list[dict]:
+    """DDP with ``record_function("backward")`` (or an op, as FSDP2's
+    autograd functions): the range holds the backward matmul, the gradient
+    all-reduce and the wait for it."""
     return [_x("ProfilerStep#0", "user_annotation", rank, MAIN, 0.0, 5000.0),
-            _x("backward", "user_annotation", rank, MAIN, 100.0, 1000.0 + wait_us),
+            _x(*holder, rank, MAIN, 100.0, 1000.0 + wait_us),
             _x("aten::mm", "cpu_op", rank, MAIN, 110.0, 800.0),
             *collective(rank, "allreduce_", "all_reduce", 950.0, 1050.0 + wait_us),
             _x("aten::add_", "cpu_op", rank, MAIN, 1200.0 + wait_us, 300.0)]
 
 
-def test_an_annotation_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path):
-    target = _write(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0)) for r in (0, 1)})
+@pytest.mark.parametrize("holder", [
+    ("backward", "user_annotation"),
+    ("autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward", "cpu_op")])
+def test_a_range_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path, holder):
+    target = _write(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0, holder)) for r in (0, 1)})
     times = analyze(load_kineto(kineto_files(target)).events)["ranks"]
     for rank in ("0", "1"):
         # the matmul and the op after the range, which no annotation holds

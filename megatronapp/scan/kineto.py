@@ -357,9 +357,10 @@ def _compute(spans: list[Span]) -> list[Span]:
 
 
 def _holding_comm(cpu: list[Span]) -> list[Span]:
-    """Annotations that hold a communication call of their thread and other
-    ops besides (DDP's ``record_function("backward")`` holds the gradient
-    all-reduce and its wait): their ops are the compute, not the whole range."""
+    """Annotations and ops that hold a communication call of their thread and
+    other ops besides (DDP's ``record_function("backward")`` holds the
+    gradient all-reduce and its wait, FSDP2's autograd functions the
+    all-gather's): their ops are the compute, not the whole range."""
     by_lane: dict[tuple[Any, Any], list[Span]] = defaultdict(list)
     for s in cpu:
         by_lane[s.lane].append(s)
@@ -368,17 +369,16 @@ def _holding_comm(cpu: list[Span]) -> list[Span]:
         comm = sorted(s.start_us for s in lane if _is_comm(s) and s.cat == "cpu_op")
         ops = sorted(s.start_us for s in lane if s.cat == "cpu_op" and not _is_comm(s))
         for s in lane:
-            if (s.cat == "user_annotation" and not _is_comm(s)
-                    and not s.name.startswith(STEP_PREFIX)
-                    and _any_within(comm, s) and _any_within(ops, s)):
+            own = 1 if s.cat == "cpu_op" else 0  # an op is not inside itself
+            if (not _is_comm(s) and not s.name.startswith(STEP_PREFIX)
+                    and _count_within(comm, s) and _count_within(ops, s) > own):
                 out.append(s)
     return out
 
 
-def _any_within(starts: Sequence[float], span: Span) -> bool:
-    """Whether a sorted start time falls inside ``span``."""
-    i = bisect_left(starts, span.start_us)
-    return i < len(starts) and starts[i] <= span.end_us
+def _count_within(starts: Sequence[float], span: Span) -> int:
+    """How many of the sorted start times fall inside ``span``."""
+    return bisect_right(starts, span.end_us) - bisect_left(starts, span.start_us)
 
 
 # ---------------------------------------------------------- communication
