@@ -7,10 +7,11 @@ A job profiled with ``torch.profiler`` writes one JSON file per rank
   and ``pg_config``: each process group's ranks and description); ``pid`` is
   an OS process id (or a string such as ``"Spans"``) and is not the rank;
 - compute: on GPU, the top-level events of each CUDA stream
-  (``gpu_user_annotation`` ranges, else kernels); on CPU, what each thread
-  runs at its top level, ``record_function`` annotations and CPU ops alike,
-  communication aside (an annotation holding a communication call and other
-  ops, as DDP's ``backward`` holds the all-reduce's wait, counts by its ops);
+  (``gpu_user_annotation`` ranges, else kernels); on CPU, the top-level
+  ``record_function`` annotations of a thread the job annotated (torch's
+  own ranges do not count), else every top-level CPU op, communication
+  aside (an op holding a communication call and other ops, as FSDP2's
+  autograd functions hold the all-gather's wait, counts by its ops);
 - iterations: each ``ProfilerStep#N`` range makes N the iteration of every
   event of the rank that starts inside it, on any thread;
 - communication: NCCL kernels with their ``record_param_comms`` metadata
@@ -76,6 +77,8 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "dou
 GROUP_ROLES = (("tensor", "tp"), ("data", "dp"), ("pipeline", "pp"), ("embedding", "embd"),
                ("context", "cp"), ("expert", "ep"))
 STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
+# ranges torch itself opens (FSDP2's hooks, DDP, optimizers, steps): not the job's own
+TORCH_ANNOTATIONS = (STEP_PREFIX, "FSDP::", "DistributedDataParallel.", "Optimizer.")
 SAME_WORK = "dp"  # the prefix ``stage_peers`` reads as "these ranks do identical work"
 
 
@@ -342,8 +345,8 @@ def _top_level(spans: Iterable[Span]) -> list[Span]:
 
 
 def _compute(spans: list[Span]) -> list[Span]:
-    """GPU work where the trace has any, else the CPU threads' top-level ops
-    and annotations, communication aside (``_holding_comm``)."""
+    """GPU work where the trace has any, else the CPU threads' annotations
+    or top-level ops, communication aside (``_holding_comm``)."""
     gpu = [s for s in spans if s.cat in GPU_CATS]
     if gpu:
         annotated = {s.lane for s in gpu if s.cat == "gpu_user_annotation"}
@@ -351,16 +354,20 @@ def _compute(spans: list[Span]) -> list[Span]:
     else:
         cpu = [s for s in spans if s.cat in CPU_CATS]
         split = {s.index for s in _holding_comm(cpu)}
-        pool = [s for s in cpu if s.index not in split]
+        # a thread the job annotated is measured by its annotations, the
+        # units it names (the ops between them would swamp them)
+        annotated = {s.lane for s in cpu if s.cat == "user_annotation" and not _is_comm(s)
+                     and not s.name.startswith(TORCH_ANNOTATIONS)}
+        pool = [s for s in cpu if s.index not in split and (
+            s.lane not in annotated or s.cat == "user_annotation" or _is_comm(s))]
     steps = [s for s in spans if s.name.startswith(STEP_PREFIX)]
     return [s for s in _top_level(pool) if not _is_comm(s)] + steps
 
 
 def _holding_comm(cpu: list[Span]) -> list[Span]:
-    """Annotations and ops that hold a communication call of their thread and
-    other ops besides (DDP's ``record_function("backward")`` holds the
-    gradient all-reduce and its wait, FSDP2's autograd functions the
-    all-gather's): their ops are the compute, not the whole range."""
+    """Ops that hold a communication call of their thread and other ops
+    besides (FSDP2's autograd functions hold the all-gather and its wait):
+    their ops are the compute, not the whole op."""
     by_lane: dict[tuple[Any, Any], list[Span]] = defaultdict(list)
     for s in cpu:
         by_lane[s.lane].append(s)
@@ -370,7 +377,7 @@ def _holding_comm(cpu: list[Span]) -> list[Span]:
         ops = sorted(s.start_us for s in lane if s.cat == "cpu_op" and not _is_comm(s))
         for s in lane:
             own = 1 if s.cat == "cpu_op" else 0  # an op is not inside itself
-            if (not _is_comm(s) and not s.name.startswith(STEP_PREFIX)
+            if (s.cat == "cpu_op" and not _is_comm(s)
                     and _count_within(comm, s) and _count_within(ops, s) > own):
                 out.append(s)
     return out
