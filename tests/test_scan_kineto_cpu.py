@@ -86,9 +86,10 @@ def ddp_rank(rank: int, wait_us: float, holder: tuple[str, str]) -> list[dict]:
             _x("aten::add_", "cpu_op", rank, MAIN, 1200.0 + wait_us, 300.0)]
 
 
-def test_an_op_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path):
-    holder = ("autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward",
-              "cpu_op")
+@pytest.mark.parametrize("holder", [
+    ("autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward", "cpu_op"),
+    ("FSDP::post_backward_reduce (0)", "user_annotation")])  # torch's own range
+def test_an_op_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path, holder):
     target = _write(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0, holder)) for r in (0, 1)})
     times = analyze(load_kineto(kineto_files(target)).events)["ranks"]
     for rank in ("0", "1"):

@@ -77,8 +77,9 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "dou
 GROUP_ROLES = (("tensor", "tp"), ("data", "dp"), ("pipeline", "pp"), ("embedding", "embd"),
                ("context", "cp"), ("expert", "ep"))
 STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
-# ranges torch itself opens (FSDP2's hooks, DDP, optimizers, steps): not the job's own
-TORCH_ANNOTATIONS = (STEP_PREFIX, "FSDP::", "DistributedDataParallel.", "Optimizer.")
+# ranges torch itself opens around work (FSDP2's hooks, DDP, optimizers): not the job's own
+TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.")
+TORCH_ANNOTATIONS = (STEP_PREFIX, *TORCH_RANGES)
 SAME_WORK = "dp"  # the prefix ``stage_peers`` reads as "these ranks do identical work"
 
 
@@ -365,9 +366,9 @@ def _compute(spans: list[Span]) -> list[Span]:
 
 
 def _holding_comm(cpu: list[Span]) -> list[Span]:
-    """Ops that hold a communication call of their thread and other ops
-    besides (FSDP2's autograd functions hold the all-gather and its wait):
-    their ops are the compute, not the whole op."""
+    """Ops and torch's own ranges that hold a communication call of their
+    thread and other ops besides (FSDP2's hooks and autograd functions hold
+    the all-gather and its wait): their ops are the compute, not the whole."""
     by_lane: dict[tuple[Any, Any], list[Span]] = defaultdict(list)
     for s in cpu:
         by_lane[s.lane].append(s)
@@ -377,7 +378,7 @@ def _holding_comm(cpu: list[Span]) -> list[Span]:
         ops = sorted(s.start_us for s in lane if s.cat == "cpu_op" and not _is_comm(s))
         for s in lane:
             own = 1 if s.cat == "cpu_op" else 0  # an op is not inside itself
-            if (s.cat == "cpu_op" and not _is_comm(s)
+            if ((s.cat == "cpu_op" or s.name.startswith(TORCH_RANGES)) and not _is_comm(s)
                     and _count_within(comm, s) and _count_within(ops, s) > own):
                 out.append(s)
     return out
