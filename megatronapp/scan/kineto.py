@@ -8,12 +8,20 @@ A job profiled with ``torch.profiler`` writes one JSON file per rank
   an OS process id (or a string such as ``"Spans"``) and is not the rank;
 - compute: on GPU, the top-level events of each CUDA stream
   (``gpu_user_annotation`` ranges, else kernels); on CPU, the top-level
-  ``record_function`` annotations of each thread (else its top-level CPU ops);
+  ``record_function`` annotations of a thread the job annotated (torch's
+  own ranges do not count), else every top-level CPU op, communication
+  aside (an op holding a communication call and other ops, as FSDP2's
+  autograd functions hold the all-gather's wait, counts by its ops);
+- iterations: each ``ProfilerStep#N`` range makes N the iteration of every
+  event of the rank that starts inside it, on any thread;
 - communication: NCCL kernels with their ``record_param_comms`` metadata
   (collective name, process-group ranks, message size, dtype; linked to the
   launch through its correlation id), and gloo's ``c10d::<op>`` calls with the
   ``gloo:<op>`` annotation that runs them (the pair spans the call's arrival to
-  its completion).
+  its completion); the flat-tensor and coalesced variants
+  (``c10d::_allgather_base_``, ``_reduce_scatter_base_``: FSDP2's) are read as
+  the collective they vary, run by the gloo range of that collective (a
+  reduce-scatter by gloo's ``all_reduce``).
 
 Metadata (``M``), instant (``i``/``I``), counter (``C``), flow (``s``/``t``/
 ``f``), async and object events are skipped on purpose; anything else, or an
@@ -24,9 +32,10 @@ Files written on one host (the same ``host_name``) share its clock and are
 taken as aligned; files from several hosts are aligned like raw per-rank
 traces. What a trace leaves out is inferred across the files of one job: a gloo
 collective without metadata belongs to the smallest of its rank's process
-groups whose members all made as many such calls; a point-to-point op
-without a recorded peer is paired with the other rank's opposite op that
-overlaps it in time (files of one host share its clock). Ops that are the
+groups whose members all made as many such calls; point-to-point ops
+without recorded peers are paired only where one assignment of each
+sending rank to one receiving rank fits their counts and order
+(``p2p_infer``; files of one host share its clock), else left unpeered. Ops that are the
 same work on data-parallel peers are matched by name and occurrence (no
 microbatch index is recorded); a group whose members run the same compute
 and send nothing to each other is named as such a peer group (``dp_``).
@@ -38,10 +47,11 @@ import json
 import math
 import re
 import zlib
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from megatronapp.host import limits
 from megatronapp.trace.columns import is_int32
@@ -49,6 +59,7 @@ from megatronapp.io.text import TextError, load_json_bytes
 from megatronapp.trace.events import Event
 
 from .errors import TraceError
+from .p2p_infer import forced_pairs
 
 RankEvents = dict[int, list[Event]]
 
@@ -66,6 +77,9 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "dou
 GROUP_ROLES = (("tensor", "tp"), ("data", "dp"), ("pipeline", "pp"), ("embedding", "embd"),
                ("context", "cp"), ("expert", "ep"))
 STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
+# ranges torch itself opens around work (FSDP2's hooks, DDP, optimizers): not the job's own
+TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.")
+TORCH_ANNOTATIONS = (STEP_PREFIX, *TORCH_RANGES)
 SAME_WORK = "dp"  # the prefix ``stage_peers`` reads as "these ranks do identical work"
 
 
@@ -107,6 +121,15 @@ class ProcessGroup:
 
 
 @dataclass(frozen=True)
+class ProfilerStep:
+    """A ``ProfilerStep#N`` range: iteration N of the job on this rank."""
+
+    start_us: float
+    end_us: float
+    number: int
+
+
+@dataclass(frozen=True)
 class KinetoRank:
     """What one file gives: the rank, its groups, compute spans, communication."""
 
@@ -117,6 +140,7 @@ class KinetoRank:
     compute: tuple[Span, ...]
     comms: tuple[Comm, ...]
     phases: Mapping[str, int] = field(default_factory=dict)  # ph -> events seen
+    steps: tuple[ProfilerStep, ...] = ()
 
 
 # ------------------------------------------------------------------ files
@@ -260,13 +284,43 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
         if span.cat != "Trace":  # the profiler's own window, not work
             spans.append(span)
     return KinetoRank(source, rank, base, groups, tuple(_compute(spans)),
-                      tuple(_comms(spans, source)), dict(phases))
+                      tuple(_comms(spans, source)), dict(phases), _profiler_steps(spans))
+
+
+STEP_NUMBER = re.compile(re.escape(STEP_PREFIX) + r"#(\d{1,9})$")
+
+
+def _profiler_steps(spans: Iterable[Span]) -> tuple[ProfilerStep, ...]:
+    """The rank's ``ProfilerStep#N`` ranges, by start (one per step: the
+    profiler opens it on the thread that calls ``step()``)."""
+    steps: dict[int, ProfilerStep] = {}
+    for s in spans:
+        found = STEP_NUMBER.match(s.name)
+        if found is not None:
+            steps.setdefault(int(found.group(1)), ProfilerStep(s.start_us, s.end_us,
+                                                               int(found.group(1))))
+    return tuple(sorted(steps.values(), key=lambda p: p.start_us))
+
+
+def _iteration_of(steps: Sequence[ProfilerStep], starts: Sequence[float],
+                  at_us: float) -> int | None:
+    """The number of the step whose range holds ``at_us`` (any thread's
+    event started inside it belongs to that iteration), else None."""
+    i = bisect_right(starts, at_us) - 1
+    return steps[i].number if i >= 0 and at_us <= steps[i].end_us else None
 
 
 # ---------------------------------------------------------------- compute
+VARIANT_SUFFIX = re.compile(r"(base|coalesced|intotensor|tensor)+$")
+# gloo runs some collectives as another: FSDP2's reduce-scatter is an all-reduce
+GLOO_RUNS_AS = {"reducescatter": "allreduce"}
+
+
 def _op_of(name: str) -> str:
-    """c10d::allreduce_, gloo:all_reduce, nccl:all_reduce -> allreduce."""
-    return name.split(":")[-1].strip("_").replace("_", "").lower()
+    """c10d::allreduce_, gloo:all_reduce, nccl:all_reduce -> allreduce; the
+    flat-tensor and coalesced variants (c10d::_allgather_base_,
+    reduce_scatter_tensor_coalesced) are the collective they vary."""
+    return VARIANT_SUFFIX.sub("", name.split(":")[-1].strip("_").replace("_", "").lower())
 
 
 def _is_comm(span: Span) -> bool:
@@ -292,19 +346,47 @@ def _top_level(spans: Iterable[Span]) -> list[Span]:
 
 
 def _compute(spans: list[Span]) -> list[Span]:
-    """GPU work where the trace has any, else the CPU threads' annotated work."""
+    """GPU work where the trace has any, else the CPU threads' annotations
+    or top-level ops, communication aside (``_holding_comm``)."""
     gpu = [s for s in spans if s.cat in GPU_CATS]
     if gpu:
         annotated = {s.lane for s in gpu if s.cat == "gpu_user_annotation"}
         pool = [s for s in gpu if s.lane not in annotated or s.cat == "gpu_user_annotation"]
     else:
         cpu = [s for s in spans if s.cat in CPU_CATS]
+        split = {s.index for s in _holding_comm(cpu)}
+        # a thread the job annotated is measured by its annotations, the
+        # units it names (the ops between them would swamp them)
         annotated = {s.lane for s in cpu if s.cat == "user_annotation" and not _is_comm(s)
-                     and not s.name.startswith(STEP_PREFIX)}
-        pool = [s for s in cpu if s.lane not in annotated or s.cat == "user_annotation"
-                or _is_comm(s)]
+                     and not s.name.startswith(TORCH_ANNOTATIONS)}
+        pool = [s for s in cpu if s.index not in split and (
+            s.lane not in annotated or s.cat == "user_annotation" or _is_comm(s))]
     steps = [s for s in spans if s.name.startswith(STEP_PREFIX)]
     return [s for s in _top_level(pool) if not _is_comm(s)] + steps
+
+
+def _holding_comm(cpu: list[Span]) -> list[Span]:
+    """Ops and torch's own ranges that hold a communication call of their
+    thread and other ops besides (FSDP2's hooks and autograd functions hold
+    the all-gather and its wait): their ops are the compute, not the whole."""
+    by_lane: dict[tuple[Any, Any], list[Span]] = defaultdict(list)
+    for s in cpu:
+        by_lane[s.lane].append(s)
+    out = []
+    for lane in by_lane.values():
+        comm = sorted(s.start_us for s in lane if _is_comm(s) and s.cat == "cpu_op")
+        ops = sorted(s.start_us for s in lane if s.cat == "cpu_op" and not _is_comm(s))
+        for s in lane:
+            own = 1 if s.cat == "cpu_op" else 0  # an op is not inside itself
+            if ((s.cat == "cpu_op" or s.name.startswith(TORCH_RANGES)) and not _is_comm(s)
+                    and _count_within(comm, s) and _count_within(ops, s) > own):
+                out.append(s)
+    return out
+
+
+def _count_within(starts: Sequence[float], span: Span) -> int:
+    """How many of the sorted start times fall inside ``span``."""
+    return bisect_right(starts, span.end_us) - bisect_left(starts, span.start_us)
 
 
 # ---------------------------------------------------------- communication
@@ -393,11 +475,12 @@ def _gloo_comms(spans: list[Span], source: str) -> list[Comm]:
     out = []
     for call in calls:
         op = _op_of(call.name)
-        queue = runs.get(op, [])
+        run_op = op if op in runs else GLOO_RUNS_AS.get(op, op)
+        queue = runs.get(run_op, [])
         run = None
-        while taken[op] < len(queue):
-            candidate = queue[taken[op]]
-            taken[op] += 1
+        while taken[run_op] < len(queue):
+            candidate = queue[taken[run_op]]
+            taken[run_op] += 1
             if candidate.end_us >= call.start_us:
                 run = candidate
                 break
@@ -593,63 +676,34 @@ def _meet_in_order(sequences: list[list[Comm]]) -> bool:
 MAX_INFERRED_P2P_RANKS = 64  # pairing unpeered p2p compares every rank pair
 
 
-def _fifo_overlaps(sends: list[Comm], recvs: list[Comm]) -> list[tuple[int, int]]:
-    """In-order matches of one channel: the n-th send meets the n-th receive,
-    and a matched pair overlaps in time (the receive waits for the send, or
-    the send for the receive)."""
-    out, i, j = [], 0, 0
-    while i < len(sends) and j < len(recvs):
-        send, recv = sends[i], recvs[j]
-        if send.end_us < recv.start_us:
-            i += 1
-        elif recv.end_us < send.start_us:
-            j += 1
-        else:
-            out.append((i, j))
-            i, j = i + 1, j + 1
-    return out
-
-
-def _slack(send: Comm, recv: Comm) -> float:
-    """How loosely a pair meets: one side usually waits for the other."""
-    return min(recv.end_us - send.start_us, send.end_us - recv.start_us)
+def _fits(sends: list[Comm], recvs: list[Comm]) -> bool:
+    """One rank's sends can be another's receives, in order: as many, and
+    each receive ends after its send starts."""
+    return len(sends) == len(recvs) and all(
+        recv.end_us >= send.start_us for send, recv in zip(sends, recvs))
 
 
 def _pair_p2p(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
-    """Peers for point-to-point ops the trace did not record: channel by
-    channel, the rank pair whose sends and receives overlap in order most
-    often (then most tightly) takes those ops, until none is left."""
-    pools = {r: {"send": [i for i, c in enumerate(cs) if c.op == "send" and c.peer is None],
-                 "recv": [i for i, c in enumerate(cs) if c.op == "recv" and c.peer is None]}
-             for r, cs in comms.items()}
+    """Peers for point-to-point ops the trace did not record, where only one
+    sender-to-receiver assignment of whole ranks fits (``forced_pairs``);
+    otherwise they stay unpeered."""
+    unpeered = {op: {r: [i for i, c in enumerate(cs) if c.op == op and c.peer is None]
+                     for r, cs in comms.items()} for op in P2P_OPS}
+    sends = {r: ids for r, ids in unpeered["send"].items() if ids}
+    recvs = {r: ids for r, ids in unpeered["recv"].items() if ids}
+    if not sends or len(sends) + len(recvs) > 2 * MAX_INFERRED_P2P_RANKS:
+        return comms
+    fitting = [(r, s) for r in sends for s in recvs if r != s and _fits(
+        [comms[r][i] for i in sends[r]], [comms[s][j] for j in recvs[s]])]
+    chosen = forced_pairs(fitting)
+    if chosen is None or set(chosen) != set(sends) or set(chosen.values()) != set(recvs):
+        return comms
     out = {r: list(cs) for r, cs in comms.items()}
-    busy = [r for r, p in pools.items() if p["send"] or p["recv"]]
-    if len(busy) > MAX_INFERRED_P2P_RANKS:
-        return out
-    while True:
-        best: tuple[int, float, int, int, list[tuple[int, int]]] | None = None
-        for r in busy:
-            for s in busy:
-                if r == s or not pools[r]["send"] or not pools[s]["recv"]:
-                    continue
-                sends = [comms[r][i] for i in pools[r]["send"]]
-                recvs = [comms[s][j] for j in pools[s]["recv"]]
-                matched = _fifo_overlaps(sends, recvs)
-                if not matched:
-                    continue
-                slack = sorted(_slack(sends[i], recvs[j]) for i, j in matched)[len(matched) // 2]
-                if best is None or (len(matched), -slack) > (best[0], -best[1]):
-                    best = (len(matched), slack, r, s, matched)
-        if best is None:
-            return out
-        _, _, r, s, matched = best
-        send_ids = [pools[r]["send"][i] for i, _ in matched]
-        recv_ids = [pools[s]["recv"][j] for _, j in matched]
-        for i, j in zip(send_ids, recv_ids):
+    for r, s in chosen.items():
+        for i, j in zip(sends[r], recvs[s]):
             out[r][i] = replace(comms[r][i], peer=s)
             out[s][j] = replace(comms[s][j], peer=r)
-        pools[r]["send"] = [i for i in pools[r]["send"] if i not in set(send_ids)]
-        pools[s]["recv"] = [j for j in pools[s]["recv"] if j not in set(recv_ids)]
+    return out
 
 
 def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
@@ -669,12 +723,19 @@ def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRa
 
 
 def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:
+    starts = [p.start_us for p in k.steps]
+
+    def iteration(at_us: float) -> dict[str, int]:
+        number = _iteration_of(k.steps, starts, at_us)
+        return {} if number is None else {"iteration": number}
+
     # the kind is recorded as our backends record it (megatronapp.trace.kinds reads it back)
     events = [Event(s.name, s.start_us * 1e-6, s.dur_us * 1e-6,
-                    {"cat": s.cat, "kind": "other" if s.name.startswith(STEP_PREFIX) else "compute"})
+                    {"cat": s.cat, "kind": "other" if s.name.startswith(STEP_PREFIX) else "compute",
+                     **iteration(s.start_us)})
               for s in k.compute]
     for c in comms:
-        args: dict[str, Any] = {"bytes": c.nbytes, "cat": "comm"}
+        args: dict[str, Any] = {"bytes": c.nbytes, "cat": "comm", **iteration(c.start_us)}
         if c.op in P2P_OPS and c.peer is not None:
             args.update(kind="p2p", peer=c.peer)
         elif c.group is not None:

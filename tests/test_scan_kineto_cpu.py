@@ -1,0 +1,152 @@
+"""What ordinary CPU jobs' torch.profiler traces hold, read right: profiler
+steps as iterations, FSDP2's group-less ``*_base`` collectives, send/recv
+without recorded peers, and compute that is not annotated. Traces are built
+to the schema gloo jobs write (``tests/zoo`` runs the real jobs)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from megatronapp.scan.analyze import analyze
+from megatronapp.scan.detect import megascan
+from megatronapp.scan.inputs import load_scan_input
+from megatronapp.scan.kineto import kineto_files, load_kineto
+
+from .test_scan_kineto import BASE_NS, _meta, _write, _x
+
+MAIN, GLOO = 1, 21  # the main thread and a gloo worker thread
+
+
+def gloo_file(rank: int, world: int, events: list[dict[str, Any]]) -> dict:
+    return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "host_name": "node0",
+            "traceEvents": _meta(rank) + events,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
+                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
+                                               "pg_size": world, "ranks": list(range(world))}]}}
+
+
+def collective(rank: int, op: str, gloo_op: str, at: float, done: float) -> list[dict]:
+    """A c10d call on the main thread, run by gloo on its own thread until ``done``."""
+    return [_x(f"c10d::{op}", "cpu_op", rank, MAIN, at, 20.0),
+            _x(f"gloo:{gloo_op}", "user_annotation", rank, GLOO, at + 5, done - at - 5)]
+
+
+def stepped_rank(rank: int, steps: int = 3) -> list[dict]:
+    """Each step: a matmul, then an all-reduce every rank finishes together."""
+    events, t = [], 1000.0
+    for n in range(steps):
+        events += [_x(f"ProfilerStep#{n + 5}", "user_annotation", rank, MAIN, t, 1000.0),
+                   _x("aten::mm", "cpu_op", rank, MAIN, t + 10, 600.0 + 50 * rank),
+                   *collective(rank, "allreduce_", "all_reduce", t + 700, t + 950)]
+        t += 1000.0
+    return events
+
+
+def test_profiler_steps_are_the_iterations_of_every_event_on_every_thread(tmp_path):
+    target = _write(tmp_path, {r: gloo_file(r, 2, stepped_rank(r)) for r in (0, 1)})
+    events = load_kineto(kineto_files(target)).events
+    for evs in events.values():
+        work = [e for e in evs if not e.name.startswith("ProfilerStep")]
+        assert [e.args.get("iteration") for e in work] == [5, 5, 6, 6, 7, 7]
+    assert len(analyze(events)["iteration_times_s"]) == 3
+
+
+def fsdp_rank(rank: int, steps: int = 3) -> list[dict]:
+    """FSDP2 on gloo: flat-tensor all-gathers and reduce-scatters (gloo runs
+    the latter as an all-reduce), no process group recorded on any call."""
+    events, t = [], 1000.0
+    for n in range(steps):
+        events += [_x(f"ProfilerStep#{n}", "user_annotation", rank, MAIN, t, 2000.0),
+                   *collective(rank, "_allgather_base_", "all_gather", t + 10, t + 300),
+                   _x("aten::mm", "cpu_op", rank, MAIN, t + 310, 500.0 + 100 * rank),
+                   *collective(rank, "_reduce_scatter_base_", "all_reduce", t + 1000, t + 1900)]
+        t += 2000.0
+    return events
+
+
+def test_fsdp2_base_collectives_link_across_ranks_and_count_as_communication(tmp_path):
+    target = _write(tmp_path, {r: gloo_file(r, 2, fsdp_rank(r)) for r in (0, 1)})
+    events = load_kineto(kineto_files(target)).events
+    for evs in events.values():
+        linked = [(e.name, e.args.get("group")) for e in evs if e.args.get("cat") == "comm"]
+        assert linked == [("dp_allgather", [0, 1]), ("dp_reducescatter", [0, 1])] * 3
+    times = analyze(events)["ranks"]
+    # the gathers' waits, and the reduce-scatters beyond each rank's matmul
+    assert times["0"]["comm_s"] == pytest.approx(3 * (300.0 - 10.0 + 1900.0 - 1000.0) * 1e-6)
+
+
+def ddp_rank(rank: int, wait_us: float, holder: tuple[str, str]) -> list[dict]:
+    """An op (FSDP2's autograd functions) holding the backward matmul, the
+    gradient all-reduce and the wait for it."""
+    return [_x("ProfilerStep#0", "user_annotation", rank, MAIN, 0.0, 5000.0),
+            _x(*holder, rank, MAIN, 100.0, 1000.0 + wait_us),
+            _x("aten::mm", "cpu_op", rank, MAIN, 110.0, 800.0),
+            *collective(rank, "allreduce_", "all_reduce", 950.0, 1050.0 + wait_us),
+            _x("aten::add_", "cpu_op", rank, MAIN, 1200.0 + wait_us, 300.0)]
+
+
+@pytest.mark.parametrize("holder", [
+    ("autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward", "cpu_op"),
+    ("FSDP::post_backward_reduce (0)", "user_annotation")])  # torch's own range
+def test_an_op_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path, holder):
+    target = _write(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0, holder)) for r in (0, 1)})
+    times = analyze(load_kineto(kineto_files(target)).events)["ranks"]
+    for rank in ("0", "1"):
+        # the matmul and the op after the holder
+        assert times[rank]["compute_s"] == pytest.approx((800.0 + 300.0) * 1e-6)
+        assert times[rank]["comm_s"] == pytest.approx((1050.0 + 400.0 - 950.0) * 1e-6)
+
+
+def pipeline_files(slow_rank: int | None = None, link_delay_us: float = 0.0,
+                   stages: int = 4, microbatches: int = 6) -> dict[int, dict]:
+    """A 4-stage pipeline on gloo without ``record_shapes``: all forwards,
+    then all backwards, each stage sending its output on with ``send`` and
+    waiting in ``recv`` for its input; no op records its peer. Rank 2's
+    receives from rank 1 may arrive ``link_delay_us`` late."""
+    fwd = {r: 400.0 * (2.0 if r == slow_rank else 1.0) for r in range(stages)}
+    events: dict[int, list[dict]] = {r: [] for r in range(stages)}
+    ready: dict[tuple[int, int], float] = {}  # (stage, microbatch) -> input arrived
+    free = {r: 0.0 for r in range(stages)}
+    for direction in (1, -1):
+        order = range(stages) if direction == 1 else range(stages - 1, -1, -1)
+        for m in range(microbatches):
+            for r in order:
+                source = r - direction
+                start = free[r]
+                if 0 <= source < stages:  # wait for the input
+                    delay = link_delay_us if {source, r} == {1, 2} else 0.0
+                    arrive = max(start, ready[(source, m)]) + 50.0 + delay
+                    events[r] += [_x("c10d::recv_", "cpu_op", r, MAIN, start, 20.0),
+                                  _x("gloo:recv", "user_annotation", r, GLOO, start + 10,
+                                     arrive - start - 10)]
+                    start = arrive
+                dur = fwd[r] * (1 if direction == 1 else 2)
+                events[r].append(_x("aten::mm", "cpu_op", r, MAIN, start, dur))
+                done = start + dur
+                if 0 <= r + direction < stages:  # send the output on
+                    events[r] += [_x("c10d::send", "cpu_op", r, MAIN, done, 20.0),
+                                  _x("gloo:send", "user_annotation", r, GLOO + 1, done + 10, 30.0)]
+                    done += 20.0
+                ready[(r, m)] = done
+                free[r] = done
+    return {r: gloo_file(r, stages, evs) for r, evs in events.items()}
+
+
+@pytest.mark.parametrize("fault", [{}, {"slow_rank": 1}, {"link_delay_us": 3000.0}])
+def test_send_recv_without_peers_never_name_a_link_the_pipeline_did_not_use(tmp_path, fault):
+    target = _write(tmp_path, pipeline_files(**fault))
+    used = {frozenset((s, s + 1)) for s in range(3)}
+    linked = {frozenset((r, e.args["peer"])) for r, evs in load_kineto(kineto_files(target))
+              .events.items() for e in evs if "peer" in e.args}
+    assert linked <= used
+    diagnosis = megascan(load_scan_input(target))
+    assert all(frozenset((c.rank, c.peer)) in used for c in diagnosis.root_causes
+               if c.kind == "link")
+
+
+def test_send_recv_without_peers_pair_where_the_counts_allow_one_routing(tmp_path):
+    target = _write(tmp_path, pipeline_files(stages=2))
+    for rank, evs in load_kineto(kineto_files(target)).events.items():
+        p2p = [e for e in evs if e.name in ("send", "recv")]
+        assert len(p2p) == 12 and all(e.args.get("peer") == 1 - rank for e in p2p)
