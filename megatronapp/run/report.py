@@ -20,7 +20,7 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
         print(f"  note: {note}")
     losses = summary.get("loss_per_iteration")
     if losses:  # a real run trains: say whether it learns
-        print("  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses))
+        print(loss_line(losses))
     if "scope" in summary:
         from ..scope.summary import run_lines
 
@@ -34,6 +34,33 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     print("\n".join(written_lines(summary.get("trace", {}), out)))
     if (out / PROFILE_DIR).is_dir():
         print(f"  wrote {out / PROFILE_DIR}/ (torch.profiler traces, one per rank)")
+
+
+LOSS_VALUES_SHOWN = 10  # more than this: first, last, min and a sparkline
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 40
+
+
+def loss_line(losses: list[float]) -> str:
+    """Every loss of a short run; of a long one (1,500 steps) the first, the
+    last, the lowest and a sparkline of the curve, on one line."""
+    if len(losses) <= LOSS_VALUES_SHOWN:
+        return "  loss per iteration (nats/token): " + " ".join(f"{x:.3f}" for x in losses)
+    lowest = min(range(len(losses)), key=losses.__getitem__)
+    return (f"  loss (nats/token) over {len(losses):,} iterations: first {losses[0]:.3f}, "
+            f"last {losses[-1]:.3f}, lowest {losses[lowest]:.3f} at iteration {lowest} "
+            f"{sparkline(losses)}")
+
+
+def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
+    """The mean of each of ``width`` equal slices, as one block character each."""
+    count = min(width, len(values))
+    bins = [values[i * len(values) // count:(i + 1) * len(values) // count]
+            for i in range(count)]
+    means = [sum(b) / len(b) for b in bins]
+    low, high = min(means), max(means)
+    scale = (len(SPARK) - 1) / (high - low) if high > low else 0.0
+    return "".join(SPARK[round((m - low) * scale)] for m in means)
 
 
 def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
