@@ -204,3 +204,11 @@ def test_a_limit_out_of_range_is_exit_2_one_line(run_dir: Path, option: str, val
     r = run_cli("scope", "serve", str(run_dir / "gen"), "--port", "0", option, value)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and option in r.stderr
+
+
+def test_the_server_prints_no_third_party_warning(server: ViewServer) -> None:
+    """stderr holds the view's own lines only (uvicorn's legacy websockets
+    implementation warned of its deprecation on every start)."""
+    with client(server) as ws:
+        assert receive_json(ws)["kind"] == "info"  # started and answering
+    assert not any("Warning" in line for line in server.log), server.log

@@ -471,6 +471,6 @@ def log_to_stderr() -> None:
 
 
 def run_server(app: ViewApp, sock: Listener, limits: Limits) -> None:
-    config = GuardedConfig(app.starlette(), limits, log_level="warning", ws="websockets",
+    config = GuardedConfig(app.starlette(), limits, log_level="warning", ws="websockets-sansio",
                            ws_max_size=MAX_FRAME_BYTES, lifespan="off", loop="asyncio")
     uvicorn.Server(config).run(sockets=[sock])
