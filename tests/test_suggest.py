@@ -96,3 +96,13 @@ def test_read_events_takes_a_string_path_as_the_docs_show(tmp_path: Path) -> Non
                    str(out)).returncode == 0
     events = read_events(str(out / "trace.json"))
     assert sorted(events) == list(range(16)) and all(events[r] for r in events)
+
+
+@pytest.mark.parametrize("command", ["detect", "analyze", "align"])
+def test_a_scenario_given_to_a_trace_command_points_at_run(command: str) -> None:
+    scenario = ROOT / "scenarios" / "throttle.yaml"
+    result = run_cli(command, str(scenario))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is a scenario file, not a trace" in lines[0]
+    assert f"did you mean `megatronapp run {scenario}`" in lines[0]

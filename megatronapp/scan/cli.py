@@ -51,7 +51,14 @@ def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
     try:
         return read(target)
     except TraceError as err:
+        if Path(str(target)).suffix.lower() in SCENARIO_SUFFIXES:  # the commonest mix-up
+            raise UserError(f"RUN_DIR_OR_TRACE: {target} is a scenario file, not a trace; did "
+                            f"you mean `megatronapp run {target}`, then this command on its "
+                            "run directory?") from None
         raise UserError(f"RUN_DIR_OR_TRACE: {err}") from None
+
+
+SCENARIO_SUFFIXES = (".yaml", ".yml")
 
 
 # ---------------------------------------------------------------- detect
