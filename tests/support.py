@@ -1,6 +1,7 @@
 """Helpers more than one test module uses; tests/conftest.py keeps fixtures and hooks only."""
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -162,3 +163,45 @@ def sample_losses(results: Sequence[WorkerResult], s: Scenario) -> dict[int, flo
 def compute_sequence(events: Sequence[Event]) -> list[tuple[Any, ...]]:
     return [(e.name, e.args.get("microbatch"), e.args.get("chunk"))
             for e in sorted(events, key=lambda e: e.start_s) if e.name in COMPUTE_NAMES]
+
+
+# ------------------------------------------ Kineto's trace schema, by hand
+KINETO_BASE_NS = 1_790_000_000_000_000_000
+
+
+def kineto_event(name: str, cat: str, pid: Any, tid: Any, ts: float, dur: float, **args: Any) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def kineto_meta(pid: int) -> list[dict]:
+    """What every Kineto file carries besides work: metadata (string pids too),
+    counters, instants, flows."""
+    return [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
+            {"ph": "M", "name": "process_sort_index", "pid": "Spans", "tid": 0,
+             "args": {"sort_index": 536870912}},
+            {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces",
+             "tid": "Trace PyTorch Profiler", "ts": 1.0},
+            {"ph": "C", "name": "GPU 0 Memory", "pid": 0, "tid": 0, "ts": 2.0,
+             "args": {"Total Allocated": 1024}},
+            kineto_event("PyTorch Profiler (0)", "Trace", "Spans", "PyTorch Profiler", 0.0, 1e6)]
+
+
+def write_kineto(directory: Path, files: dict[int, dict], gz: bool = False) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank, data in files.items():
+        name = directory / f"host_{rank}.{rank}.pt.trace.json"
+        if gz:
+            with gzip.open(f"{name}.gz", "wt") as fh:
+                json.dump(data, fh)
+        else:
+            name.write_text(json.dumps(data))
+    return directory
+
+
+# the constants a simulated run is made with, which calibrate must recover
+CALIBRATION_TRUTH = {"cluster.gpu.efficiency": 0.3, "cluster.gpu.gemm_overhead_us": 50.0,
+                     "cluster.gpu.module_overhead_us": 300.0, "cluster.gpu.hbm_tbps": 0.01,
+                     "cluster.gpu.backward_ratio": 1.4, "cluster.gpu.op_overhead_us": 100.0,
+                     "cluster.links.intra_node_latency_us": 40.0,
+                     "cluster.links.intra_node_gbps": 16.0}

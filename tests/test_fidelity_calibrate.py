@@ -13,25 +13,19 @@ from megatronapp.fidelity.fit import Knob, fit_constants, with_settings
 from megatronapp.costs.flops import model_flops_per_iteration
 from sim import simulate_iteration_times
 
-from .support import ROOT, run_cli
+from .support import CALIBRATION_TRUTH, ROOT, run_cli
 
 CPU_TINY = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"
-TRUTH = {"cluster.gpu.efficiency": 0.3, "cluster.gpu.gemm_overhead_us": 50.0,
-         "cluster.gpu.module_overhead_us": 300.0, "cluster.gpu.hbm_tbps": 0.01,
-         "cluster.gpu.backward_ratio": 1.4, "cluster.gpu.op_overhead_us": 100.0,
-         "cluster.links.intra_node_latency_us": 40.0, "cluster.links.intra_node_gbps": 16.0}
-
-
 def test_calibrate_recovers_the_constants_a_simulated_run_was_made_with(tmp_path: Path) -> None:
     run_dir, out = tmp_path / "measured", tmp_path / "calibrated.yaml"
-    sets = [a for k, v in TRUTH.items() for a in ("--set", f"{k}={v}")]
+    sets = [a for k, v in CALIBRATION_TRUTH.items() for a in ("--set", f"{k}={v}")]
     proc = run_cli("run", str(CPU_TINY), "--out", str(run_dir), "--quiet", *sets)
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("calibrate", str(run_dir), "--scenario", str(CPU_TINY), "--out", str(out),
                    "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    for key, value in TRUTH.items():
+    for key, value in CALIBRATION_TRUTH.items():
         # waiting on a send's completion also shows between operations
         tolerance = 0.05 if key == "cluster.gpu.op_overhead_us" else 1e-3
         assert report["settings"][key] == pytest.approx(value, rel=tolerance), key

@@ -15,7 +15,7 @@ from megatronapp.trace.kinds import event_kind
 from sim import run_sim
 
 from .support import ROOT, run_cli
-from .test_fidelity_calibrate import TRUTH
+from .support import CALIBRATION_TRUTH
 
 CPU_TINY = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"
 COMPUTE_FITS = ("cluster.gpu.efficiency", "cluster.gpu.gemm_overhead_us",
@@ -41,7 +41,7 @@ def _profile_of(events: dict, directory: Path,
 
 
 def _simulated_events() -> dict:
-    return run_sim(with_settings(load_scenario(CPU_TINY), TRUTH)).events
+    return run_sim(with_settings(load_scenario(CPU_TINY), CALIBRATION_TRUTH)).events
 
 
 def _calibrate(measured: Path, out: Path) -> Any:
@@ -55,12 +55,12 @@ def test_a_profile_of_a_simulated_run_gives_back_its_compute_constants(tmp_path:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     for key in COMPUTE_FITS:  # placed by the programs: first, middle and last chunks apart
-        assert report["settings"][key] == pytest.approx(TRUTH[key], rel=1e-3), key
+        assert report["settings"][key] == pytest.approx(CALIBRATION_TRUTH[key], rel=1e-3), key
     assert set(report["evidence"]["forward_s_by_chunk_kind"]) == {"first", "middle", "last"}
     assert "cluster.gpu.op_overhead_us" not in report["settings"]
     assert report["evidence"]["kept_from_scenario"] == ["cluster.gpu.op_overhead_us"]
     assert load_scenario(tmp_path / "calibrated.yaml").cluster.gpu.efficiency == pytest.approx(
-        TRUTH["cluster.gpu.efficiency"], rel=1e-3)
+        CALIBRATION_TRUTH["cluster.gpu.efficiency"], rel=1e-3)
 
 
 def _drop_last_range(rank: int, ranges: list[dict]) -> None:

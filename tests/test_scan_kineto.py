@@ -19,46 +19,26 @@ from megatronapp.scan.detect import megascan
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.kineto import LOADED_PHASES, SKIPPED_PHASES, kineto_files, load_kineto
 from megatronapp.scan.load import TraceError, load_trace
+from .support import KINETO_BASE_NS, kineto_event, kineto_meta, write_kineto
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE_NS = 1_790_000_000_000_000_000
-
-
 # ------------------------------------------------- Kineto's schema, by hand
-def _x(name: str, cat: str, pid: Any, tid: Any, ts: float, dur: float, **args: Any) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
-            "args": args}
-
-
-def _meta(pid: int) -> list[dict]:
-    """What every Kineto file carries besides work: metadata (string pids too),
-    counters, instants, flows."""
-    return [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
-            {"ph": "M", "name": "process_sort_index", "pid": "Spans", "tid": 0,
-             "args": {"sort_index": 536870912}},
-            {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": "Traces",
-             "tid": "Trace PyTorch Profiler", "ts": 1.0},
-            {"ph": "C", "name": "GPU 0 Memory", "pid": 0, "tid": 0, "ts": 2.0,
-             "args": {"Total Allocated": 1024}},
-            _x("PyTorch Profiler (0)", "Trace", "Spans", "PyTorch Profiler", 0.0, 1e6)]
-
-
 def nccl_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
     """A data-parallel pair on GPUs: forward/backward kernels under GPU
     annotations, an NCCL all-reduce per iteration launched from a
     ``record_param_comms`` call (linked by correlation id and a flow)."""
-    pid, events, t, corr = 4000 + rank, _meta(4000 + rank), 100.0, 100 * rank
+    pid, events, t, corr = 4000 + rank, kineto_meta(4000 + rank), 100.0, 100 * rank
     for it in range(iterations):
         for name, base in (("forward", 900.0), ("backward", 1800.0)):
             dur = base * (slow if rank == 1 else 1.0) * (1 + 0.01 * ((it * 7 + rank) % 3))
             corr += 1
-            events += [_x(name, "user_annotation", pid, pid, t, 30.0),
-                       _x("cudaLaunchKernel", "cuda_runtime", pid, pid, t + 5, 4.0,
+            events += [kineto_event(name, "user_annotation", pid, pid, t, 30.0),
+                       kineto_event("cudaLaunchKernel", "cuda_runtime", pid, pid, t + 5, 4.0,
                           correlation=corr),
                        {"ph": "s", "id": corr, "pid": pid, "tid": pid, "ts": t + 5,
                         "cat": "ac2g", "name": "ac2g"},
-                       _x(name, "gpu_user_annotation", 0, 7, t + 20, dur),
-                       _x("ampere_sgemm_128x64_nn", "kernel", 0, 7, t + 20, dur,
+                       kineto_event(name, "gpu_user_annotation", 0, 7, t + 20, dur),
+                       kineto_event("ampere_sgemm_128x64_nn", "kernel", 0, 7, t + 20, dur,
                           correlation=corr, stream=7, device=0),
                        {"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": t + 20, "cat": "ac2g",
                         "name": "ac2g", "bp": "e"}]
@@ -67,35 +47,23 @@ def nccl_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
         start = 20000.0 * (it + 1)
         last = 1 if slow > 1 else it % 2  # a slow rank keeps its peer waiting
         arrive = start + (40.0 if rank == last else 0.0)
-        events += [_x("record_param_comms", "cpu_op", pid, pid, arrive - 10, 20.0, **{
+        events += [kineto_event("record_param_comms", "cpu_op", pid, pid, arrive - 10, 20.0, **{
                        "Collective name": "allreduce", "dtype": "Float", "In msg nelems": 4096,
                        "Out msg nelems": 4096, "Group size": 2, "Process Group Name": "1",
                        "Process Group Description": "undefined", "Process Group Ranks": "[0, 1]"}),
-                   _x("cudaLaunchKernel", "cuda_runtime", pid, pid, arrive - 5, 3.0,
+                   kineto_event("cudaLaunchKernel", "cuda_runtime", pid, pid, arrive - 5, 3.0,
                       correlation=corr),
-                   _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                   kineto_event("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                       "kernel", 0, 20, arrive, start + 300 - arrive, correlation=corr, stream=20)]
         t = start + 400
-    return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "traceEvents": events,
+    return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "traceEvents": events,
             "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2, "pg_config": [
                 {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
                 {"pg_name": "1", "pg_desc": "undefined", "pg_size": 2, "ranks": [0, 1]}]}}
 
 
-def _write(directory: Path, files: dict[int, dict], gz: bool = False) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for rank, data in files.items():
-        name = directory / f"host_{rank}.{rank}.pt.trace.json"
-        if gz:
-            with gzip.open(f"{name}.gz", "wt") as fh:
-                json.dump(data, fh)
-        else:
-            name.write_text(json.dumps(data))
-    return directory
-
-
 def test_nccl_trace_gpu_kernels_and_collective_metadata(tmp_path):
-    target = _write(tmp_path / "prof", {r: nccl_rank_file(r, slow=1.5) for r in (0, 1)})
+    target = write_kineto(tmp_path / "prof", {r: nccl_rank_file(r, slow=1.5) for r in (0, 1)})
     job = load_kineto(kineto_files(target))
     events, phases = job.events, job.phases
     assert sorted(events) == [0, 1]
@@ -114,8 +82,8 @@ def test_nccl_trace_gpu_kernels_and_collective_metadata(tmp_path):
 
 
 def test_healthy_nccl_pair_is_healthy_and_gzip_reads_the_same(tmp_path):
-    plain = _write(tmp_path / "plain", {r: nccl_rank_file(r, slow=1.0) for r in (0, 1)})
-    packed = _write(tmp_path / "gz", {r: nccl_rank_file(r, slow=1.0) for r in (0, 1)}, gz=True)
+    plain = write_kineto(tmp_path / "plain", {r: nccl_rank_file(r, slow=1.0) for r in (0, 1)})
+    packed = write_kineto(tmp_path / "gz", {r: nccl_rank_file(r, slow=1.0) for r in (0, 1)}, gz=True)
     assert megascan(load_scan_input(plain)).healthy
     assert load_trace(plain).events == load_trace(packed).events
 
@@ -125,17 +93,17 @@ def test_p2p_peers_from_metadata_map_group_ranks_to_global(tmp_path):
         role = "send" if rank == 2 else "recv"
         key = "Dst Rank" if role == "send" else "Src Rank"
         pid = 10 + rank
-        events = _meta(pid) + [
-            _x("record_param_comms", "cpu_op", pid, pid, 100.0, 10.0, **{
+        events = kineto_meta(pid) + [
+            kineto_event("record_param_comms", "cpu_op", pid, pid, 100.0, 10.0, **{
                 "Collective name": role, "dtype": "BFloat16", "In msg nelems": 8,
                 "Process Group Ranks": [2, 3], key: 1 if role == "send" else 0}),
-            _x("cudaLaunchKernel", "cuda_runtime", pid, pid, 105.0, 2.0, correlation=1),
-            _x("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "kernel", 0, 20,
+            kineto_event("cudaLaunchKernel", "cuda_runtime", pid, pid, 105.0, 2.0, correlation=1),
+            kineto_event("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "kernel", 0, 20,
                110.0 + rank, 50.0, correlation=1)]
-        return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "traceEvents": events,
+        return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "traceEvents": events,
                 "distributedInfo": {"rank": rank, "world_size": 4}}
 
-    events = load_kineto(kineto_files(_write(tmp_path, {2: rank_file(2), 3: rank_file(3)}))).events
+    events = load_kineto(kineto_files(write_kineto(tmp_path, {2: rank_file(2), 3: rank_file(3)}))).events
     (send,) = [e for e in events[2] if e.name == "send"]
     (recv,) = [e for e in events[3] if e.name == "recv"]
     assert (send.args["peer"], recv.args["peer"], send.args["bytes"]) == (3, 2, 16)
@@ -147,24 +115,24 @@ def gloo_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
     each iteration ends in the data-parallel all-reduce, where the fast rank
     waits for the slow one. Gloo runs each group's calls on two threads of its
     own, alternately; nothing in the file says which group a call used."""
-    pid, events = 6000 + rank, _meta(6000 + rank)
+    pid, events = 6000 + rank, kineto_meta(6000 + rank)
     start, fwd = 1000.0, 3000.0
     for it in range(iterations):
         t = start
         dur = fwd * (slow if rank == 1 else 1.0) * (1 + 0.01 * ((it * 7 + rank) % 3))
-        events.append(_x("forward", "user_annotation", pid, pid, t, dur))
+        events.append(kineto_event("forward", "user_annotation", pid, pid, t, dur))
         for k in range(3):  # inside the forward, finished alone
             call = t + dur - 400 + 120 * k
-            events += [_x("c10d::allreduce_", "cpu_op", pid, pid, call, 60.0),
-                       _x("gloo:all_reduce", "user_annotation", pid, 11 + k % 2, call + 20, 15.0)]
+            events += [kineto_event("c10d::allreduce_", "cpu_op", pid, pid, call, 60.0),
+                       kineto_event("gloo:all_reduce", "user_annotation", pid, 11 + k % 2, call + 20, 15.0)]
         t += dur + 20
-        events.append(_x("backward", "user_annotation", pid, pid, t, 2 * dur))
+        events.append(kineto_event("backward", "user_annotation", pid, pid, t, 2 * dur))
         t += 2 * dur + 20
         done = start + 3.2 * fwd * slow  # after the slow rank arrives: the sum
-        events += [_x("c10d::allreduce_", "cpu_op", pid, pid, t, 50.0),
-                   _x("gloo:all_reduce", "user_annotation", pid, 21 + it % 2, t + 10, done - t)]
+        events += [kineto_event("c10d::allreduce_", "cpu_op", pid, pid, t, 50.0),
+                   kineto_event("gloo:all_reduce", "user_annotation", pid, 21 + it % 2, t + 10, done - t)]
         start = done + 100
-    return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "traceEvents": events,
+    return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "traceEvents": events,
             "host_name": "node0",
             "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2, "pg_config": [
                 {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
@@ -177,7 +145,7 @@ def gloo_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
 def test_one_rank_group_calls_inside_a_peers_wait_leave_its_group_alone(tmp_path):
     """The slow rank's one-rank calls fall inside its peer's long data-parallel
     wait, so they fit the pair's group in time; they are not its calls."""
-    job = load_kineto(kineto_files(_write(tmp_path, {r: gloo_rank_file(r, 4.0) for r in (0, 1)})))
+    job = load_kineto(kineto_files(write_kineto(tmp_path, {r: gloo_rank_file(r, 4.0) for r in (0, 1)})))
     for evs in job.events.values():
         linked = [e for e in evs if "group" in e.args]
         assert [e.name for e in linked] == ["dp_allreduce"] * 8
@@ -203,7 +171,7 @@ def test_one_rank_group_calls_inside_a_peers_wait_leave_its_group_alone(tmp_path
 def test_malformed_kineto_trace_names_the_file_and_the_event(tmp_path, edit, fragment):
     data = nccl_rank_file(0, 1.0, iterations=1)
     edit(data)
-    path = _write(tmp_path, {0: data}) / "host_0.0.pt.trace.json"
+    path = write_kineto(tmp_path, {0: data}) / "host_0.0.pt.trace.json"
     with pytest.raises(TraceError) as err:
         load_trace(path)
     assert str(err.value).startswith(str(path)) and fragment in str(err.value)
@@ -214,7 +182,7 @@ def test_cli_exit_2_on_a_malformed_kineto_directory(tmp_path, capsys):
     bad_index = len(data["traceEvents"])
     data["traceEvents"].append({"ph": "X", "name": "k", "cat": "kernel", "pid": 0, "tid": 7,
                                 "ts": 5.0, "dur": -1.0})
-    _write(tmp_path, {0: data, 1: nccl_rank_file(1, 1.0, iterations=1)}, gz=True)
+    write_kineto(tmp_path, {0: data, 1: nccl_rank_file(1, 1.0, iterations=1)}, gz=True)
     code = main(["detect", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
@@ -232,7 +200,7 @@ def test_a_rank_from_the_file_name_is_read_and_must_fit_32_bits(tmp_path):
 
 
 def test_two_files_claiming_one_rank_are_refused(tmp_path):
-    _write(tmp_path, {0: nccl_rank_file(0, 1.0, 1), 1: nccl_rank_file(0, 1.0, 1)})
+    write_kineto(tmp_path, {0: nccl_rank_file(0, 1.0, 1), 1: nccl_rank_file(0, 1.0, 1)})
     with pytest.raises(TraceError, match="rank 0 also appears"):
         load_trace(tmp_path)
 

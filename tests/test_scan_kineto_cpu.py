@@ -13,14 +13,14 @@ from megatronapp.scan.detect import megascan
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.kineto import kineto_files, load_kineto
 
-from .test_scan_kineto import BASE_NS, _meta, _write, _x
+from .support import KINETO_BASE_NS, kineto_event, kineto_meta, write_kineto
 
 MAIN, GLOO = 1, 21  # the main thread and a gloo worker thread
 
 
 def gloo_file(rank: int, world: int, events: list[dict[str, Any]]) -> dict:
-    return {"schemaVersion": 1, "baseTimeNanoseconds": BASE_NS, "host_name": "node0",
-            "traceEvents": _meta(rank) + events,
+    return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "host_name": "node0",
+            "traceEvents": kineto_meta(rank) + events,
             "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
                                 "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
                                                "pg_size": world, "ranks": list(range(world))}]}}
@@ -28,23 +28,23 @@ def gloo_file(rank: int, world: int, events: list[dict[str, Any]]) -> dict:
 
 def collective(rank: int, op: str, gloo_op: str, at: float, done: float) -> list[dict]:
     """A c10d call on the main thread, run by gloo on its own thread until ``done``."""
-    return [_x(f"c10d::{op}", "cpu_op", rank, MAIN, at, 20.0),
-            _x(f"gloo:{gloo_op}", "user_annotation", rank, GLOO, at + 5, done - at - 5)]
+    return [kineto_event(f"c10d::{op}", "cpu_op", rank, MAIN, at, 20.0),
+            kineto_event(f"gloo:{gloo_op}", "user_annotation", rank, GLOO, at + 5, done - at - 5)]
 
 
 def stepped_rank(rank: int, steps: int = 3) -> list[dict]:
     """Each step: a matmul, then an all-reduce every rank finishes together."""
     events, t = [], 1000.0
     for n in range(steps):
-        events += [_x(f"ProfilerStep#{n + 5}", "user_annotation", rank, MAIN, t, 1000.0),
-                   _x("aten::mm", "cpu_op", rank, MAIN, t + 10, 600.0 + 50 * rank),
+        events += [kineto_event(f"ProfilerStep#{n + 5}", "user_annotation", rank, MAIN, t, 1000.0),
+                   kineto_event("aten::mm", "cpu_op", rank, MAIN, t + 10, 600.0 + 50 * rank),
                    *collective(rank, "allreduce_", "all_reduce", t + 700, t + 950)]
         t += 1000.0
     return events
 
 
 def test_profiler_steps_are_the_iterations_of_every_event_on_every_thread(tmp_path):
-    target = _write(tmp_path, {r: gloo_file(r, 2, stepped_rank(r)) for r in (0, 1)})
+    target = write_kineto(tmp_path, {r: gloo_file(r, 2, stepped_rank(r)) for r in (0, 1)})
     events = load_kineto(kineto_files(target)).events
     for evs in events.values():
         work = [e for e in evs if not e.name.startswith("ProfilerStep")]
@@ -57,16 +57,16 @@ def fsdp_rank(rank: int, steps: int = 3) -> list[dict]:
     the latter as an all-reduce), no process group recorded on any call."""
     events, t = [], 1000.0
     for n in range(steps):
-        events += [_x(f"ProfilerStep#{n}", "user_annotation", rank, MAIN, t, 2000.0),
+        events += [kineto_event(f"ProfilerStep#{n}", "user_annotation", rank, MAIN, t, 2000.0),
                    *collective(rank, "_allgather_base_", "all_gather", t + 10, t + 300),
-                   _x("aten::mm", "cpu_op", rank, MAIN, t + 310, 500.0 + 100 * rank),
+                   kineto_event("aten::mm", "cpu_op", rank, MAIN, t + 310, 500.0 + 100 * rank),
                    *collective(rank, "_reduce_scatter_base_", "all_reduce", t + 1000, t + 1900)]
         t += 2000.0
     return events
 
 
 def test_fsdp2_base_collectives_link_across_ranks_and_count_as_communication(tmp_path):
-    target = _write(tmp_path, {r: gloo_file(r, 2, fsdp_rank(r)) for r in (0, 1)})
+    target = write_kineto(tmp_path, {r: gloo_file(r, 2, fsdp_rank(r)) for r in (0, 1)})
     events = load_kineto(kineto_files(target)).events
     for evs in events.values():
         linked = [(e.name, e.args.get("group")) for e in evs if e.args.get("cat") == "comm"]
@@ -79,18 +79,18 @@ def test_fsdp2_base_collectives_link_across_ranks_and_count_as_communication(tmp
 def ddp_rank(rank: int, wait_us: float, holder: tuple[str, str]) -> list[dict]:
     """An op (FSDP2's autograd functions) holding the backward matmul, the
     gradient all-reduce and the wait for it."""
-    return [_x("ProfilerStep#0", "user_annotation", rank, MAIN, 0.0, 5000.0),
-            _x(*holder, rank, MAIN, 100.0, 1000.0 + wait_us),
-            _x("aten::mm", "cpu_op", rank, MAIN, 110.0, 800.0),
+    return [kineto_event("ProfilerStep#0", "user_annotation", rank, MAIN, 0.0, 5000.0),
+            kineto_event(*holder, rank, MAIN, 100.0, 1000.0 + wait_us),
+            kineto_event("aten::mm", "cpu_op", rank, MAIN, 110.0, 800.0),
             *collective(rank, "allreduce_", "all_reduce", 950.0, 1050.0 + wait_us),
-            _x("aten::add_", "cpu_op", rank, MAIN, 1200.0 + wait_us, 300.0)]
+            kineto_event("aten::add_", "cpu_op", rank, MAIN, 1200.0 + wait_us, 300.0)]
 
 
 @pytest.mark.parametrize("holder", [
     ("autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward", "cpu_op"),
     ("FSDP::post_backward_reduce (0)", "user_annotation")])  # torch's own range
 def test_an_op_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path, holder):
-    target = _write(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0, holder)) for r in (0, 1)})
+    target = write_kineto(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0, holder)) for r in (0, 1)})
     times = analyze(load_kineto(kineto_files(target)).events)["ranks"]
     for rank in ("0", "1"):
         # the matmul and the op after the holder
@@ -117,16 +117,16 @@ def pipeline_files(slow_rank: int | None = None, link_delay_us: float = 0.0,
                 if 0 <= source < stages:  # wait for the input
                     delay = link_delay_us if {source, r} == {1, 2} else 0.0
                     arrive = max(start, ready[(source, m)]) + 50.0 + delay
-                    events[r] += [_x("c10d::recv_", "cpu_op", r, MAIN, start, 20.0),
-                                  _x("gloo:recv", "user_annotation", r, GLOO, start + 10,
+                    events[r] += [kineto_event("c10d::recv_", "cpu_op", r, MAIN, start, 20.0),
+                                  kineto_event("gloo:recv", "user_annotation", r, GLOO, start + 10,
                                      arrive - start - 10)]
                     start = arrive
                 dur = fwd[r] * (1 if direction == 1 else 2)
-                events[r].append(_x("aten::mm", "cpu_op", r, MAIN, start, dur))
+                events[r].append(kineto_event("aten::mm", "cpu_op", r, MAIN, start, dur))
                 done = start + dur
                 if 0 <= r + direction < stages:  # send the output on
-                    events[r] += [_x("c10d::send", "cpu_op", r, MAIN, done, 20.0),
-                                  _x("gloo:send", "user_annotation", r, GLOO + 1, done + 10, 30.0)]
+                    events[r] += [kineto_event("c10d::send", "cpu_op", r, MAIN, done, 20.0),
+                                  kineto_event("gloo:send", "user_annotation", r, GLOO + 1, done + 10, 30.0)]
                     done += 20.0
                 ready[(r, m)] = done
                 free[r] = done
@@ -135,7 +135,7 @@ def pipeline_files(slow_rank: int | None = None, link_delay_us: float = 0.0,
 
 @pytest.mark.parametrize("fault", [{}, {"slow_rank": 1}, {"link_delay_us": 3000.0}])
 def test_send_recv_without_peers_never_name_a_link_the_pipeline_did_not_use(tmp_path, fault):
-    target = _write(tmp_path, pipeline_files(**fault))
+    target = write_kineto(tmp_path, pipeline_files(**fault))
     used = {frozenset((s, s + 1)) for s in range(3)}
     linked = {frozenset((r, e.args["peer"])) for r, evs in load_kineto(kineto_files(target))
               .events.items() for e in evs if "peer" in e.args}
@@ -146,7 +146,7 @@ def test_send_recv_without_peers_never_name_a_link_the_pipeline_did_not_use(tmp_
 
 
 def test_send_recv_without_peers_pair_where_the_counts_allow_one_routing(tmp_path):
-    target = _write(tmp_path, pipeline_files(stages=2))
+    target = write_kineto(tmp_path, pipeline_files(stages=2))
     for rank, evs in load_kineto(kineto_files(target)).events.items():
         p2p = [e for e in evs if e.name in ("send", "recv")]
         assert len(p2p) == 12 and all(e.args.get("peer") == 1 - rank for e in p2p)
