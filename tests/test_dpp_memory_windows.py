@@ -10,7 +10,7 @@ from megatronapp.dpp.memory import MemoryExceeded, order_peak_slots
 from megatronapp.dpp.windows import send_windows, window_metrics
 from megatronapp.parallel.schedules import PipeShape, static_order
 from sim import run_sim
-from tests.support import fixed_cost_scenario, run_cli
+from tests.support import ROOT, fixed_cost_scenario, run_cli
 
 
 @pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 2)])
@@ -70,3 +70,13 @@ def test_summary_json_carries_windows_and_peak_memory(tmp_path: Path) -> None:
     assert dpp["p2p_send_window_s"] > 0 and dpp["allreduce_window_s"] > 0
     plot = run_cli("plot", str(out))
     assert plot.returncode == 0 and (out / "dpp_windows.png").stat().st_size > 0
+
+
+def test_dpp_windows_prints_durations_in_ms_like_dpp_compare(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    assert run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out",
+                   str(out)).returncode == 0
+    printed = run_cli("dpp", "windows", str(out)).stdout.split("\n")
+    keys = {line.split()[0] for line in printed if line.strip()}
+    assert {"p2p_send_window_ms", "allreduce_window_ms"} <= keys
+    assert not any(key.endswith("_s") for key in keys)

@@ -9,9 +9,8 @@ import pytest
 
 from megatronapp.cli import main
 
-from .support import run_cli
+from .support import ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 NO_JITTER = "cluster.jitter={compute_sigma: 0, link_sigma: 0}"
 SCENARIOS = [
     ("throttle.yaml", []),  # a throttled rank, clock skew, compute and link jitter
@@ -63,3 +62,16 @@ def test_predict_on_an_adaptive_schedule_says_memory_is_not_predicted() -> None:
     assert json.loads(result.stdout)["peak_memory_bytes"] is None
     text = run_cli("predict", str(ROOT / "scenarios" / "dpp_healthy.yaml")).stdout
     assert "memory per rank: not predicted" in text
+
+
+def test_figures_of_a_cpu_sized_model_are_not_printed_as_zero() -> None:
+    from megatronapp.fidelity.predict import Prediction, prediction_lines
+
+    tiny = Prediction(name="tiny", gpus=2, peak_flops_per_gpu=400e12,
+                      iteration_times_s=(2e-4, 1.2e-4), model_flops=8e4, hardware_flops=1e5,
+                      memory=(), capacity_bytes=80e9, notes=(), replica=False)
+    text = "\n".join(prediction_lines(tiny))
+    assert "iteration time: 0.00012 s" in text
+    throughput = tiny.hardware_tflops_per_gpu
+    assert 0 < throughput < 0.05 and f"throughput: {throughput:.3g} TFLOP/s" in text
+    assert "0.0 TFLOP/s" not in text and "MFU 0.0%" not in text

@@ -65,39 +65,6 @@ def test_a_mistyped_command_or_choice_names_the_closest() -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_figures_of_a_cpu_sized_model_are_not_printed_as_zero() -> None:
-    from megatronapp.fidelity.predict import Prediction, prediction_lines
-
-    tiny = Prediction(name="tiny", gpus=2, peak_flops_per_gpu=400e12,
-                      iteration_times_s=(2e-4, 1.2e-4), model_flops=8e4, hardware_flops=1e5,
-                      memory=(), capacity_bytes=80e9, notes=(), replica=False)
-    text = "\n".join(prediction_lines(tiny))
-    assert "iteration time: 0.00012 s" in text
-    throughput = tiny.hardware_tflops_per_gpu
-    assert 0 < throughput < 0.05 and f"throughput: {throughput:.3g} TFLOP/s" in text
-    assert "0.0 TFLOP/s" not in text and "MFU 0.0%" not in text
-
-
-def test_dpp_windows_prints_durations_in_ms_like_dpp_compare(tmp_path: Path) -> None:
-    out = tmp_path / "res"
-    assert run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out",
-                   str(out)).returncode == 0
-    printed = run_cli("dpp", "windows", str(out)).stdout.split("\n")
-    keys = {line.split()[0] for line in printed if line.strip()}
-    assert {"p2p_send_window_ms", "allreduce_window_ms"} <= keys
-    assert not any(key.endswith("_s") for key in keys)
-
-
-def test_read_events_takes_a_string_path_as_the_docs_show(tmp_path: Path) -> None:
-    from megatronapp.run.write import read_events
-
-    out = tmp_path / "res"
-    assert run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out",
-                   str(out)).returncode == 0
-    events = read_events(str(out / "trace.json"))
-    assert sorted(events) == list(range(16)) and all(events[r] for r in events)
-
-
 @pytest.mark.parametrize("command", ["detect", "analyze", "align"])
 def test_a_scenario_given_to_a_trace_command_points_at_run(command: str) -> None:
     scenario = ROOT / "scenarios" / "throttle.yaml"

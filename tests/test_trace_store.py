@@ -240,3 +240,13 @@ def test_store_metadata_names_a_foreign_parquet_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a megatronapp event table"):
         read_meta(tmp_path / "foreign.parquet")
     assert main(["detect", str(tmp_path / "foreign.parquet")]) == 2
+
+
+def test_read_events_takes_a_string_path_as_the_docs_show(tmp_path: Path) -> None:
+    from megatronapp.run.write import read_events
+
+    out = tmp_path / "res"
+    assert run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out",
+                   str(out)).returncode == 0
+    events = read_events(str(out / "trace.json"))
+    assert sorted(events) == list(range(16)) and all(events[r] for r in events)

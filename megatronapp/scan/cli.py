@@ -22,6 +22,9 @@ TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a 
 JSON_HELP = "print JSON instead of text"
 
 
+SCENARIO_SUFFIXES = (".yaml", ".yml")  # what a trace command is given by mistake
+
+
 def _scan_input(target: str, say: Say, max_bytes: float | None = None) -> Any:
     """``target``'s events, each JSON file's text capped at ``max_bytes``
     (default: what this machine's memory can parse)."""
@@ -57,8 +60,6 @@ def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
                             "run directory?") from None
         raise UserError(f"RUN_DIR_OR_TRACE: {err}") from None
 
-
-SCENARIO_SUFFIXES = (".yaml", ".yml")
 
 
 # ---------------------------------------------------------------- detect
