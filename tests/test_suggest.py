@@ -73,3 +73,14 @@ def test_a_scenario_given_to_a_trace_command_points_at_run(command: str) -> None
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "is a scenario file, not a trace" in lines[0]
     assert f"did you mean `megatronapp run {scenario}`" in lines[0]
+
+
+def test_a_short_name_suggests_the_choice_it_begins_not_a_lookalike() -> None:
+    """``h100`` is closer by letters to ``h200`` than to ``h100-sxm``; a user
+    typing the start of a name means that name."""
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({"cluster": {"gpu": "h100"}})
+    assert err.value.field == "cluster.gpu.device"
+    assert "did you mean 'h100-sxm'?" in err.value.reason
+    # two names begin with the word: fall back to the most similar one
+    assert closest("a", ["ab", "ac", "zz"]) in ("ab", "ac")

@@ -14,8 +14,14 @@ _QUOTED = re.compile(r"'([^']*)'")
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
-    """The choice most like ``word`` (difflib's ratio of at least 0.6), if any."""
-    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """The choice ``word`` abbreviates (the only one it begins, ignoring case:
+    ``h100`` is ``h100-sxm``, not the more similar ``h200``), else the choice
+    most like it (difflib's ratio of at least 0.6), if any."""
+    names = list(choices)
+    extended = [c for c in names if c.lower().startswith(word.lower()) and word]
+    if len(extended) == 1:
+        return extended[0]
+    matches = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     return matches[0] if matches else None
 
 
