@@ -8,6 +8,9 @@ annotate its work. Communication shows as torch's own ``c10d::``/``gloo:``
 """
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -47,7 +50,38 @@ def kineto_profile(out_dir: str | None, rank: int
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    prof = profile(activities=activities)
+    with kineto_markers_dropped():
+        prof.start()
+    try:
         yield annotated
+    finally:
+        with kineto_markers_dropped():
+            prof.stop()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(Path(out_dir) / f"rank{rank}.pt.trace.json.gz"))
+
+
+KINETO_MARKERS = (b"USDT:", b"STAGE:")
+
+
+@contextmanager
+def kineto_markers_dropped() -> Iterator[None]:
+    """Kineto's C++ logger writes ``USDT: ... profiler_start`` (and ``STAGE:``)
+    lines straight to file descriptor 2 when a profiler starts and stops, at a
+    level no environment setting silences without silencing its errors too.
+    Around those two calls only, stderr is caught and replayed without them."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().splitlines(keepends=True)
+                    if not line.startswith(KINETO_MARKERS)]
+            if kept:
+                os.write(2, b"".join(kept))
