@@ -87,6 +87,8 @@ NOT_RUN: dict[str, str] = {
         "needs a CUDA GPU",
     "megatronapp sweep scenarios/sweeps/throttle_severity.yaml --out /tmp/sw.csv --jobs 2":
         "48 simulated runs: over a minute on two cores",
+    "megatronapp sweep scenarios/sweeps/throttle_severity.yaml --out /tmp/sw.csv "
+    "--report /tmp/sw.html --jobs 2": "the same 48 runs (the page is tested in test_sweep.py)",
     ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run": TORCH,
     ".venv/bin/megatronapp run SCENARIO --backend torch --stall-timeout 60":
         "a template (SCENARIO) for torch runs",

@@ -116,6 +116,20 @@ def test_live_activation_panel_is_one_labelled_bar_per_rank(drawn: PlotInput) ->
     _every_axis_labelled(fig)
 
 
+def test_a_trace_without_pipeline_windows_gets_no_empty_dpp_figure(tmp_path: Path, capsys,
+                                                                  drawn: PlotInput) -> None:
+    """A profiler trace of a job with no pipeline (DDP: compute and an
+    all-reduce without our window ranges) has nothing for MegaDPP's figure:
+    no empty axes are written, and the user is told why."""
+    from megatronapp.dpp.cli import plot_hook
+
+    ddp_like = {r: [Event("aten::mm", 0.0, 1e-3, {}), Event("allreduce", 1e-3, 2e-3, {})]
+                for r in range(4)}
+    assert plot_hook(tmp_path, ddp_like) == [] and not list(tmp_path.iterdir())
+    assert "no dpp_windows.png" in capsys.readouterr().out
+    assert [p.name for p in plot_hook(tmp_path, drawn.events)] == ["dpp_windows.png"]
+
+
 def test_large_runs_draw_the_root_causes_pipeline_first(quick_start: Path) -> None:
     """Above the rank limit only the ranks that matter are read and drawn,
     and the figure says so."""

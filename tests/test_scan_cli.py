@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from megatronapp.cli import main
@@ -137,3 +138,23 @@ def test_reading_a_run_says_what_it_does(run_dir):
     assert phases == [f"loading {run_dir / 'trace.parquet'}", "linking sync ops",
                       "aligning 8 clocks"]
     assert len(scan.clocks) == 8
+
+
+def test_a_profiler_traces_heat_map_has_a_column_per_op_class_not_per_step() -> None:
+    """torch.profiler names every iteration ``ProfilerStep#N`` and wraps backward
+    ops in autograd's name: the heat map pools them into classes, and keeps at
+    most MAX_COLUMNS columns, pooling the ops with the least time."""
+    from megatronapp.scan.plots import MAX_COLUMNS, OTHER_OPS
+    from megatronapp.trace.events import Event
+
+    def ev(name: str, dur_s: float) -> Event:
+        return Event(name=name, start_s=0.0, dur_s=dur_s, args={})
+
+    steps = [ev(f"ProfilerStep#{i}", 1.0) for i in range(2, 12)]
+    backward = [ev("autograd::engine::evaluate_function: ReluBackward0", 0.1)] * 3
+    many = [ev(f"aten::op{i}", 1e-3 * (i + 1)) for i in range(40)]
+    ranks, names, grid = mean_durations({0: steps + backward + many, 1: steps + many})
+    assert len(names) == MAX_COLUMNS and {"ProfilerStep", "ReluBackward0", OTHER_OPS} <= set(names)
+    assert "aten::op0" not in names and "aten::op39" in names  # the least time is pooled
+    assert grid[0, names.index("ProfilerStep")] == pytest.approx(1e3)
+    assert np.isnan(grid[1, names.index("ReluBackward0")])

@@ -74,17 +74,77 @@ def test_a_bad_spec_is_one_line_naming_the_field(tmp_path: Path, body: str, fiel
 @pytest.mark.slow
 def test_sweep_on_local_processes_writes_one_table(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "seeds: 2\ngrid: {faults.0.factor: [1.0, 2.0]}\ndetect: true\n")
-    out = tmp_path / "table.parquet"
+    out, page = tmp_path / "table.parquet", tmp_path / "pages" / "sweep.html"
     proc = run_cli("sweep", str(spec), "--out", str(out), "--jobs", "2",
-                   "--set", "iterations=2")
+                   "--set", "iterations=2", "--report", str(page))
     assert proc.returncode == 0, proc.stderr
     rows = pq.read_table(out).to_pylist()
+    # factor 1.0 injects nothing: a point is right when it is called healthy
+    assert [r["injected"] for r in rows] == ["compute:5" if r["faults.0.factor"] == 2.0 else ""
+                                             for r in rows]
+    assert all(r["named_first"] == (r["root_causes"].split(" ")[0] == "compute:5"
+                                    if r["injected"] else r["healthy"]) for r in rows)
+    _check_sweep_page(page.read_text(), rows)
     assert [r["point"] for r in rows] == [0, 1, 2, 3]
     slow = [r for r in rows if r["faults.0.factor"] == 2.0]
     fast = [r for r in rows if r["faults.0.factor"] == 1.0]
     assert min(r["iteration_time_s"] for r in slow) > max(r["iteration_time_s"] for r in fast)
     assert str(os.getpid()) not in {r["worker"].rsplit(":", 1)[1] for r in rows}  # spawned
     assert all("compute:5" in r["root_causes"] for r in slow)  # throttle.yaml slows rank 5
+
+
+@pytest.mark.parametrize("causes,truth,healthy,right", [
+    ([], ["compute:5"], True, False),  # a missed fault
+    (["link:1-2", "compute:5"], ["compute:5"], False, False),  # named, but not first
+    (["compute:5"], ["compute:5"], False, True),
+    ([], [], True, True), (["compute:3"], [], False, False)])  # nothing injected
+def test_named_first_scores_the_first_cause_against_what_was_injected(
+        causes: list, truth: list, healthy: bool, right: bool) -> None:
+    from megatronapp.sweep.run import named_first
+
+    assert named_first(causes, truth, healthy) is right
+
+
+def _check_sweep_page(text: str, rows: list[dict]) -> None:
+    """One section per swept key with its figure, and the counts of its table."""
+    from html.parser import HTMLParser
+
+    class Page(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sections: list[str] = []
+            self.images = 0
+            self.cells: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list) -> None:
+            found = dict(attrs)
+            if tag == "section":
+                self.sections.append(found["id"])
+            self.images += tag == "img" and found["src"].startswith("data:image/png;base64,")
+
+        def handle_data(self, data: str) -> None:
+            self.cells.append(data.strip())
+
+    parsed = Page()
+    parsed.feed(text)
+    assert parsed.sections == ["sweep", "key-0"] and parsed.images == 1
+    assert "Against faults.0.factor" in parsed.cells and "http" not in text
+    named_at_2 = sum(1 for r in rows if r["faults.0.factor"] == 2.0 and r["named_first"])
+    at_2 = parsed.cells.index("2.0")  # the row of factor 2.0: value, runs, named first
+    assert parsed.cells[at_2 + 1: at_2 + 3] == ["2", str(named_at_2)]
+
+
+@pytest.mark.parametrize("report,words", [("x.txt", "must end in .html"),
+                                          ("table.csv", "must end in .html")])
+def test_a_bad_report_path_is_refused_before_any_point(tmp_path: Path, report: str,
+                                                       words: str) -> None:
+    spec = _spec(tmp_path, "seeds: 1\ngrid: {faults.0.factor: [1.0]}\n")
+    proc = run_cli("sweep", str(spec), "--out", str(tmp_path / "table.csv"),
+                   "--report", str(tmp_path / report))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"megatronapp: --report: {tmp_path / report} "
+                                                f"{words}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
 
 
 def _free_port() -> int:

@@ -116,10 +116,18 @@ def in_milliseconds(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def plot_hook(run_dir: Path, events: dict, _focus: Any = None) -> list[Path]:
-    """``megatronapp plot`` adds the window metrics (the root cause is not theirs to mark)."""
-    from .plots import plot_windows
+    """``megatronapp plot`` adds the window metrics (the root cause is not theirs
+    to mark), unless the trace has none to show."""
+    from ..trace.timeline import save
+    from .plots import window_values, windows_figure
 
-    return [plot_windows(events, Path(run_dir) / "dpp_windows.png", title=Path(run_dir).name)]
+    values = window_values(events)
+    if values.empty():
+        print("no dpp_windows.png: the trace has no pipeline sends, all-reduce windows or "
+              "stored activations")
+        return []
+    return [save(windows_figure(values, title=Path(run_dir).name),
+                 Path(run_dir) / "dpp_windows.png")]
 
 
 def register(subparsers: Any, plot_hooks: list) -> None:

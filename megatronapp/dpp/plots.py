@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
+from dataclasses import dataclass
 from statistics import fmean
 from typing import Mapping, Sequence
 
@@ -10,15 +10,28 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..trace.timeline import save
 from ..trace.events import Event
 from .memory import trace_live_slots
 from .windows import allreduce_windows, send_windows
 
 
-def windows_figure(events: Mapping[int, Sequence[Event]], title: str = "") -> Figure:
-    """Per rank: mean P2P send window, mean all-reduce window, and the most
-    activations it held at once (one bar per rank: readable at any size)."""
+@dataclass(frozen=True)
+class WindowValues:
+    """Per rank (in ``ranks`` order): mean P2P send window and mean all-reduce
+    window in ms, and the most activations it held at once."""
+    ranks: list[int]
+    p2p_ms: list[float]
+    allreduce_ms: list[float]
+    peak_activations: list[int]
+
+    def empty(self) -> bool:
+        """Nothing to draw: no pipeline sends, all-reduces or stored activations
+        (e.g. a profiler trace of a job without a pipeline)."""
+        return not any(self.p2p_ms) and not any(self.allreduce_ms) \
+            and not any(self.peak_activations)
+
+
+def window_values(events: Mapping[int, Sequence[Event]]) -> WindowValues:
     ranks = sorted(events)
     by_src: dict[int, list[float]] = defaultdict(list)
     for w in send_windows(events):
@@ -26,6 +39,15 @@ def windows_figure(events: Mapping[int, Sequence[Event]], title: str = "") -> Fi
     p2p = [fmean(by_src[r]) * 1e3 if by_src[r] else 0.0 for r in ranks]
     ar = [fmean(ws) * 1e3 if (ws := allreduce_windows(events[r])) else 0.0 for r in ranks]
     peak = [max((n for _, n in trace_live_slots(events[r])), default=0) for r in ranks]
+    return WindowValues(ranks, p2p, ar, peak)
+
+
+def windows_figure(events: Mapping[int, Sequence[Event]] | WindowValues,
+                   title: str = "") -> Figure:
+    """Per rank: mean P2P send window, mean all-reduce window, and the most
+    activations it held at once (one bar per rank: readable at any size)."""
+    v = events if isinstance(events, WindowValues) else window_values(events)
+    ranks, p2p, ar, peak = v.ranks, v.p2p_ms, v.allreduce_ms, v.peak_activations
     fig = Figure(figsize=(15, 4.5), layout="constrained")
     axes = fig.subplots(1, 3)
     panels = ((p2p, "#8C8C8C", "sending rank", "window (ms)", "mean P2P send window"),
@@ -39,10 +61,6 @@ def windows_figure(events: Mapping[int, Sequence[Event]], title: str = "") -> Fi
     axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))  # whole activations
     fig.suptitle(title or "MegaDPP windows")
     return fig
-
-
-def plot_windows(events: Mapping[int, Sequence[Event]], path: Path, title: str = "") -> Path:
-    return save(windows_figure(events, title), path)
 
 
 def draw_traversal(ax: Axes, order: Sequence[tuple[int, int]], microbatches: int,

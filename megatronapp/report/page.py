@@ -5,53 +5,23 @@ graph, memory per rank, then MegaFBD / MegaDPP / MegaScope when the run's
 summary has them."""
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from megatronapp.io.html_page import inline_png, page, pre, section, table
 from megatronapp.trace.timeline import DPI, timeline_figure
 from megatronapp.scan.cli import explain
 from megatronapp.scan.focus import PlotInput
 from megatronapp.scan.plots import heatmap_figure, marey_figure
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
-color:#222}h1{margin-bottom:0}section{margin:2em 0}img{max-width:100%;border:1px solid #ddd}
-pre{background:#f6f6f6;padding:1em;overflow:auto}.verdict{border-left:6px solid #D62728;
-padding-left:1em}.healthy{border-left-color:#55A868}table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}"""
-
 
 def figure_html(fig: Figure, alt: str) -> str:
-    """``fig`` as an inline PNG."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
-
-
-def section(ident: str, title: str, body: str) -> str:
-    return f'<section id="{ident}"><h2>{html.escape(title)}</h2>\n{body}\n</section>'
-
-
-def pre(lines: Iterator[str] | list[str]) -> str:
-    return "<pre>" + html.escape("\n".join(lines)) + "</pre>"
-
-
-def table(rows: Mapping[str, Any]) -> str:
-    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_value(v))}</td></tr>"
-                    for k, v in rows.items())
-    return f"<table>{cells}</table>"
-
-
-def _value(v: Any) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (dict, list)) \
-        else str(v)
+    return inline_png(fig, alt, DPI)
 
 
 def scenario_section(summary: Mapping[str, Any]) -> str:
@@ -141,6 +111,4 @@ def report_html(run_dir: Path, summary: Mapping[str, Any], data: PlotInput) -> s
              *figures_sections(name, data), memory_section(summary),
              *module_sections(summary, run_dir)]
     body = "\n".join(p for p in parts if p)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(name)}: megatronapp report</title><style>{STYLE}</style>"
-            f"</head><body><h1>{html.escape(name)}</h1>\n{body}\n</body></html>\n")
+    return page(f"{name}: megatronapp report", body)

@@ -2,6 +2,7 @@
 style) and an enhanced Marey graph of one iteration of one pipeline."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -20,12 +21,43 @@ from .focus import PlotFocus
 Events = Mapping[int, Sequence[Event]]  # rank -> its events (a dict, or a view of columns)
 
 
+# A profiler's names carry what differs per call after '#' (ProfilerStep#7,
+# Optimizer.step#SGD.step) and autograd's wrapper before the op: one column
+# per class of op, not one per iteration.
+_CALL_SUFFIX = re.compile(r"#.*$")
+AUTOGRAD_WRAPPER = "autograd::engine::evaluate_function: "
+MAX_COLUMNS = 24  # beyond this, the ops with the least time are pooled into one column
+OTHER_OPS = "other ops"
+
+
+def op_class(name: str) -> str:
+    """``ProfilerStep#7`` -> ``ProfilerStep``; ``autograd::engine::evaluate_function:
+    ReluBackward0`` -> ``ReluBackward0``; our own op names are unchanged."""
+    return _CALL_SUFFIX.sub("", name.removeprefix(AUTOGRAD_WRAPPER)) or name
+
+
+def _pooled(sums: dict[tuple[int, str], list[float]]) -> dict[tuple[int, str], list[float]]:
+    """At most ``MAX_COLUMNS`` classes: the rest, by total time, in ``OTHER_OPS``."""
+    total: dict[str, float] = defaultdict(float)
+    for (_, name), durations in sums.items():
+        total[name] += sum(durations)
+    if len(total) <= MAX_COLUMNS:
+        return sums
+    kept = set(sorted(total, key=lambda n: -total[n])[:MAX_COLUMNS - 1])
+    pooled: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for (rank, name), durations in sums.items():
+        pooled[(rank, name if name in kept else OTHER_OPS)].extend(durations)
+    return pooled
+
+
 def mean_durations(events: Events) -> tuple[list[int], list[str], np.ndarray]:
-    """ranks, op names, matrix of mean duration in ms (NaN where a rank lacks the op)."""
+    """ranks, op classes (``op_class``; at most ``MAX_COLUMNS``), matrix of mean
+    duration in ms (NaN where a rank lacks the op)."""
     sums: dict[tuple[int, str], list[float]] = defaultdict(list)
     for rank, evs in events.items():
         for e in evs:
-            sums[(rank, e.name)].append(e.dur_s)
+            sums[(rank, op_class(e.name))].append(e.dur_s)
+    sums = _pooled(sums)
     ranks = sorted(events)
     names = sorted({name for _, name in sums})
     grid = np.full((len(ranks), len(names)), np.nan)
@@ -47,16 +79,18 @@ def heatmap_figure(events: Events, title: str = "", focus: PlotFocus = PlotFocus
     # must not be washed out by a victim's 7x longer collective waits.
     with np.errstate(divide="ignore", invalid="ignore"):
         relative = np.log2(grid / np.nanmedian(grid, axis=0, keepdims=True))
-    fig = Figure(figsize=(1.0 * len(names) + 5, min(0.22 * len(ranks) + 3, 14)),
+    # wide enough for each column's label, never wider than a page; tall enough
+    # for the rotated labels under a few ranks
+    fig = Figure(figsize=(min(0.55 * len(names) + 5, 18), min(0.22 * len(ranks) + 4, 14)),
                  layout="constrained")
     ax = fig.add_subplot()
     im = ax.imshow(relative, aspect="auto", cmap="coolwarm", interpolation="nearest",
                    vmin=-1.0, vmax=1.0)
     ax.set_xticks(range(len(names)), names, rotation=40, ha="right")
     rank_ticks(ax, ranks, label="{}")
-    ax.set_xlabel("operation")
+    ax.set_xlabel("operation (class)")
     ax.set_ylabel("rank")
-    fig.colorbar(im, ax=ax, label="log2(mean duration / median over ranks): 1 = 2x slower")
+    fig.colorbar(im, ax=ax, label="log2(mean / median over ranks)\n+1 = 2x slower")
     if focus.root in ranks:
         mark_row(ax, ranks.index(focus.root), focus.root_label, offset=-0.5)
     ax.set_title(title or "mean op duration per rank")

@@ -9,7 +9,7 @@ from typing import Any
 from megatronapp.host import limits
 from megatronapp.errors import UserError
 from megatronapp.host.executors import add_where_options, where_from
-from megatronapp.io.outdirs import add_force_option, check_file
+from megatronapp.io.outdirs import add_force_option, check_file, new_file
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -26,6 +26,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if out.suffix not in (".parquet", ".csv"):
         raise UserError(f"--out: {out} must end in .parquet or .csv")
     check_file(out, "--out", args.force, [Path(args.spec)], make_parent=True)  # before any point
+    report = _report_path(args.report, out)
+    if report is not None:
+        check_file(report, "--report", args.force, [Path(args.spec)], make_parent=True)
     points = spec.points()
     total = len(points)
     limits.enforce(args, estimate_sweep(points, where, spec.model.detect),
@@ -39,10 +42,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rows = list(run_sweep(spec, run_function(spec.model.backend), where,
                               lambda: bar.advance(task)))
     write_table(rows, out, args.force, [Path(args.spec)])
+    if report is not None:
+        _write_report(report, spec, rows, args.force, Path(args.spec))
     failed = sum(1 for r in rows if r.get("error"))
     print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"
                                               if failed else ")"))
     return 0
+
+
+def _report_path(report: str | None, out: Path) -> Path | None:
+    if report is None:
+        return None
+    path = Path(report)
+    if path.suffix != ".html":
+        raise UserError(f"--report: {path} must end in .html")
+    if path.resolve() == out.resolve():
+        raise UserError(f"--report: {path} is the --out table")
+    return path
+
+
+def _write_report(path: Path, spec: Any, rows: list[dict[str, Any]], force: bool,
+                  spec_path: Path) -> None:
+    from .page import sweep_html  # matplotlib loads here
+
+    with new_file(path, "--report", force, [spec_path], make_parent=True) as tmp:
+        tmp.write_text(sweep_html(spec.name, spec.keys(), rows, spec.model.detect),
+                       encoding="utf-8")
+    print(f"wrote {path} (open it in a browser)")
 
 
 def register(subparsers: Any, plot_hooks: list) -> None:
@@ -53,6 +79,9 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                        help="override a key of the base scenario (repeatable)")
     sweep.add_argument("--out", help="result table, .parquet or .csv "
                                      "(default runs/sweep-<spec name>.parquet)")
+    sweep.add_argument("--report", metavar="PAGE.html",
+                       help="also write one self-contained HTML page: detection rate and "
+                            "iteration time against each swept key")
     add_where_options(sweep)
     limits.add_options(sweep)
     add_force_option(sweep, "an existing --out table")

@@ -53,9 +53,37 @@ def _detection(result: Any, scenario: Scenario) -> dict[str, Any]:
     from ..scan.validate import scan_of_result
 
     diagnosis = megascan(scan_of_result(result, scenario=scenario))
-    causes = [f"{c.kind}:{c.rank}" + (f"-{c.peer}" if c.peer is not None else "")
-              for c in diagnosis.root_causes]
-    return {"healthy": diagnosis.healthy, "root_causes": " ".join(causes)}
+    causes = [cause_label(c.kind, c.rank, c.peer) for c in diagnosis.root_causes]
+    truth = injected(scenario)
+    return {"healthy": diagnosis.healthy, "root_causes": " ".join(causes),
+            "injected": " ".join(truth),
+            "named_first": named_first(causes, truth, diagnosis.healthy)}
+
+
+def named_first(causes: list[str], truth: list[str], healthy: bool) -> bool:
+    """The first cause is an injected fault; with nothing injected, right when healthy."""
+    return bool(causes) and causes[0] in truth if truth else healthy
+
+
+def cause_label(kind: str, rank: int, peer: int | None) -> str:
+    """``compute:5``, or ``link:2-7`` (the lower rank first, whichever side was named)."""
+    if peer is None:
+        return f"{kind}:{rank}"
+    low, high = sorted((rank, peer))
+    return f"{kind}:{low}-{high}"
+
+
+def injected(scenario: Scenario) -> list[str]:
+    """What a detector should name, labelled like its causes: a throttled rank's
+    compute, a slow or jittery link (clock skew is the aligner's, not a cause;
+    a factor of 1 injects nothing, so that point is healthy)."""
+    labels = []
+    for fault in scenario.faults:
+        if fault.kind == "throttle" and fault.factor > 1:
+            labels.append(cause_label("compute", fault.rank, None))
+        elif (fault.kind == "slow_link" and fault.factor > 1) or fault.kind == "link_jitter":
+            labels.append(cause_label("link", *fault.ranks))
+    return labels
 
 
 def estimate_sweep(points: list[Point], where: Where, detect: bool) -> limits.Estimate:
