@@ -42,11 +42,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rows = list(run_sweep(spec, run_function(spec.model.backend), where,
                               lambda: bar.advance(task)))
     write_table(rows, out, args.force, [Path(args.spec)])
-    if report is not None:
-        _write_report(report, spec, rows, args.force, Path(args.spec))
     failed = sum(1 for r in rows if r.get("error"))
     print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"
                                               if failed else ")"))
+    if report is not None:
+        _write_report(report, spec, rows, args.force, Path(args.spec))
     return 0
 
 
