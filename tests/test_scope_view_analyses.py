@@ -88,6 +88,15 @@ def test_a_broken_result_is_one_line_naming_the_file_and_field(capture: Path) ->
     assert "unreadable" in analyses.listed(capture)[name]
 
 
+def test_a_result_over_the_size_limit_is_not_read(capture: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    name = store(capture, "lens", lens_result().to_json(), PROMPT)
+    size = (capture / f"{name}.json").stat().st_size
+    monkeypatch.setattr(analyses, "MAX_RESULT_BYTES", size - 1)
+    with pytest.raises(UserError, match=f"{name}.json: over {size - 1} bytes"):
+        analyses.read(capture / f"{name}.json")
+
+
 @pytest.mark.parametrize("text, where", [
     (json.dumps({"type": "analysis", "name": "x" * 65}), "analysis.name"),
     (json.dumps({"type": "analysis", "name": 3}), "analysis.name"),
