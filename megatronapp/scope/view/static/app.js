@@ -110,13 +110,13 @@ function range(values) {
   if (lo === Infinity) return [0, 1];
   return lo === hi ? [lo - 0.5, hi + 0.5] : [lo, hi];
 }
-function legend(ctx, x, y, h, lo, hi, title, stops = VIRIDIS) {
+function legend(ctx, x, y, h, lo, hi, title, stops = VIRIDIS, tick = fmt) {
   for (let i = 0; i < h; i++) {
     const [r, g, b] = colour(1 - i / (h - 1), stops);
     ctx.fillStyle = `rgb(${r},${g},${b})`; ctx.fillRect(x, y + i, 14, 1);
   }
   ctx.fillStyle = "#222"; ctx.strokeRect(x, y, 14, h);
-  ctx.fillText(fmt(hi), x + 18, y + 8); ctx.fillText(fmt(lo), x + 18, y + h);
+  ctx.fillText(tick(hi), x + 18, y + 8); ctx.fillText(tick(lo), x + 18, y + h);
   ctx.save(); ctx.translate(x + 70, y + h / 2); ctx.rotate(-Math.PI / 2);
   ctx.textAlign = "center"; ctx.fillText(title, 0, 0); ctx.restore();
 }
@@ -157,7 +157,7 @@ function cellTexts(ctx, box, m, [lo, hi], stops, text) { // a short label in eac
   ctx.textAlign = "left"; ctx.font = "12px system-ui, sans-serif";
 }
 // m: {rows, cols, at}; o: {xlabels, ylabels, xtitle, ytitle, title, legend, lo, hi, diverging,
-// mark: {row}, markCols: [col], hover(row, col, value), cellText(row, col), left}
+// mark: {row}, markCols: [col], hover(row, col, value), cellText(row, col), left, tick(value): legend labels}
 function heatmap(canvas, m, o) {
   const ctx = clear(canvas), left = o.left || 70;
   const box = { x: left, y: 24, w: canvas.width - left - 120, h: canvas.height - 70 };
@@ -181,7 +181,7 @@ function heatmap(canvas, m, o) {
   if (o.title) ctx.fillText(o.title, box.x, 14);
   canvas.setAttribute("aria-label", o.title || "");
   axisTitles(ctx, box, o.xtitle, o.ytitle);
-  legend(ctx, box.x + box.w + 20, box.y, box.h, lo, hi, o.legend, stops);
+  legend(ctx, box.x + box.w + 20, box.y, box.h, lo, hi, o.legend, stops, o.tick);
   hoverable(canvas, box, m, o.hover || ((r, c, v) => `${o.ytitle} ${o.ylabels ? o.ylabels(r) : r}, ${o.xtitle} ${o.xlabels ? o.xlabels(c) : c}: ${fmt(v)}`));
 }
 function plotBox(canvas) { return { x: 70, y: 24, w: canvas.width - 240, h: canvas.height - 70 }; }
@@ -536,7 +536,7 @@ function renderLens() {
   heatmap(canvas, { rows: r.rows.length, cols: r.tokens.length, at: (row, p) => Math.log10(1 + rank(row, p)) }, {
     left: 110, xlabels: (p) => show(r.tokens[p]), ylabels: (row) => r.rows[row], xtitle: "position (the token read)", ytitle: "",
     title: `logit lens of ${JSON.stringify(r.prompt)}: rank of the next token where each row reads the stream (cells: the lens's first choice)`,
-    legend: "log10(1 + rank of the next token)", lo: 0, hi: Math.log10(1 + worst),
+    legend: "rank of the next token (log scale)", lo: 0, hi: Math.log10(1 + worst), tick: (v) => String(Math.round(10 ** v - 1)),
     cellText: (row, p) => show(r.top[row][p][0].token),
     hover: (row, p) => `${r.rows[row]}, position ${p} ${show(r.tokens[p])} → next ${next(p)}: rank ${Number.isNaN(rank(row, p)) ? "–" : rank(row, p)}\ntop: ${r.top[row][p].map((t) => `${show(t.token)} ${t.prob === null ? "–" : t.prob.toFixed(3)}`).join("  ")}`,
   });
