@@ -95,10 +95,12 @@ def hover_cell(page: Any, canvas: str, row: int, col: int, rows: int, cols: int,
     return page.text_content("#tip")  # type: ignore[no-any-return]
 
 
-def attention_weight(page: Any, step: int, layer: int, head: int, q: int, k: int) -> float:
+def attention_row(page: Any, step: int, layer: int, head: int, q: int) -> list[float]:
+    """Query ``q``'s attention over the keys, read from the step's frame."""
     return page.evaluate(  # type: ignore[no-any-return]
         f"(() => {{ const a = window.megascope.steps[{step}].arrays['clean/attention/layer{layer}'];"
-        f" const n = a.shape[1]; return a.data[{head} * n * n + {q} * n + {k}]; }})()")
+        f" const n = a.shape[1]; return Array.from(a.data.subarray("
+        f"({head} * n + {q}) * n, ({head} * n + {q} + 1) * n)); }})()")
 
 
 def check_perturbation_fields(page: Any) -> None:
@@ -198,8 +200,10 @@ def test_the_view_in_a_browser(server: ViewServer, tmp_path: Path) -> None:
 
             # hover: the token pair and the weight of the cell under the pointer
             window = page.evaluate(f"window.megascope.steps[{TOKENS - 1}].header.window")
-            q, k = len(window) - 1, len(window) - 4
-            weight = attention_weight(page, TOKENS - 1, 2, heads - 2, q, k)
+            q = len(window) - 1
+            row = attention_row(page, TOKENS - 1, 2, heads - 2, q)
+            k = max(range(len(row)), key=row.__getitem__)  # the key it attends most
+            weight = row[k]
             assert hover_cell(page, "#attn-canvas", q, k, len(window), len(window)) == (
                 f"query {q} {visible(window[q])} → key {k} {visible(window[k])}: {weight:.4f}")
 
