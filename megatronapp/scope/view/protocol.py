@@ -93,7 +93,14 @@ class Series(_Message):
     stat: str = Field(max_length=64)
 
 
-ClientMessage = Annotated[Union[Generate, Stop, Series], Field(discriminator="type")]
+class Analysis(_Message):
+    """A logit lens or patching result stored with the capture, by its file's name."""
+
+    type: Literal["analysis"]
+    name: str = Field(max_length=64)
+
+
+ClientMessage = Annotated[Union[Generate, Stop, Series, Analysis], Field(discriminator="type")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(ClientMessage)
 
 
@@ -101,7 +108,15 @@ class Refused(Exception):
     """A client message that is not accepted; the reason is one line."""
 
 
-def parse_message(text: str) -> Generate | Stop | Series:
+def validation_reason(err: ValidationError, whole: str = "message") -> str:
+    """The first problem pydantic found, as ``field: message`` (``whole`` when
+    it is not a field's)."""
+    first = err.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"]) or whole
+    return f"{where}: {first['msg']}"
+
+
+def parse_message(text: str) -> Generate | Stop | Series | Analysis:
     """Size check first, then JSON and the schema in one strict pass (pydantic's
     parser bounds the nesting depth); ``Refused`` otherwise."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
@@ -113,8 +128,7 @@ def parse_message(text: str) -> Generate | Stop | Series:
         if first["type"] == "json_invalid":
             raise Refused(f"message is not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
                           ) from None
-        where = ".".join(str(p) for p in first["loc"]) or "message"
-        raise Refused(f"{where}: {first['msg']}") from None
+        raise Refused(validation_reason(err)) from None
 
 
 def encode_frame(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:

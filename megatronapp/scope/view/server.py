@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -53,8 +54,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ...errors import UserError
 from ..generate import GenerationStep
-from .protocol import (MAX_FRAME_BYTES, Generate, Refused, Series, Stop, encode_frame,
-                       parse_message)
+from . import analyses
+from .protocol import (MAX_FRAME_BYTES, Analysis, Generate, Refused, Series, Stop,
+                       encode_frame, parse_message)
 from .follow import PartsFollower
 from .source import TrainingSeries, ViewSource
 from .steps import step_message
@@ -165,11 +167,13 @@ class Connection:
             if watcher is not None:
                 watcher.cancel()
 
-    async def handle(self, m: Generate | Stop | Series) -> None:
+    async def handle(self, m: Generate | Stop | Series | Analysis) -> None:
         if isinstance(m, Stop):
             self.stop.set()
         elif isinstance(m, Series):
             await self.send_series(m)
+        elif isinstance(m, Analysis):
+            await self.send_analysis(m)
         else:
             await self.start_generation(m)
 
@@ -183,6 +187,19 @@ class Connection:
         await self.ws.send_bytes(encode_frame(header, {
             "steps": series.steps, "values": values, "ridge_edges": ridges.edges,
             "ridge_counts": ridges.counts}))
+
+    async def send_analysis(self, m: Analysis) -> None:
+        """A stored lens or patching result, if it is one of those listed."""
+        capture_dir = self.app.source.capture_dir
+        if m.name not in await asyncio.to_thread(analyses.listed, capture_dir):
+            raise Refused(f"analysis: the capture has no result {m.name!r}")
+        try:
+            view = await asyncio.to_thread(analyses.read, capture_dir / f"{m.name}.json")
+        except UserError as err:
+            await self.ws.send_json({"kind": "error", "message": str(err)})
+            return
+        result = json.loads(view.model_dump_json())  # non-finite numbers become null
+        await self.ws.send_json({"kind": "analysis", "name": m.name, "result": result})
 
     async def start_generation(self, m: Generate) -> None:
         live = self.app.live
@@ -290,6 +307,7 @@ class ViewApp:
     def info(self) -> dict[str, Any]:
         live = self.live
         return {**self.source.info(), "allow_perturb": self.config.allow_perturb,
+                "analyses": analyses.listed(self.source.capture_dir),
                 "following": self.follower is not None,
                 "live": None if live is None else {"layers": live.layers, "heads": live.heads,
                                                    "seq_len": live.seq_len}}

@@ -1,0 +1,89 @@
+"""The logit lens and activation patching results stored with a capture, for the page.
+
+``scope lens`` and ``scope patch`` write ``lens-HASH.json`` and
+``patch-HASH.json`` beside the capture (``megatronapp/scope/lens.py``). The
+page asks for one by name; the name must be one of the files listed here,
+and the file is validated against the fields the page draws (fields it does
+not draw are dropped, so a result that gains fields still shows). JSON is
+parsed, never evaluated; non-finite numbers go to the page as ``null``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ...errors import UserError
+from .protocol import validation_reason
+
+NAME = re.compile(r"(lens|patch)-[0-9a-f]{12}")
+MAX_RESULT_BYTES = 16 * 2**20  # a result file above this is not read (the page gets an error)
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TopToken(_Result):
+    token: str
+    prob: float | None
+
+
+class LensView(_Result):
+    """``LensResult.to_json``: per row (where the stream is read) and position,
+    the top tokens, and the rank of the next token."""
+
+    analysis: Literal["lens"] = "lens"
+    prompt: str
+    tokens: list[str]
+    rows: list[str]
+    mean_rank: list[float | None]
+    rank: list[list[int]]
+    top: list[list[list[TopToken]]]
+
+
+class PatchView(_Result):
+    """``PatchResult.to_json``: the restored metric per site, layer and position."""
+
+    analysis: Literal["patch"] = "patch"
+    clean: str
+    corrupt: str
+    tokens: list[str]
+    answers: tuple[str, str]
+    sites: list[str]
+    layers: list[int]
+    restored: list[list[list[float | None]]] = Field(description="(sites, layers, positions)")
+
+
+def listed(capture_dir: Path) -> dict[str, str]:
+    """The results beside the capture: name -> a label for the page's menu."""
+    out = {}
+    for path in sorted(capture_dir.glob("*.json")):
+        if NAME.fullmatch(path.stem):
+            out[path.stem] = _label(path)
+    return out
+
+
+def _label(path: Path) -> str:
+    try:
+        view = read(path)
+    except UserError as err:
+        return f"{path.stem} (unreadable: {err})"
+    if isinstance(view, LensView):
+        return f"lens: {view.prompt!r}"
+    return f"patch: {view.clean!r} vs {view.corrupt!r}"
+
+
+def read(path: Path) -> LensView | PatchView:
+    """The validated result in ``path``; ``UserError`` naming the file otherwise."""
+    model = LensView if path.stem.startswith("lens-") else PatchView
+    try:
+        if path.stat().st_size > MAX_RESULT_BYTES:
+            raise UserError(f"{path.name}: over {MAX_RESULT_BYTES} bytes, not read")
+        return model.model_validate_json(path.read_bytes())
+    except OSError as err:
+        raise UserError(f"{path.name}: cannot be read ({err.strerror})") from None
+    except ValidationError as err:
+        raise UserError(f"{path.name}: {validation_reason(err, 'file')}") from None
