@@ -117,3 +117,17 @@ def test_patching_the_last_position_at_the_last_layer_restores_it_all(
 def test_prompts_of_different_lengths_are_refused_on_one_line(scope_tiny_run: Path) -> None:
     r = run_cli("scope", "patch", str(scope_tiny_run), "--clean", "is an", "--corrupt", "is a")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--corrupt" in r.stderr
+
+
+def test_a_mistyped_site_is_refused_before_any_model_loads(scope_tiny_run: Path,
+                                                          tmp_path: Path) -> None:
+    """The capture alone, without the checkpoint: --sites is judged first."""
+    import shutil
+
+    capture_only = tmp_path / "capture"
+    shutil.copytree(scope_tiny_run / "scope", capture_only)
+    r = run_cli("scope", "patch", str(capture_only), "--clean", "is an", "--corrupt", "is on",
+                "--sites", "resid_pre,attn.outt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--sites" in r.stderr and "did you mean 'attn.out'" in r.stderr
+    assert not list(capture_only.glob("patch-*"))

@@ -20,13 +20,12 @@ import torch
 from megatronapp.scenario.checkpoint import Checkpoint, read_checkpoint
 from megatronapp.scenario.config import parse_scenario
 from megatronapp.errors import UserError
+from megatronapp.scope.lens import LAYER_SITES
 from megatronapp.scope.storage import find_capture
-from megatronapp.scenario.scope_spec import SITES
 
 from .scope import ACCESS, attention_materialised
 from .scope_generate import build_model, one_rank
 
-LAYER_SITES = tuple(s for s in SITES if s != "logits")  # hooked on every decoder layer
 _POSITION_AXIS = {"sbh": 0, "sbnh": 0, "bnsk": 2}  # where the token position is, by layout
 
 

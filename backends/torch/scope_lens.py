@@ -8,13 +8,12 @@ from typing import Sequence
 import numpy as np
 
 from megatronapp.errors import UserError
-from megatronapp.scope.lens import LensResult, PatchResult, restored
+from megatronapp.scope.lens import PATCH_SITES, LensResult, PatchResult, restored
 
 from .scope import ACCESS
 from .scope_cache import LoadedModel, Patch, position_index
 from .scope_generate import one_rank
 
-PATCH_SITES = ("resid_pre", "attn.out", "mlp.out")  # TransformerLens' "every block" patching
 
 
 def logit_lens(checkpoint: str | Path, prompt: str, k: int = 5) -> LensResult:

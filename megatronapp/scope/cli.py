@@ -238,12 +238,12 @@ def cmd_lens(args: argparse.Namespace) -> int:
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
-    from backends.torch.scope_lens import PATCH_SITES, activation_patching
+    from backends.torch.scope_lens import activation_patching
     from backends.torch.worker import quiet_megatron_warnings
 
-    from .lens import result_name, save
+    from .lens import patch_sites, result_name, save
 
-    sites = args.sites.split(",") if args.sites else list(PATCH_SITES)
+    sites = patch_sites(args.sites)
     name = result_name("patch", args.clean, args.corrupt, *sites, args.clean_answer or "",
                        args.corrupt_answer or "")
     capture = _results_beside_capture(args.run, name, args.force, True)

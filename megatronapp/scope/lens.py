@@ -23,7 +23,24 @@ import numpy as np
 
 from ..errors import UserError
 from ..io.outdirs import staged_outputs
+from ..io.suggest import did_you_mean
+from ..scenario.scope_spec import SITES
 from .generate import TopK, softmax, top_k
+
+PATCH_SITES = ("resid_pre", "attn.out", "mlp.out")  # TransformerLens' "every block" patching
+LAYER_SITES = tuple(s for s in SITES if s != "logits")  # hooked on every decoder layer
+
+
+def patch_sites(text: str | None) -> list[str]:
+    """``--sites`` (comma-separated), checked before any model is loaded."""
+    if text is None:
+        return list(PATCH_SITES)
+    sites = [s.strip() for s in text.split(",")]
+    for site in sites:
+        if site not in LAYER_SITES:
+            raise UserError(f"--sites: unknown site {site!r}{did_you_mean(site, LAYER_SITES)} "
+                            f"(choose from {', '.join(LAYER_SITES)})")
+    return sites
 
 
 def next_token_ranks(logits: np.ndarray, ids: list[int]) -> np.ndarray:
