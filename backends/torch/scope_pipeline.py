@@ -67,7 +67,7 @@ def run_analysis(target: str | Path, analysis: Analysis[T], pp: int = 1, tp: int
     answer: Any = results[0]
     if isinstance(answer, _Refused):
         raise UserError(answer.message)
-    return answer  # type: ignore[no-any-return]
+    return answer
 
 
 @dataclass(frozen=True)
