@@ -1,5 +1,6 @@
-"""The notebook API, the logit lens and activation patching on the tiny model
-trained by ``megatronapp run scenarios/scope_tiny.yaml --backend torch``."""
+"""The notebook API, the logit lens, activation patching and direct logit
+attribution on the tiny model trained by ``megatronapp run
+scenarios/scope_tiny.yaml --backend torch``."""
 from __future__ import annotations
 
 import json
@@ -132,3 +133,13 @@ def test_a_mistyped_site_is_refused_before_any_model_loads(scope_tiny_run: Path,
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "--sites" in r.stderr and "did you mean 'attn.out'" in r.stderr
     assert sorted(capture_only.iterdir()) == before  # nothing written
+
+
+def test_attribution_against_the_model_s_choice_is_the_mirror_image(scope_tiny_run: Path) -> None:
+    """Answer the model's runner-up: the baseline becomes its first choice,
+    and every share changes sign."""
+    first = ms.direct_logit_attribution(scope_tiny_run, PROSE)
+    mirror = ms.direct_logit_attribution(scope_tiny_run, PROSE, answer=first.answers[1])
+    assert mirror.answers == first.answers[::-1]
+    assert mirror.logit_diff == pytest.approx(-first.logit_diff, abs=1e-6)
+    np.testing.assert_allclose(mirror.heads, -first.heads, atol=1e-9)

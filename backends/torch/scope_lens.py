@@ -39,10 +39,11 @@ def lens_of(m: LoadedModel, prompt: str, k: int) -> LensResult:
 
 
 def _answer(m: LoadedModel, given: str | None, logits: np.ndarray, option: str,
-            rank: int = 0) -> int:
-    """``given`` (one character), else the model's choice of that rank (0: first)."""
+            other_than: int | None = None) -> int:
+    """``given`` (one character), else the model's first choice at the last
+    position (other than ``other_than``)."""
     if given is None:
-        return int(np.argsort(-logits[-1], kind="stable")[rank])
+        return int(next(i for i in np.argsort(-logits[-1], kind="stable") if i != other_than))
     ids = m.encode(given, option)
     if len(ids) != 1:
         raise UserError(f"{option}: one character, got {given!r}")
@@ -98,7 +99,8 @@ def direct_logit_attribution(checkpoint: str | Path, prompt: str, answer: str | 
                              baseline: str | None = None, *, pp: int = 1,
                              tp: int = 1) -> DlaResult:
     """Each head's direct share of ``logit[answer] - logit[baseline]`` at the
-    prompt's last position (defaults: the model's first and second choices)."""
+    prompt's last position (defaults: the model's first choice, and its first
+    other than the answer)."""
     return run_analysis(checkpoint, functools.partial(
         dla_of, prompt=prompt, answer=answer, baseline=baseline), pp, tp)
 
@@ -107,7 +109,7 @@ def dla_of(m: LoadedModel, prompt: str, answer: str | None, baseline: str | None
     ids = m.encode(prompt)
     logits, seen = m.forward(ids, ["resid_pre", "attn.out", "mlp.out", "resid_post"])
     good = _answer(m, answer, logits, "--answer")
-    bad = _answer(m, baseline, logits, "--baseline", rank=1)
+    bad = _answer(m, baseline, logits, "--baseline", other_than=good)
     if good == bad:
         raise UserError(f"--baseline: the same character as the answer ({m.decode([good])[0]!r})")
     heads = m.head_outputs(ids)

@@ -311,7 +311,8 @@ def _register_lens(sub: Any) -> None:
     _analysis_options(dla)
     dla.add_argument("--prompt", required=True, help="the text; attributed at its last position")
     dla.add_argument("--answer", help="one character (default: the model's first choice)")
-    dla.add_argument("--baseline", help="one character (default: the model's second choice)")
+    dla.add_argument("--baseline", help="one character (default: the model's first choice "
+                     "other than the answer)")
     dla.set_defaults(func=cmd_dla)
 
 
