@@ -74,6 +74,10 @@ NOT_RUN: dict[str, str] = {
         NEEDS_TORCH_RUN,
     "megatronapp scope patch runs/scope_tiny --clean \"is an\" --corrupt \"is on\"":
         NEEDS_TORCH_RUN,
+    "megatronapp scope dla runs/scope_tiny --prompt \"If the value of the expression is true\" "
+    "--tp 2": NEEDS_TORCH_RUN,
+    "megatronapp scope patch runs/scope_tiny --clean \"is an\" --corrupt \"is on\" --pp 2":
+        NEEDS_TORCH_RUN,
     "megatronapp report RUN_DIR [--out FILE] [--force]": "a template (RUN_DIR) for any run",
     "megatronapp scope query runs/scope_tiny \"SELECT layer, head, avg(value) FROM stats "
     "WHERE stat = 'entropy' AND step = 1400 GROUP BY ALL ORDER BY ALL\"": NEEDS_TORCH_RUN,

@@ -1,5 +1,6 @@
-"""The notebook API, the logit lens and activation patching on the tiny model
-trained by ``megatronapp run scenarios/scope_tiny.yaml --backend torch``."""
+"""The notebook API, the logit lens, activation patching and direct logit
+attribution on the tiny model trained by ``megatronapp run
+scenarios/scope_tiny.yaml --backend torch``."""
 from __future__ import annotations
 
 import json
@@ -117,3 +118,28 @@ def test_patching_the_last_position_at_the_last_layer_restores_it_all(
 def test_prompts_of_different_lengths_are_refused_on_one_line(scope_tiny_run: Path) -> None:
     r = run_cli("scope", "patch", str(scope_tiny_run), "--clean", "is an", "--corrupt", "is a")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--corrupt" in r.stderr
+
+
+def test_a_mistyped_site_is_refused_before_any_model_loads(scope_tiny_run: Path,
+                                                          tmp_path: Path) -> None:
+    """The capture alone, without the checkpoint: --sites is judged first."""
+    import shutil
+
+    capture_only = tmp_path / "capture"
+    shutil.copytree(scope_tiny_run / "scope", capture_only)
+    before = sorted(capture_only.iterdir())
+    r = run_cli("scope", "patch", str(capture_only), "--clean", "is an", "--corrupt", "is on",
+                "--sites", "resid_pre,attn.outt")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--sites" in r.stderr and "did you mean 'attn.out'" in r.stderr
+    assert sorted(capture_only.iterdir()) == before  # nothing written
+
+
+def test_attribution_against_the_model_s_choice_is_the_mirror_image(scope_tiny_run: Path) -> None:
+    """Answer the model's runner-up: the baseline becomes its first choice,
+    and every share changes sign."""
+    first = ms.direct_logit_attribution(scope_tiny_run, PROSE)
+    mirror = ms.direct_logit_attribution(scope_tiny_run, PROSE, answer=first.answers[1])
+    assert mirror.answers == first.answers[::-1]
+    assert mirror.logit_diff == pytest.approx(-first.logit_diff, abs=1e-6)
+    np.testing.assert_allclose(mirror.heads, -first.heads, atol=1e-9)

@@ -23,7 +23,8 @@ def python_blocks(text: str) -> list[str]:
 
 def test_the_page_has_code_for_each_part() -> None:
     code = "\n".join(python_blocks(PAGE.read_text()))
-    for call in ("ms.open(", "ms.run_with_cache(", "ms.logit_lens(", "ms.activation_patching("):
+    for call in ("ms.open(", "ms.run_with_cache(", "ms.logit_lens(", "ms.activation_patching(",
+                 "ms.direct_logit_attribution("):
         assert call in code
 
 
@@ -36,4 +37,5 @@ def test_the_notebook_page_runs(scope_tiny_run: Path, tmp_path: Path) -> None:
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "mean rank of the next character" in r.stdout
+    assert "each head's direct share" in r.stdout
     assert (tmp_path / "patching.png").is_file()

@@ -20,14 +20,13 @@ import torch
 from megatronapp.scenario.checkpoint import Checkpoint, read_checkpoint
 from megatronapp.scenario.config import parse_scenario
 from megatronapp.errors import UserError
+from megatronapp.scope.lens import LAYER_SITES
 from megatronapp.scope.storage import find_capture
-from megatronapp.scenario.scope_spec import SITES
 
 from .scope import ACCESS, attention_materialised
 from .scope_generate import build_model, one_rank
 
-LAYER_SITES = tuple(s for s in SITES if s != "logits")  # hooked on every decoder layer
-_POSITION_AXIS = {"sbh": 0, "sbnh": 0, "bnsk": 2}  # where the token position is, by layout
+POSITION_AXIS = {"sbh": 0, "sbnh": 0, "bnsk": 2}  # where the token position is, by layout
 
 
 def checkpoint_dir(target: str | Path) -> Path:
@@ -154,6 +153,37 @@ class LoadedModel:
             for h in handles:
                 h.remove()
 
+    def head_outputs(self, ids: list[int]) -> dict[int, torch.Tensor]:
+        """layer -> (tokens, heads, hidden): each head's share of ``attn.out``
+        (its slice of the attention output through its columns of the output
+        projection; the projection's bias is no head's)."""
+        out: dict[int, torch.Tensor] = {}
+        handles = [layer.self_attention.core_attention.register_forward_hook(
+            lambda _m, _a, z, layer=layer: out.__setitem__(
+                int(layer.layer_number), per_head(z, layer.self_attention.linear_proj.weight,
+                                                  int(self.model.config.kv_channels))))
+            for layer in self.model.decoder.layers]
+        try:
+            self.forward(ids)
+        finally:
+            for h in handles:
+                h.remove()
+        return self.shared(out, "heads", head_axis=1)
+
+    def shared(self, local: dict[Any, torch.Tensor], split: str,
+               head_axis: int = 0) -> dict[Any, torch.Tensor]:
+        """Tensors computed on this rank, whole (one rank holds them all)."""
+        return local
+
+    def readout(self) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+        """The final norm's weight, bias and epsilon, and the unembedding
+        (vocab, hidden), from the checkpoint (whole, whatever the split)."""
+        state = self.ckpt.state
+        return (np.asarray(state["decoder.final_layernorm.weight"], np.float64),
+                np.asarray(state["decoder.final_layernorm.bias"], np.float64),
+                float(self.model.config.layernorm_epsilon),
+                np.asarray(state["output_layer.weight"], np.float64))
+
     def final_logits(self, resid: torch.Tensor) -> np.ndarray:
         """(tokens, hidden) residual stream -> (tokens, vocab) through the final
         norm and the unembedding: the logit lens."""
@@ -176,10 +206,18 @@ def _site_hook(access: Any, key: tuple[str, int], seen: dict[tuple[str, int], to
     return hook
 
 
+def per_head(z: torch.Tensor, proj: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Core attention output [s, b, heads * head_dim] and the output
+    projection's weight [hidden, heads * head_dim] -> (s, heads, hidden) of
+    sample 0: what each head adds to the residual stream."""
+    per = z[:, 0].reshape(z.shape[0], -1, head_dim)
+    return torch.einsum("snd,hnd->snh", per, proj.reshape(proj.shape[0], -1, head_dim))
+
+
 def position_index(t: torch.Tensor, layout: str, position: int) -> tuple[Any, ...]:
     """Index of one token position's slice of a site's tensor."""
     index: list[Any] = [slice(None)] * t.dim()
-    index[_POSITION_AXIS[layout]] = position
+    index[POSITION_AXIS[layout]] = position
     return tuple(index)
 
 

@@ -2,8 +2,8 @@
 
 ``megatronapp.scope.open(path)`` reads a capture (``notebook.CaptureData``:
 its tables as pyarrow / pandas, raw tensors by name). ``run_with_cache``,
-``logit_lens`` and ``activation_patching`` run a checkpoint's model and need
-torch: they live in the torch backend and load by name on first use, so the
+``logit_lens``, ``activation_patching`` and ``direct_logit_attribution`` run a
+checkpoint's model and need torch: they live in the torch backend and load by name on first use, so the
 core never imports a backend (nor pyarrow, for ``--help``) until asked.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 _LAZY = {"open": ("megatronapp.scope.notebook", "open_capture"),
          "run_with_cache": ("backends.torch.scope_cache", "run_with_cache"),
          "logit_lens": ("backends.torch.scope_lens", "logit_lens"),
-         "activation_patching": ("backends.torch.scope_lens", "activation_patching")}
+         "activation_patching": ("backends.torch.scope_lens", "activation_patching"),
+         "direct_logit_attribution": ("backends.torch.scope_lens", "direct_logit_attribution")}
 
 
 def __getattr__(name: str) -> Any:

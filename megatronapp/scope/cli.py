@@ -232,45 +232,69 @@ def cmd_lens(args: argparse.Namespace) -> int:
     name = result_name("lens", args.prompt)
     capture = _results_beside_capture(args.run, name, args.force, False)
     quiet_megatron_warnings()
-    result = logit_lens(args.run, args.prompt, args.top_k)
+    result = logit_lens(args.run, args.prompt, args.top_k, pp=args.pp, tp=args.tp)
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
     return 0
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
-    from backends.torch.scope_lens import PATCH_SITES, activation_patching
+    from backends.torch.scope_lens import activation_patching
     from backends.torch.worker import quiet_megatron_warnings
 
-    from .lens import result_name, save
+    from .lens import patch_sites, result_name, save
 
-    sites = args.sites.split(",") if args.sites else list(PATCH_SITES)
+    sites = patch_sites(args.sites)
     name = result_name("patch", args.clean, args.corrupt, *sites, args.clean_answer or "",
                        args.corrupt_answer or "")
     capture = _results_beside_capture(args.run, name, args.force, True)
     quiet_megatron_warnings()
     result = activation_patching(args.run, args.clean, args.corrupt, sites, args.clean_answer,
-                                 args.corrupt_answer)
+                                 args.corrupt_answer, pp=args.pp, tp=args.tp)
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force,
                                         result.plot))
     return 0
 
 
+def cmd_dla(args: argparse.Namespace) -> int:
+    from backends.torch.scope_lens import direct_logit_attribution
+    from backends.torch.worker import quiet_megatron_warnings
+
+    from .lens import result_name, save
+
+    name = result_name("dla", args.prompt, args.answer or "", args.baseline or "")
+    capture = _results_beside_capture(args.run, name, args.force, False)
+    quiet_megatron_warnings()
+    result = direct_logit_attribution(args.run, args.prompt, args.answer, args.baseline,
+                                      pp=args.pp, tp=args.tp)
+    _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
+    return 0
+
+
+def _analysis_options(parser: Any) -> None:
+    """What ``scope lens``, ``patch`` and ``dla`` share: the run, how the
+    model is split, the output."""
+    parser.add_argument("run", metavar="RUN_DIR", help="a run directory (checkpoint/ and a "
+                        "capture) or a scope generate output")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages to split the model "
+                        "over, one process each (default 1: this process)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage "
+                        "(default 1)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_force_option(parser, "a result file beside the capture that megatronapp did not write")
+
+
 def _register_lens(sub: Any) -> None:
     lens = sub.add_parser("lens", help="the logit lens: each layer's residual stream through "
                           "the final norm and unembedding")
-    lens.add_argument("run", metavar="RUN_DIR", help="a run directory (checkpoint/ and a "
-                      "capture) or a scope generate output")
+    _analysis_options(lens)
     lens.add_argument("--prompt", required=True, help="the text read by the lens")
     lens.add_argument("--top-k", type=int, default=5, help="tokens kept per layer and position "
                       "(default 5)")
-    lens.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    add_force_option(lens, "a result file beside the capture that megatronapp did not write")
     lens.set_defaults(func=cmd_lens)
 
     patch = sub.add_parser("patch", help="activation patching, clean into corrupted, per site, "
                            "layer and position (a heat map beside the capture)")
-    patch.add_argument("run", metavar="RUN_DIR", help="a run directory (checkpoint/ and a "
-                       "capture) or a scope generate output")
+    _analysis_options(patch)
     patch.add_argument("--clean", required=True, help="the clean prompt")
     patch.add_argument("--corrupt", required=True,
                        help="the corrupted prompt (as many characters as --clean)")
@@ -280,9 +304,16 @@ def _register_lens(sub: Any) -> None:
                        "model's first choice after --clean)")
     patch.add_argument("--corrupt-answer", help="the corrupted answer (default: the model's "
                        "first choice after --corrupt)")
-    patch.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    add_force_option(patch, "a result file beside the capture that megatronapp did not write")
     patch.set_defaults(func=cmd_patch)
+
+    dla = sub.add_parser("dla", help="direct logit attribution: each attention head's share of "
+                         "the answer's logit over a baseline's, at the prompt's last position")
+    _analysis_options(dla)
+    dla.add_argument("--prompt", required=True, help="the text; attributed at its last position")
+    dla.add_argument("--answer", help="one character (default: the model's first choice)")
+    dla.add_argument("--baseline", help="one character (default: the model's first choice "
+                     "other than the answer)")
+    dla.set_defaults(func=cmd_dla)
 
 
 def register(subparsers: Any, plot_hooks: list[Any]) -> None:

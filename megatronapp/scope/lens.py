@@ -23,7 +23,24 @@ import numpy as np
 
 from ..errors import UserError
 from ..io.outdirs import staged_outputs
+from ..io.suggest import did_you_mean
+from ..scenario.scope_spec import SITES
 from .generate import TopK, softmax, top_k
+
+PATCH_SITES = ("resid_pre", "attn.out", "mlp.out")  # TransformerLens' "every block" patching
+LAYER_SITES = tuple(s for s in SITES if s != "logits")  # hooked on every decoder layer
+
+
+def patch_sites(text: str | None) -> list[str]:
+    """``--sites`` (comma-separated), checked before any model is loaded."""
+    if text is None:
+        return list(PATCH_SITES)
+    sites = [s.strip() for s in text.split(",")]
+    for site in sites:
+        if site not in LAYER_SITES:
+            raise UserError(f"--sites: unknown site {site!r}{did_you_mean(site, LAYER_SITES)} "
+                            f"(choose from {', '.join(LAYER_SITES)})")
+    return sites
 
 
 def next_token_ranks(logits: np.ndarray, ids: list[int]) -> np.ndarray:
@@ -121,6 +138,53 @@ class PatchResult:
             fig.colorbar(im, ax=ax)
         fig.tight_layout()
         save(fig, path)
+
+
+def through_final_norm(components: np.ndarray, final: np.ndarray, weight: np.ndarray,
+                       eps: float, direction: np.ndarray) -> np.ndarray:
+    """Each component (..., hidden) of the final residual stream ``final``
+    (hidden,) onto ``direction`` (an unembedding difference) as the final
+    LayerNorm passes it: centred, divided by the whole stream's scale (held
+    fixed, as TransformerLens does), times the norm's weight. Summed over the
+    components of the stream, plus the norm's bias onto ``direction``, this is
+    the logit difference itself."""
+    scale = np.sqrt(final.var() + eps)
+    centred = components - components.mean(axis=-1, keepdims=True)
+    return np.asarray(centred / scale @ (weight * direction))
+
+
+@dataclass(frozen=True)
+class DlaResult:
+    """Direct logit attribution at the prompt's last position: what each
+    head (and each other part of the residual stream) adds to ``logit[answer]
+    - logit[baseline]`` through the final norm and the unembedding."""
+
+    prompt: str
+    tokens: list[str]
+    answers: tuple[str, str]  # the answer, the baseline
+    layers: list[int]
+    heads: np.ndarray  # (layers, heads)
+    parts: dict[str, Any]  # embed, attn_bias [layer], mlp [layer], norm_bias: the rest
+    logit_diff: float  # the model's own
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "tokens": self.tokens, "answers": list(self.answers),
+                "layers": self.layers, "heads": self.heads.tolist(),
+                **{k: v.tolist() if isinstance(v, np.ndarray) else v
+                   for k, v in self.parts.items()}, "logit_diff": self.logit_diff}
+
+    def lines(self) -> list[str]:
+        a, b = self.answers
+        out = [f"{self.prompt!r}: logit[{a!r}] - logit[{b!r}] = {self.logit_diff:.4f}; "
+               "each head's direct share",
+               "layer  " + " ".join(f"{'head ' + str(h):>8}" for h in range(self.heads.shape[1]))]
+        out += [f"{n:5d}  " + " ".join(f"{v:8.4f}" for v in row)
+                for n, row in zip(self.layers, self.heads)]
+        rest = self.parts
+        out.append(f"embedding {rest['embed']:.4f}, attention biases "
+                   f"{float(np.sum(rest['attn_bias'])):.4f}, MLPs {float(np.sum(rest['mlp'])):.4f},"
+                   f" final norm's bias {rest['norm_bias']:.4f}")
+        return out
 
 
 def restored(patched: np.ndarray, clean: float, corrupt: float) -> np.ndarray:

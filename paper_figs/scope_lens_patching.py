@@ -1,0 +1,85 @@
+"""The standard analyses on the tiny trained model: the logit lens's rank of the
+next character, layer by layer; activation patching on prompt pairs that
+differ in one character (the heat map in docs/img/); each head's direct
+logit attribution.
+
+    megatronapp run scenarios/scope_tiny.yaml --backend torch --out runs/scope_tiny
+    python paper_figs/scope_lens_patching.py runs/scope_tiny [--pp 2] [--tp 2]
+
+Writes docs/img/scope-patching-heatmap.png and paper_figs/data/scope_lens_patching.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.torch.scope_lens import (activation_patching,  # noqa: E402
+                                       direct_logit_attribution, logit_lens)
+from backends.torch.worker import quiet_megatron_warnings  # noqa: E402
+from megatronapp.errors import UserError  # noqa: E402
+from megatronapp.scope.lens import PatchResult  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROSE = ["If the value of the expression is true", "The return statement leaves the function",
+         "This is the default behaviour of the list"]
+# one character apart; the first pairs whose answers differ are patched
+PAIRS = [("is an", "is on"), ("the value", "the valve"), ("a list", "a last"),
+         ("in the list", "in the lisp"), ("x = 1", "x + 1"), ("is true", "is trie")]
+
+
+def lens_rows(run: str, pp: int, tp: int) -> list[dict[str, Any]]:
+    rows = []
+    for prompt in PROSE:
+        lens = logit_lens(run, prompt, 3, pp=pp, tp=tp)
+        rows.append({"prompt": prompt, "rows": lens.rows, "mean_rank": lens.mean_ranks()})
+        print(f"{prompt!r}: mean rank of the next character "
+              + " -> ".join(f"{r} {m:.2f}" for r, m in zip(lens.rows, lens.mean_ranks())))
+    return rows
+
+
+def patched(run: str, pairs: int, pp: int, tp: int) -> list[PatchResult]:
+    found = []
+    for clean, corrupt in PAIRS:
+        try:
+            found.append(activation_patching(run, clean, corrupt, pp=pp, tp=tp))
+        except UserError as err:  # both prompts lead to the same answer
+            print(f"{clean!r} / {corrupt!r}: {err}")
+            continue
+        print("\n".join(found[-1].lines()))
+        if len(found) == pairs:
+            break
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", help="a run directory of scenarios/scope_tiny.yaml")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
+    parser.add_argument("--pairs", type=int, default=2, help="prompt pairs to patch (default 2)")
+    parser.add_argument("--image", default=str(ROOT / "docs" / "img" / "scope-patching-heatmap.png"))
+    parser.add_argument("--data", default=str(ROOT / "paper_figs" / "data" /
+                                              "scope_lens_patching.json"))
+    args = parser.parse_args()
+    quiet_megatron_warnings()
+    lens = lens_rows(args.run, args.pp, args.tp)
+    patches = patched(args.run, args.pairs, args.pp, args.tp)
+    if not patches:
+        raise SystemExit("no prompt pair with different answers")
+    patches[0].plot(Path(args.image))
+    dla = direct_logit_attribution(args.run, PROSE[0], pp=args.pp, tp=args.tp)
+    print("\n".join(dla.lines()))
+    Path(args.data).write_text(json.dumps(
+        {"run": args.run, "pp": args.pp, "tp": args.tp, "lens": lens,
+         "patching": [p.to_json() for p in patches], "dla": dla.to_json()}, indent=1))
+    print(f"wrote {args.image}, {args.data}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
