@@ -62,7 +62,8 @@ def main() -> int:
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (default 1)")
     parser.add_argument("--pairs", type=int, default=2, help="prompt pairs to patch (default 2)")
-    parser.add_argument("--image", default=str(ROOT / "docs" / "img" / "scope-patching-heatmap.png"))
+    parser.add_argument("--image",
+                        default=str(ROOT / "docs" / "img" / "scope-patching-heatmap.png"))
     parser.add_argument("--data", default=str(ROOT / "paper_figs" / "data" /
                                               "scope_lens_patching.json"))
     args = parser.parse_args()
