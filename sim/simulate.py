@@ -28,7 +28,7 @@ def simulate(s: Scenario, hooks: RunHooks = RunHooks(), replica: bool = False,
         return run_replica(s, hooks.events)
     result = run_sim(s, stages_for, progress=hooks.operations, watch=hooks.events)
     if capture_plan(s) is not None:  # MegaScope: what observing this job would cost
-        result.extra["scope"] = predicted_overhead(s, run_sim, result)
+        result.scope = predicted_overhead(s, run_sim, result)
     return result
 
 

@@ -29,7 +29,8 @@ PLANTED = textwrap.dedent('''
 
 
     def said(summary, out):
-        return [f"  planted: {summary['planted']['ranks_with_events']} ranks in {out.name}"]
+        planted = summary.model_extra["planted"]
+        return [f"  planted: {planted['ranks_with_events']} ranks in {out.name}"]
 
 
     def one_iteration(s):

@@ -63,7 +63,8 @@ def run_scenario(s: Scenario, options: RunOptions = RunOptions(),
     if out_dir is not None:
         from .scope_run import finalize
 
-        result.extra.update(finalize(s, Path(out_dir), result.extra["loss_per_iteration"]))
+        losses = result.training.loss_per_iteration if result.training is not None else []
+        result.scope, result.checkpoint = finalize(s, Path(out_dir), losses)
     return result
 
 

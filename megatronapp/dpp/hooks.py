@@ -20,7 +20,7 @@ def adaptive_builder(s: Scenario) -> ProgramBuilder | None:
 
 def dpp_section(s: Scenario, result: RunResult, source: EventSource) -> dict[str, Any]:
     """Pipeline windows and peak memory (MegaFBD runs report their own memory and idle time)."""
-    if "fbd" in result.extra:
+    if result.fbd is not None:
         return {}
     return {"dpp": dpp_summary_source(s, source)}
 

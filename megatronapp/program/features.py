@@ -11,19 +11,19 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ..parallel.ops import RankProgram
 from ..scenario.config import Scenario
 from ..trace.columns import EventSource
 from ..trace.events import RunResult
+from ..trace.summary_file import RunSummary
 from .ranks import CapturePricing, StagesFor
 
 FEATURES = ("megatronapp.fbd.hooks", "megatronapp.dpp.hooks", "megatronapp.scope.hooks")
 
 Programs = dict[int, RankProgram]
 ProgramBuilder = Callable[[Scenario, "StagesFor | None", "CapturePricing | None"], Programs]
-Summary = Mapping[str, Any]  # a run's summary.json
 
 
 def _accept(_s: Scenario) -> None:
@@ -46,11 +46,11 @@ def _same_truth(_result: RunResult, truth: dict[str, Any]) -> dict[str, Any]:
     return truth
 
 
-def _no_headline(_summary: Summary) -> list[str] | None:
+def _no_headline(_summary: RunSummary) -> list[str] | None:
     return None
 
 
-def _no_lines(_summary: Summary, _out: Path) -> list[str]:
+def _no_lines(_summary: RunSummary, _out: Path) -> list[str]:
     return []
 
 
@@ -69,9 +69,9 @@ class FeatureHooks:
     # ground_truth.json as the feature's runs need it (MegaFBD: worker threads, not ranks)
     ground_truth: Callable[[RunResult, dict[str, Any]], dict[str, Any]] = _same_truth
     # the head of what `run` prints, in place of the pipeline's (MegaFBD: devices and roles)
-    headline: Callable[[Summary], list[str] | None] = _no_headline
+    headline: Callable[[RunSummary], list[str] | None] = _no_headline
     # lines `run` prints after the losses (MegaScope: its capture or predicted overhead)
-    lines: Callable[[Summary, Path], list[str]] = _no_lines
+    lines: Callable[[RunSummary, Path], list[str]] = _no_lines
 
 
 def feature_hooks(modules: tuple[str, ...] | None = None) -> tuple[FeatureHooks, ...]:

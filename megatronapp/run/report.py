@@ -3,18 +3,19 @@ torch backend's torchrun entry point print the same)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..program.features import feature_hooks
+from ..trace.summary_file import SUMMARY_FILE, summary_model
 
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 PROFILE_DIR = "profile"  # RUN_DIR/profile/rank{r}.pt.trace.json.gz with --profile
 
 
-def print_summary(summary: dict[str, Any], out: Path) -> None:
-    hooks = feature_hooks()
+def print_summary(summary: Mapping[str, Any], out: Path) -> None:
+    run, hooks = summary_model(summary, out / SUMMARY_FILE), feature_hooks()
     # a feature's own head (MegaFBD: devices, roles, throughput), else the pipeline's
-    headline = next((h for h in (f.headline(summary) for f in hooks) if h is not None), None)
+    headline = next((h for h in (f.headline(run) for f in hooks) if h is not None), None)
     print("\n".join(headline if headline is not None else pipeline_lines(summary)))
     for note in summary.get("adjustments", []):  # what Megatron would silently change
         print(f"  note: {note}")
@@ -22,7 +23,7 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     if losses:  # a real run trains: say whether it learns
         print(loss_line(losses))
     for feature in hooks:
-        for line in feature.lines(summary, out):
+        for line in feature.lines(run, out):
             print(line)
     faults = summary["faults"] or [{"kind": "none"}]
     for f in faults[:MAX_FAULT_LINES]:
@@ -77,7 +78,7 @@ def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
     return lines
 
 
-def pipeline_lines(summary: dict[str, Any]) -> list[str]:
+def pipeline_lines(summary: Mapping[str, Any]) -> list[str]:
     """The head of a pipeline run's summary: its shape and iteration times."""
     times = summary["iteration_times_s"]
     mean = sum(times) / len(times) if times else float("nan")

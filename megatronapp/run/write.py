@@ -17,6 +17,7 @@ from ..trace.store import TRACE_FILE, StoreMeta
 from ..trace.chrome import write_chrome
 from ..io.outdirs import new_file, staged_dir  # noqa: F401 (runs are written through staged_dir)
 from ..trace.summary import summarize_source
+from ..trace.summary_file import SCHEMA_VERSION
 from ..parallel.topology import Topology
 from ..trace.events import RunResult, write_json
 from ..trace.on_disk import Phase, write_traces
@@ -39,9 +40,9 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     """One vectorised pass over the run's columns (compact for symmetric runs),
     then the features' sections."""
     source = source_of(result)
-    summary = {"backend": result.backend, "world_size": result.topo.world_size,
-               "schedule": s.schedule, **summarize_source(source),
-               "faults": ground_truth(s, result)["faults"], **result.extra,
+    summary = {"schema_version": SCHEMA_VERSION, "backend": result.backend,
+               "world_size": result.topo.world_size, "schedule": s.schedule, **summarize_source(source),
+               "faults": ground_truth(s, result)["faults"], **result.summary_items(),
                "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
     for feature in feature_hooks():
         summary.update(feature.summary_sections(s, result, source))

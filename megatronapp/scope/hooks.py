@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..program.features import FeatureHooks, Summary
+from ..program.features import FeatureHooks
+from ..trace.summary_file import RunSummary
 from .cost import capture_plan
 
 
-def scope_lines(summary: Summary, out: Path) -> list[str]:
-    if "scope" not in summary:
+def scope_lines(summary: RunSummary, out: Path) -> list[str]:
+    if summary.scope is None:
         return []
     from .summary import run_lines  # DuckDB: only for runs that observed
 
-    return run_lines(summary["scope"], out)
+    return run_lines(summary.scope, out)
 
 
 HOOKS = FeatureHooks(capture=capture_plan, lines=scope_lines)
