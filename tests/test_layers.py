@@ -2,8 +2,8 @@
 and they do catch a core module that imports a backend, the CLI or SimPy, the
 torch backend reaching into the simulator's modules, an import cycle, a core
 subpackage importing one above it or a feature, and features importing each
-other or the run composition above them, the run path importing a feature
-instead of taking its hooks, and a command importing a backend's module instead of
+other or the run composition above them, the run path or the simulator importing
+a feature instead of taking its hooks, and a command importing a backend's module instead of
 asking the registry."""
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ def broken_contracts(lint_output: str) -> str:
      "The run path imports no feature"),
     ("megatronapp/scope/cli.py", "from backends.torch.scope_lens import logit_lens",
      "Commands reach a backend through the registry"),
+    ("sim/simulate.py", "from megatronapp.scope.cost import predicted_overhead",
+     "The simulator imports no feature but MegaFBD"),
 ])
 def test_a_module_importing_against_the_layers_breaks_its_contract(
         tmp_path: Path, module: str, bad_import: str, contract: str) -> None:

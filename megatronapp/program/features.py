@@ -23,6 +23,7 @@ from .ranks import CapturePricing, StagesFor
 FEATURES = ("megatronapp.fbd.hooks", "megatronapp.dpp.hooks", "megatronapp.scope.hooks")
 
 Programs = dict[int, RankProgram]
+Simulate = Callable[[Scenario], RunResult]  # the simulator, for what-if runs of a variant
 ProgramBuilder = Callable[[Scenario, "StagesFor | None", "CapturePricing | None"], Programs]
 
 
@@ -46,6 +47,10 @@ def _same_truth(_result: RunResult, truth: dict[str, Any]) -> dict[str, Any]:
     return truth
 
 
+def _as_simulated(_s: Scenario, _simulate: Simulate, result: RunResult) -> RunResult:
+    return result
+
+
 def _no_headline(_summary: RunSummary) -> list[str] | None:
     return None
 
@@ -64,6 +69,9 @@ class FeatureHooks:
     programs: Callable[[Scenario], ProgramBuilder | None] = _no_builder
     # the price of the scenario's observations, passed to every program (MegaScope)
     capture: Callable[[Scenario], CapturePricing | None] = _no_capture
+    # what a simulated run adds to its result, simulating variants of the scenario if it must
+    # (MegaScope: the predicted overhead of its captures)
+    simulated: Callable[[Scenario, Simulate, RunResult], RunResult] = _as_simulated
     # sections appended to summary.json (MegaDPP: pipeline windows and peak memory)
     summary_sections: Callable[[Scenario, RunResult, EventSource], dict[str, Any]] = _no_sections
     # ground_truth.json as the feature's runs need it (MegaFBD: worker threads, not ranks)
@@ -90,3 +98,9 @@ def capture_of(s: Scenario, hooks: tuple[FeatureHooks, ...]) -> CapturePricing |
 def builder_of(s: Scenario, hooks: tuple[FeatureHooks, ...]) -> ProgramBuilder | None:
     """The program builder of the feature that owns ``s``, if one does."""
     return next((b for b in (h.programs(s) for h in hooks) if b is not None), None)
+
+
+def static_schedule(s: Scenario, hooks: tuple[FeatureHooks, ...]) -> bool:
+    """Whether every rank runs the static schedule's programs unchanged: no
+    feature builds them nor prices observations into them."""
+    return builder_of(s, hooks) is None and capture_of(s, hooks) is None
