@@ -9,7 +9,8 @@ import importlib
 from functools import partial
 from typing import TYPE_CHECKING
 
-from megatronapp.program.backend import PROFILE, REPLICA, STALL_TIMEOUT, Backend, RunHooks, RunOptions
+from megatronapp.program.backend import (PROFILE, REPLICA, SCOPE_MODEL, STALL_TIMEOUT, Backend,
+                                         RunHooks, RunOptions, ScopeModel, ScopeModelBackend)
 from megatronapp.errors import UserError
 from megatronapp.trace.events import RunResult, RunScenario
 
@@ -61,3 +62,12 @@ def run_named(name: str, options: RunOptions, scenario: Scenario,
 def run_function(name: str, options: RunOptions = RunOptions()) -> RunScenario:
     """A scenario -> RunResult function for harnesses (validation, sweeps, studies)."""
     return partial(run_named, name, options)
+
+
+def scope_model(name: str = "torch") -> ScopeModel:
+    """The backend called ``name``'s runner of saved checkpoints for MegaScope
+    (its ``SCOPE_MODEL`` capability), loaded on first use."""
+    backend = get_backend(name)
+    if SCOPE_MODEL not in backend.capabilities or not isinstance(backend, ScopeModelBackend):
+        raise UserError(f"the {name} backend does not run MegaScope's checkpoints")
+    return backend.scope_model()

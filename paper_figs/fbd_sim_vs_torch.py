@@ -55,7 +55,7 @@ def measured_costs(run: Any, results: list[Any]) -> dict[str, float]:
 def simulated(s: Scenario, costs: dict[str, float]) -> float:
     """The simulator's steady iteration time of ``s`` with fixed ``costs``."""
     timed = s.model_copy(update={"costs": s.costs.model_copy(update=costs)})
-    return run_sim_scenario(timed).extra["fbd"]["steady_iteration_s"]
+    return run_sim_scenario(timed).fbd.steady_iteration_s
 
 
 def main() -> None:
@@ -73,7 +73,7 @@ def main() -> None:
     for rep in range(args.repeats):
         run, results = spawn_run(s, job=FBD)
         costs = measured_costs(run, results)
-        torch_s = run.extra["fbd"]["steady_iteration_s"]
+        torch_s = run.fbd.steady_iteration_s
         sim_s = simulated(s, costs)
         errors.append(sim_s / torch_s - 1)
         print(f"{rep:3d} {costs['forward_s'] * 1e3:7.1f} {costs['backward_s'] * 1e3:7.1f} "

@@ -43,10 +43,10 @@ def one_run(path: str, device: int, factor: float) -> dict[str, float]:
     wall, cpu = time.perf_counter(), children_cpu_s()
     result = run_scenario(s)
     wall, cpu = time.perf_counter() - wall, children_cpu_s() - cpu
-    fbd = result.extra["fbd"]
-    workers = [int(w) for w, d in fbd["device_of_worker"].items() if d == device]
+    fbd = result.fbd
+    workers = [int(w) for w, d in fbd.device_of_worker.items() if d == device]
     computes = [e for w in workers for e in result.events[w] if e.name in COMPUTE_NAMES]
-    return {"iteration_s": fbd["steady_iteration_s"],
+    return {"iteration_s": fbd.steady_iteration_s,
             "compute_s": sum(e.dur_s for e in computes) / s.iterations,
             "injected_s": sum(e.args.get("injected_s", 0.0) for e in computes) / s.iterations,
             "wall_s": wall, "cpu_s": cpu}

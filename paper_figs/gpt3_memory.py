@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from megatronapp.scenario.config import Scenario, load_scenario  # noqa: E402
 from megatronapp.dpp.memory import MemoryExceeded  # noqa: E402
-from megatronapp.run.jobs import check_memory, stage_memory  # noqa: E402
+from megatronapp.dpp.static_memory import check_memory, stage_memory  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "gpt3_175b.yaml"
 NO_SP = ["parallel.sequence_parallel=false"]

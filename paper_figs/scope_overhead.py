@@ -47,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -144,7 +145,7 @@ def run_arm(s: Scenario, warmup: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as work:
         run, _ = spawn_run(s, TrainOptions(optimizer=s.training.optimizer, lr=s.training.lr,
                                            workdir=work), programs=marked_programs)
-        extra = finalize(s, Path(work), run.extra["loss_per_iteration"])
+        capture, _ = finalize(s, Path(work), run.training.loss_per_iteration)
     marks = {r: sorted((e for e in evs if e.name == "cpu_mark"),
                        key=lambda e: e.args["iteration"]) for r, evs in run.events.items()}
     wall = np.diff([e.start_s for e in marks[0]])[warmup - 1:]
@@ -159,7 +160,7 @@ def run_arm(s: Scenario, warmup: int) -> dict[str, Any]:
     return {"wall_s": wall.tolist(), "cpu_s": list(map(float, cpu)),
             "peak_rss_mb": max(m[-1].args["rss_mb"] for m in marks.values()),
             "peak_gpu_mb": max(m[-1].args["gpu_mb"] for m in marks.values()),
-            "dropped": extra.get("scope", {}).get("dropped_records", 0),
+            "dropped": capture.dropped_records if capture is not None else 0,
             "forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
             "optimizer_s": statistics.median(opt)}
 
@@ -283,7 +284,7 @@ def predicted(base: Scenario, every: tuple[int, str], calibrated: dict[str, Any]
               costs: dict[str, float]) -> dict[str, float]:
     from sim import simulate as run_sim_scenario
 
-    return run_sim_scenario(_with(base, every, costs, 20, calibrated)).extra["scope"]
+    return asdict(run_sim_scenario(_with(base, every, costs, 20, calibrated)).scope)
 
 
 def measure(base: Scenario, args: Any, arms: dict[str, tuple[int, str] | None],

@@ -33,7 +33,7 @@ from megatronapp.fbd.hetero import (DeviceStats, PlanResult, busy_fraction, chec
                                     colocated_peak_bytes, fbd_device_peak_bytes,
                                     steady_iteration_s, useful_flops_per_iteration)
 from megatronapp.fbd.ranks import FbdLayout, coordinated_groups
-from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout, fbd_programs,
+from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_layout, fbd_programs, fbd_section,
                                  fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.transport import table_bytes
 from megatronapp.program.layout import topology_of
@@ -365,10 +365,10 @@ def run_fbd_scenario(s: Scenario, on_record: Callable[[int, Event], None] | None
     peaks = fbd_device_peak_bytes(stage_costs(s), layout, run.events)
     devices = [DeviceInfo(sl.name, sl.memory_bytes, peaks[d]) for d, sl in enumerate(run.slots)]
     cluster_clocks = device_clocks(s, layout.num_devices)
-    extra = fbd_extra(s, layout, devices, run.events, "analytic", gpt_stage_flops(s),
-                      coordinator_rounds=run.rounds, memory="modelled")
+    section = fbd_section(s, layout, devices, run.events, "analytic", gpt_stage_flops(s),
+                          coordinator_rounds=run.rounds, memory="modelled")
     return FbdRunResult("sim", topology_of(s), run.events, worker_clocks(layout, cluster_clocks),
-                        extra, labels=worker_labels(layout, [sl.name for sl in run.slots]))
+                        fbd=section, labels=worker_labels(layout, [sl.name for sl in run.slots]))
 
 
 # ------------------------------------------------------------ comparison

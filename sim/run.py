@@ -7,8 +7,8 @@ from typing import Callable
 
 from megatronapp.trace.columns import RankEventsView
 from megatronapp.scenario.config import Scenario
+from megatronapp.program.features import feature_hooks, static_schedule
 from megatronapp.run.jobs import StagesFor, compile_programs, rank_programs
-from megatronapp.scope.cost import capture_plan
 from megatronapp.trace.events import Event, RunResult
 
 from .cluster import build_cluster
@@ -40,7 +40,7 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     # MegaScope's priced captures differ between tensor-parallel ranks: they keep
     # the generator path, like adaptive schedules
     if (engine == "auto" and stages_for is None and on_record is None
-            and s.schedule != "adaptive" and capture_plan(s) is None):
+            and static_schedule(s, feature_hooks())):
         program = compile_programs(rank_programs(s, stages_for), cluster.topo)
     if program is not None:
         classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)

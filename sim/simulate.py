@@ -7,9 +7,9 @@ on the SimPy interpreter (``sim.run.run_replica``); everything else on
 from __future__ import annotations
 
 from megatronapp.program.backend import RunHooks
+from megatronapp.program.features import feature_hooks
 from megatronapp.scenario.config import Scenario
 from megatronapp.run.jobs import StagesFor
-from megatronapp.scope.cost import capture_plan, predicted_overhead
 from megatronapp.trace.summary import run_iteration_times
 from megatronapp.trace.events import RunResult
 
@@ -27,8 +27,8 @@ def simulate(s: Scenario, hooks: RunHooks = RunHooks(), replica: bool = False,
     if replica:
         return run_replica(s, hooks.events)
     result = run_sim(s, stages_for, progress=hooks.operations, watch=hooks.events)
-    if capture_plan(s) is not None:  # MegaScope: what observing this job would cost
-        result.extra["scope"] = predicted_overhead(s, run_sim, result)
+    for feature in feature_hooks():  # MegaScope: what observing this job would cost
+        result = feature.simulated(s, run_sim, result)
     return result
 
 

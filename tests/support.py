@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any, Sequence
@@ -109,7 +110,7 @@ def real_like(result: RunResult, seed: int, contended: dict[int, float] | None =
                 end += e.dur_s * float(rng.uniform(0.5, 3.0))
             out.append(Event(e.name, e.start_s, end - e.start_s, e.args))
         events[rank] = out
-    return RunResult(result.backend, result.topo, events, result.clocks, result.extra)
+    return replace(result, events=events, source=None)
 
 
 def real_like_run(tp: int, pp: int, dp: int, iterations: int, seed: int = 4,

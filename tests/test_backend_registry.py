@@ -69,3 +69,26 @@ def test_backend_choices_are_the_registry_names(recording: list[RunOptions], tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert all(f"'{name}'" in err for name in registry.backend_names())
+
+
+@pytest.mark.parametrize("command", [
+    ["scope", "patch", "RUN", "--clean", "ab", "--corrupt", "ac"],
+    ["scope", "lens", "RUN", "--prompt", "ab"],
+    ["scope", "dla", "RUN", "--prompt", "ab"],
+    ["scope", "generate", "RUN", "--prompt", "ab", "--out", "OUT"],
+])
+def test_scope_commands_ask_the_registry_for_the_backend_that_runs_checkpoints(
+        command: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Registered as "torch", a backend without the capability is refused by name."""
+    from megatronapp.scope.storage import FORMAT
+
+    monkeypatch.setitem(registry.BACKENDS, "torch", (__name__, "RecordingBackend"))
+    run_dir = tmp_path / "run"
+    (run_dir / "scope").mkdir(parents=True)  # a capture the results would join
+    (run_dir / "scope" / "manifest.json").write_text(json.dumps({"format": FORMAT}))
+    paths = {"RUN": str(run_dir), "OUT": str(tmp_path / "out")}
+    assert main([paths.get(arg, arg) for arg in command]) == 2
+    err = capsys.readouterr().err
+    assert err == "megatronapp: the torch backend does not run MegaScope's checkpoints\n"
+    assert not (tmp_path / "out").exists()

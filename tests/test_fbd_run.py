@@ -10,7 +10,7 @@ import pytest
 from megatronapp.cli import main
 from megatronapp.scenario.config import load_scenario
 from megatronapp.fbd.hetero import steady_iteration_s
-from megatronapp.run.write import read_events
+from megatronapp.scan.load import read_events
 from megatronapp.scan.load import load_trace
 from sim import simulate as run_scenario
 from sim.fbd import compare_plans, run_fbd
@@ -80,7 +80,7 @@ def test_iteration_time_equals_the_fbd_plan_of_fbd_compare(sim_dir: Path):
 
 def steady_s(*faults: str) -> float:
     s = load_scenario(SCENARIO, ["iterations=2", f"faults=[{', '.join(faults)}]"])
-    return run_scenario(s).extra["fbd"]["steady_iteration_s"]
+    return run_scenario(s).fbd.steady_iteration_s
 
 
 def test_a_throttled_forward_device_lengthens_the_iteration():
@@ -113,7 +113,8 @@ def test_fault_ranks_count_devices_not_virtual_ranks():
     shape = ["parallel.tp=2", "parallel.pp=2", "fbd.forward_tp=1", "model.layers=4",
              "cluster.device_classes.0.count=8", "cluster.device_classes.1.count=8"]
     s = load_scenario(SCENARIO, [*shape, "faults=[{kind: throttle, rank: 5, factor: 2}]"])
-    assert run_scenario(s).extra["world_size"] == 6
+    fbd = run_scenario(s).fbd
+    assert fbd is not None and fbd.world_size == 6
     with pytest.raises(Exception, match=r"faults\[0\]\.rank: rank 6 out of range 0\.\.5"):
         load_scenario(SCENARIO, [*shape, "faults=[{kind: throttle, rank: 6, factor: 2}]"])
 
@@ -121,7 +122,7 @@ def test_fault_ranks_count_devices_not_virtual_ranks():
 def test_a_scenario_without_fbd_trains_co_located():
     s = load_scenario(SCENARIO, ["iterations=1", "fbd=null"])
     result = run_scenario(s)
-    assert "fbd" not in result.extra and result.topo.world_size == 4
+    assert result.fbd is None and result.topo.world_size == 4
 
 
 TINY = ["parallel.pp=2", "model.layers=4", "model.hidden=16", "model.heads=2", "model.seq_len=4",

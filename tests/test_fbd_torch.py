@@ -70,7 +70,7 @@ def assert_decoupled_equals_colocated(s: Scenario, reference: WorkerResult) -> N
     options = TrainOptions("sgd", LR, capture_first_step=True,
                            initial_state=reference.capture.before)
     run, results = spawn_run(s, options, job=FBD)
-    assert run.extra["fbd"]["stages"] == "gpt" and len(results) == 2 * s.world_size
+    assert run.fbd.stages == "gpt" and len(results) == 2 * s.world_size
     for iteration in (0, 1):  # iteration 1 runs on the weights handed to the forward workers
         got = sample_losses(s, results, iteration)
         want = reference.losses[iteration]

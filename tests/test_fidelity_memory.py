@@ -13,7 +13,7 @@ import pytest
 from megatronapp.scenario.config import Training, load_scenario, parse_scenario
 from megatronapp.dpp.memory import MemoryExceeded
 from megatronapp.costs.flops import hardware_flops_per_iteration
-from megatronapp.run.jobs import check_memory, stage_memory
+from megatronapp.dpp.static_memory import check_memory, stage_memory
 from megatronapp.costs.memory import layer_activation_bytes, stage_params, state_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -2,7 +2,9 @@
 and they do catch a core module that imports a backend, the CLI or SimPy, the
 torch backend reaching into the simulator's modules, an import cycle, a core
 subpackage importing one above it or a feature, and features importing each
-other or the run composition above them."""
+other or the run composition above them, the run path or the simulator importing
+a feature instead of taking its hooks, and a command importing a backend's module instead of
+asking the registry."""
 from __future__ import annotations
 
 import re
@@ -41,7 +43,7 @@ def broken_contracts(lint_output: str) -> str:
      "The core does not import the simulator"),
     ("megatronapp/scan/detect.py", "from megatronapp.cli import main",  # the CLI imports scan
      "No import cycles between the core's subpackages"),
-    ("megatronapp/dpp/windows.py", "from megatronapp.run import write",  # write imports dpp
+    ("megatronapp/dpp/windows.py", "from megatronapp.fidelity import predict",  # predict reads dpp
      "No import cycles between the core's subpackages"),
     ("megatronapp/host/limits.py", "import simpy", "The core does not import SimPy"),
     ("backends/torch/worker.py", "from sim.cluster import build_cluster",
@@ -60,6 +62,12 @@ def broken_contracts(lint_output: str) -> str:
      "The features are independent of each other"),
     ("megatronapp/scan/detect.py", "from megatronapp.run import report",
      "The features sit below the run composition"),
+    ("megatronapp/run/report.py", "from megatronapp.fbd.run import summary_lines",
+     "The run path imports no feature"),
+    ("megatronapp/scope/cli.py", "from backends.torch.scope_lens import logit_lens",
+     "Commands reach a backend through the registry"),
+    ("sim/simulate.py", "from megatronapp.scope.cost import predicted_overhead",
+     "The simulator imports no feature but MegaFBD"),
 ])
 def test_a_module_importing_against_the_layers_breaks_its_contract(
         tmp_path: Path, module: str, bad_import: str, contract: str) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from megatronapp.cli import main
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.run.write import read_events, write_run
+from megatronapp.run.write import write_run
+from megatronapp.scan.load import read_events
 from megatronapp.scan.cli import plot_hook
 from megatronapp.scan.plots import mean_durations, pipeline_of
 from sim import run_sim

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
+from megatronapp.trace.sections import ScopeOverhead
 from sim import simulate as run_scenario
 
 MODEL = {"layers": 4, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 1000}
@@ -19,6 +20,12 @@ def run(scope: dict[str, Any], parallel: dict[str, int] | None = None, iteration
     s = parse_scenario({"iterations": iterations, "parallel": parallel or {"microbatches": 2},
                         "model": MODEL, "costs": FIXED, "scope": scope})
     return run_scenario(s)
+
+
+def overhead(result: Any) -> float:
+    """The simulator's predicted capture overhead of a run that observes."""
+    assert isinstance(result.scope, ScopeOverhead)
+    return result.scope.predicted_capture_overhead
 
 
 def captures(result: Any) -> list[tuple[int, Any]]:
@@ -33,10 +40,11 @@ def test_a_capture_costs_exactly_its_hook_time_when_nothing_else_costs() -> None
     got = captures(result)
     assert len(got) == 2  # one per forward task (2 microbatches), both layers in one op
     assert all(e.dur_s == pytest.approx(2e-3, rel=1e-6) for _, e in got)  # two hooks each
-    scope = result.extra["scope"]
+    scope = result.scope
+    assert isinstance(scope, ScopeOverhead)
     base = 2 * (0.01 + 0.02)  # pp = 1: microbatches x (forward + backward)
-    assert scope["iteration_s_without_capture"] == pytest.approx(base)
-    assert scope["predicted_capture_overhead"] == pytest.approx(4e-3 / base, rel=1e-6)
+    assert scope.iteration_s_without_capture == pytest.approx(base)
+    assert scope.predicted_capture_overhead == pytest.approx(4e-3 / base, rel=1e-6)
 
 
 def test_captures_sit_on_the_stages_tp_ranks_and_steps_that_capture() -> None:
@@ -60,9 +68,8 @@ def test_captures_sit_on_the_stages_tp_ranks_and_steps_that_capture() -> None:
     ({"keep_raw": True}, {"d2h_gbps": 0.001})])  # ... until the copy link saturates
 def test_observing_more_never_costs_less(more: dict[str, Any], cost: dict[str, float]) -> None:
     base = {"site": "attn.probs", "layers": [2], "stats": ["entropy"]}
-    low = run({"observe": [base], "cost": cost}).extra["scope"]["predicted_capture_overhead"]
-    high = run({"observe": [{**base, **more}], "cost": cost}).extra["scope"][
-        "predicted_capture_overhead"]
+    low, high = (overhead(run({"observe": observe, "cost": cost}))
+                 for observe in ([base], [{**base, **more}]))
     assert high >= low > 0
     if more != {"keep_raw": True} or cost:
         assert high > low
@@ -70,7 +77,7 @@ def test_observing_more_never_costs_less(more: dict[str, Any], cost: dict[str, f
 
 def test_a_scope_without_observations_costs_nothing() -> None:
     result = run({"perturb": [{"kind": "act_noise", "site": "resid_post", "sigma": 0.1}]})
-    assert not captures(result) and "scope" not in result.extra
+    assert not captures(result) and result.scope is None
 
 
 def test_the_prediction_reuses_a_noiseless_run_and_never_a_jittered_one() -> None:

@@ -37,7 +37,7 @@ def train(s: Scenario, tmp: Path, **options: Any) -> tuple[Any, list[Any], Captu
     opts = TrainOptions(optimizer="sgd", lr=0.5, capture_first_step=True, workdir=str(tmp),
                         **options)
     run, results = spawn_run(s, opts)
-    finalize(s, tmp, run.extra["loss_per_iteration"])
+    finalize(s, tmp, run.training.loss_per_iteration)
     return run, results, Capture(tmp / "scope") if (tmp / "scope").is_dir() else None
 
 
@@ -157,7 +157,7 @@ def test_capture_changes_nothing_and_recomputation_captures_once(tmp_path: Path)
     two = {"iterations": 2}
     plain, plain_results, _ = train(scen(parallel, None, **two), tmp_path / "off")
     seen, seen_results, cap = train(scen(parallel, {"observe": observe}, **two), tmp_path / "on")
-    assert plain.extra["loss_per_iteration"] == seen.extra["loss_per_iteration"]
+    assert plain.training.loss_per_iteration == seen.training.loss_per_iteration
     s = scen(parallel, None)
     after_off, after_on = (full_model(r, s, "after") for r in (plain_results, seen_results))
     for name, value in after_off.items():

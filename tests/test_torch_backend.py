@@ -123,7 +123,7 @@ def test_pp2_dp2_step_equals_single_process_reference(pp2_dp2):
     # the last stages' optimizer events carry their replica's mean loss
     losses = {e.args["loss"] for r in (2, 3) for e in run.events[r] if e.name == "optimizer"}
     assert len(losses) == 2 and np.mean(list(losses)) == pytest.approx(
-        run.extra["loss_per_iteration"][0], rel=1e-6)
+        run.training.loss_per_iteration[0], rel=1e-6)
 
 
 def test_pp2_dp2_compute_order_equals_sim(pp2_dp2):
@@ -224,7 +224,7 @@ def test_nccl_pipeline_runs_and_follows_the_sim_order():
     run, results = spawn_run(s)
     assert all(r.dist_backend == "nccl" and r.coalesce for r in results)
     assert_same_compute_order_as_sim(s, run.events)
-    assert all(np.isfinite(run.extra["loss_per_iteration"]))
+    assert all(np.isfinite(run.training.loss_per_iteration))
 
 
 # ------------------------------------------------------------- watchdog
@@ -314,8 +314,8 @@ def test_training_on_text_lowers_the_loss_and_random_tokens_do_not() -> None:
     options = TrainOptions(optimizer="adam", lr=1e-2)
     text_run, _ = spawn_run(parse_scenario(data), options)
     random_run, _ = spawn_run(parse_scenario({**data, "data": {"kind": "random"}}), options)
-    text_loss = text_run.extra["loss_per_iteration"]
-    random_loss = random_run.extra["loss_per_iteration"]
+    text_loss = text_run.training.loss_per_iteration
+    random_loss = random_run.training.loss_per_iteration
     assert len(text_loss) == len(random_loss) == 30
     assert np.mean(text_loss[-5:]) < np.mean(text_loss[:3]) - 0.5
     assert np.mean(random_loss[-5:]) > np.log(TINY_MODEL["vocab"]) - 0.15

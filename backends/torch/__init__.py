@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatronapp.program.backend import PROFILE, REAL, STALL_TIMEOUT, RunHooks, RunOptions
+from megatronapp.program.backend import (PROFILE, REAL, SCOPE_MODEL, STALL_TIMEOUT, RunHooks,
+                                         RunOptions, ScopeModel)
 from megatronapp.scenario.config import Scenario, ScenarioError
 from megatronapp.errors import UserError
 from megatronapp.trace.events import RunResult
@@ -27,10 +28,16 @@ class TorchBackend:
     (spawning, building stages)."""
 
     name: str = "torch"
-    capabilities: frozenset[str] = frozenset({REAL, STALL_TIMEOUT, PROFILE})
+    capabilities: frozenset[str] = frozenset({REAL, STALL_TIMEOUT, PROFILE, SCOPE_MODEL})
 
     def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult:
         return run_scenario(scenario, options, hooks)
+
+    def scope_model(self) -> ScopeModel:
+        """MegaScope's checkpoint commands (generate, lens, patch) on real megatron-core."""
+        from .scope_model import TorchScopeModel
+
+        return TorchScopeModel()
 
 
 def run_scenario(s: Scenario, options: RunOptions = RunOptions(),
@@ -63,7 +70,8 @@ def run_scenario(s: Scenario, options: RunOptions = RunOptions(),
     if out_dir is not None:
         from .scope_run import finalize
 
-        result.extra.update(finalize(s, Path(out_dir), result.extra["loss_per_iteration"]))
+        losses = result.training.loss_per_iteration if result.training is not None else []
+        result.scope, result.checkpoint = finalize(s, Path(out_dir), losses)
     return result
 
 

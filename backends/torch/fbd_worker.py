@@ -31,12 +31,13 @@ import torch.distributed as dist
 from megatronapp.scenario.config import Scenario
 from megatronapp.fbd.coordinator import GroupTable
 from megatronapp.fbd.ranks import coordinated_groups
-from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_extra, fbd_layout, fbd_programs,
+from megatronapp.fbd.run import (DeviceInfo, FbdRunResult, fbd_layout, fbd_programs, fbd_section,
                                  fbd_settings, gpt_stage_flops, worker_clocks, worker_labels)
 from megatronapp.fbd.workers import NullDecoupledStage
 from megatronapp.parallel.ops import RankProgram
 from megatronapp.io.progress import Say, quiet
 from megatronapp.trace.events import Event, Tracer
+from megatronapp.trace.sections import TrainingSection
 from sim import device_clocks, fbd_device_faults, fbd_slots
 
 from .fbd_runtime import ControlThread, CoordinatedInterpreter
@@ -124,15 +125,16 @@ def assemble_fbd(s: Scenario, results: Sequence[WorkerResult]) -> FbdRunResult:
     events = {w: r.events for w, r in sorted(by_worker.items())}
     workers = list(by_worker.values())
     rounds, executions = sum(r.rounds for r in workers), sum(r.executions for r in workers)
-    extra = fbd_extra(s, layout, devices, events, "gpt", gpt_stage_flops(s),
-                      coordinator_rounds=max(r.rounds for r in workers),
-                      # what a round and a launched transfer took here (calibration)
-                      coordinator_round_s=sum(r.align_s for r in workers) / max(rounds, 1),
-                      coordinator_execute_s=sum(r.execute_s for r in workers) / max(executions, 1),
-                      memory="measured peak RSS of the device's worker processes")
-    extra.update(loss_per_iteration=loss_per_iteration(results), torch=torch_info(results))
+    section = fbd_section(
+        s, layout, devices, events, "gpt", gpt_stage_flops(s),
+        coordinator_rounds=max(r.rounds for r in workers),
+        # what a round and a launched transfer took here (calibration)
+        coordinator_round_s=sum(r.align_s for r in workers) / max(rounds, 1),
+        coordinator_execute_s=sum(r.execute_s for r in workers) / max(executions, 1),
+        memory="measured peak RSS of the device's worker processes")
+    training = TrainingSection(loss_per_iteration(results), torch_info(results))
     clocks = worker_clocks(layout, device_clocks(s, layout.num_devices))
-    return FbdRunResult("torch", layout.topo, events, clocks, extra,
+    return FbdRunResult("torch", layout.topo, events, clocks, fbd=section, training=training,
                         labels=worker_labels(layout, [sl.name for sl in slots]))
 
 

@@ -20,6 +20,7 @@ from megatronapp.program.layout import topology_of
 from megatronapp.io.outdirs import discard, own_folder
 from megatronapp.scope.cost import model_shape
 from megatronapp.scope.storage import merge_capture
+from megatronapp.trace.sections import ScopeCapture
 
 from .scope import RankPlace, ScopeSession, session_for
 from .stages import MegatronStages, merge_tp_shards, partition_dim_of
@@ -76,14 +77,16 @@ def capture_manifest(s: Scenario, source: str) -> dict[str, Any]:
             "observe": scope.get("observe", []), "perturb": scope.get("perturb", [])}
 
 
-def finalize(s: Scenario, workdir: Path, losses: Sequence[float]) -> dict[str, Any]:
-    """Merge the ranks' parts; what the run's summary says about them."""
-    extra: dict[str, Any] = {}
+def finalize(s: Scenario, workdir: Path, losses: Sequence[float]
+             ) -> tuple[ScopeCapture | None, str | None]:
+    """Merge the ranks' parts; what the run's summary says about them: the
+    capture, and the checkpoint's folder."""
+    capture, checkpoint = None, None
     if (workdir / "scope").is_dir():
         manifest = merge_capture(workdir / "scope", capture_manifest(s, "train"))
-        extra["scope"] = {k: manifest[k] for k in ("rows", "raw_tensors", "injections",
-                                                    "dropped_records", "incomplete_rows")}
-        extra["scope"]["capture_dir"] = "scope"
+        capture = ScopeCapture(**{k: manifest[k] for k in ("rows", "raw_tensors", "injections",
+                                                           "dropped_records", "incomplete_rows")},
+                               capture_dir="scope")
     parts = workdir / "checkpoint" / "parts"
     if parts.is_dir():
         state = _merge_checkpoint(s, parts)
@@ -91,5 +94,5 @@ def finalize(s: Scenario, workdir: Path, losses: Sequence[float]) -> dict[str, A
         write_checkpoint(workdir / "checkpoint", state, s.model, s.data,
                          {"scenario": scenario_to_dict(s), "iterations": s.iterations,
                           "final_loss": losses[-1] if losses else None})
-        extra["checkpoint"] = "checkpoint"
-    return extra
+        checkpoint = "checkpoint"
+    return capture, checkpoint

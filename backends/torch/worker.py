@@ -27,6 +27,7 @@ from megatronapp.parallel.ops import RankProgram
 from megatronapp.program.ranks import NullStages
 from megatronapp.io.progress import Say, quiet
 from megatronapp.trace.events import Event, RunResult, Tracer
+from megatronapp.trace.sections import TorchInfo, TrainingSection
 from sim import clocks_of, injected_faults
 
 from . import megatron_compat
@@ -145,20 +146,20 @@ def loss_per_iteration(results: Sequence[WorkerResult]) -> list[float]:
     return [fmean(losses[it]) for it in sorted(losses)]
 
 
-def torch_info(results: Sequence[WorkerResult]) -> dict[str, Any]:
+def torch_info(results: Sequence[WorkerResult]) -> TorchInfo:
     first = min(results, key=lambda r: r.rank)
-    return {"dist_backend": first.dist_backend, "coalesce_p2p": first.coalesce,
-            "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    return TorchInfo(first.dist_backend, first.coalesce,
+                     "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def assemble(s: Scenario, results: Sequence[WorkerResult]) -> RunResult:
     """Every rank's events and logs -> one RunResult (backend "torch")."""
     first = min(results, key=lambda r: r.rank)
-    extra = {"loss_per_iteration": loss_per_iteration(results),
-             "grad_norm_per_iteration": [first.grad_norms[it] for it in sorted(first.grad_norms)],
-             "torch": torch_info(results)}
+    training = TrainingSection(
+        loss_per_iteration(results), torch_info(results),
+        grad_norm_per_iteration=[first.grad_norms[it] for it in sorted(first.grad_norms)])
     return RunResult("torch", topology_of(s), {r.rank: r.events for r in results},
-                     clocks_of(s), extra)
+                     clocks_of(s), training=training)
 
 
 def world_size_of(s: Scenario) -> int:

@@ -17,6 +17,7 @@ from megatronapp.trace.kinds import COMPUTE_NAMES
 from megatronapp.program.layout import topology_of
 from megatronapp.parallel.ops import RankProgram
 from megatronapp.trace.events import Event, RunResult
+from megatronapp.trace.sections import FbdSection
 
 from .hetero import iteration_periods, steady_iteration_s
 from .ranks import FbdLayout
@@ -131,25 +132,21 @@ def device_rows(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo],
     return rows
 
 
-def fbd_extra(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo], events: Events,
-              stages: str, stage_flops: Sequence[float], **more: Any) -> dict[str, Any]:
-    """The keys a decoupled run adds to (and overrides in) summary.json.
+def fbd_section(s: Scenario, layout: FbdLayout, devices: Sequence[DeviceInfo], events: Events,
+                stages: str, stage_flops: Sequence[float], **more: Any) -> FbdSection:
+    """What a decoupled run adds to (and overrides in) summary.json.
     ``stages``: what ran ("analytic" GPT costs in simulation, "gpt" on torch)."""
     rows = device_rows(s, layout, devices, events, stage_flops)
-    period = steady_iteration_s(events)
-    return {
-        "world_size": layout.num_devices,
-        "iteration_times_s": iteration_periods(events),
+    return FbdSection(
+        world_size=layout.num_devices, iteration_times_s=iteration_periods(events),
         # FBD's bubble: the mean share of the run a device's compute sits idle
-        "bubble_fraction": 1.0 - sum(r["busy_fraction"] for r in rows) / len(rows),
-        "fbd": {"stages": stages, "virtual": {"tp": s.parallel.tp, "pp": s.parallel.pp,
-                                             "dp": s.parallel.dp},
-                "forward_tp": layout.forward_tp, "steady_iteration_s": period,
-                "useful_tflops_per_device": sum(r["useful_tflops"] for r in rows) / len(rows),
-                "devices": rows,
-                "device_of_worker": {str(w): layout.device_of(layout.worker(w))
-                                     for w in range(layout.num_workers)}, **more},
-    }
+        bubble_fraction=1.0 - sum(r["busy_fraction"] for r in rows) / len(rows),
+        stages=stages, virtual={"tp": s.parallel.tp, "pp": s.parallel.pp, "dp": s.parallel.dp},
+        forward_tp=layout.forward_tp, steady_iteration_s=steady_iteration_s(events),
+        useful_tflops_per_device=sum(r["useful_tflops"] for r in rows) / len(rows),
+        devices=rows,
+        device_of_worker={str(w): layout.device_of(layout.worker(w))
+                          for w in range(layout.num_workers)}, more=more)
 
 
 def worker_clocks(layout: FbdLayout, device_clocks: Mapping[int, Any]) -> dict[int, Any]:

@@ -78,7 +78,8 @@ def load_measured(path: Path, scenario_path: Path) -> Measured:
     """A run directory (its summary.json names the scenario that ran), one of
     our trace files, or a torch.profiler trace (a file, or a directory of one
     per rank), the last two described by ``scenario_path``."""
-    from ..run.write import read_events
+    from ..scan.load import read_events
+    from ..trace.summary_file import SUMMARY_FILE, read_summary
     from .profiled import annotate, is_profile, load_profile
 
     path = Path(path)
@@ -90,11 +91,11 @@ def load_measured(path: Path, scenario_path: Path) -> Measured:
     trace = path / "trace.json" if path.is_dir() else path
     if not trace.is_file():
         raise UserError(f"measured: {trace} not found (a run directory or its trace.json)")
-    summary = trace.parent / "summary.json"
+    summary = trace.parent / SUMMARY_FILE
     if summary.is_file():
         try:
-            ran = parse_scenario(json.loads(summary.read_text())["scenario"])
-        except (ValueError, KeyError) as err:
+            ran = parse_scenario(read_summary(summary).scenario)
+        except ValueError as err:
             raise UserError(f"measured: {summary} has no usable scenario ({err})") from None
     else:
         ran = load_scenario(scenario_path)

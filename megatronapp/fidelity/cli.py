@@ -66,7 +66,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _memory_only(s: Scenario) -> list[str]:
-    from ..run.jobs import stage_memory
+    from ..dpp.static_memory import stage_memory
     from .predict import Prediction, prediction_lines
 
     memory = tuple(stage_memory(s).values()) if s.schedule != "adaptive" else ()

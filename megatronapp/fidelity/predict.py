@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ..scenario.config import Scenario, adjustments
 from ..errors import UserError
 from ..costs.flops import hardware_flops_per_iteration, model_flops_per_iteration
-from ..run.jobs import stage_memory
+from ..dpp.static_memory import stage_memory
 from ..costs.memory import RankMemory
 
 # scenario, replica -> simulated iteration times in seconds

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Protocol, Sequence,
+                    runtime_checkable)
 
 from ..io.progress import Say, quiet
 from ..trace.events import Event, RunResult
@@ -23,6 +24,7 @@ REAL = "real"  # runs real processes: one trial at a time, on this machine
 STALL_TIMEOUT = "stall_timeout"  # stops ranks that make no progress (RunOptions.stall_timeout_s)
 PROFILE = "profile"  # writes torch.profiler traces (RunOptions.profile_dir)
 REPLICA = "replica"  # may run one data-parallel replica for all (RunOptions.replica)
+SCOPE_MODEL = "scope_model"  # runs a saved checkpoint for MegaScope (``ScopeModelBackend``)
 
 
 @dataclass(frozen=True)
@@ -57,3 +59,39 @@ class Backend(Protocol):
     def capabilities(self) -> frozenset[str]: ...
 
     def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult: ...
+
+
+class ScopeModel(Protocol):
+    """What MegaScope's commands on a saved checkpoint (``scope generate``,
+    ``serve`` with live generation, ``lens``, ``patch``, ``dla``; ``pp``/``tp``
+    split the model over that many processes) ask of the backend
+    that runs it, in one process."""
+
+    def quiet(self) -> None:
+        """Silence the model library's import-time warnings."""
+
+    def checkpoint_dir(self, target: str | Path) -> Path: ...
+
+    def one_rank(self) -> ContextManager[None]: ...
+
+    def generate(self, ckpt: Any, prompt: str, tokens: int, scope: Any, *, seed: int = 0,
+                 k: int = 5, temperature: float = 0.0, out: Path | None = None
+                 ) -> Iterator[Any]: ...
+
+    def logit_lens(self, checkpoint: str | Path, prompt: str, k: int, *, pp: int = 1,
+                   tp: int = 1) -> Any: ...
+
+    def activation_patching(self, checkpoint: str | Path, clean: str, corrupt: str,
+                            sites: Sequence[str], clean_answer: str | None,
+                            corrupt_answer: str | None, *, pp: int = 1, tp: int = 1) -> Any: ...
+
+    def direct_logit_attribution(self, checkpoint: str | Path, prompt: str,
+                                 answer: str | None, baseline: str | None, *, pp: int = 1,
+                                 tp: int = 1) -> Any: ...
+
+
+@runtime_checkable
+class ScopeModelBackend(Backend, Protocol):
+    """A backend with the ``SCOPE_MODEL`` capability."""
+
+    def scope_model(self) -> ScopeModel: ...

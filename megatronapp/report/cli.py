@@ -36,11 +36,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _summary(run_dir: Path) -> dict[str, Any]:
     from megatronapp.scan.cli import _side_file
     from megatronapp.scan.load import read_object
+    from megatronapp.trace.summary_file import summary_model
 
     path = run_dir / "summary.json"
     if not path.is_file():
         raise UserError(f"RUN_DIR: {path} not found (run 'megatronapp run' first)")
     summary: dict[str, Any] = _side_file(read_object, path)
+    summary_model(summary, path)  # a malformed or newer summary is one line
     return summary
 
 

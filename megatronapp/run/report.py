@@ -3,28 +3,28 @@ torch backend's torchrun entry point print the same)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+from ..program.features import feature_hooks
+from ..trace.summary_file import SUMMARY_FILE, summary_model
 
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 PROFILE_DIR = "profile"  # RUN_DIR/profile/rank{r}.pt.trace.json.gz with --profile
 
 
-def print_summary(summary: dict[str, Any], out: Path) -> None:
-    if "fbd" in summary:  # a decoupled (MegaFBD) run: devices, roles, throughput
-        from ..fbd.run import summary_lines
-
-        print("\n".join(summary_lines(summary)))
-    else:
-        _print_pipeline_summary(summary)
+def print_summary(summary: Mapping[str, Any], out: Path) -> None:
+    run, hooks = summary_model(summary, out / SUMMARY_FILE), feature_hooks()
+    # a feature's own head (MegaFBD: devices, roles, throughput), else the pipeline's
+    headline = next((h for h in (f.headline(run) for f in hooks) if h is not None), None)
+    print("\n".join(headline if headline is not None else pipeline_lines(summary)))
     for note in summary.get("adjustments", []):  # what Megatron would silently change
         print(f"  note: {note}")
     losses = summary.get("loss_per_iteration")
     if losses:  # a real run trains: say whether it learns
         print(loss_line(losses))
-    if "scope" in summary:
-        from ..scope.summary import run_lines
-
-        print("\n".join(run_lines(summary["scope"], out)))
+    for feature in hooks:
+        for line in feature.lines(run, out):
+            print(line)
     faults = summary["faults"] or [{"kind": "none"}]
     for f in faults[:MAX_FAULT_LINES]:
         detail = ", ".join(f"{k}={v}" for k, v in f.items() if k != "kind" and v is not None)
@@ -78,14 +78,15 @@ def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
     return lines
 
 
-def _print_pipeline_summary(summary: dict[str, Any]) -> None:
+def pipeline_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The head of a pipeline run's summary: its shape and iteration times."""
     times = summary["iteration_times_s"]
     mean = sum(times) / len(times) if times else float("nan")
     sc = summary["scenario"]
     p = sc["parallel"]
-    print(f"{sc['name']}: {summary['backend']} backend, {summary['world_size']} ranks "
-          f"(tp {p['tp']}, pp {p['pp']}, dp {p['dp']}, vpp {p['vpp']}), schedule {sc['schedule']}, "
-          f"{p['microbatches']} microbatches")
-    print(f"  iterations: {len(times)}, mean {mean * 1e3:.3f} ms "
-          f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f})")
-    print(f"  bubble fraction: {summary['bubble_fraction']:.3f}")
+    return [f"{sc['name']}: {summary['backend']} backend, {summary['world_size']} ranks "
+            f"(tp {p['tp']}, pp {p['pp']}, dp {p['dp']}, vpp {p['vpp']}), schedule "
+            f"{sc['schedule']}, {p['microbatches']} microbatches",
+            f"  iterations: {len(times)}, mean {mean * 1e3:.3f} ms "
+            f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f})",
+            f"  bubble fraction: {summary['bubble_fraction']:.3f}"]

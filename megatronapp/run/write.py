@@ -1,4 +1,4 @@
-"""Run directories: summary.json, ground truth, writing a run, reading back.
+"""Run directories: summary.json, ground truth, writing a run, exporting its trace.
 
 Where a run may be written, and how it is published, is ``outdirs``.
 """
@@ -11,40 +11,41 @@ from typing import Any, Callable
 
 from ..trace.columns import source_of
 from ..scenario.config import ClockSkew, Scenario, adjustments, scenario_to_dict
-from ..dpp.windows import dpp_summary_source
 from ..errors import UserError
+from ..program.features import feature_hooks
 from ..trace.store import TRACE_FILE, StoreMeta
 from ..trace.chrome import write_chrome
 from ..io.outdirs import new_file, staged_dir  # noqa: F401 (runs are written through staged_dir)
 from ..trace.summary import summarize_source
+from ..trace.summary_file import SCHEMA_VERSION
 from ..parallel.topology import Topology
-from ..trace.events import Event, RunResult, write_json
+from ..trace.events import RunResult, write_json
 from ..trace.on_disk import Phase, write_traces
 
 
 def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
-    """What was injected, for scoring detectors and aligners."""
+    """What was injected, for scoring detectors and aligners (as each feature's
+    runs need it)."""
     faults = [f.model_dump(mode="json") for f in s.faults]
     clocks = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm}
               for r, c in sorted(result.clocks.items())}
     skewed = [f.rank for f in s.faults if isinstance(f, ClockSkew)]
     truth = {"faults": faults, "clocks": clocks, "skewed_ranks": skewed}
-    if "fbd" in result.extra:  # trace pids are MegaFBD worker threads, fault ranks devices
-        device_of = result.extra["fbd"]["device_of_worker"]
-        truth.update(skewed_ranks=[int(w) for w, d in device_of.items() if d in skewed],
-                     skewed_devices=skewed, device_of_pid=device_of)
+    for feature in feature_hooks():
+        truth = feature.ground_truth(result, truth)
     return truth
 
 
 def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
-    """One vectorised pass over the run's columns (compact for symmetric runs)."""
+    """One vectorised pass over the run's columns (compact for symmetric runs),
+    then the features' sections."""
     source = source_of(result)
-    summary = {"backend": result.backend, "world_size": result.topo.world_size,
-               "schedule": s.schedule, **summarize_source(source),
-               "faults": ground_truth(s, result)["faults"], **result.extra,
+    summary = {"schema_version": SCHEMA_VERSION, "backend": result.backend,
+               "world_size": result.topo.world_size, "schedule": s.schedule, **summarize_source(source),
+               "faults": ground_truth(s, result)["faults"], **result.summary_items(),
                "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
-    if "fbd" not in result.extra:  # MegaFBD runs report their own memory and idle time
-        summary["dpp"] = dpp_summary_source(s, source)  # pipeline windows and peak memory
+    for feature in feature_hooks():
+        summary.update(feature.summary_sections(s, result, source))
     return summary
 
 
@@ -71,14 +72,6 @@ def write_run(s: Scenario, result: RunResult, out_dir: Path,
     except OSError as err:
         raise UserError(f"--out: cannot write the result: {err.strerror or err}") from None
     return summary
-
-
-def read_events(path: Path | str, max_bytes: float | None = None) -> dict[int, list[Event]]:
-    """Events of one of our trace files (merged or per rank), in seconds, sorted
-    (``max_bytes``: the cap on its JSON text, see ``scan.kineto.read_json_any``)."""
-    from ..scan.load import load_chrome_file
-
-    return load_chrome_file(Path(path), max_bytes)  # docs pass a string path
 
 
 # ------------------------------------------------------------------ export

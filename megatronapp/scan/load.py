@@ -239,6 +239,12 @@ def load_chrome_file(path: Path, max_bytes: float | None = None) -> RankEvents:
     return events_from_chrome(read_json(path, max_bytes), str(path))
 
 
+def read_events(path: Path | str, max_bytes: float | None = None) -> RankEvents:
+    """Events of one of our trace files (merged or per rank), in seconds, sorted
+    (``max_bytes``: the cap on its JSON text, see ``kineto.read_json_any``)."""
+    return load_chrome_file(Path(path), max_bytes)  # docs pass a string path
+
+
 def merge_rank_files(paths: Iterable[Path], max_bytes: float | None = None) -> RankEvents:
     """Per-rank files (each in its own local clock) into one mapping."""
     merged: RankEvents = {}

@@ -5,12 +5,15 @@ import argparse
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ..errors import UserError
 from ..io.outdirs import add_force_option, check_output
+
+if TYPE_CHECKING:  # the backend loads with the command that needs it
+    from ..program.backend import ScopeModel
 
 
 def _yaml_arg(text: str, what: str) -> Any:
@@ -56,10 +59,17 @@ def _step_line(rec: Any, layers: list[int]) -> str:
     return line
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from backends.torch.worker import quiet_megatron_warnings
+def _model() -> ScopeModel:
+    """The torch backend's runner of saved checkpoints, asked of the registry
+    (its ``SCOPE_MODEL`` capability), not of a backend module."""
+    from backends.registry import scope_model
 
-    quiet_megatron_warnings()
+    return scope_model("torch")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    model = _model()
+    model.quiet()
     from ..scenario.checkpoint import read_checkpoint
 
     if args.tokens < 1:
@@ -67,13 +77,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
     check_output(Path(args.out), args.force)  # before any work
-    from backends.torch.scope_cache import checkpoint_dir
-
-    ckpt = read_checkpoint(checkpoint_dir(args.checkpoint))
+    ckpt = read_checkpoint(model.checkpoint_dir(args.checkpoint))
     scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
     out = Path(args.out)
     try:
-        text = _decode(args, ckpt, scope, out)
+        text = _decode(args, ckpt, scope, out, model)
     except OSError as err:  # the output directory (nothing half-written is left)
         raise UserError(f"--out: cannot write {out}: {err.strerror or err}") from None
     if not args.json:
@@ -83,15 +91,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path) -> str:
+def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path, model: ScopeModel
+            ) -> str:
     """Generate into a staged ``out``, printing a line (or a JSON record) per step."""
-    from backends.torch.scope_generate import generate, one_rank
-
     from ..io.outdirs import staged_dir
 
     layers = list(range(1, ckpt.model.layers + 1))
     text = args.prompt
-    with staged_dir(out, args.force) as tmp, one_rank(), open(tmp / "generation.jsonl", "w") as log:
+    with staged_dir(out, args.force) as tmp, model.one_rank(), \
+            open(tmp / "generation.jsonl", "w") as log:
         if not args.json:
             print(f"{ckpt.path}: {ckpt.model.layers} layers, hidden {ckpt.model.hidden}; "
                   f"prompt {args.prompt!r}, {args.tokens} tokens"
@@ -99,8 +107,8 @@ def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path) -> str:
                      if scope.perturb else ""))
             print(" step   token       p  top-3" + ("  | perturbed     p  KL  ‖Δh‖/‖h‖ per layer"
                                                   if scope.perturb else ""))
-        for rec in generate(ckpt, args.prompt, args.tokens, scope, seed=args.seed, k=args.top_k,
-                            temperature=args.temperature, out=tmp):
+        for rec in model.generate(ckpt, args.prompt, args.tokens, scope, seed=args.seed,
+                                  k=args.top_k, temperature=args.temperature, out=tmp):
             record = rec.to_json()
             log.write(json.dumps(record) + "\n")
             text += rec.clean.token
@@ -130,20 +138,18 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 def _live_model(checkpoint: Path) -> Any:
     """Live generation on the torch backend (one process, one rank)."""
-    from backends.torch.scope_generate import generate
-
     from ..scenario.checkpoint import read_checkpoint
     from .view.server import LiveModel
 
     ckpt = read_checkpoint(checkpoint)
     if ckpt.vocab is None:
         return None
-    vocab = ckpt.vocab
+    vocab, model = ckpt.vocab, _model()
 
     def run(prompt: str, tokens: int, k: int, perturb: list[dict[str, Any]]) -> Any:
         # a JSON object is YAML: the perturbation is validated like --perturb
         scope = generation_scope(ckpt, None, [json.dumps(p) for p in perturb], 0)
-        return generate(ckpt, prompt, tokens, scope, k=k)
+        return model.generate(ckpt, prompt, tokens, scope, k=k)
 
     m = ckpt.model
     return LiveModel(m.layers, m.heads, m.seq_len, run, vocab.decode)
@@ -165,12 +171,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         live = None
         if source.checkpoint_dir is not None:
-            from backends.torch.scope_generate import one_rank
-            from backends.torch.worker import quiet_megatron_warnings
-
-            quiet_megatron_warnings()
+            model = _model()
+            model.quiet()
             print(f"loading {source.checkpoint_dir} for live generation ...", flush=True)
-            stack.enter_context(one_rank())
+            stack.enter_context(model.one_rank())
             live = _live_model(source.checkpoint_dir)
         _announce(args.host, port, config, source, live, args.follow)
         follower = PartsFollower(source.capture_dir) if args.follow else None
@@ -222,50 +226,45 @@ def _show_saved(result: Any, as_json: bool, written: list[Path]) -> None:
 
 
 def cmd_lens(args: argparse.Namespace) -> int:
-    from backends.torch.scope_lens import logit_lens
-    from backends.torch.worker import quiet_megatron_warnings
-
     from .lens import result_name, save
 
     if args.top_k < 1:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
     name = result_name("lens", args.prompt)
     capture = _results_beside_capture(args.run, name, args.force, False)
-    quiet_megatron_warnings()
-    result = logit_lens(args.run, args.prompt, args.top_k, pp=args.pp, tp=args.tp)
+    model = _model()
+    model.quiet()
+    result = model.logit_lens(args.run, args.prompt, args.top_k, pp=args.pp, tp=args.tp)
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
     return 0
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
-    from backends.torch.scope_lens import activation_patching
-    from backends.torch.worker import quiet_megatron_warnings
-
     from .lens import patch_sites, result_name, save
 
-    sites = patch_sites(args.sites)
+    sites = patch_sites(args.sites)  # before the model loads
     name = result_name("patch", args.clean, args.corrupt, *sites, args.clean_answer or "",
                        args.corrupt_answer or "")
     capture = _results_beside_capture(args.run, name, args.force, True)
-    quiet_megatron_warnings()
-    result = activation_patching(args.run, args.clean, args.corrupt, sites, args.clean_answer,
-                                 args.corrupt_answer, pp=args.pp, tp=args.tp)
+    model = _model()
+    model.quiet()
+    result = model.activation_patching(args.run, args.clean, args.corrupt, sites,
+                                       args.clean_answer, args.corrupt_answer,
+                                       pp=args.pp, tp=args.tp)
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force,
                                         result.plot))
     return 0
 
 
 def cmd_dla(args: argparse.Namespace) -> int:
-    from backends.torch.scope_lens import direct_logit_attribution
-    from backends.torch.worker import quiet_megatron_warnings
-
     from .lens import result_name, save
 
     name = result_name("dla", args.prompt, args.answer or "", args.baseline or "")
     capture = _results_beside_capture(args.run, name, args.force, False)
-    quiet_megatron_warnings()
-    result = direct_logit_attribution(args.run, args.prompt, args.answer, args.baseline,
-                                      pp=args.pp, tp=args.tp)
+    model = _model()
+    model.quiet()
+    result = model.direct_logit_attribution(args.run, args.prompt, args.answer, args.baseline,
+                                            pp=args.pp, tp=args.tp)
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
     return 0
 

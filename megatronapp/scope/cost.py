@@ -25,6 +25,7 @@ import numpy as np
 
 from ..scenario.config import Scenario
 from ..costs.per_op import stage_costs
+from ..trace.sections import ScopeOverhead
 from ..scenario.scope_spec import (PARAM_GRADS, SITES, CaptureCost, ModelShape, Observe, base_site,
                           channels_of, LAYER_PARAMS)
 
@@ -225,7 +226,7 @@ def capture_plan(s: Scenario) -> CapturePlan | None:
 
 
 def predicted_overhead(s: Scenario, run: Callable[[Scenario], Any],
-                       ran: Any = None) -> dict[str, Any]:
+                       ran: Any = None) -> ScopeOverhead:
     """The simulator's answer to "what would capturing cost on this job":
     mean iteration time with the capture over without it, both simulated
     without background jitter (so the difference is the capture alone).
@@ -242,6 +243,6 @@ def predicted_overhead(s: Scenario, run: Callable[[Scenario], Any],
     without = run(s.model_copy(update={"cluster": quiet, "scope": None}))
     t1, t0 = (float(np.mean(iteration_times(r.events))) for r in (with_capture, without))
     captures = [e for evs in with_capture.events.values() for e in evs if e.name == "scope_capture"]
-    return {"predicted_capture_overhead": t1 / t0 - 1.0, "iteration_s": t1,
-            "iteration_s_without_capture": t0, "capture_events": len(captures),
-            "capture_busy_s": float(sum(e.dur_s for e in captures))}
+    return ScopeOverhead(predicted_capture_overhead=t1 / t0 - 1.0, iteration_s=t1,
+                         iteration_s_without_capture=t0, capture_events=len(captures),
+                         capture_busy_s=float(sum(e.dur_s for e in captures)))

@@ -11,10 +11,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .kinds import event_kind
+from .sections import FbdSection, ScopeSection, TrainingSection, summary_sections
 from ..parallel.topology import Topology
+
+if TYPE_CHECKING:
+    from .columns import EventSource  # columns reads events: typing only
 
 # Chrome "tid" lanes so Perfetto draws compute, p2p and collectives apart
 # (annotations of other kinds share the compute lane).
@@ -95,17 +99,25 @@ class RunResult:
 
     ``source`` (when set) holds the events as columns, possibly compact (one
     simulated pipeline per class of identical ones); ``events`` is then a
-    view that builds ``Event`` objects rank by rank on demand."""
+    view that builds ``Event`` objects rank by rank on demand. The sections
+    (``trace.sections``) are set by the runs that have them."""
 
     backend: str
     topo: Topology
     events: Mapping[int, list[Event]]
     clocks: dict[int, RankClock]
-    extra: dict[str, Any] = field(default_factory=dict)
-    source: Any = None  # megatronapp.trace.columns.EventSource
+    source: EventSource | None = None
+    fbd: FbdSection | None = None  # a decoupled (MegaFBD) run
+    training: TrainingSection | None = None  # a real run's losses
+    scope: ScopeSection | None = None  # MegaScope's capture, or its predicted overhead
+    checkpoint: str | None = None  # the run directory's checkpoint folder, when saved
 
     def label(self, rank: int) -> str:
         return self.topo.label(rank)
+
+    def summary_items(self) -> dict[str, Any]:
+        """What the sections add to summary.json, in order."""
+        return summary_sections(self.fbd, self.training, self.scope, self.checkpoint)
 
 
 # A backend's entry point as harnesses receive it (validation, speed, sweeps).
