@@ -605,8 +605,8 @@ function renderDla() {
   const total = `${diff} = ${r.logit_diff === null ? "–" : r.logit_diff.toFixed(4)}`;
   canvas.width = Math.max(900, 260 + 22 * slots.length);
   const ctx = clear(canvas), box = plotBox(canvas);
-  const [lo, hi] = range([0, ...slots.filter(Boolean).map((b) => b.value)]), pad = (hi - lo) * 0.05;
-  const { py } = axes(ctx, box, [0, slots.length], [lo - pad, hi + pad], []);
+  const top = absMax(slots.filter(Boolean).map((b) => b.value)) * 1.05; // symmetric: 0 is the middle tick
+  const { py } = axes(ctx, box, [0, slots.length], [-top, top], []);
   const sw = drawBars(ctx, box, slots, py);
   const title = `direct logit attribution of ${JSON.stringify(r.prompt)} at its last position: ${total} (each bar: its share)`;
   ctx.fillStyle = "#222"; ctx.fillText(title, box.x, 14); canvas.setAttribute("aria-label", title);
