@@ -1,18 +1,18 @@
 """Regenerate the MegaScope view's screenshots in docs/img.
 
     python paper_figs/screenshots.py                          # the followed training view
-    python paper_figs/screenshots.py --run runs/scope_tiny    # and the eight views of a trained run
+    python paper_figs/screenshots.py --run runs/scope_tiny    # and the nine views of a trained run
 
 The followed training view is a run written step by step into
 /tmp/megatronapp-docs/runs/follow (two steps while the page is open), served
 from /tmp/megatronapp-docs so the page names it ``runs/follow``, not a
-temporary path. The eight other views are the browser test's, on the trained
+temporary path. The nine other views are the browser test's, on the trained
 tiny model that ``--run`` names (``megatronapp run scenarios/scope_tiny.yaml
 --backend torch --out runs/scope_tiny``; give it relative to the repository,
 as the page shows it): prompt ``def main(``, 12 tokens, ``act_noise`` at
-layer 1's residual stream; the logit lens and patching views show the
-results the test first stores in the run with ``scope lens`` and ``scope
-patch``.
+layer 1's residual stream; the logit lens, patching and direct logit
+attribution views show the results the test first stores in the run with
+``scope lens``, ``scope patch`` and ``scope dla``.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def follow_screenshot(out: Path) -> Path:
 
 
 def browser_screenshots(run: Path, out: Path) -> None:
-    """The browser test's eight screenshots of a trained run, copied into ``out``."""
+    """The browser test's nine screenshots of a trained run, copied into ``out``."""
     env = {**os.environ, "MEGASCOPE_VIEW_RUN": str(run), "MEGASCOPE_SCREENSHOTS": str(out),
            "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-m", "pytest", "tests/test_scope_view_browser.py",

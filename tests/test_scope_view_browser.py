@@ -6,8 +6,9 @@ divergent step is marked, choosing a layer and a head changes the attention
 canvas's pixels, the layer x head grid enlarges the map clicked, hovering a
 cell shows its token pair and weight, the timeline moves it to another step,
 the PCA view draws on robust axes, the perturbation's parameters title its
-charts, only its own fields show; the logit lens and patching results stored
-by the real ``scope lens`` and ``scope patch`` are drawn with hover values;
+charts, only its own fields show; the logit lens, patching and direct logit
+attribution results stored by the real ``scope lens``, ``scope patch`` and
+``scope dla`` are drawn with hover values;
 any console error or page error fails the test.
 Screenshots go to the test's directory and, when ``MEGASCOPE_SCREENSHOTS`` names
 a directory (``docs/img`` for the documentation), there too. The model is an
@@ -19,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from megatronapp.scope.lens import result_name
+from megatronapp.scope.lens import patch_sites, result_name
 from tests.scope_view_support import (ViewServer, blank_of, launch_chromium, make_run,
                                       page_with_errors, shoot)
 from tests.support import run_cli
@@ -46,10 +48,12 @@ def visible(text: str) -> str:
 
 @dataclass(frozen=True)
 class Stored:
-    """The lens and patching results stored with the served capture (as printed)."""
+    """The lens, patching and attribution results stored with the served capture
+    (as printed)."""
 
     lens: dict[str, Any]
     patch: dict[str, Any]
+    dla: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +64,13 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stored(target: Path) -> Stored:
-    """``scope lens`` and ``scope patch`` run for real on the served checkpoint."""
-    lens = run_cli("scope", "lens", str(target), "--prompt", LENS_PROMPT, "--json")
-    patch = run_cli("scope", "patch", str(target), *PATCH, "--json")
-    assert lens.returncode == 0 and patch.returncode == 0, lens.stderr + patch.stderr
-    return Stored(json.loads(lens.stdout), json.loads(patch.stdout))
+    """``scope lens``, ``scope patch`` and ``scope dla`` run for real on the
+    served checkpoint."""
+    done = [run_cli("scope", "lens", str(target), "--prompt", LENS_PROMPT, "--json"),
+            run_cli("scope", "patch", str(target), *PATCH, "--json"),
+            run_cli("scope", "dla", str(target), "--prompt", LENS_PROMPT, "--json")]
+    assert all(r.returncode == 0 for r in done), "".join(r.stderr for r in done)
+    return Stored(*(json.loads(r.stdout) for r in done))
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +91,21 @@ def hover_cell(page: Any, canvas: str, row: int, col: int, rows: int, cols: int,
                left: int = 70) -> str:
     """Point at a cell of a heat map (its box: ``left`` px in, 24 down, 120 and 46
     short of the right and bottom edges) and read the tooltip."""
-    box = page.locator(canvas).bounding_box()
-    width, height = page.evaluate(f"[document.querySelector({canvas!r}).width, "
-                                  f"document.querySelector({canvas!r}).height]")
+    width, height = canvas_size(page, canvas)
     x = left + (col + 0.5) * (width - left - 120) / cols
     y = 24 + (row + 0.5) * (height - 70) / rows
+    return hover_at(page, canvas, x, y)
+
+
+def canvas_size(page: Any, canvas: str) -> tuple[int, int]:
+    return tuple(page.evaluate(  # type: ignore[return-value]
+        f"[document.querySelector({canvas!r}).width, document.querySelector({canvas!r}).height]"))
+
+
+def hover_at(page: Any, canvas: str, x: float, y: float) -> str:
+    """Point at ``(x, y)`` in the canvas's own pixels and read the tooltip."""
+    box = page.locator(canvas).bounding_box()
+    width, height = canvas_size(page, canvas)
     page.mouse.move(box["x"] + x * box["width"] / width, box["y"] + y * box["height"] / height)
     assert page.locator("#tip").is_visible()
     return page.text_content("#tip")  # type: ignore[no-any-return]
@@ -279,48 +295,83 @@ def test_the_view_in_a_browser(server: ViewServer, tmp_path: Path) -> None:
     assert errors == []
 
 
-def test_the_lens_and_patching_views(server: ViewServer, stored: Stored, tmp_path: Path) -> None:
+@contextmanager
+def served_page(server: ViewServer) -> Iterator[tuple[Any, list[str]]]:
+    """A page on the served view once its info has arrived, and the list its
+    console errors go to; the browser is closed after."""
     from playwright.sync_api import sync_playwright
 
-    lens, patch = stored.lens, stored.patch
     with sync_playwright() as p:
         browser = launch_chromium(p)
         try:
             page, errors = page_with_errors(browser, VIEWPORT)
             page.goto(server.url)
             page.wait_for_function("() => window.megascope.info !== null")
-
-            tab(page, "lens")
-            name = result_name("lens", LENS_PROMPT)
-            page.select_option("#lens-of", name)
-            page.wait_for_function(f"() => window.megascope.analyses[{name!r}]")
-            assert LENS_PROMPT in page.get_attribute("#lens-canvas", "aria-label")
-            rows, tokens = len(lens["rows"]), len(lens["tokens"])
-            row, pos = rows - 1, 4
-            tip = hover_cell(page, "#lens-canvas", row, pos, rows, tokens, left=110)
-            assert tip.startswith(f"{lens['rows'][row]}, position {pos} "
-                                  f"{visible(lens['tokens'][pos])} → next "
-                                  f"{visible(lens['tokens'][pos + 1])}: "
-                                  f"rank {lens['rank'][row][pos]}")
-            assert visible(lens["top"][row][pos][0]["token"]) in tip.split("top: ")[1]
-            assert page.text_content("#lens-summary").endswith(
-                " → ".join(f"{r} {m:.2f}" for r, m in zip(lens["rows"], lens["mean_rank"])))
-            shoot(page, tmp_path, "lens")
-
-            tab(page, "patching")
-            names = page.eval_on_selector_all("#patch-of option", "os => os.map(o => o.value)")
-            assert len(names) == 1 and names[0].startswith("patch-")  # the one stored above
-            name = names[0]
-            page.wait_for_function(f"() => window.megascope.analyses[{name!r}]")
-            assert page.locator(".patch-map").count() == len(patch["sites"])
-            layers, positions = len(patch["layers"]), len(patch["tokens"])
-            site, layer, pos = len(patch["sites"]) - 1, 0, positions - 2
-            value = patch["restored"][site][layer][pos]
-            tip = hover_cell(page, f".patch-map[data-site='{patch['sites'][site]}']", layer, pos,
-                             layers, positions)
-            assert tip == (f"{patch['sites'][site]}, layer {patch['layers'][layer]}, position "
-                           f"{pos} {visible(patch['tokens'][pos])}: restored {value:.4f}")
-            shoot(page, tmp_path, "patching", full_page=True)
+            yield page, errors
         finally:
             browser.close()
+
+
+def open_result(page: Any, view: str, menu: str, name: str) -> None:
+    """The stored result ``name`` chosen in its view's menu, and received."""
+    tab(page, view)
+    page.select_option(menu, name)
+    page.wait_for_function(f"() => window.megascope.analyses[{name!r}]")
+
+
+def test_the_lens_and_patching_views(server: ViewServer, stored: Stored, tmp_path: Path) -> None:
+    lens, patch = stored.lens, stored.patch
+    with served_page(server) as (page, errors):
+        open_result(page, "lens", "#lens-of", result_name("lens", LENS_PROMPT))
+        assert LENS_PROMPT in page.get_attribute("#lens-canvas", "aria-label")
+        rows, tokens = len(lens["rows"]), len(lens["tokens"])
+        row, pos = rows - 1, 4
+        tip = hover_cell(page, "#lens-canvas", row, pos, rows, tokens, left=110)
+        assert tip.startswith(f"{lens['rows'][row]}, position {pos} "
+                              f"{visible(lens['tokens'][pos])} → next "
+                              f"{visible(lens['tokens'][pos + 1])}: "
+                              f"rank {lens['rank'][row][pos]}")
+        assert visible(lens["top"][row][pos][0]["token"]) in tip.split("top: ")[1]
+        assert page.text_content("#lens-summary").endswith(
+            " → ".join(f"{r} {m:.2f}" for r, m in zip(lens["rows"], lens["mean_rank"])))
+        shoot(page, tmp_path, "lens")
+
+        # the result stored above, by its name, among any others stored with the capture
+        clean, corrupt, clean_answer, corrupt_answer = PATCH[1::2]
+        open_result(page, "patching", "#patch-of", result_name(
+            "patch", clean, corrupt, *patch_sites(None), clean_answer, corrupt_answer))
+        assert page.locator(".patch-map").count() == len(patch["sites"])
+        layers, positions = len(patch["layers"]), len(patch["tokens"])
+        site, layer, pos = len(patch["sites"]) - 1, 0, positions - 2
+        value = patch["restored"][site][layer][pos]
+        tip = hover_cell(page, f".patch-map[data-site='{patch['sites'][site]}']", layer, pos,
+                         layers, positions)
+        assert tip == (f"{patch['sites'][site]}, layer {patch['layers'][layer]}, position "
+                       f"{pos} {visible(patch['tokens'][pos])}: restored {value:.4f}")
+        shoot(page, tmp_path, "patching", full_page=True)
+    assert errors == []
+
+
+def test_the_direct_logit_attribution_view(server: ViewServer, stored: Stored,
+                                           tmp_path: Path) -> None:
+    dla = stored.dla
+    answer, baseline = (visible(c) for c in dla["answers"])
+    total = f"logit[{answer}] − logit[{baseline}] = {dla['logit_diff']:.4f}"
+    with served_page(server) as (page, errors):
+        open_result(page, "dla", "#dla-of", result_name("dla", LENS_PROMPT, "", ""))
+        assert total in page.get_attribute("#dla-canvas", "aria-label")
+        # a bar per head per layer, and the embedding, each layer's bias and MLP, the norm's bias
+        bars = {b["component"]: b for b in page.evaluate("window.megascope.dlaBars")}
+        layers, heads = len(dla["layers"]), len(dla["heads"][0])
+        assert len(bars) == layers * heads + 2 * layers + 2
+        bar = bars[f"layer {dla['layers'][0]}, MLP"]
+        assert hover_at(page, "#dla-canvas", bar["x"], bar["y"]).startswith(
+            f"layer {dla['layers'][0]}, MLP: {dla['mlp'][0]:+.4f} of")
+        layer, head = layers - 1, heads - 1
+        bar = bars[f"layer {dla['layers'][layer]}, head {head}"]
+        assert hover_at(page, "#dla-canvas", bar["x"], bar["y"]) == (
+            f"layer {dla['layers'][layer]}, head {head}: "
+            f"{dla['heads'][layer][head]:+.4f} of {total}")
+        assert page.text_content("#dla-summary").startswith(total)
+        shoot(page, tmp_path, "dla", full_page=True)
     assert errors == []

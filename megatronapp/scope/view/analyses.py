@@ -1,7 +1,9 @@
-"""The logit lens and activation patching results stored with a capture, for the page.
+"""The logit lens, activation patching and direct logit attribution results
+stored with a capture, for the page.
 
-``scope lens`` and ``scope patch`` write ``lens-HASH.json`` and
-``patch-HASH.json`` beside the capture (``megatronapp/scope/lens.py``). The
+``scope lens``, ``scope patch`` and ``scope dla`` write ``lens-HASH.json``,
+``patch-HASH.json`` and ``dla-HASH.json`` beside the capture
+(``megatronapp/scope/lens.py``). The
 page asks for one by name; the name must be one of the files listed here,
 and the file is validated against the fields the page draws (fields it does
 not draw are dropped, so a result that gains fields still shows). JSON is
@@ -13,12 +15,12 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ...errors import UserError
 from .protocol import validation_reason
 
-NAME = re.compile(r"(lens|patch)-[0-9a-f]{12}")
+NAME = re.compile(r"(lens|patch|dla)-[0-9a-f]{12}")
 MAX_RESULT_BYTES = 16 * 2**20  # a result file above this is not read (the page gets an error)
 
 
@@ -57,6 +59,43 @@ class PatchView(_Result):
     restored: list[list[list[float | None]]] = Field(description="(sites, layers, positions)")
 
 
+class DlaView(_Result):
+    """``DlaResult.to_json``: each head's direct share of ``logit[answer] -
+    logit[baseline]`` at the last position, and the other parts of the stream."""
+
+    analysis: Literal["dla"] = "dla"
+    prompt: str
+    tokens: list[str]
+    answers: tuple[str, str]
+    layers: list[int]
+    heads: list[list[float | None]] = Field(description="(layers, heads)")
+    embed: float | None
+    attn_bias: list[float | None]
+    mlp: list[float | None]
+    norm_bias: float | None
+    logit_diff: float | None
+
+    @field_validator("heads", "attn_bias", "mlp")
+    @classmethod
+    def _one_per_layer(cls, value: list[object], info: ValidationInfo) -> list[object]:
+        # the page draws these per layer: a count that disagrees has no bars to go to
+        layers = info.data.get("layers")
+        if layers is not None and len(value) != len(layers):
+            raise ValueError(f"one per layer expected, got {len(value)} for {len(layers)} layers")
+        return value
+
+    @field_validator("heads")
+    @classmethod
+    def _as_many_heads_per_layer(cls, value: list[list[float | None]]) -> list[list[float | None]]:
+        if len({len(row) for row in value}) > 1:
+            raise ValueError("layers with different numbers of heads")
+        return value
+
+
+View = LensView | PatchView | DlaView
+MODELS: dict[str, type[View]] = {"lens": LensView, "patch": PatchView, "dla": DlaView}
+
+
 def listed(capture_dir: Path) -> dict[str, str]:
     """The results beside the capture: name -> a label for the page's menu."""
     out = {}
@@ -73,12 +112,14 @@ def _label(path: Path) -> str:
         return f"{path.stem} (unreadable: {err})"
     if isinstance(view, LensView):
         return f"lens: {view.prompt!r}"
+    if isinstance(view, DlaView):
+        return f"dla: {view.prompt!r}, {view.answers[0]!r} over {view.answers[1]!r}"
     return f"patch: {view.clean!r} vs {view.corrupt!r}"
 
 
-def read(path: Path) -> LensView | PatchView:
+def read(path: Path) -> View:
     """The validated result in ``path``; ``UserError`` naming the file otherwise."""
-    model = LensView if path.stem.startswith("lens-") else PatchView
+    model = MODELS[path.stem.split("-")[0]]
     try:
         if path.stat().st_size > MAX_RESULT_BYTES:
             raise UserError(f"{path.name}: over {MAX_RESULT_BYTES} bytes, not read")

@@ -94,7 +94,7 @@ class Series(_Message):
 
 
 class Analysis(_Message):
-    """A logit lens or patching result stored with the capture, by its file's name."""
+    """A logit lens, patching or attribution result stored with the capture, by its file's name."""
 
     type: Literal["analysis"]
     name: str = Field(max_length=64)

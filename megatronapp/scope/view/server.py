@@ -189,7 +189,7 @@ class Connection:
             "ridge_counts": ridges.counts}))
 
     async def send_analysis(self, m: Analysis) -> None:
-        """A stored lens or patching result, if it is one of those listed."""
+        """A stored lens, patching or attribution result, if it is one of those listed."""
         capture_dir = self.app.source.capture_dir
         if m.name not in await asyncio.to_thread(analyses.listed, capture_dir):
             raise Refused(f"analysis: the capture has no result {m.name!r}")

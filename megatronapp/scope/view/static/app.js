@@ -7,7 +7,7 @@ const state = {
   info: null, steps: [], latencies: [], shown: [], series: null, ws: null, playing: null,
   stepsB: [], promptB: "", target: "a", doneB: false, trainingUpdates: 0,
   sel: { layer: 1, head: 0, token: -1, step: 0 }, topkOpen: false,
-  perturbSent: null, analyses: {}, pca: null, gridDrawn: 0,
+  perturbSent: null, analyses: {}, pca: null, gridDrawn: 0, dlaBars: [],
 };
 window.megascope = state; // read by the browser test and the latency benchmark
 
@@ -565,6 +565,57 @@ function renderPatching() {
     return c;
   }));
 }
+// ------------------------------------------------ stored analyses: direct logit attribution
+const DLA_KINDS = { head: ["attention head", "#1f77b4"], attn_bias: ["attention bias", "#7f7f7f"], mlp: ["MLP", "#ff7f0e"], embed: ["embedding", "#2ca02c"], norm_bias: ["final norm's bias", "#9467bd"] };
+// the bars in the order drawn, null a gap between groups: the embedding, each layer's heads,
+// attention bias and MLP, the final norm's bias
+function dlaBars(r) {
+  const bar = (kind, component, label, layer, value) => ({ kind, component, label, layer, value: value ?? NaN });
+  const slots = [bar("embed", "embedding", "emb", null, r.embed), null];
+  r.layers.forEach((layer, l) => {
+    r.heads[l].forEach((v, h) => slots.push(bar("head", `layer ${layer}, head ${h}`, `h${h}`, layer, v)));
+    slots.push(bar("attn_bias", `layer ${layer}, attention bias`, "bias", layer, r.attn_bias[l]), bar("mlp", `layer ${layer}, MLP`, "mlp", layer, r.mlp[l]), null);
+  });
+  slots.push(bar("norm_bias", "final norm's bias", "norm", null, r.norm_bias));
+  return slots;
+}
+const signed = (v) => (Number.isFinite(v) ? `${v >= 0 ? "+" : ""}${v.toFixed(4)}` : "–");
+const sum = (vs) => vs.reduce((a, v) => a + (v ?? NaN), 0);
+function drawBars(ctx, box, slots, py) { // signed bars from the zero line, their labels and layers below
+  const sw = box.w / slots.length;
+  ctx.strokeStyle = "#222"; ctx.beginPath(); ctx.moveTo(box.x, py(0)); ctx.lineTo(box.x + box.w, py(0)); ctx.stroke();
+  ctx.textAlign = "center";
+  slots.forEach((b, i) => {
+    if (!b) return;
+    const x = box.x + i * sw;
+    ctx.fillStyle = DLA_KINDS[b.kind][1];
+    if (Number.isFinite(b.value)) ctx.fillRect(x + sw * 0.15, Math.min(py(0), py(b.value)), sw * 0.7, Math.abs(py(b.value) - py(0)));
+    ctx.fillStyle = "#222"; ctx.fillText(b.label, x + sw / 2, box.y + box.h + 14);
+    if (b.layer !== null && (!slots[i - 1] || slots[i - 1].layer !== b.layer)) ctx.fillText(`layer ${b.layer}`, x + sw * (slots.indexOf(null, i) - i) / 2, box.y + box.h + 30);
+  });
+  ctx.textAlign = "left";
+  return sw;
+}
+function renderDla() {
+  const name = $("dla-of").value, canvas = $("dla-canvas"), r = storedResult(name);
+  $("dla-summary").textContent = ""; state.dlaBars = [];
+  if (!name) { message(canvas, "no direct logit attribution stored with this capture: megatronapp scope dla RUN_DIR --prompt TEXT"); return; }
+  if (!r) { message(canvas, "loading…"); return; }
+  const slots = dlaBars(r), diff = `logit[${show(r.answers[0])}] − logit[${show(r.answers[1])}]`;
+  const total = `${diff} = ${r.logit_diff === null ? "–" : r.logit_diff.toFixed(4)}`;
+  canvas.width = Math.max(900, 260 + 22 * slots.length);
+  const ctx = clear(canvas), box = plotBox(canvas);
+  const top = absMax(slots.filter(Boolean).map((b) => b.value)) * 1.05; // symmetric: 0 is the middle tick
+  const { py } = axes(ctx, box, [0, slots.length], [-top, top], []);
+  const sw = drawBars(ctx, box, slots, py);
+  const title = `direct logit attribution of ${JSON.stringify(r.prompt)} at its last position: ${total} (each bar: its share)`;
+  ctx.fillStyle = "#222"; ctx.fillText(title, box.x, 14); canvas.setAttribute("aria-label", title);
+  axisTitles(ctx, box, "", `share of ${diff}`);
+  keyOf(ctx, box, Object.values(DLA_KINDS));
+  hoverable(canvas, box, { rows: 1, cols: slots.length, at: (_, c) => slots[c] }, (_, c, b) => (b ? `${b.component}: ${signed(b.value)} of ${total}` : null));
+  state.dlaBars = slots.flatMap((b, i) => (b ? [{ component: b.component, x: box.x + (i + 0.5) * sw, y: box.y + box.h / 2 }] : []));
+  $("dla-summary").textContent = `${total}: attention heads ${signed(sum(r.heads.flat()))}, attention biases ${signed(sum(r.attn_bias))}, MLPs ${signed(sum(r.mlp))}, embedding ${signed(r.embed ?? NaN)}, final norm's bias ${signed(r.norm_bias ?? NaN)}`;
+}
 function renderQuick() {
   const rec = current(), n = state.steps.length;
   $("timeline").max = Math.max(0, n - 1); $("timeline").value = state.sel.step;
@@ -575,7 +626,7 @@ function renderQuick() {
     $("q-token-label").textContent = `${t} ${show(rec.header.window[t])}`;
   }
 }
-const VIEWS = { generation: renderTopk, tensors: renderStats, attention: renderAttention, pca: renderPca, perturbation: renderPerturbation, training: renderTraining, lens: renderLens, patching: renderPatching };
+const VIEWS = { generation: renderTopk, tensors: renderStats, attention: renderAttention, pca: renderPca, perturbation: renderPerturbation, training: renderTraining, lens: renderLens, patching: renderPatching, dla: renderDla };
 function activeTab() { const b = document.querySelector("#tabs button.active"); return b ? b.dataset.tab : "generation"; }
 function renderAll() { // only what is on screen: the others draw when their tab opens
   renderQuick(); renderTokens(); VIEWS[activeTab()]();
@@ -594,7 +645,7 @@ function onInfo(info) {
   fillSelect($("p-site"), ["resid_post", "resid_pre", "attn.q", "attn.k", "attn.v", "attn.out", "mlp.pre", "mlp.post", "mlp.out"]);
   fillSelect($("t-site"), Object.keys(info.series));
   onTrainingSite();
-  analysisMenu($("lens-of"), "lens"); analysisMenu($("patch-of"), "patch");
+  analysisMenu($("lens-of"), "lens"); analysisMenu($("patch-of"), "patch"); analysisMenu($("dla-of"), "dla");
   showPerturbFields();
   $("perturb-off").hidden = info.allow_perturb;
   for (const e of $("perturb-controls").querySelectorAll("select, input")) e.disabled = !info.allow_perturb;
@@ -634,7 +685,7 @@ function onMessage(ev) {
   if (m.kind === "info") onInfo(m);
   else if (m.kind === "done") { status(`done: ${m.steps} tokens${m.stopped ? " (stopped)" : ""}`); if (state.target === "b") state.doneB = true; else state.done = true; }
   else if (m.kind === "training") onTraining(m);
-  else if (m.kind === "analysis") { state.analyses[m.name] = m.result; if (["lens", "patching"].includes(activeTab())) VIEWS[activeTab()](); }
+  else if (m.kind === "analysis") { state.analyses[m.name] = m.result; if (["lens", "patching", "dla"].includes(activeTab())) VIEWS[activeTab()](); }
   else if (m.kind === "refused") status(`refused: ${m.reason}`);
   else if (m.kind === "error") status(`error: ${m.message}`);
 }
@@ -738,6 +789,7 @@ function wire() {
   });
   $("lens-of").addEventListener("change", renderLens);
   $("patch-of").addEventListener("change", renderPatching);
+  $("dla-of").addEventListener("change", renderDla);
   $("stat-site").addEventListener("change", onStatSite);
   $("stat-name").addEventListener("change", renderStats);
   $("t-site").addEventListener("change", onTrainingSite);
