@@ -136,3 +136,11 @@ def test_a_reservoir_keeps_an_evenly_spread_sample_within_its_capacity(values, c
     assert len(reservoir) <= capacity
     assert reservoir.values.tolist() == stream[::reservoir.stride].tolist()
     assert reservoir.stride == 1 or len(stream) > capacity
+
+
+def test_a_thinned_sample_still_reports_every_op_it_compared():
+    scan = scan_of_result(run_sim(_job(4)))
+    thinned, whole = _fed(scan, capacity=16).verdict(), megascan(scan)
+    assert _named(thinned)[0] == _named(whole)[0] == (THROTTLED, "compute", None)
+    assert thinned.root_causes[0].evidence["ops_compared"] == \
+        whole.root_causes[0].evidence["ops_compared"] > 16

@@ -150,21 +150,22 @@ def log_ratio_rows(scan: ScanInput, peers: Mapping[int, tuple[int, ...]], work: 
     return ratios, cross
 
 
-def compute_scores(ratios: Mapping[int, np.ndarray], cross: Mapping[tuple[int, str], np.ndarray],
+def compute_scores(ratios: Reservoirs[int], cross: Reservoirs[tuple[int, str]],
                    peers: Mapping[int, tuple[int, ...]], th: Thresholds) -> dict[int, ComputeScore]:
-    """Stage 1 for every rank, from its log ratios (``log_ratio_rows``)."""
+    """Stage 1 for every rank, from its log ratios (``log_ratio_rows``) as
+    sampled; the ops each score reports are those compared, sampled or not."""
     scores: dict[int, ComputeScore] = {}
     for cls in sorted({p for p in peers.values() if len(p) > 1}):
-        for r, (med, z, share, n) in row_scores(cls, [ratios.get(r, NO_RATIOS) for r in cls],
+        for r, (med, z, share, _) in row_scores(cls, [ratios.get(r, NO_RATIOS) for r in cls],
                                                 th).items():
-            scores[r] = ComputeScore(r, med, z, share, n, cls)
+            scores[r] = ComputeScore(r, med, z, share, ratios.seen(r), cls)
     lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
     if len(lonely) >= 2:
         scores.update(_cross_stage(lonely, cross, th))
     return scores
 
 
-def _cross_stage(ranks: tuple[int, ...], cross: Mapping[tuple[int, str], np.ndarray],
+def _cross_stage(ranks: tuple[int, ...], cross: Reservoirs[tuple[int, str]],
                  th: Thresholds) -> dict[int, ComputeScore]:
     """Pipeline stages differ (the last one computes the logits): judge each op
     name apart and keep a rank's middle name (the lower one of two), so only a
@@ -174,7 +175,8 @@ def _cross_stage(ranks: tuple[int, ...], cross: Mapping[tuple[int, str], np.ndar
         rows = [cross.get((r, name), NO_RATIOS) for r in ranks]
         for r, (med, z, share, n) in row_scores(ranks, rows, th).items():
             if n >= 2:
-                per_rank.setdefault(r, []).append(ComputeScore(r, med, z, share, n, ranks))
+                per_rank.setdefault(r, []).append(
+                    ComputeScore(r, med, z, share, cross.seen((r, name)), ranks))
     return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
 
 

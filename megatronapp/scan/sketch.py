@@ -76,6 +76,10 @@ class Reservoirs(Mapping[K, np.ndarray]):
     def __len__(self) -> int:
         return len(self._by_key)
 
+    def seen(self, key: K) -> int:
+        """Values given for ``key`` (kept or thinned out; 0 for a key never given)."""
+        return self._by_key[key].seen if key in self._by_key else 0
+
     def entries(self) -> int:
         """Values held over every key (what the state's size is counted in)."""
         return sum(len(r) for r in self._by_key.values())
