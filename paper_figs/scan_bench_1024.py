@@ -4,10 +4,10 @@
 
 Generates RUN_DIR (default runs/scan_1024) from scenarios/scan_1024.yaml if it
 is missing, then times what ``megatronapp detect`` runs (the stored table read
-as columns, linked, aligned and judged), each stage of the per-event path the
-other commands use (load every rank's events on its own clock, link sync ops,
-align clocks, detect), and the critical path that ``megatronapp analyze``
-adds, and prints a table.
+as columns, linked, aligned and judged), the loader the other commands use
+(every rank's events on its own clock, then the same columns, linking and
+alignment), and the critical path that ``megatronapp analyze`` adds, and
+prints a table.
 """
 from __future__ import annotations
 
@@ -29,13 +29,9 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     from megatronapp.scan.critical import critical_path
-    from megatronapp.scan.deps import reconstruct
     from megatronapp.scan.detect import megascan
-    from megatronapp.scan.inputs import ScanInput, gpus_per_node_of
-    from megatronapp.scan.align import apply_clocks, fit_clocks
+    from megatronapp.scan.inputs import load_table_scan, prepare_loaded
     from megatronapp.scan.load import load_trace
-    from megatronapp.scan.table import load_table_scan
-    from megatronapp.scan.table_detect import megascan_table
 
     stages: list[tuple[str, float, float]] = []
 
@@ -47,16 +43,13 @@ def main() -> None:
 
     table = timed("detect: read the table as columns, link, align", load_table_scan,
                   run_dir / "trace.parquet")
-    timed("detect: judge (megascan on columns)", megascan_table, table)
-    trace = timed("per-event path: load every rank's events", load_trace, run_dir)
-    ops = timed("link sync ops", reconstruct, trace.events)
-    fits = timed("fit clocks", fit_clocks, trace.events, ops, 0)
-    aligned = timed("apply clocks", apply_clocks, trace.events, fits)
-    scan = ScanInput(aligned, tuple(ops), gpus_per_node_of(run_dir), fits)
-    diagnosis = timed("detect (per-event)", megascan, scan)
-    path = timed("critical path (analyze)", critical_path, aligned, ops)
-    events = sum(len(v) for v in trace.events.values())
-    print(f"{len(trace.events)} ranks, {events} events, {len(ops)} sync ops; "
+    diagnosis = timed("detect: judge (megascan)", megascan, table)
+    trace = timed("other commands: load every rank's events", load_trace, run_dir)
+    scan = timed("link sync ops, align clocks", prepare_loaded, trace)
+    ops = timed("per-event sync ops", lambda: scan.ops)
+    path = timed("critical path (analyze)", critical_path, scan.events, list(ops))
+    events = sum(len(v) for v in scan.events.values())
+    print(f"{len(scan.events)} ranks, {events} events, {len(ops)} sync ops; "
           f"root causes {[c.rank for c in diagnosis.root_causes]}; critical path "
           f"{100 * path.length_s / path.window_s:.1f}% of the window, "
           f"top rank {next(iter(path.by_rank()))}")

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from megatronapp.scan.align import score_against_truth, trace_span
 from megatronapp.scan.bounds import Bounds, maximin_line
-from megatronapp.scan.detect import Thresholds, megascan, rank_sum_z
+from megatronapp.scan.detect import megascan
+from megatronapp.scan.judge import Thresholds, rank_sum_z
 from megatronapp.scan.pairwise import shorth
 from megatronapp.scan.validate import injected_clocks, scan_of_result
 from megatronapp.trace.events import RunResult

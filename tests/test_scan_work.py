@@ -11,9 +11,7 @@ from megatronapp.cli import main
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.costs.per_op import stage_costs
 from megatronapp.scan.detect import megascan
-from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.table import load_table_scan
-from megatronapp.scan.table_detect import megascan_table
+from megatronapp.scan.inputs import load_scan_input, load_table_scan
 from megatronapp.scan.validate import scan_of_result
 from megatronapp.scan.work import modelled_work, scenario_of_run
 from sim import run_sim
@@ -71,7 +69,7 @@ def test_a_run_directory_brings_its_scenario_to_both_detectors(tmp_path: Path, c
     assert main(["run", str(scenario), "--out", str(run_dir), "--quiet"]) == 0
     assert scenario_of_run(run_dir) == _pipeline([])
     assert megascan(load_scan_input(run_dir)).healthy
-    assert megascan_table(load_table_scan(run_dir / "trace.parquet")).healthy
+    assert megascan(load_table_scan(run_dir / "trace.parquet")).healthy
     (run_dir / "summary.json").write_text('{"scenario": {"parallel": {"pp": "four"}}}')
     assert scenario_of_run(run_dir) is None  # an invalid record is no scenario, not a crash
 

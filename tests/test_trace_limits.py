@@ -57,10 +57,10 @@ def _no_event_reading(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import megatronapp.trace.store as store
     import megatronapp.scan.load as load
-    import megatronapp.scan.table as table
+    import megatronapp.scan.inputs as inputs
 
     for module, name in ((load, "read_json_any"), (load, "load_store"),
-                         (table, "load_table_scan"), (store, "iter_columns"),
+                         (inputs, "load_table_scan"), (store, "iter_columns"),
                          (store, "read_columns")):
         monkeypatch.setattr(module, name, read)
 
@@ -195,12 +195,12 @@ def _memory_errors() -> list[BaseException]:
 
 @pytest.mark.parametrize("error", _memory_errors(), ids=lambda e: type(e).__name__)
 def test_running_out_of_memory_anyway_is_one_line(error, run_dir, capsys, monkeypatch):
-    import megatronapp.scan.table_detect as table_detect
+    import megatronapp.scan.detect as detect
 
     def exhausted(*_args: object) -> None:
         raise error
 
-    monkeypatch.setattr(table_detect, "megascan_table", exhausted)
+    monkeypatch.setattr(detect, "megascan_stored", exhausted)
     code, err = _main(capsys, ["detect", str(run_dir)])
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"megatronapp: detect: out of memory ({type(error).__name__})")

@@ -2,7 +2,9 @@
 
 Each rank's local clock maps to the reference rank's clock by a line
 ``ref = a·local + b`` (offset and drift), fitted breadth-first from the
-reference against the already fitted members of the ops it shares.
+reference against the already fitted members of the ops it shares (over
+columns: ``table.fit_clocks``; the lines, the causal bounds and the solver
+of freed ranks are here).
 
 Where every member of a synchronous op *finishes* at the same moment (start
 times differ: they carry the straggler signal), completion times are anchor
@@ -16,14 +18,11 @@ all-reduce before the last member arrived).
 from __future__ import annotations
 
 import math
-import statistics
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
-
-from megatronapp.trace.events import Event
 
 from .bounds import Bounds, all_to_all, maximin_line
 from .deps import SyncOp
@@ -38,13 +37,6 @@ MIN_RECV_WAIT_S = 1e-6
 # (the simulator, or a clean trace); anything looser is fitted by causal bounds.
 ANCHOR_SPREAD_S = 1e-6
 MIN_JUDGED_ANCHORS = 4  # a line through fewer anchors says nothing of how well they agree
-
-
-def is_anchor(op: SyncOp, events: RankEvents) -> bool:
-    if op.kind == "collective":
-        return len(op.members) > 1
-    rank, index = op.members[1]
-    return events[rank][index].dur_s >= MIN_RECV_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -69,28 +61,6 @@ class ClockFit:
     @property
     def offset_us(self) -> float:
         return -self.b / self.a * 1e6
-
-
-def _neighbours(ops: list[SyncOp]) -> dict[int, set[int]]:
-    adj: dict[int, set[int]] = defaultdict(set)
-    for op in ops:
-        ranks = set(op.ranks)
-        for r in ranks:
-            adj[r] |= ranks - {r}
-    return adj
-
-
-def bfs_order(ranks: list[int], ops: list[SyncOp], ref: int) -> list[int]:
-    adj, seen, order = _neighbours(ops), {ref}, [ref]
-    queue = deque([ref])
-    while queue:
-        r = queue.popleft()
-        for s in sorted(adj.get(r, ())):
-            if s not in seen:
-                seen.add(s)
-                order.append(s)
-                queue.append(s)
-    return order + sorted(set(ranks) - seen)  # unconnected ranks keep their own clock
 
 
 def _paired_slope(dx: np.ndarray, dev: np.ndarray) -> tuple[float, float]:
@@ -124,21 +94,6 @@ def robust_line(x: np.ndarray, y: np.ndarray, rounds: int = 6) -> tuple[float, f
             slope, icpt = 0.0, float(np.median(dev[keep]))
     a = 1.0 + float(slope)
     return a, float(icpt) - float(slope) * x0
-
-
-def _anchor_points(rank: int, ops: list[SyncOp], events: RankEvents,
-                   fits: Mapping[int, ClockFit]) -> tuple[np.ndarray, np.ndarray]:
-    """(this rank's completion, the fitted members' median completion) per op."""
-    xs, ys = [], []
-    for op in ops:
-        if not is_anchor(op, events):
-            continue
-        mine = [events[r][i].end_s for r, i in op.members if r == rank]
-        anchors = [fits[r].to_ref(events[r][i].end_s) for r, i in op.members if r in fits]
-        if mine and anchors:
-            xs.append(mine[0])
-            ys.append(statistics.median(anchors))
-    return np.array(xs), np.array(ys)
 
 
 def causal_bounds(rank: int, ops: list[SyncOp], events: RankEvents,
@@ -193,44 +148,12 @@ class AnchorFit:
         return cls(ClockFit(a, b, len(xs)), float(np.median(np.abs(ys - (a * xs + b)))), len(xs))
 
 
-def _anchor_fit(rank: int, ops: list[SyncOp], events: RankEvents,
-                fits: Mapping[int, ClockFit]) -> AnchorFit:
-    return AnchorFit.through(*_anchor_points(rank, ops, events, fits))
-
-
 def completions_coincide(anchored: Mapping[int, AnchorFit]) -> bool:
     """Whether this trace's completions are synchronous: the ranks with
     enough anchors to tell (more than a line's two parameters) fit them to a
     microsecond. With none able to tell, they are taken to be."""
     judged = [f.spread_s for f in anchored.values() if f.anchors >= MIN_JUDGED_ANCHORS]
     return not judged or float(np.median(judged)) <= ANCHOR_SPREAD_S
-
-
-def fit_clocks(events: RankEvents, ops: list[SyncOp], ref: int | None = None
-               ) -> dict[int, ClockFit]:
-    """One ClockFit per rank, mapping its local clock onto the reference rank's.
-
-    Ranks are fitted breadth-first from the reference by completion anchors.
-    If the trace's completions do not coincide (real traces), or a rank's
-    fit breaks a causal bound, those ranks are solved together from pairwise
-    estimates (``pairwise.py``) and moved inside their causal bounds."""
-    ranks = sorted(events)
-    if not ranks:
-        return {}
-    ref = ranks[0] if ref is None else ref
-    ops = [op for op in ops if len(op.members) > 1]
-    ops_of: dict[int, list[SyncOp]] = defaultdict(list)
-    for op in ops:
-        for r in set(op.ranks):
-            ops_of[r].append(op)
-    fits: dict[int, ClockFit] = {ref: ClockFit()}
-    anchored: dict[int, AnchorFit] = {}
-    for rank in bfs_order(ranks, ops, ref)[1:]:
-        anchored[rank] = _anchor_fit(rank, ops_of.get(rank, []), events, fits)
-        fits[rank] = anchored[rank].fit
-    free = freed_ranks(anchored, lambda r: causal_bounds(r, ops_of.get(r, []), events, fits)
-                       .violation(fits[r].a, fits[r].b))
-    return solve_freed(events, ops, fits, free) if free else fits
 
 
 def freed_ranks(anchored: Mapping[int, AnchorFit], violation: Callable[[int], float]
@@ -298,15 +221,6 @@ def _component_shift(members: list[int], ops_of: Mapping[int, list[SyncOp]], eve
     if low > high:
         return (low + high) / 2
     return min(max(0.0, low), high)
-
-
-def apply_clocks(events: RankEvents, fits: Mapping[int, ClockFit]) -> RankEvents:
-    out: RankEvents = {}
-    for rank, rank_events in events.items():
-        fit = fits.get(rank, ClockFit())
-        out[rank] = [Event(e.name, fit.to_ref(e.start_s), fit.a * e.dur_s, e.args)
-                     for e in rank_events]
-    return out
 
 
 def trace_span(events: RankEvents) -> tuple[float, float]:

@@ -1,19 +1,37 @@
-"""Baseline detectors, each with the detector signature ``(ScanInput) -> Diagnosis``."""
+"""Baseline detectors, each with the detector signature ``(ScanInput) -> Diagnosis``.
+They read the input's per-event view (``ScanInput.events`` / ``ScanInput.ops``)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Hashable, Iterable
 
 import numpy as np
 
-from .detect import compute_table
+from megatronapp.trace.events import Event
+from megatronapp.trace.kinds import event_kind
+
+from .detect import stage_peers
 from .diagnosis import Diagnosis, RootCause, ranked
-from .inputs import ScanInput, stage_peers
+from .inputs import ScanInput
 
 NVIDIA_THRESHOLD = 0.75  # relative performance score below which a rank is a straggler
 HTA_MIN_SHARE = 0.5  # a "consistent" latest arrival: last at more than half the instances
 ORIG_SLOW, ORIG_FAST = 1.1, 0.9  # MegatronApp's thresholds against the peer mean
 ORIG_MIN_FLAGS = 5
 ORIG_SLOW_COLLECTIVE_SHARE = 0.4
+
+
+def compute_table(events: Iterable[Event]) -> dict[tuple[Hashable, ...], float]:
+    """op key (name, iteration, microbatch, chunk, occurrence) -> duration."""
+    seen: dict[tuple[Hashable, ...], int] = defaultdict(int)
+    table: dict[tuple[Hashable, ...], float] = {}
+    for e in events:
+        if e.dur_s <= 0 or event_kind(e.name, e.args) != "compute":
+            continue
+        base = (e.name, e.args.get("iteration"), e.args.get("microbatch"), e.args.get("chunk"))
+        table[base + (seen[base],)] = e.dur_s
+        seen[base] += 1
+    return table
 
 
 def slowest_mean(scan: ScanInput) -> Diagnosis:

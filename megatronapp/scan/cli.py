@@ -64,7 +64,7 @@ def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
 
 # ---------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
-    from .table import store_of
+    from .inputs import store_of
 
     columns = store_of(args.target) is not None and args.method == "megascan"
     check_trace(args, args.target, "detect", COSTS.detect_columns if columns
@@ -89,21 +89,20 @@ def _scenario(path: str | None) -> Any:
 
 
 def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> Any:
-    """MegaScan on a stored run reads columns (millions of events); other
-    inputs and the baselines go through per-event objects. ``scenario``, when
-    given, replaces the one a run directory records."""
+    """MegaScan on a stored run reads its typed columns only, a few whole
+    iterations at a time (millions of events); other inputs, and the
+    baselines, read every field at once. ``scenario``, when given, replaces
+    the one a run directory records."""
     from dataclasses import replace
 
+    from .detect import megascan_stored
+    from .inputs import store_of
     from .methods import detector
-    from .table import load_table_scan, store_of
-    from .table_detect import megascan_table
 
     store, method = store_of(args.target), args.method
     if store is not None and method == "megascan":
-        say(f"reading {store} as columns")
-        table = _side_file(load_table_scan, store)
-        say("detecting (megascan)")
-        return megascan_table(table if scenario is None else replace(table, scenario=scenario))
+        say(f"detecting (megascan) on {store}, a few iterations at a time")
+        return _side_file(lambda s: megascan_stored(s, scenario), store)
     scan = _scan_input(args.target, say, limits.json_text_cap(args))
     say(f"detecting ({method})")
     return detector(method)(scan if scenario is None else replace(scan, scenario=scenario))

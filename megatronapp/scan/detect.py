@@ -1,4 +1,5 @@
-"""MegaScan's root-cause detector: the paper's multi-stage heuristic, measured.
+"""MegaScan's root-cause detector: the paper's multi-stage heuristic, measured,
+over event columns (every input: ``inputs.ScanInput``), batch by batch.
 
 1. Compare every compute op with the same op on the ranks doing identical work
    (same pp stage: its TP and DP peers). A rank whose ops are consistently
@@ -9,594 +10,441 @@
    arrive is a victim of something else and is dropped.
 3. Point-to-point effective bandwidth (bytes / transfer time) per rank pair,
    against pairs of the same link class: a slow or erratic link.
+
+Incremental use (an on-line caller feeds each iteration as it ends)::
+
+    detector = Detector(gpus_per_node=8, scenario=scenario)
+    for batch in batches:          # ScanInput of whole sync ops: an iteration, several
+        detector.feed(batch)       # aligned, linked (inputs.prepare_columns)
+        diagnosis = detector.verdict()   # at any time, on everything fed so far
+
+A batch must hold whole sync ops (every member of each collective and both
+sides of each transfer), e.g. every rank's events of one or more iterations;
+its compute is compared among the stage peers that its TP/DP collectives and
+those of the batches before it tie together.
+What the detector keeps is per rank (log ratios to its peers, late-arrival
+counts), per rank and op name (durations), per rank pair (seconds per byte),
+per channel (delivery waits) and per group (members), each sample a bounded
+``sketch.Reservoir``: its size depends on ranks, channels and op names, not
+on how many events were fed (``Detector.state_entries``). ``megascan`` is one
+batch. ``judge`` holds the statistics and thresholds that name the causes.
 """
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Mapping, Sequence, Union
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable, Mapping
 
 import numpy as np
 
-from megatronapp.trace.kinds import event_kind
-from megatronapp.trace.events import Event
+from megatronapp.scenario.config import Scenario
+from megatronapp.trace.metrics import group_ids
 
+from .components import classes_of
 from .diagnosis import Diagnosis, RootCause, ranked
-from .inputs import ScanInput, stage_peers
-from .work import Work, modelled_work
+from .inputs import (DEFAULT_GPUS_PER_NODE, ScanInput, load_table_scan, stored_batches,
+                     stored_events)
+from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
+                    durations_per_work, finite_rows, flow_of, judge_bandwidth, judge_compute,
+                    judge_links, lonely_work, relative_to_peers, row_scores)
+from .sketch import DEFAULT_CAPACITY, Reservoirs
+from .table import COLLECTIVE, COMPUTE_KIND, P2P
+from .work import Work
 
-MAD_TO_SIGMA = 1.4826
-MEDIAN_SE = 1.2533  # standard error of a median = 1.2533·σ/√n for normal data
-SIGMA_FLOOR = 1e-3
-MIN_DELIVERY_S = 5e-6  # no transport delivers faster: a smaller class floor is clock error
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    min_excess: float = 0.03  # slowdowns under 3% are not worth a page
-    z_compute: float = 6.0
-    late_share_veto: float = 0.5  # candidates last to arrive less often than this are victims
-    min_collectives: int = 3
-    link_excess: float = 0.25  # pair's time per byte this much above its link class
-    z_link: float = 6.0
-    jitter_ratio: float = 3.0  # pair's spread this many times the class's typical spread
-    jitter_floor: float = 0.15  # ... and at least this (log units)
-    min_transfers: int = 4
-    # Real machines add heavy-tailed, one-sided delays (a descheduled
-    # process), never speed-ups: a rank's *fastest* runs of an op show its
-    # speed. These read low quantiles of durations.
-    floor_quantile: float = 5.0  # percent: a rank's floor for an op name
-    floor_excess: float = 0.15  # slow at its best in every op it runs, by this much
-    min_floor_ops: int = 4  # runs of an op name needed for its floor
-    agree_quantile: float = 10.0  # a median-based candidate must be slow here too ...
-    agree_share: float = 0.5  # ... by at least this share of its median slowdown
-    wait_ratio: float = 3.0  # slow: a link's fastest deliveries this many times its class's
-    erratic_ratio: float = 1.5  # erratic: its typical delivery this many times its class's
-    z_erratic: float = 2.0  # ... and its waits rank this far above the class's in both directions
+STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
+LATE_WORDS = STAGE_PEER_WORDS
 
 
-@dataclass(frozen=True)
-class ComputeScore:
-    rank: int
-    log_excess: float  # median over ops of log(duration / peers' duration)
-    z: float
-    slow_share: float
-    ops: int
-    peers: tuple[int, ...]
+def _first_word_in(names: tuple[str, ...], words: tuple[str, ...]) -> np.ndarray:
+    return np.array([n.lower().split("_")[0] in words for n in names] + [False])
+
+
+# ------------------------------------------------------------ stage peers
+def peer_edges(scan: ScanInput) -> tuple[np.ndarray, np.ndarray]:
+    """Rank pairs a TP/DP collective joins (consecutive members of each op,
+    each pair once): ranks so joined run the same compute."""
+    sync, cols = scan.sync, scan.cols
+    word = _first_word_in(cols.names, STAGE_PEER_WORDS)
+    ops = (sync.op_kind == COLLECTIVE) & word[sync.op_name.astype(np.int64)]
+    keep = ops[sync.member_op]
+    op, rank = sync.member_op[keep], cols.rank[sync.member_row[keep]].astype(np.int64)
+    same = op[1:] == op[:-1]  # consecutive members of one op: one edge each
+    edges = _unique_pairs(rank[:-1][same], rank[1:][same])
+    return edges[:, 0], edges[:, 1]
+
+
+def stage_peers(scan: ScanInput) -> dict[int, tuple[int, ...]]:
+    """rank -> ranks that run the same compute (joined by its TP and DP collectives)."""
+    return classes_of(np.unique(scan.cols.rank), *peer_edges(scan))
 
 
 # --------------------------------------------------------------- stage 1
-def compute_table(events: Iterable[Event]) -> dict[tuple[Hashable, ...], float]:
-    """op key (name, iteration, microbatch, chunk, occurrence) -> duration."""
-    seen: dict[tuple[Hashable, ...], int] = defaultdict(int)
-    table: dict[tuple[Hashable, ...], float] = {}
-    for e in events:
-        if e.dur_s <= 0 or event_kind(e.name, e.args) != "compute":
-            continue
-        base = (e.name, e.args.get("iteration"), e.args.get("microbatch"), e.args.get("chunk"))
-        table[base + (seen[base],)] = e.dur_s
-        seen[base] += 1
-    return table
+def _compute_keys(scan: ScanInput) -> tuple[np.ndarray, np.ndarray]:
+    """Compute rows with a duration, and their op key id (name, iteration,
+    microbatch, chunk, occurrence on the rank)."""
+    c = scan.cols
+    rows = np.flatnonzero((c.kind == COMPUTE_KIND) & (c.dur_s > 0))
+    base, _ = group_ids(c.rank[rows], c.name[rows], c.iteration[rows], c.microbatch[rows],
+                        c.chunk[rows])
+    occurrence = np.zeros(len(rows), np.int64)
+    if len(rows):
+        order = np.argsort(base, kind="stable")
+        b = base[order]
+        starts = np.r_[0, np.flatnonzero(b[1:] != b[:-1]) + 1]
+        occurrence[order] = np.arange(len(b)) - np.repeat(starts, np.diff(np.r_[starts, len(b)]))
+    key, _ = group_ids(c.name[rows], c.iteration[rows], c.microbatch[rows], c.chunk[rows],
+                       occurrence)
+    return rows, key
 
 
-def _log_ratios(ranks: list[int], tables: dict[int, dict]) -> np.ndarray:
-    """rows = ranks, columns = ops present on 2+ ranks: log(duration / peers' median)."""
-    counts: dict[Hashable, int] = defaultdict(int)
-    for r in ranks:
-        for key in tables[r]:
-            counts[key] += 1
-    keys = [k for k, n in counts.items() if n >= 2]
-    logd = np.full((len(ranks), len(keys)), np.nan)
-    for i, r in enumerate(ranks):
-        table = tables[r]
-        logd[i] = [math.log(table[k]) if k in table else np.nan for k in keys]
+def _log_ratios(ranks: list[int], rank_of_row: np.ndarray, key: np.ndarray,
+                logdur: np.ndarray) -> np.ndarray:
+    """Rows = ranks, columns = keys on 2+ of them."""
+    sorted_ranks = np.array(ranks, np.int64)
+    position = np.argsort(sorted_ranks)
+    mine = np.isin(rank_of_row, sorted_ranks)
+    r_idx = position[np.searchsorted(sorted_ranks[position], rank_of_row[mine])]
+    k = key[mine]
+    counts = np.bincount(k) if len(k) else np.zeros(0, np.int64)
+    shared = np.flatnonzero(counts >= 2)
+    col_of = np.full(len(counts), -1, np.int64)
+    col_of[shared] = np.arange(len(shared))
+    logd = np.full((len(ranks), len(shared)), np.nan)
+    ok = col_of[k] >= 0
+    logd[r_idx[ok], col_of[k][ok]] = logdur[mine][ok]
     return relative_to_peers(logd)
 
 
-def relative_to_peers(logd: np.ndarray) -> np.ndarray:
-    """Each row (a rank's log durations per op) minus its peers' median per op."""
-    if len(logd) >= 5:
-        return logd - np.nanmedian(logd, axis=0)
-    out = np.empty_like(logd)
-    for i in range(len(logd)):  # leave-one-out: with few peers a rank must not vote for itself
-        others = np.delete(logd, i, axis=0)
-        out[i] = logd[i] - np.nanmedian(others, axis=0)
-    return out
+NO_RATIOS = np.zeros(0)  # a rank that ran none of the ops its peers ran
+LogRatios = dict[int, np.ndarray]  # rank -> its log ratios to its stage peers
+CrossRatios = dict[tuple[int, str], np.ndarray]  # (rank, op name) -> ratios across stages
 
 
-def row_scores(ranks: list[int], lr: np.ndarray, th: Thresholds) -> dict[int, tuple[float, float, float, int]]:
-    if lr.size == 0:
-        return {}
-    rows, medians, spreads = _row_medians(lr)
-    # Noise is each row's spread around its own median (a slow rank shifts its
-    # whole row, which must not count as noise), pooled by the median.
-    pooled = spreads[[len(v) > 0 for v in rows]]
-    sigma = max(MAD_TO_SIGMA * float(np.median(pooled)), SIGMA_FLOOR) if len(pooled) else SIGMA_FLOOR
-    slow_cut = math.log1p(th.min_excess) + 2 * sigma
-    out = {}
-    for i, r in enumerate(ranks):
-        vals = rows[i]
-        if len(vals) == 0:
-            continue
-        med = float(medians[i])
-        z = med / (MEDIAN_SE * sigma / math.sqrt(len(vals)))
-        out[r] = (med, z, float(np.mean(vals > slow_cut)), len(vals))
-    return out
-
-
-def _row_medians(lr: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Each row's finite values, their median and their median absolute
-    deviation (NaN for a row with none); one call per statistic when every
-    rank ran every op (a simulated job's thousands of ranks)."""
-    finite = np.isfinite(lr)
-    if finite.all():
-        medians = np.median(lr, axis=1)
-        return list(lr), medians, np.median(np.abs(lr - medians[:, None]), axis=1)
-    rows = [row[ok] for row, ok in zip(lr, finite)]
-    medians = np.array([np.median(v) if len(v) else np.nan for v in rows])
-    spreads = np.array([np.median(np.abs(v - m)) if len(v) else np.nan
-                        for v, m in zip(rows, medians)])
-    return rows, medians, spreads
-
-
-def compute_scores(scan: ScanInput, th: Thresholds, peers: Mapping[int, tuple[int, ...]],
-                   work: Work) -> dict[int, ComputeScore]:
-    """Stage 1 for every rank; ranks without stage ``peers`` are compared across
-    stages, each op's duration per unit of the ``work`` it models where known."""
-    tables = {r: per_work(compute_table(ev), work.get(r)) for r, ev in scan.events.items()}
-    classes = {p for p in peers.values() if len(p) > 1}
+def log_ratio_rows(scan: ScanInput, peers: Mapping[int, tuple[int, ...]], work: Work
+                   ) -> tuple[LogRatios, CrossRatios]:
+    """Each rank's log ratios of its compute ops to the same ops on its stage
+    ``peers``; ranks without stage peers are compared across stages op name by
+    op name, each op's duration per unit of the ``work`` it models."""
+    rows, key = _compute_keys(scan)
+    rank_of_row = scan.cols.rank[rows].astype(np.int64)
+    logdur = np.log(scan.cols.dur_s[rows]) - _log_work(scan, rows, work)
+    classes = sorted({p for p in peers.values() if len(p) > 1})
     lonely = sorted(r for r, p in peers.items() if len(p) == 1)
-    scores: dict[int, ComputeScore] = {}
-    for cls in classes:
-        ranks = list(cls)
-        for r, (med, z, share, n) in row_scores(ranks, _log_ratios(ranks, tables), th).items():
-            scores[r] = ComputeScore(r, med, z, share, n, cls)
+    class_of = {r: i for i, cls in enumerate(classes) for r in cls}
+    row_class = np.array([class_of.get(r, -1) for r in range(int(rank_of_row.max()) + 1)]
+                         if len(rank_of_row) else [], np.int64)[rank_of_row]
+    order = np.argsort(row_class, kind="stable")
+    cuts = np.searchsorted(row_class[order], np.arange(len(classes) + 1))
+    ratios: LogRatios = {}
+    for i, cls in enumerate(classes):
+        mine = order[cuts[i]:cuts[i + 1]]
+        lr = _log_ratios(list(cls), rank_of_row[mine], key[mine], logdur[mine])
+        ratios.update(zip(cls, finite_rows(lr)))
+    cross: CrossRatios = {}
     if len(lonely) >= 2:
-        scores.update(_cross_stage_scores(lonely, tables, th))
+        name = scan.cols.name[rows]
+        for code in np.unique(name).tolist():
+            mine = name == code
+            lr = _log_ratios(lonely, rank_of_row[mine], key[mine], logdur[mine])
+            cross.update(((r, scan.cols.names[code]), v) for r, v in zip(lonely, finite_rows(lr)))
+    return ratios, cross
+
+
+def compute_scores(ratios: Reservoirs[int], cross: Reservoirs[tuple[int, str]],
+                   peers: Mapping[int, tuple[int, ...]], th: Thresholds) -> dict[int, ComputeScore]:
+    """Stage 1 for every rank, from its log ratios (``log_ratio_rows``) as
+    sampled; the ops each score reports are those compared, sampled or not."""
+    scores: dict[int, ComputeScore] = {}
+    for cls in sorted({p for p in peers.values() if len(p) > 1}):
+        for r, (med, z, share, _) in row_scores(cls, [ratios.get(r, NO_RATIOS) for r in cls],
+                                                th).items():
+            scores[r] = ComputeScore(r, med, z, share, ratios.seen(r), cls)
+    lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
+    if len(lonely) >= 2:
+        scores.update(_cross_stage(lonely, cross, th))
     return scores
 
 
-def lonely_work(scenario: Any, peers: Mapping[int, tuple[int, ...]]) -> dict[int, dict[str, float]]:
-    """The modelled work of ranks without stage peers (compared across
-    pipeline stages, which do unequal work), when there are two or more."""
-    lonely = [r for r, p in peers.items() if len(p) == 1]
-    return modelled_work(scenario, lonely) if len(lonely) >= 2 else {}
-
-
-def per_work(table: dict[Any, float], work: Mapping[str, float] | None) -> dict[Any, float]:
-    """Durations keyed by (op name, ...) divided by the work of their op name."""
-    if not work:
-        return table
-    return {k: v / work[k[0]] if k[0] in work else v for k, v in table.items()}
-
-
-def _cross_stage_scores(ranks: list[int], tables: dict[int, dict], th: Thresholds) -> dict[int, ComputeScore]:
+def _cross_stage(ranks: tuple[int, ...], cross: Reservoirs[tuple[int, str]],
+                 th: Thresholds) -> dict[int, ComputeScore]:
     """Pipeline stages differ (the last one computes the logits): judge each op
     name apart and keep a rank's middle name (the lower one of two), so only a
     rank slow at most of what it does stands out, not one stage's extra work."""
-    names = {k[0] for r in ranks for k in tables[r]}
-    per_rank: dict[int, list[ComputeScore]] = defaultdict(list)
-    for name in sorted(names):
-        by_name = {r: {k: v for k, v in tables[r].items() if k[0] == name} for r in ranks}
-        for r, (med, z, share, n) in row_scores(ranks, _log_ratios(ranks, by_name), th).items():
+    per_rank: dict[int, list[ComputeScore]] = {}
+    for name in sorted({n for _, n in cross}):
+        rows = [cross.get((r, name), NO_RATIOS) for r in ranks]
+        for r, (med, z, share, n) in row_scores(ranks, rows, th).items():
             if n >= 2:
-                per_rank[r].append(ComputeScore(r, med, z, share, n, tuple(ranks)))
+                per_rank.setdefault(r, []).append(
+                    ComputeScore(r, med, z, share, cross.seen((r, name)), ranks))
     return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
 
 
 # --------------------------------------------------------------- stage 2
 def late_arrivals(scan: ScanInput) -> dict[int, tuple[int, int]]:
-    """rank -> (times it was the last to start a TP/DP collective, collectives joined)."""
-    last: dict[int, int] = defaultdict(int)
-    joined: dict[int, int] = defaultdict(int)
-    for op in scan.ops:
-        if op.kind != "collective" or len(op.members) < 2:
-            continue
-        if op.name.lower().split("_")[0] not in ("tp", "dp", "tensor", "data"):
-            continue
-        starts = [(scan.events[r][i].start_s, r) for r, i in op.members]
-        last[max(starts)[1]] += 1
-        for _, r in starts:
-            joined[r] += 1
-    return {r: (last.get(r, 0), n) for r, n in joined.items()}
+    """rank -> (times it started a TP/DP collective last, collectives joined)."""
+    sync, cols = scan.sync, scan.cols
+    sizes = np.diff(np.r_[sync.op_start, len(sync.member_row)])
+    word = _first_word_in(cols.names, LATE_WORDS)
+    ops = (sync.op_kind == COLLECTIVE) & (sizes >= 2) & word[sync.op_name.astype(np.int64)]
+    keep = ops[sync.member_op]
+    op, row = sync.member_op[keep], sync.member_row[keep]
+    if not len(op):
+        return {}
+    rank = cols.rank[row].astype(np.int64)
+    joined = np.bincount(rank)
+    lasts = np.bincount(_last_to_start(op, cols.start_s[row], rank), minlength=len(joined))
+    return {int(r): (int(lasts[r]), int(joined[r])) for r in np.flatnonzero(joined)}
 
 
-def _durations(events: Iterable[Event]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = defaultdict(list)
-    for e in events:
-        if e.dur_s > 0 and event_kind(e.name, e.args) == "compute":
-            out[e.name].append(e.dur_s)
+def _last_to_start(op: np.ndarray, start: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per op, the rank that started it last (a tie: the highest rank). Rows come
+    grouped by op (a sync table's memberships), so no sort of millions of rows."""
+    if not bool((op[1:] >= op[:-1]).all()):
+        order = np.lexsort((rank, start, op))
+        op, start, rank = op[order], start[order], rank[order]
+    cuts = np.r_[0, np.flatnonzero(op[1:] != op[:-1]) + 1]
+    latest = np.repeat(np.maximum.reduceat(start, cuts), np.diff(np.r_[cuts, len(op)]))
+    return np.maximum.reduceat(np.where(start == latest, rank, -1), cuts)
+
+
+def durations_of(scan: ScanInput) -> dict[int, dict[str, np.ndarray]]:
+    """rank -> op name -> its compute durations."""
+    c = scan.cols
+    rows = np.flatnonzero((c.kind == COMPUTE_KIND) & (c.dur_s > 0))
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for idx in _groups_of(c.rank[rows], c.name[rows]):
+        first = rows[idx[0]]
+        out.setdefault(int(c.rank[first]), {})[c.names[int(c.name[first])]] = c.dur_s[rows[idx]]
     return out
 
 
-Samples = Union[Sequence[float], np.ndarray]  # per-event lists, or columns
-Durations = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> compute durations
-
-
-def durations_per_work(durations: Mapping[str, Samples], work: Mapping[str, float] | None
-                       ) -> Mapping[str, Samples]:
-    """Each op name's durations divided by the work it models (``per_work``)."""
-    if not work:
-        return durations
-    return {n: np.asarray(v) / work[n] if n in work else v for n, v in durations.items()}
-
-
-def durations_of(scan: ScanInput) -> dict[int, dict[str, list[float]]]:
-    return {r: _durations(ev) for r, ev in scan.events.items()}
-
-
-def quantile_ratios(durations: Durations, peers: Mapping[int, tuple[int, ...]], quantile: float,
-                    min_ops: int) -> dict[int, dict[str, tuple[float, int]]]:
-    """rank -> op name -> (log(its ``quantile`` duration / its peers' median of
-    theirs), its runs of that op). Peers: its stage peers, else the other
-    peerless ranks (pipeline stages, compared op name by op name)."""
-    quantiles = per_run_quantiles(durations, quantile, min_ops)
-    lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
-    class_of = {r: peers[r] if len(peers[r]) > 1 else lonely for r in quantiles}
-    theirs: dict[tuple[int, str], float] = {}  # (rank, name) -> its peers' median quantile
-    for cls in set(class_of.values()):
-        of_name: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        for r in cls:
-            for n, (q, _count) in quantiles.get(r, {}).items():
-                of_name[n].append((r, q))
-        for n, members in of_name.items():
-            if len(members) > 1:  # each against the others (a stage holds thousands)
-                others = _medians_without_each(np.array([q for _, q in members]))
-                theirs.update(((r, n), float(m)) for (r, _q), m in zip(members, others))
-    return {r: {n: (math.log(q / theirs[(r, n)]), count) for n, (q, count) in mine.items()
-                if (r, n) in theirs} for r, mine in quantiles.items()}
-
-
-def per_run_quantiles(durations: Durations, quantile: float, min_ops: int
-                      ) -> dict[int, dict[str, tuple[float, int]]]:
-    """rank -> op name -> (the ``quantile`` of its durations, their count), for
-    names run ``min_ops`` times or more. Runs of one length are stacked and
-    reduced in one call (a 12,288-rank job has 100,000 of them, mostly alike)."""
-    out: dict[int, dict[str, tuple[float, int]]] = {r: {} for r in durations}
-    by_length: dict[int, list[tuple[int, str, Samples]]] = defaultdict(list)
-    for r, by_name in durations.items():
-        for n, v in by_name.items():
-            if len(v) >= min_ops:
-                by_length[len(v)].append((r, n, v))
-    for length, runs in by_length.items():
-        values = np.percentile(np.array([np.asarray(v, float) for _, _, v in runs]), quantile,
-                               axis=1)
-        for (r, n, _), value in zip(runs, values.tolist()):
-            out[r][n] = (value, length)
+def _log_work(scan: ScanInput, rows: np.ndarray, work: Work) -> np.ndarray:
+    """log of the work each row's op models (0 where unknown)."""
+    out = np.zeros(len(rows))
+    c = scan.cols
+    for rank, by_name in work.items():
+        for name, w in by_name.items():
+            code = c.name_code(name)
+            out[(c.rank[rows] == rank) & (c.name[rows] == code)] = np.log(w)
     return out
-
-
-def floor_scores(durations: Durations, peers: Mapping[int, tuple[int, ...]], quantile: float,
-                 min_ops: int) -> dict[int, float]:
-    """rank -> the smallest, over the op names it runs, of its floor ratio
-    (``quantile_ratios``). A throttled device is slower at everything, at its
-    best too; a rank delayed by contention is slow in some ops, not at its
-    best in all of them."""
-    return {r: min(v for v, _ in by_name.values())
-            for r, by_name in quantile_ratios(durations, peers, quantile, min_ops).items()
-            if by_name}
-
-
-def slow_at_quartile_too(durations: Durations, peers: Mapping[int, tuple[int, ...]],
-                         th: Thresholds) -> dict[int, bool]:
-    """rank -> whether, in most of the runs of the ops where its median is
-    slow, its lower quartile is slow too (by ``agree_share`` of the median's
-    excess). A slow device stretches every run; contention stretches some."""
-    medians = quantile_ratios(durations, peers, 50.0, th.min_floor_ops)
-    quartiles = quantile_ratios(durations, peers, th.agree_quantile, th.min_floor_ops)
-    out = {}
-    for r, by_name in medians.items():
-        slow = {n: (m, count) for n, (m, count) in by_name.items() if m > math.log1p(th.min_excess)}
-        agreeing = sum(count for n, (m, count) in slow.items()
-                       if quartiles[r].get(n, (m, 0))[0] >= th.agree_share * m)
-        out[r] = 2 * agreeing >= sum(count for _, count in slow.values())
-    return out
-
-
-def compute_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
-    """Candidates: a rank slow by its matched medians (and at a low quantile
-    too, so contention that only stretches some runs is not taken for a slow
-    device), or slow at its best in every op it runs. A median-based
-    candidate that is rarely the last to arrive at its collectives is a
-    victim and is dropped."""
-    peers = stage_peers(scan)
-    work = lonely_work(scan.scenario, peers)
-    durations = {r: durations_per_work(d, work.get(r)) for r, d in durations_of(scan).items()}
-    scores = compute_scores(scan, th, peers, work)
-    return judge_compute(sorted(scan.events), scores, late_arrivals(scan), durations, peers, th)
-
-
-def judge_compute(ranks: Iterable[int], scores: Mapping[int, ComputeScore],
-                  late: Mapping[int, tuple[int, int]], durations: Durations,
-                  peers: Mapping[int, tuple[int, ...]], th: Thresholds) -> list[RootCause]:
-    """Each rank judged from its median scores, its durations' quantiles
-    against its peers' (``durations``: rank -> op name -> durations) and how
-    often it was last to its collectives (``late``: rank -> (last, joined))."""
-    floors = floor_scores(durations, peers, th.floor_quantile, th.min_floor_ops)
-    consistent = slow_at_quartile_too(durations, peers, th)
-    causes = []
-    for r in ranks:
-        s = scores.get(r)
-        by_median = (s is not None and s.log_excess > math.log1p(th.min_excess)
-                     and s.z > th.z_compute
-                     and consistent.get(r, True))
-        by_floor = floors.get(r, 0.0) > math.log1p(th.floor_excess)
-        if not (by_median or by_floor):
-            continue
-        n_last, n_joined = late.get(r, (0, 0))
-        share = n_last / n_joined if n_joined else None
-        if (not by_floor and share is not None and n_joined >= th.min_collectives
-                and share < th.late_share_veto):
-            continue  # slow here, but others arrive after it: not the source
-        # (slow even at its best is no victim's mark: waiting happens between ops,
-        # and on a real machine who arrives last depends on much more than this rank)
-        causes.append(_compute_cause(r, s, floors.get(r), by_median, th, n_last, n_joined))
-    return causes
-
-
-def _compute_cause(r: int, s: ComputeScore | None, floor: float | None, by_median: bool,
-                   th: Thresholds, n_last: int, n_joined: int) -> RootCause:
-    evidence: dict[str, Any] = {"last_to_start": n_last, "collectives": n_joined}
-    if s is not None:
-        evidence.update(slowdown=round(math.exp(s.log_excess), 4),
-                        slow_op_share=round(s.slow_share, 3), ops_compared=s.ops,
-                        peers=len(s.peers) - 1, z=round(s.z, 1))
-    if floor is not None:
-        evidence["floor_slowdown"] = round(math.exp(floor), 4)
-    if by_median and s is not None:
-        confidence = s.z / (s.z + th.z_compute)
-    else:
-        excess = floor if floor is not None else 0.0
-        confidence = excess / (excess + math.log1p(th.floor_excess))
-    return RootCause(r, "compute", None, confidence, evidence)
 
 
 # --------------------------------------------------------------- stage 3
-def transfer_samples(scan: ScanInput) -> dict[tuple[int, int], list[float]]:
-    """Unordered rank pair -> log(seconds per byte) of each point-to-point transfer."""
-    samples: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for op in scan.ops:
-        if op.kind != "p2p" or op.nbytes <= 0:
-            continue
-        (s, si), (r, ri) = op.members
-        send, recv = scan.events[s][si], scan.events[r][ri]
-        seconds = min(send.dur_s, recv.dur_s) if recv.dur_s > 0 else send.dur_s
-        if seconds > 0:
-            samples[(min(s, r), max(s, r))].append(math.log(seconds / op.nbytes))
-    return samples
+def transfer_samples(scan: ScanInput) -> dict[tuple[int, int], np.ndarray]:
+    """Unordered rank pair -> log(seconds per byte) of each of its transfers
+    (the shorter of the send and the receive)."""
+    sync, cols = scan.sync, scan.cols
+    p2p = np.flatnonzero((sync.op_kind == P2P) & (sync.op_bytes > 0))
+    send, recv = sync.sender[p2p], sync.receiver[p2p]
+    seconds = np.where(cols.dur_s[recv] > 0, np.minimum(cols.dur_s[send], cols.dur_s[recv]),
+                       cols.dur_s[send])
+    ok = seconds > 0
+    a, b = cols.rank[send][ok].astype(np.int64), cols.rank[recv][ok].astype(np.int64)
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    value = np.log(seconds[ok] / sync.op_bytes[p2p][ok])
+    return {(int(lo[idx[0]]), int(hi[idx[0]])): value[idx] for idx in _groups_of(lo, hi)}
 
 
-@dataclass(frozen=True)
-class PairStats:
-    pair: tuple[int, int]
-    median: float
-    spread: float
-    n: int
+def _groups_of(*keys: np.ndarray) -> list[np.ndarray]:
+    """Row indices of each distinct tuple of ``keys``, tuples in sorted order."""
+    group, _ = group_ids(*keys)
+    order = np.argsort(group, kind="stable")
+    cuts = np.flatnonzero(np.diff(group[order])) + 1
+    return np.split(order, cuts) if len(order) else []
 
 
-def _pair_stats(samples: dict[tuple[int, int], list[float]], th: Thresholds) -> list[PairStats]:
+def pair_stats(samples: Mapping[tuple[int, int], np.ndarray], th: Thresholds) -> list[PairStats]:
+    """Per rank pair with ``min_transfers`` or more, the median and spread of its samples."""
     out = []
-    for pair, vals in samples.items():
-        if len(vals) < th.min_transfers:
+    for pair in sorted(samples):
+        v = samples[pair]
+        if len(v) < th.min_transfers:
             continue
-        v = np.asarray(vals)
         med = float(np.median(v))
         out.append(PairStats(pair, med, MAD_TO_SIGMA * float(np.median(np.abs(v - med))), len(v)))
     return out
 
 
-def link_root_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
-    return judge_links(_bandwidth_causes(scan, th), delivery_waits(scan), scan.gpus_per_node, th)
-
-
-def judge_links(bandwidth: list[RootCause], waits: Mapping[Channel, Samples],
-                gpus_per_node: int, th: Thresholds) -> list[RootCause]:
-    """Slow or erratic bandwidth first; a pair it did not name may still be
-    slow or erratic to deliver."""
-    flagged = {(c.rank, c.peer) for c in bandwidth}
-    return bandwidth + [c for c in _delivery_causes(waits, gpus_per_node, th)
-                        if (c.rank, c.peer) not in flagged]
-
-
-def link_class(pair: tuple[int, int], gpus_per_node: int) -> bool:
-    return pair[0] // gpus_per_node == pair[1] // gpus_per_node
-
-
-def _bandwidth_causes(scan: ScanInput, th: Thresholds) -> list[RootCause]:
-    """Effective bandwidth per pair against pairs of the same link class."""
-    return judge_bandwidth(_pair_stats(transfer_samples(scan), th), scan.gpus_per_node, th)
-
-
-def judge_bandwidth(stats: Iterable[PairStats], gpus_per_node: int,
-                    th: Thresholds) -> list[RootCause]:
-    classes: dict[bool, list[PairStats]] = defaultdict(list)
-    for p in stats:
-        classes[link_class(p.pair, gpus_per_node)].append(p)
-    causes = []
-    for members in classes.values():
-        if len(members) < 3:
-            continue  # a class needs a majority of healthy pairs to judge against
-        centre = float(np.median([p.median for p in members]))
-        typical = max(float(np.median([p.spread for p in members])), SIGMA_FLOOR)
-        for p in members:
-            causes += judge_pair(p, centre, typical, th)
-    return causes
-
-
-Channel = tuple[tuple[int, int], str]  # (unordered rank pair, direction)
-
-
-def delivery_waits(scan: ScanInput) -> dict[Channel, list[float]]:
+def delivery_waits(scan: ScanInput) -> dict[Channel, np.ndarray]:
     """(pair, direction) -> how long each receive went on after both sides
     were ready (after its send started, or after it was posted if later).
-    The direction (forward, backward, or which way when unnamed) keeps
-    a pipeline's two flows apart: they wait for different things."""
-    waits: dict[Channel, list[float]] = defaultdict(list)
-    for op in scan.ops:
-        if op.kind != "p2p":
-            continue
-        (s, si), (r, ri) = op.members
-        send, recv = scan.events[s][si], scan.events[r][ri]
-        direction = flow_of(send.name) or ("up" if s < r else "down")
-        waits[((min(s, r), max(s, r)), direction)].append(
-            max(recv.end_s - max(send.start_s, recv.start_s), 0.0))
-    return waits
+    The direction (forward, backward, or which way when unnamed) keeps a
+    pipeline's two flows apart: they wait for different things."""
+    sync, cols = scan.sync, scan.cols
+    p2p = np.flatnonzero(sync.op_kind == P2P)
+    send, recv = sync.sender[p2p], sync.receiver[p2p]
+    end = cols.start_s[recv] + cols.dur_s[recv]
+    wait = np.maximum(end - np.maximum(cols.start_s[send], cols.start_s[recv]), 0.0)
+    s, r = cols.rank[send].astype(np.int64), cols.rank[recv].astype(np.int64)
+    flows = np.array([flow_of(n) for n in cols.names] + [""], dtype=object)
+    named = flows[cols.name[send].astype(np.int64)]
+    direction = np.where(named != "", named, np.where(s < r, "up", "down"))
+    lo, hi = np.minimum(s, r), np.maximum(s, r)
+    codes, which = np.unique(direction.astype(str), return_inverse=True)
+    return {((int(lo[idx[0]]), int(hi[idx[0]])), str(codes[which[idx[0]]])): wait[idx]
+            for idx in _groups_of(lo, hi, which)}
 
 
-def flow_of(name: str) -> str:
-    """A transfer's flow from its name: ``send_forward`` -> ``forward`` ("" if unnamed)."""
-    lowered = name.lower()
-    for role in ("send", "recv"):
-        if role in lowered:
-            return lowered.replace(role, "", 1).strip("_")
-    return ""
+# ------------------------------------------------------------- victims
+def op_members(scan: ScanInput) -> tuple[dict[tuple[int, ...], set[int]], set[tuple[int, int]]]:
+    """The ranks that met in a sync op: per collective group (its ranks, sorted)
+    those that joined its calls, and each pair that exchanged a transfer."""
+    sync, cols = scan.sync, scan.cols
+    rank = cols.rank[sync.member_row].astype(np.int64)
+    coll = sync.op_kind[sync.member_op] == COLLECTIVE
+    group = cols.group[sync.member_row[sync.op_start[sync.member_op]]].astype(np.int64)
+    met: dict[tuple[int, ...], set[int]] = {}
+    joined = _unique_pairs(group[coll], rank[coll])  # (group id, rank), by group id
+    for chunk in np.split(joined, np.flatnonzero(np.diff(joined[:, 0])) + 1):
+        if len(chunk):
+            met.setdefault(tuple(sorted(cols.groups[chunk[0, 0]])), set()).update(
+                chunk[:, 1].tolist())
+    p2p = np.flatnonzero(sync.op_kind == P2P)
+    a, b = cols.rank[sync.sender[p2p]].astype(np.int64), cols.rank[sync.receiver[p2p]].astype(np.int64)
+    pairs = _unique_pairs(np.minimum(a, b), np.maximum(a, b))
+    return met, {(x, y) for x, y in pairs.tolist()}
 
 
-def rank_sum_z(sample: np.ndarray, reference: np.ndarray) -> float:
-    """Mann-Whitney: how many standard errors ``sample`` ranks above
-    ``reference`` (no assumption on how the waits are distributed)."""
-    ranks = _average_ranks(np.concatenate([sample, reference]))
-    return _rank_sum_to_z(float(ranks[:len(sample)].sum()), len(sample), len(reference))
+def _unique_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The distinct (a, b) rows, sorted (non-negative integers, one sort of one key)."""
+    width = int(b.max()) + 1 if len(b) else 1
+    key = np.unique(a.astype(np.int64) * width + b.astype(np.int64))
+    return np.stack([key // width, key % width], axis=1)
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    # tied waits share their average rank (equal waits favour neither side)
-    _, which, counts = np.unique(values, return_inverse=True, return_counts=True)
-    return (np.cumsum(counts) - (counts - 1) / 2)[which]
+def victims_of(causes: Iterable[RootCause], met: Mapping[tuple[int, ...], set[int]],
+               pairs: Iterable[tuple[int, int]]) -> tuple[int, ...]:
+    """Ranks that share a sync op with a compute root cause (they waited for it)."""
+    causes = list(causes)
+    sources = {c.rank for c in causes if c.kind == "compute"}
+    waited: set[int] = set()
+    for members in met.values():
+        if members & sources:
+            waited |= members
+    for pair in pairs:
+        if sources.intersection(pair):
+            waited.update(pair)
+    named = {c.rank for c in causes} | {c.peer for c in causes}
+    return tuple(sorted(waited - named))
 
 
-def _rank_sum_to_z(rank_sum: float, n1: int, n2: int) -> float:
-    u = rank_sum - n1 * (n1 + 1) / 2
-    return (u - n1 * n2 / 2) / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One direction of one pair against the same direction of its link class."""
-
-    floor_ratio: float
-    median_ratio: float
-    z: float  # rank-sum z of its waits against the class's
-    transfers: int
-
-
-def _deliveries(all_waits: Mapping[Channel, Samples], node: int,
-                th: Thresholds) -> dict[tuple[int, int], list[Delivery]]:
-    """Each channel against the other channels of its class (same direction,
-    same link class), class by class: its class's floor and median leave the
-    channel out, and one ranking of the class's waits serves every rank-sum
-    (linear in channels, not quadratic: a 12,288-GPU job has tens of thousands)."""
-    classes: dict[tuple[str, bool], list[tuple[tuple[int, int], np.ndarray]]] = defaultdict(list)
-    for (pair, direction), w in sorted(all_waits.items()):
-        if len(w) >= th.min_transfers:
-            classes[(direction, link_class(pair, node))].append((pair, np.asarray(w)))
-    out: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
-    for members in classes.values():
-        if len(members) < 2:
-            continue
-        floors, medians = _floors_and_medians([w for _, w in members], th.floor_quantile)
-        class_floor, class_median = _medians_without_each(floors), _medians_without_each(medians)
-        for i, ((pair, mine), z) in enumerate(zip(members, _rank_sum_zs([w for _, w in members]))):
-            out[pair].append(Delivery(
-                floors[i] / max(class_floor[i], MIN_DELIVERY_S),
-                medians[i] / max(class_median[i], MIN_DELIVERY_S), z, len(mine)))
-    return out
-
-
-def _floors_and_medians(samples: list[np.ndarray], q: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each sample's ``q``-th percentile and median: one call over a matrix per
-    sample length (channels of one class mostly carry as many transfers)."""
-    floors, medians = np.empty(len(samples)), np.empty(len(samples))
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, w in enumerate(samples):
-        by_length[len(w)].append(i)
-    for members in by_length.values():
-        stacked = np.stack([samples[i] for i in members])
-        floors[members] = np.percentile(stacked, q, axis=1)
-        medians[members] = np.median(stacked, axis=1)
-    return floors, medians
-
-
-def _medians_without_each(values: np.ndarray) -> np.ndarray:
-    """For each i, the median of ``values`` without its i-th (at least 2 values)."""
-    order = np.argsort(values, kind="stable")
-    v = values[order]
-    n = len(v) - 1  # values left
-    place = np.empty(len(v), np.int64)
-    place[order] = np.arange(len(v))
-
-    def kth(k: int) -> np.ndarray:  # k-th smallest once each one is left out
-        return np.where(k < place, v[k], v[np.minimum(k + 1, len(v) - 1)])
-
-    if n % 2:
-        return kth(n // 2).astype(float)
-    return (kth(n // 2 - 1) + kth(n // 2)) / 2
-
-
-def _rank_sum_zs(samples: list[np.ndarray]) -> list[float]:
-    """``rank_sum_z`` of each sample against all the others together: the
-    others and the sample make the whole class, so one ranking serves all."""
-    ranks = _average_ranks(np.concatenate(samples))
-    cuts = np.cumsum([0] + [len(w) for w in samples])
-    return [_rank_sum_to_z(float(ranks[lo:hi].sum()), int(hi - lo), int(len(ranks) - (hi - lo)))
-            for lo, hi in zip(cuts[:-1], cuts[1:])]
-
-
-def _delivery_causes(waits: Mapping[Channel, Samples], gpus_per_node: int,
-                     th: Thresholds) -> list[RootCause]:
-    """Each pair against the other pairs of its link class, direction by
-    direction, keeping the pair's least striking direction (a faulty link
-    delays both): slow if its fastest deliveries are late (waiting on a busy
-    receiver only ever adds time, so fast deliveries are clean), erratic if
-    its typical delivery is, and its waits rank above the class's beyond
-    what a busy machine's noise makes of them."""
-    causes = []
-    for pair, per_direction in _deliveries(waits, gpus_per_node, th).items():
-        floor_ratio = min(d.floor_ratio for d in per_direction)
-        median_ratio = min(d.median_ratio for d in per_direction)
-        z = min(d.z for d in per_direction)
-        evidence: dict[str, Any] = {
-            "transfers": sum(d.transfers for d in per_direction),
-            "delivery_floor_ratio": round(floor_ratio, 2),
-            "delivery_median_ratio": round(median_ratio, 2), "z": round(z, 1)}
-        if floor_ratio > th.wait_ratio:
-            causes.append(RootCause(pair[0], "link", pair[1], floor_ratio / (floor_ratio + th.wait_ratio),
-                                    {"problem": "slow", **evidence}))
-        elif median_ratio > th.erratic_ratio and z > th.z_erratic:
-            causes.append(RootCause(pair[0], "link", pair[1],
-                                    median_ratio / (median_ratio + th.erratic_ratio),
-                                    {"problem": "erratic", **evidence}))
-    return causes
-
-
-def judge_pair(p: PairStats, centre: float, typical: float, th: Thresholds) -> list[RootCause]:
-    excess = p.median - centre
-    z = excess / (MEDIAN_SE * max(p.spread, typical) / math.sqrt(p.n))
-    evidence: dict[str, Any] = {"transfers": p.n, "bandwidth_ratio": round(math.exp(-excess), 3),
-                                "spread": round(p.spread, 3), "class_spread": round(typical, 3)}
-    if excess > math.log1p(th.link_excess) and z > th.z_link:
-        return [RootCause(p.pair[0], "link", p.pair[1], z / (z + th.z_link),
-                          {"problem": "slow", "z": round(z, 1), **evidence})]
-    ratio = p.spread / typical
-    if p.spread > th.jitter_floor and ratio > th.jitter_ratio:
-        return [RootCause(p.pair[0], "link", p.pair[1], ratio / (ratio + th.jitter_ratio),
-                          {"problem": "erratic", **evidence})]
-    return []
+def diagnosis_of(compute: list[RootCause], links: list[RootCause], victims: tuple[int, ...]
+                 ) -> Diagnosis:
+    """The verdict: every root cause, most confident first, and the victims."""
+    return Diagnosis(ranked(compute + links), victims)
 
 
 # ------------------------------------------------------------- detector
-def victims_of(scan: ScanInput, causes: list[RootCause]) -> tuple[int, ...]:
-    """Ranks that share a sync op with a compute root cause (they waited for it)."""
-    sources = {c.rank for c in causes if c.kind == "compute"}
-    waited: set[int] = set()
-    for op in scan.ops:
-        ranks = set(op.ranks)
-        if ranks & sources:
-            waited |= ranks
-    return tuple(sorted(waited - {c.rank for c in causes} - {c.peer for c in causes}))
+class Detector:
+    """MegaScan fed batch by batch (see the module's docstring); the state is
+    bounded samples per rank, op name, pair and channel (``capacity`` values each)."""
+
+    def __init__(self, gpus_per_node: int = DEFAULT_GPUS_PER_NODE, scenario: Scenario | None = None,
+                 th: Thresholds = Thresholds(), capacity: int = DEFAULT_CAPACITY):
+        self.gpus_per_node, self.scenario, self.th = gpus_per_node, scenario, th
+        self._ranks: set[int] = set()
+        self._edges: set[tuple[int, int]] = set()  # stage-peer ties
+        self._ratios: Reservoirs[int] = Reservoirs(capacity)  # log ratios to stage peers
+        self._cross: Reservoirs[tuple[int, str]] = Reservoirs(capacity)  # across stages
+        self._durations: Reservoirs[tuple[int, str]] = Reservoirs(capacity)  # per work
+        self._late: dict[int, list[int]] = {}  # rank -> [last to start, collectives joined]
+        self._transfers: Reservoirs[tuple[int, int]] = Reservoirs(capacity)  # log(s per byte)
+        self._waits: Reservoirs[Channel] = Reservoirs(capacity)  # delivery waits
+        self._met: dict[tuple[int, ...], set[int]] = {}  # group -> ranks that met in it
+        self._pairs: set[tuple[int, int]] = set()
+        self._work: dict[tuple[int, ...], Work] = {}
+        self._peers: dict[int, tuple[int, ...]] = {}  # by the ties below, once counted
+        self._peers_of = (0, 0)  # (ranks, ties) the stage peers were found from
+
+    def feed(self, batch: ScanInput) -> None:
+        """Take in one batch of whole sync ops, aligned and linked."""
+        ranks = np.unique(batch.cols.rank).tolist()
+        self._ranks.update(ranks)
+        a, b = peer_edges(batch)
+        self._edges.update(zip(a.tolist(), b.tolist()))
+        peers = self._stage_peers(ranks)
+        work = self._work_of(peers)
+        ratios, cross = log_ratio_rows(batch, peers, work)
+        self._ratios.add_all(ratios)
+        self._cross.add_all(cross)
+        for r, by_name in durations_of(batch).items():
+            scaled = durations_per_work(by_name, work.get(r))
+            self._durations.add_all({(r, n): np.asarray(v) for n, v in scaled.items()})
+        for r, (last, joined) in late_arrivals(batch).items():
+            counts = self._late.setdefault(r, [0, 0])
+            counts[0] += last
+            counts[1] += joined
+        self._transfers.add_all(transfer_samples(batch))
+        self._waits.add_all(delivery_waits(batch))
+        met, pairs = op_members(batch)
+        for group, members in met.items():
+            self._met.setdefault(group, set()).update(members)
+        self._pairs |= pairs
+
+    def _stage_peers(self, ranks: Iterable[int]) -> dict[int, tuple[int, ...]]:
+        """``ranks`` -> their stage peers among ``ranks``, by every tie fed so far
+        (a microbatch's batch holds TP collectives, not the DP all-reduces)."""
+        if self._peers_of != (len(self._ranks), len(self._edges)):
+            edges = np.array(sorted(self._edges), np.int64).reshape(-1, 2)
+            self._peers = classes_of(sorted(self._ranks), edges[:, 0], edges[:, 1])
+            self._peers_of = (len(self._ranks), len(self._edges))
+        mine = set(ranks)
+        out: dict[int, tuple[int, ...]] = {}
+        for cls in {id(self._peers[r]): self._peers[r] for r in mine}.values():  # shared tuples
+            kept = tuple(p for p in cls if p in mine)
+            out.update((p, kept) for p in kept)
+        return out
+
+    def _work_of(self, peers: Mapping[int, tuple[int, ...]]) -> Work:
+        lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
+        if lonely not in self._work:
+            self._work[lonely] = lonely_work(self.scenario, peers)
+        return self._work[lonely]
+
+    def verdict(self) -> Diagnosis:
+        """The diagnosis of everything fed so far."""
+        ranks = sorted(self._ranks)
+        peers = self._stage_peers(ranks)
+        durations: dict[int, dict[str, np.ndarray]] = {}
+        for (r, name), values in self._durations.items():
+            durations.setdefault(r, {})[name] = values
+        scores = compute_scores(self._ratios, self._cross, peers, self.th)
+        late = {r: (last, joined) for r, (last, joined) in self._late.items()}
+        compute = judge_compute(ranks, scores, late, durations, peers, self.th)
+        node = self.gpus_per_node
+        links = judge_links(judge_bandwidth(pair_stats(self._transfers, self.th), node, self.th),
+                            self._waits, node, self.th)
+        return diagnosis_of(compute, links, victims_of(compute + links, self._met, self._pairs))
+
+    def state_entries(self) -> int:
+        """Keys and values held: ranks, ties, samples, counts, group members, pairs."""
+        samples = (self._ratios, self._cross, self._durations, self._transfers, self._waits)
+        return (len(self._ranks) + len(self._edges) + sum(len(s) + s.entries() for s in samples)
+                + 2 * len(self._late) + sum(len(m) for m in self._met.values()) + len(self._pairs))
 
 
 def megascan(scan: ScanInput, th: Thresholds = Thresholds()) -> Diagnosis:
-    causes = compute_root_causes(scan, th) + link_root_causes(scan, th)
-    return Diagnosis(ranked(causes), victims_of(scan, causes))
+    """MegaScan on one trace: a detector fed it as one batch."""
+    detector = Detector(scan.gpus_per_node, scan.scenario, th)
+    detector.feed(scan)
+    return detector.verdict()
+
+
+def megascan_stored(store: Path, scenario: Scenario | None = None,
+                    th: Thresholds = Thresholds()) -> Diagnosis:
+    """MegaScan on a stored run, fed batch by batch (``inputs.stored_batches``:
+    a few whole iterations at a time, a long iteration microbatch by
+    microbatch); the run's own scenario unless ``scenario`` is given. Events
+    that carry no iteration (a foreign store) are in no batch: such a run is
+    fed whole."""
+    detector: Detector | None = None
+    fed = 0
+    for batch in stored_batches(store):
+        detector = detector or Detector(batch.gpus_per_node, scenario or batch.scenario, th)
+        detector.feed(batch)
+        fed += len(batch.cols)
+    if detector is None or fed != stored_events(store):
+        whole = load_table_scan(store)
+        return megascan(replace(whole, scenario=scenario or whole.scenario), th)
+    return detector.verdict()

@@ -47,7 +47,7 @@ def focus_of(diagnosis: Diagnosis, selection: str = "") -> PlotFocus:
 def plot_cost(target: Path) -> TraceCost:
     """A stored run is diagnosed from its columns and at most MAX_RANKS ranks
     are drawn, so it costs what detect costs; JSON input is all objects."""
-    from .table import store_of
+    from .inputs import store_of
 
     return COSTS.detect_columns if store_of(target) else COSTS.plot
 
@@ -57,7 +57,7 @@ def load_plot_input(target: Path, max_bytes: float | None = None, say: Say = qui
     """A stored run is diagnosed from its columns, then only the ranks drawn
     are read as events; other inputs (trace.json, torch.profiler files) are
     read once and diagnosed as they are."""
-    from .table import store_of
+    from .inputs import store_of
 
     store = store_of(target)
     if store is not None:
@@ -75,11 +75,10 @@ def _stored_input(store: Path, say: Say, max_ranks: int) -> PlotInput:
     from megatronapp.trace.columns import RankEventsView, TableSource
     from megatronapp.trace.store import read_meta
 
-    from .table import load_table_scan
-    from .table_detect import megascan_table
+    from .detect import megascan_stored
 
-    say(f"reading {store} as columns")
-    diagnosis = megascan_table(load_table_scan(store))
+    say(f"detecting the root cause in {store}")
+    diagnosis = megascan_stored(store)
     meta = read_meta(store)
     ranks = select_ranks(meta.world_size, meta.extra.get("topology"), diagnosis, max_ranks)
     selection = "" if len(ranks) == meta.world_size else \

@@ -1,55 +1,62 @@
-"""What every detector (ours and the baselines) gets: one aligned trace, linked."""
+"""What every detector (ours and the baselines) gets: one aligned trace, linked,
+as columns.
+
+Every reader (our Parquet store, Chrome JSON, torch.profiler directories)
+ends here: its events become ``EventColumns``, their sync ops a ``SyncTable``,
+and unless already aligned every clock is fitted to the reference rank's
+(``table.fit_clocks``). MegaScan reads the columns; the per-event view
+(``ScanInput.events`` / ``ScanInput.ops``), built on first use, is the one
+adapter for what still reads events (the baselines, analyze, align, query).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
+from typing import Iterator, Mapping, Sequence
 
-from megatronapp.scenario.config import Scenario
+import numpy as np
+
 from megatronapp.io.progress import Say, quiet
+from megatronapp.scenario.config import Scenario
+from megatronapp.trace.columns import EventColumns, RankEventsView, TableSource, columns_from_events
+from megatronapp.trace.events import Event
+from megatronapp.trace.store import TRACE_FILE, StoreError, local_clock_view, read_columns
 
-from .align import ClockFit, apply_clocks, fit_clocks
+from .align import ClockFit
 from .deps import SyncOp, reconstruct
-from .load import LoadedTrace, RankEvents, TraceError, dig, load_trace, read_object
+from .load import (LoadedTrace, RankEvents, TraceError, dig, load_trace, locate_trace,
+                   read_object, trace_size)
+from .table import SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
 from .work import scenario_of_run
 
 DEFAULT_GPUS_PER_NODE = 8
-STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
 
 
 @dataclass(frozen=True)
 class ScanInput:
-    events: RankEvents  # aligned to the reference rank's clock
-    ops: tuple[SyncOp, ...]
+    """Aligned columns (rows by rank, then start), their sync ops, and what is
+    known of the run."""
+
+    cols: EventColumns  # aligned to the reference rank's clock
+    sync: SyncTable
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     clocks: dict[int, ClockFit] = field(default_factory=dict)
     scenario: Scenario | None = None  # what the run ran, when known: the work each op models
 
     @property
     def ranks(self) -> list[int]:
-        return sorted(self.events)
+        return np.unique(self.cols.rank).astype(int).tolist()
 
+    @cached_property
+    def events(self) -> RankEvents:
+        """The aligned events per rank (built on first use)."""
+        return dict(RankEventsView(TableSource(self.cols)))
 
-def stage_peers(scan: ScanInput) -> dict[int, tuple[int, ...]]:
-    """rank -> ranks that run the same compute (its TP and DP collective groups)."""
-    parent = {r: r for r in scan.events}
-
-    def find(r: int) -> int:
-        while parent[r] != r:
-            parent[r] = parent[parent[r]]
-            r = parent[r]
-        return r
-
-    for op in scan.ops:
-        lowered = op.name.lower()
-        if op.kind != "collective" or lowered.split("_")[0] not in STAGE_PEER_WORDS:
-            continue
-        first = find(op.ranks[0])
-        for r in op.ranks[1:]:
-            parent[find(r)] = first
-    classes: dict[int, list[int]] = {}
-    for r in sorted(scan.events):
-        classes.setdefault(find(r), []).append(r)
-    return {r: tuple(classes[find(r)]) for r in scan.events}
+    @cached_property
+    def ops(self) -> tuple[SyncOp, ...]:
+        """The sync ops over ``events`` (member = (rank, index in its events))."""
+        return tuple(reconstruct(self.events))
 
 
 def gpus_per_node_of(run_dir: Path | None, default: int = DEFAULT_GPUS_PER_NODE) -> int:
@@ -66,20 +73,34 @@ def gpus_per_node_of(run_dir: Path | None, default: int = DEFAULT_GPUS_PER_NODE)
     return value
 
 
-def prepare(events: RankEvents, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-            ref: int | None = None, say: Say = quiet) -> ScanInput:
+def prepare_columns(cols: EventColumns, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                    ref: int | None = None, say: Say = quiet) -> ScanInput:
     """Link sync ops and, unless already aligned, align every clock to ``ref``."""
     say("linking sync ops")
-    ops = reconstruct(events)
+    cols = sorted_like_loader(cols)
+    sync = sync_table(cols)
     if aligned:
-        return ScanInput(events, tuple(ops), gpus_per_node)
-    say(f"aligning {len(events)} clocks")
-    fits = fit_clocks(events, ops, ref)
-    return ScanInput(apply_clocks(events, fits), tuple(ops), gpus_per_node, fits)
+        return ScanInput(cols, sync, gpus_per_node)
+    say(f"aligning {len(np.unique(cols.rank))} clocks")
+    fits = fit_clocks(cols, sync, ref)
+    return ScanInput(apply_clocks(cols, fits), sync, gpus_per_node, fits)
+
+
+def columns_of(events: Mapping[int, Sequence[Event]]) -> EventColumns:
+    """``events`` as columns (the table itself when they are a view of one)."""
+    if isinstance(events, RankEventsView) and isinstance(events.source, TableSource):
+        return events.source.table
+    return columns_from_events(events)
+
+
+def prepare(events: Mapping[int, Sequence[Event]], aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+            ref: int | None = None, say: Say = quiet) -> ScanInput:
+    """``prepare_columns`` of per-rank events (Chrome JSON, Kineto, a run in memory)."""
+    return prepare_columns(columns_of(events), aligned, gpus_per_node, ref, say)
 
 
 def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
-    scan = prepare(dict(trace.events), trace.aligned, gpus_per_node_of(trace.run_dir), say=say)
+    scan = prepare(trace.events, trace.aligned, gpus_per_node_of(trace.run_dir), say=say)
     return replace(scan, scenario=scenario_of_run(trace.run_dir))
 
 
@@ -87,3 +108,101 @@ def load_scan_input(target: str | Path, say: Say = quiet,
                     max_bytes: float | None = None) -> ScanInput:
     """``max_bytes``: the cap on each JSON file's text (``load_trace``)."""
     return prepare_loaded(load_trace(target, say=say, max_bytes=max_bytes), say)
+
+
+def store_of(target: str | Path) -> Path | None:
+    """The ``trace.parquet`` a target names (a run directory or the file), if any."""
+    path = Path(target)
+    if path.is_dir() and (path / TRACE_FILE).is_file():
+        return path / TRACE_FILE
+    return path if path.suffix == ".parquet" and path.is_file() else None
+
+
+@dataclass(frozen=True)
+class StoredColumns:
+    """A stored run's typed columns as read, before linking and alignment."""
+
+    cols: EventColumns
+    aligned: bool  # every clock is the reference clock already
+    gpus_per_node: int
+    scenario: Scenario | None
+
+    def prepared(self, cols: EventColumns | None = None,
+                 clocks: dict[int, ClockFit] | None = None) -> ScanInput:
+        """These columns (or a cut of them, ``cols``) linked and aligned: by
+        ``clocks`` when given (fitted on another cut), else fitted here."""
+        cols = self.cols if cols is None else cols
+        if self.aligned or clocks is None:
+            scan = prepare_columns(cols, self.aligned, self.gpus_per_node)
+        else:
+            cols = sorted_like_loader(cols)
+            scan = ScanInput(apply_clocks(cols, clocks), sync_table(cols), self.gpus_per_node,
+                             clocks)
+        return replace(scan, scenario=self.scenario)
+
+
+def read_stored(store: Path, raw_clocks: bool = True,
+                iterations: Sequence[int] | None = None) -> StoredColumns:
+    """A stored run's typed columns (its ``iterations`` only, when given). Each
+    rank is read on its own clock, unless every clock is the reference clock
+    (then the local view is the aligned one already)."""
+    try:
+        cols, meta = read_columns(store, iterations=iterations, with_args=False)  # typed columns suffice
+    except StoreError as err:
+        raise TraceError(str(store), str(err).removeprefix(f"{store}: ")) from None
+    stored = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
+    run_dir = store.parent if store.name == TRACE_FILE else None
+    gpus = gpus_per_node_of(run_dir, stored)  # as the per-event path reads it
+    skewed = bool(meta.clocks) and raw_clocks
+    if skewed:
+        cols = local_clock_view(cols, meta.clocks)
+    return StoredColumns(cols, not skewed, gpus, scenario_of_run(run_dir))
+
+
+def load_table_scan(store: Path, raw_clocks: bool = True) -> ScanInput:
+    """A stored run as the detector's input, without an object per event,
+    aligned (``read_stored``, then ``prepare_columns``)."""
+    return read_stored(store, raw_clocks).prepared()
+
+
+def stored_batches(store: Path) -> Iterator[ScanInput]:
+    """A stored run as the detector's batches: a few whole iterations at a
+    time (``iteration_batches``), each linked and aligned on its own. A batch
+    of more than ``BATCH_ROWS`` events (one long iteration) is cut by
+    microbatch: first the events of none (the optimizer's, the gradient
+    all-reduces) with the first microbatch's, which tie every rank (the
+    all-reduces join the replicas and the stage peers, a microbatch's
+    transfers the stages; its clocks are fitted there), then each other
+    microbatch on those clocks."""
+    for iterations in iteration_batches(store):
+        stored = read_stored(store, iterations=iterations)
+        if len(stored.cols) <= BATCH_ROWS:
+            yield stored.prepared()
+            continue
+        microbatch = stored.cols.microbatch
+        cuts = np.unique(microbatch).tolist()
+        first = stored.prepared(stored.cols.take(np.isin(microbatch, cuts[:2])))
+        yield first
+        for mb in cuts[2:]:
+            yield stored.prepared(stored.cols.take(microbatch == mb), first.clocks)
+
+
+BATCH_ROWS = 1 << 22  # events a stored run's batch holds at most (unless one iteration has more)
+
+
+def iteration_batches(store: Path, max_rows: int | None = None) -> list[list[int] | None]:
+    """The iterations of a stored run to read together, in order: as many
+    whole iterations as ``max_rows`` events (``BATCH_ROWS``) hold (at least one); ``[None]``
+    (all at once) when its scenario, hence its iteration count, is unknown."""
+    run_dir = store.parent if store.name == TRACE_FILE else None
+    scenario = scenario_of_run(run_dir)
+    if scenario is None or scenario.iterations < 2:
+        return [None]
+    step = max(1, int((max_rows or BATCH_ROWS) * scenario.iterations // max(stored_events(store), 1)))
+    return [list(range(i, min(i + step, scenario.iterations)))
+            for i in range(0, scenario.iterations, step)]
+
+
+def stored_events(store: Path) -> int:
+    """The events a stored run holds (its Parquet footer's row count)."""
+    return trace_size(locate_trace(store)).stored_events

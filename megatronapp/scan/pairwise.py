@@ -29,6 +29,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .bounds import MIN_SLOPE_SPAN_S, Bounds, maximin_line
+from .components import component_labels
 from .deps import SyncOp
 from .load import RankEvents
 
@@ -139,19 +140,9 @@ def pair_estimates(events: RankEvents, ops: list[SyncOp], free: set[int],
 
 
 def transfer_components(ranks: list[int], estimates: list[PairEstimate]) -> dict[int, int]:
-    """rank -> a representative of the ranks tied to it by transfers."""
-    parent = {r: r for r in ranks}
-
-    def find(r: int) -> int:
-        while parent[r] != r:
-            parent[r] = parent[parent[r]]
-            r = parent[r]
-        return r
-
-    for e in estimates:
-        if e.by_transfers:
-            parent[find(e.i)] = find(e.j)
-    return {r: find(r) for r in ranks}
+    """rank -> a label shared by the ranks tied to it by transfers."""
+    tied = np.array([(e.i, e.j) for e in estimates if e.by_transfers], np.int64).reshape(-1, 2)
+    return dict(zip(ranks, component_labels(ranks, tied[:, 0], tied[:, 1]).tolist()))
 
 
 def combine(estimates: list[PairEstimate], fixed: Mapping[int, tuple[float, float]],

@@ -1,32 +1,26 @@
-"""MegaScan over event columns: sync ops, clock alignment and the detector,
-vectorised for traces of millions of events (a 12,288-GPU iteration).
+"""Sync ops and clock alignment over event columns, vectorised for traces of
+millions of events (a 12,288-GPU iteration): the one ``fit_clocks`` and
+``apply_clocks`` every input goes through (``inputs.prepare_columns``).
 
-The stages are those of ``deps``, ``align`` and ``detect`` (same keys, same
-statistics, same thresholds), computed with numpy over a table whose rows are
-grouped by rank and ordered by (start, -duration) within a rank, as the trace
-loader orders events. ``tests/test_scan_table.py`` checks that both give the
-same diagnosis on random simulated jobs.
+Sync ops are linked as ``deps.reconstruct`` links events (same keys), over a
+table whose rows are grouped by rank and ordered by (start, -duration)
+within a rank, as the trace loader orders events; ranks whose anchor fit
+cannot stand are solved by ``align.solve_freed``.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
-from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import KINDS, TIMELESS_FIELDS, EventColumns, RankEventsView, TableSource
-from megatronapp.trace.store import TRACE_FILE, StoreError, local_clock_view, read_columns
 from megatronapp.trace.metrics import group_ids, nth_in_group
 
 from .align import MIN_RECV_WAIT_S, AnchorFit, ClockFit, freed_ranks, solve_freed
 from .bounds import all_to_all
 from .deps import SyncOp
-from .inputs import DEFAULT_GPUS_PER_NODE, gpus_per_node_of
-from .load import TraceError
-from .work import scenario_of_run
 
 COLLECTIVE, P2P = 0, 1
 
@@ -195,7 +189,8 @@ def _memberships(cols: EventColumns, sync: SyncTable, ops: np.ndarray) -> _Membe
 
 
 def fit_clocks(cols: EventColumns, sync: SyncTable, ref: int | None = None) -> dict[int, ClockFit]:
-    """``align.fit_clocks`` over columns: ranks in breadth-first order from the
+    """One ClockFit per rank, mapping its local clock onto the reference
+    rank's (``ref``, default the lowest rank): ranks in breadth-first order from the
     reference (through every op of 2+ members), each fitted against the already
     fitted members of its anchor ops. Ranks whose fit cannot stand
     (``align.freed_ranks``: completions that do not coincide, no anchors, a
@@ -311,7 +306,7 @@ def _fitted_median(m: _Memberships, ops: np.ndarray, a: np.ndarray,
 
 
 def _bfs(m: _Memberships, k_ref: int) -> list[int]:
-    """``align.bfs_order`` (rank positions): each rank's unseen co-members in
+    """Breadth-first order of rank positions from ``k_ref``: each rank's unseen co-members in
     ascending order; an op once expanded has no unseen member left."""
     seen = np.zeros(len(m.ranks), bool)
     expanded = np.zeros(len(m.op_first), bool)
@@ -338,52 +333,3 @@ def apply_clocks(cols: EventColumns, fits: dict[int, ClockFit]) -> EventColumns:
     fields = {f: getattr(cols, f) for f in TIMELESS_FIELDS}
     return EventColumns(**fields, start_s=a[k] * cols.start_s + b[k], dur_s=a[k] * cols.dur_s,
                         names=cols.names, groups=cols.groups, extra=cols.extra)
-
-
-# -------------------------------------------------------------- the input
-@dataclass(frozen=True)
-class TableScan:
-    """What the columnar detector gets: aligned columns, linked."""
-
-    cols: EventColumns
-    sync: SyncTable
-    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
-    clocks: dict[int, ClockFit] = field(default_factory=dict)
-    scenario: Scenario | None = None  # ``inputs.ScanInput.scenario``
-
-
-def prepare_table(cols: EventColumns, aligned: bool, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-                  ref: int | None = None) -> TableScan:
-    """``inputs.prepare`` over columns."""
-    cols = sorted_like_loader(cols)
-    sync = sync_table(cols)
-    if aligned:
-        return TableScan(cols, sync, gpus_per_node)
-    fits = fit_clocks(cols, sync, ref)
-    return TableScan(apply_clocks(cols, fits), sync, gpus_per_node, fits)
-
-
-def store_of(target: str | Path) -> Path | None:
-    """The ``trace.parquet`` a target names (a run directory or the file), if any."""
-    path = Path(target)
-    if path.is_dir() and (path / TRACE_FILE).is_file():
-        return path / TRACE_FILE
-    return path if path.suffix == ".parquet" and path.is_file() else None
-
-
-def load_table_scan(store: Path, raw_clocks: bool = True) -> TableScan:
-    """A stored run as the detector's input, without an object per event. Each
-    rank is read on its own clock and aligned, unless every clock is the
-    reference clock (then the local view is the aligned one already)."""
-    try:
-        cols, meta = read_columns(store, with_args=False)  # the detector reads typed columns
-    except StoreError as err:
-        raise TraceError(str(store), str(err).removeprefix(f"{store}: ")) from None
-    stored = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
-    run_dir = store.parent if store.name == TRACE_FILE else None
-    gpus = gpus_per_node_of(run_dir, stored)  # as the per-event path reads it
-    skewed = bool(meta.clocks) and raw_clocks
-    if skewed:
-        cols = local_clock_view(cols, meta.clocks)
-    scan = prepare_table(cols, aligned=not skewed, gpus_per_node=gpus)
-    return replace(scan, scenario=scenario_of_run(run_dir))
