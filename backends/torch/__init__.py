@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatronapp.costs.run_size import RunSize
 from megatronapp.program.backend import PROFILE, REAL, STALL_TIMEOUT, RunHooks, RunOptions
 from megatronapp.scenario.config import Scenario, ScenarioError
 from megatronapp.errors import UserError
@@ -31,6 +32,9 @@ class TorchBackend:
 
     def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult:
         return run_scenario(scenario, options, hooks)
+
+    def size(self, scenario: Scenario) -> RunSize | None:
+        return None  # real processes: counted as ranks, not priced per event
 
 
 def run_scenario(s: Scenario, options: RunOptions = RunOptions(),

@@ -16,6 +16,7 @@ from ..io.progress import Say, quiet
 from ..trace.events import Event, RunResult
 
 if TYPE_CHECKING:  # pydantic loads with the scenario, not with --help
+    from ..costs.run_size import RunSize
     from ..scenario.config import Scenario
 
 # What a backend may declare it can do (the CLI checks options against these).
@@ -23,6 +24,8 @@ REAL = "real"  # runs real processes: one trial at a time, on this machine
 STALL_TIMEOUT = "stall_timeout"  # stops ranks that make no progress (RunOptions.stall_timeout_s)
 PROFILE = "profile"  # writes torch.profiler traces (RunOptions.profile_dir)
 REPLICA = "replica"  # may run one data-parallel replica for all (RunOptions.replica)
+# its runs are counted before they start (``size``) and cost what ``host.limits`` models
+ESTIMATED = "estimated"
 
 
 @dataclass(frozen=True)
@@ -57,3 +60,6 @@ class Backend(Protocol):
     def capabilities(self) -> frozenset[str]: ...
 
     def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult: ...
+
+    def size(self, scenario: Scenario) -> RunSize | None:
+        """What ``run`` will do, counted before it starts (None: not countable)."""
