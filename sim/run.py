@@ -74,10 +74,12 @@ def run_size(s: Scenario) -> RunSize | None:
     if program is None:
         return None
     per_pipe, pipes = program.events_per_pipe, cluster.topo.dp * cluster.topo.tp
-    simulated = per_pipe * len(pipe_classes(cluster).classes)
+    classes = pipe_classes(cluster)
+    simulated = per_pipe * len(classes.classes)
     return RunSize(ranks=cluster.topo.world_size, program_events=per_pipe,
                    simulated_events=simulated, trace_events=per_pipe * pipes,
-                   stored_events=per_pipe * pipes)
+                   # a reduced run stores its representatives' rows (``trace.classes``)
+                   stored_events=simulated if classes.reduced else per_pipe * pipes)
 
 
 def replica_ranks(s: Scenario) -> frozenset[int]:
