@@ -16,8 +16,8 @@ from megatronapp.cli import main
 from megatronapp.scan.load import locate_trace, trace_size
 from megatronapp.scenario.config import load_scenario
 from megatronapp.trace.columns import EventColumns, TableSource, concat_columns
-from megatronapp.trace.store import FORMAT, SYMMETRIC, iter_columns, read_columns, read_meta, \
-    write_events
+from megatronapp.trace.store import FORMAT, SYMMETRIC, expanded_view, iter_columns, read_columns, \
+    read_meta, write_events
 from sim import simulate
 
 JOB = ("parallel: {tp: 2, pp: 4, dp: 8, microbatches: 8}\n"
@@ -110,3 +110,17 @@ def test_readers_give_a_symmetric_store_the_answers_of_a_full_one(tmp_path, caps
         printed = capsys.readouterr().out.replace(str(target), "RUN").replace(str(out), "OUT")
         answers.append((printed, out.read_bytes() if out.exists() else b""))
     assert answers[0] == answers[1]
+
+
+def test_duckdb_sees_every_rank_of_a_symmetric_store_through_its_view(tmp_path):
+    import duckdb
+
+    run, _every = _run(tmp_path)
+    full = _full_copy(run, tmp_path)
+    con = duckdb.connect()
+    expanded_view(con, run / "trace.parquet")
+    expanded_view(con, full / "trace.parquet", "whole")
+    tables = [con.sql(f'SELECT * FROM {view} ORDER BY rank, start_s, name, dur_s, tag, peer, '
+                          f'"group"').to_arrow_table() for view in ("events", "whole")]
+    assert tables[0].schema.equals(tables[1].schema) and tables[0].equals(tables[1])
+    assert con.execute("SELECT count(DISTINCT rank) FROM events").fetchone() == (64,)

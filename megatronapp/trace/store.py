@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .classes import Expansion, StandIns
+from .classes import Expansion, StandIns, rank_groups
 from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource
 from .events import RankClock
 
@@ -269,3 +269,26 @@ def local_clock_view(cols: EventColumns, clocks: Mapping[int, RankClock]) -> Eve
     return EventColumns(**{**{f: getattr(cols, f) for f in TIMELESS_FIELDS},
                            "start_s": start, "dur_s": end - start},
                         names=cols.names, groups=cols.groups, extra=cols.extra)
+
+
+def expanded_view(con: Any, path: Path, name: str = "events") -> None:
+    """A DuckDB view ``name`` (on connection ``con``) with every rank's rows of
+    the store at ``path``, in the store's columns: a symmetric store's
+    representatives' rows joined with its classes, each member's rank, peer
+    and group moved as ``trace.classes`` moves them (computed as the view is read)."""
+    quoted = "'" + str(path).replace("'", "''") + "'"
+    stand_ins = read_meta(path).stand_ins
+    if stand_ins is None:
+        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet({quoted})')
+        return
+    groups = rank_groups(read_meta(path).groups, stand_ins.world)
+    members = pa.table({"rank": np.arange(stand_ins.world, dtype=np.int32),
+                        "representative": stand_ins.representative().astype(np.int32),
+                        "groups": pa.array(groups.tolist(), pa.list_(pa.int64()))})
+    con.register(f"{name}_members", members)
+    con.execute(f"""CREATE VIEW "{name}" AS
+        SELECT t.* REPLACE (m.rank AS rank, t.peer + (m.rank - t.rank) AS peer,
+               m.groups[list_position(r.groups, t."group")]::INTEGER AS "group")
+        FROM read_parquet({quoted}) t
+        JOIN "{name}_members" m ON m.representative = t.rank
+        JOIN "{name}_members" r ON r.rank = t.rank""")
