@@ -1,7 +1,6 @@
 """Sizes checked before any work: one line with the estimate and the limit."""
 from __future__ import annotations
 
-import os
 import resource
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from megatronapp.scenario.config import load_scenario, parse_scenario
 from megatronapp.host.limits import (COSTS, Limits, available_memory, check, estimate_run,
                                 estimate_topology)
 
-from .support import ROOT
+from .support import ROOT, peak_memory_of
 
 BASE = ("name: tiny\nparallel: {pp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
@@ -137,21 +136,6 @@ SYMMETRIC = ("parallel: {tp: 2, pp: 4, dp: 8, microbatches: 8}\n"
              "model: {layers: 8, hidden: 64, heads: 4, seq_len: 64, vocab: 128}\n")
 
 
-# The child's own high-water mark (VmHWM is per address space, so the pytest
-# process it was forked from does not count, as it would in ru_maxrss).
-PEAK_OF_RUN = ("import sys; from megatronapp.cli import main; code = main(sys.argv[1:]); "
-               "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))); "
-               "sys.exit(code)")
-
-
-def _peak_rss_of(argv: list[str]) -> int:
-    """Peak resident bytes of ``megatronapp argv`` in a child that must succeed."""
-    done = subprocess.run([sys.executable, "-c", PEAK_OF_RUN, *argv], cwd=ROOT, text=True,
-                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr
-    return int(done.stdout.split("VmHWM:")[1].split()[0]) * 1024
-
-
 @pytest.mark.parametrize("sets", [
     [],  # every pipeline alike: one simulated
     ["faults=[{kind: throttle, rank: 9, factor: 1.5}, {kind: slow_link, ranks: [1, 17], "
@@ -167,6 +151,6 @@ def test_the_run_estimate_counts_what_the_compiled_engine_simulates_and_records(
     simulated, _weights = source.compact()
     assert (estimate.events, estimate.simulated_events) == (source.events, len(simulated))
     out = tmp_path / "run"
-    peak = _peak_rss_of(["run", str(path), "--out", str(out), "--quiet",
+    peak = peak_memory_of(["run", str(path), "--out", str(out), "--quiet",
                          *[a for x in sets for a in ("--set", x)]])
     assert estimate.memory_bytes / 3 <= peak <= 3 * estimate.memory_bytes

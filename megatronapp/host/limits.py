@@ -34,6 +34,7 @@ class TraceCost:
 
     bytes_per_event: float
     seconds_per_event: float
+    held_events: float = math.inf  # events held at once (a command that streams: a batch)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class CostModel:
     detect_events: TraceCost = TraceCost(1500.0, 20e-6)
     analyze: TraceCost = TraceCost(4000.0, 50e-6)
     align: TraceCost = TraceCost(2200.0, 35e-6)
-    export: TraceCost = TraceCost(400.0, 7e-6)
+    export: TraceCost = TraceCost(400.0, 7e-6, held_events=1 << 20)  # store.ROW_GROUP rows
     plot: TraceCost = TraceCost(20e3, 5e-3)
     # A JSON trace is sized in events from its bytes (ours take ~200 B an
     # event; fewer bytes an event is the safe side); parsing the text takes
@@ -281,8 +282,8 @@ def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost) -> Esti
     c = COSTS
     events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
     return Estimate(ranks=0, events=events, group_entries=0, faults=0,
-                    memory_bytes=(c.base_bytes + events * cost.bytes_per_event
-                                  + text_bytes * c.json_memory_per_byte),
+                    memory_bytes=(c.base_bytes + min(events, cost.held_events)
+                                  * cost.bytes_per_event + text_bytes * c.json_memory_per_byte),
                     disk_bytes=0.0, seconds=c.base_seconds + events * cost.seconds_per_event)
 
 
