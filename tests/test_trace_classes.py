@@ -64,7 +64,7 @@ def test_a_symmetric_run_stores_its_representatives_and_is_read_as_every_rank(tm
     assert _rows(read_columns(store)[0]) == _rows(every)
     assert _rows(concat_columns(list(iter_columns(store, max_rows=500)))) == _rows(every)
     wanted = np.isin(every.rank, [3, 9, 40, 63]) & (every.iteration == 0)
-    chosen, _ = read_columns(store, ranks=[63, 3, 40, 9], iterations=[0])
+    chosen, _ = read_columns(store, ranks=[63, 3, 40, 9, 64, -1], iterations=[0])  # 64, -1: none
     assert _rows(chosen) == _rows(every.take(wanted))
     assert trace_size(locate_trace(out)).stored_events == len(every)  # what detect will hold
 

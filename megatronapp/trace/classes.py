@@ -91,7 +91,8 @@ class Expansion:
         """The rows of ``ranks`` (in that order), each moved from its representative's."""
         bounds = self._bounds
         rep_of = self._representative
-        targets = np.array([r for r in ranks if int(rep_of[r]) in bounds], np.int64)
+        targets = np.array([r for r in ranks if 0 <= r < len(rep_of) and int(rep_of[r]) in bounds],
+                           np.int64)
         reps = rep_of[targets]
         lo = np.array([bounds[int(r)][0] for r in reps], np.int64)
         counts = np.array([bounds[int(r)][1] for r in reps], np.int64) - lo
