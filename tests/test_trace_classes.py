@@ -17,7 +17,7 @@ from megatronapp.scan.load import locate_trace, trace_size
 from megatronapp.scenario.config import load_scenario
 from megatronapp.trace.columns import EventColumns, TableSource, concat_columns
 from megatronapp.trace.store import FORMAT, SYMMETRIC, expanded_view, iter_columns, read_columns, \
-    read_meta, write_events
+    read_meta, read_source, write_events
 from sim import simulate
 
 JOB = ("parallel: {tp: 2, pp: 4, dp: 8, microbatches: 8}\n"
@@ -124,3 +124,15 @@ def test_duckdb_sees_every_rank_of_a_symmetric_store_through_its_view(tmp_path):
                           f'"group"').to_arrow_table() for view in ("events", "whole")]
     assert tables[0].schema.equals(tables[1].schema) and tables[0].equals(tables[1])
     assert con.execute("SELECT count(DISTINCT rank) FROM events").fetchone() == (64,)
+
+
+def test_a_symmetric_store_is_a_compact_event_source_as_the_run_was(tmp_path):
+    out, every = _run(tmp_path)
+    path = out / "trace.parquet"
+    run = simulate(load_scenario(tmp_path / "job.yaml", [])).source
+    source = read_source(path)
+    (stored, weights), (simulated, ran_weights) = source.compact(), run.compact()
+    assert _rows(stored) == _rows(simulated) and weights.tolist() == ran_weights.tolist()
+    assert source.stand_ins() == run.stand_ins() and source.events == len(every)
+    assert _rows(source.rank_rows(41)) == _rows(every.take(every.rank == 41))
+    assert isinstance(read_source(_full_copy(out, tmp_path) / "trace.parquet"), TableSource)

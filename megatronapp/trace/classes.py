@@ -74,10 +74,37 @@ def rank_groups(groups: Sequence[Sequence[int]], world: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Expansion:
-    """A symmetric store's rows, expanded rank by rank on demand."""
+    """A symmetric store's rows, expanded rank by rank on demand: an
+    ``EventSource`` whose ``compact`` view (the stored rows, each weighted by
+    the ranks it stands for) needs no expansion at all."""
 
     stored: EventColumns  # the representatives' rows, grouped by rank
-    stand_ins: StandIns
+    classes: StandIns
+
+    @property
+    def events(self) -> int:
+        return int(self._weights.sum())
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        return self.stored.groups
+
+    def compact(self) -> tuple[EventColumns, np.ndarray]:
+        return self.stored, self._weights.astype(float)
+
+    def stand_ins(self) -> dict[int, tuple[int, ...]]:
+        return {rep: self.classes.members.get(rep, (rep,)) for rep in self._bounds}
+
+    def rank_rows(self, rank: int) -> EventColumns:
+        return self.rows([rank])
+
+    @cached_property
+    def _weights(self) -> np.ndarray:
+        """How many ranks each stored row stands for."""
+        size = np.ones(self.classes.world, np.int64)
+        for rep, ranks in self.classes.members.items():
+            size[rep] = len(ranks)
+        return size[self.stored.rank]
 
     def ranks(self) -> list[int]:
         stored = np.array(sorted(self._bounds), np.int64)
@@ -109,11 +136,11 @@ class Expansion:
 
     @cached_property
     def _group_table(self) -> np.ndarray:
-        return rank_groups(self.stored.groups, self.stand_ins.world)
+        return rank_groups(self.stored.groups, self.classes.world)
 
     @cached_property
     def _representative(self) -> np.ndarray:
-        return self.stand_ins.representative()
+        return self.classes.representative()
 
     def _groups(self, group: np.ndarray, rep: np.ndarray, member: np.ndarray) -> np.ndarray:
         """Each row's group moved to the member's group of the same kind."""
@@ -126,7 +153,7 @@ class Expansion:
         out[has] = table[member[has], kind]
         return out
 
-    def batches(self, max_rows: int, ranks: Sequence[int] | None = None
+    def batches(self, max_rows: int = 1 << 20, ranks: Sequence[int] | None = None
                 ) -> Iterator[EventColumns]:
         """The rows of ``ranks`` (default: every rank, ascending), about
         ``max_rows`` at a time."""

@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .classes import Expansion, StandIns, rank_groups
-from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource
+from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource, TableSource
 from .events import RankClock
 
 FORMAT = 1  # one row per event of every rank
@@ -173,6 +173,15 @@ def read_columns(path: Path, ranks: Sequence[int] | None = None,
         return stored, meta
     expansion = Expansion(stored, stand_ins)
     return expansion.rows(expansion.ranks() if ranks is None else sorted(set(ranks))), meta
+
+
+def read_source(path: Path, with_args: bool = False) -> EventSource:
+    """The store as an ``EventSource``: a symmetric store's ``compact`` view is
+    its stored rows, weighted, with nothing expanded; a full store's is every row."""
+    meta = read_meta(path)
+    stored = _read_stored(path, meta, None, None, with_args)
+    stand_ins = meta.stand_ins
+    return TableSource(stored) if stand_ins is None else Expansion(stored, stand_ins)
 
 
 def _read_stored(path: Path, meta: StoreMeta, ranks: Sequence[int] | None,
