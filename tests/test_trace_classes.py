@@ -136,3 +136,17 @@ def test_a_symmetric_store_is_a_compact_event_source_as_the_run_was(tmp_path):
     assert source.stand_ins() == run.stand_ins() and source.events == len(every)
     assert _rows(source.rank_rows(41)) == _rows(every.take(every.rank == 41))
     assert isinstance(read_source(_full_copy(out, tmp_path) / "trace.parquet"), TableSource)
+
+
+@pytest.mark.parametrize("classes", ["everyone", [[0, [0, 64]]], [[1, [0, 1]]], [[0, [0.5]]]])
+def test_a_store_with_malformed_classes_is_one_line_naming_it(tmp_path, capsys, classes):
+    out, _every = _run(tmp_path)
+    store = out / "trace.parquet"
+    table = pq.read_table(store)
+    data = json.loads(table.schema.metadata[b"megatronapp"])
+    pq.write_table(table.replace_schema_metadata({b"megatronapp": json.dumps(
+        {**data, "classes": classes}).encode()}), store)
+    capsys.readouterr()
+    assert main(["detect", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(store) in err[0] and "'classes'" in err[0], err

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .columns import EventColumns
+from .columns import EventColumns, is_int32
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,19 @@ class StandIns:
         return [(rep, list(ranks)) for rep, ranks in sorted(self.members.items())]
 
     @classmethod
-    def from_json(cls, data: Sequence[tuple[int, Sequence[int]]], world: int) -> "StandIns":
-        return cls({int(rep): tuple(int(r) for r in ranks) for rep, ranks in data}, world)
+    def from_json(cls, data: Any, world: int) -> "StandIns":
+        """Classes as a store's metadata lists them; ValueError names what is wrong."""
+        shape = "'classes' must be a list of [representative, [ranks it stands for]]"
+        if not isinstance(data, list) or not all(
+                isinstance(c, list) and len(c) == 2 and is_int32(c[0]) and isinstance(c[1], list)
+                and all(map(is_int32, c[1])) for c in data):
+            raise ValueError(shape)
+        members = {rep: tuple(ranks) for rep, ranks in data}
+        if any(not 0 <= r < world for ranks in members.values() for r in ranks) or any(
+                ranks[:1] != (rep,) for rep, ranks in members.items()):
+            raise ValueError(f"'classes' must list ranks of the job (0..{world - 1}), each class "
+                             "led by its representative")
+        return cls(members, world)
 
     @classmethod
     def of(cls, stand_ins: Mapping[int, tuple[int, ...]], world: int) -> "StandIns":

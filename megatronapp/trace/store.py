@@ -74,6 +74,8 @@ class StoreMeta:
         clocks = {int(r): RankClock(float(o), float(d)) for r, (o, d) in data["clocks"].items()}
         extra = {k: v for k, v in data.items()
                  if k not in ("format", "world_size", "groups", "clocks")}
+        if "classes" in extra:  # a symmetric store's classes, checked before any row is read
+            StandIns.from_json(extra["classes"], int(data["world_size"]))
         return cls(int(data["world_size"]), tuple(tuple(int(x) for x in g) for g in data["groups"]),
                    clocks, extra)
 
@@ -144,7 +146,10 @@ def read_meta(path: Path) -> StoreMeta:
     if data.get("format") not in (FORMAT, SYMMETRIC):
         raise StoreError(f"{path}: event table format {data.get('format')!r}, this version "
                          f"reads {FORMAT} and {SYMMETRIC}")
-    return StoreMeta.from_json(data)
+    try:
+        return StoreMeta.from_json(data)
+    except ValueError as err:
+        raise StoreError(f"{path}: {err}") from None
 
 
 def _filter(ranks: Sequence[int] | None, iterations: Sequence[int] | None) -> Any:
