@@ -42,7 +42,7 @@ MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.c
 def cmd_run(args: argparse.Namespace) -> int:
     from backends.registry import check_options, get_backend
 
-    from .program.backend import RunHooks
+    from .program.backend import ESTIMATED, RunHooks
     from .scenario.config import load_scenario
     from .io.outdirs import check_output, staged_dir
     from .io.progress import RunProgress
@@ -55,7 +55,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / scenario.name)
     check_output(out, args.force, protect=[Path(args.scenario)])
     _check_profile(args, scenario)
-    limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
+    estimated = ESTIMATED in backend.capabilities  # else bounded by its processes
+    limits.enforce(args, limits.estimate_run(scenario, backend.size if estimated else None), out,
+                   backend=backend.name, estimated=estimated)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
         hooks = RunHooks(on_phase=progress.phase, operations=progress.operations,

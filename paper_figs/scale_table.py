@@ -1,7 +1,8 @@
-"""MegaScale-size jobs on one core: `megatronapp run` and `detect` at 1k-12k GPUs,
-and the simulation core with jitter on every link against a bare SimPy loop.
+"""MegaScale-size jobs on one core: `megatronapp run` and `detect` at 1k-98k GPUs,
+estimated against measured, and the simulation core with jitter on every link
+against a bare SimPy loop.
 
-    .venv/bin/python paper_figs/scale_table.py [--gpus 1024,3072,6144,12288]
+    .venv/bin/python paper_figs/scale_table.py [--gpus 1024,12288,49152,98304]
         [--jitter-gpus 12288] [--skip-jitter]
 
 Every job is scenarios/megascale_12288.yaml (175B, tp 8, pp 8, interleaved with
@@ -14,12 +15,20 @@ with background jitter on every link (lognormal sigma 0.05), where no two
 pipelines are alike and nothing can be reduced, and times the simulation core
 (CPU seconds per operation) against a bare SimPy timeout loop in the same
 process, alternating the two three times and keeping each one's best.
+
+Beside each measurement stands what the limits check estimated before the
+work (``megatronapp.host.limits``: the run from the simulator's count of what
+it will do, detect from the trace's size), computed in a child of its own, and
+the bare SimPy rate measured by a child on the same core just before the run.
+A command refused by its limits check is reported with its one line.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,8 +53,9 @@ def faults_for(dp: int) -> str:
             f"{{kind: slow_link, ranks: [{a}, {b}], factor: 3.0}}]")
 
 
-def measured(cmd: list[str]) -> dict[str, float]:
-    """Wall, CPU (user + system) and peak RSS of one child process."""
+def measured(cmd: list[str], refusable: bool = False) -> dict[str, object]:
+    """Wall, CPU (user + system) and peak RSS of one child process; a refusal by
+    the limits check (exit 2, ``limits:``) is kept as ``refused`` when allowed."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -53,30 +63,75 @@ def measured(cmd: list[str]) -> dict[str, float]:
     wall = time.perf_counter() - start
     out = proc.stdout.read() if proc.stdout else ""
     err = proc.stderr.read() if proc.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
+    code = os.waitstatus_to_exitcode(status)
+    refused = refusable and code == 2 and "limits:" in err
+    if code != 0 and not refused:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err}")
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_gb": usage.ru_maxrss / 1e6, "stdout": out}  # type: ignore[dict-item]
+            "peak_gb": usage.ru_maxrss / 1e6, "stdout": out,
+            "refused": err.strip().removeprefix("megatronapp: ") if refused else ""}
+
+
+ESTIMATES = """
+import json, sys
+from pathlib import Path
+from megatronapp.host import limits
+from megatronapp.scenario.config import load_scenario
+from megatronapp.scan.load import locate_trace, trace_size
+from sim import run_size
+if sys.argv[1] == "run":
+    e = limits.estimate_run(load_scenario(sys.argv[2], sys.argv[3:]), run_size)
+else:
+    events = trace_size(locate_trace(Path(sys.argv[2]))).stored_events
+    e = limits.estimate_trace(events, 0, limits.COSTS.detect_columns)
+print(json.dumps({"events": e.events, "simulated": e.simulated_events, "seconds": e.seconds,
+                  "memory_gb": e.memory_bytes / 1e9}))
+"""
+
+
+def estimated(*args: str) -> dict[str, float]:
+    """The limits check's estimate (``run SCENARIO SETS...`` or ``detect RUN_DIR``)."""
+    done = subprocess.run([sys.executable, "-c", ESTIMATES, *args], cwd=ROOT, text=True,
+                          capture_output=True, check=True)
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def bare_rate() -> float:
+    """A bare SimPy loop's timeouts per second, in a child on this core."""
+    done = subprocess.run([sys.executable, "-c", "from sim import bare_simpy_events_per_s; "
+                           "print(bare_simpy_events_per_s())"], cwd=ROOT, text=True,
+                          capture_output=True, check=True)
+    return float(done.stdout)
 
 
 def one_size(gpus: int, workdir: Path) -> dict[str, object]:
     dp = gpus // (TP * PP)
     run_dir = workdir / f"megascale_{gpus}"
     cli = [sys.executable, "-m", "megatronapp.cli"]
+    sets = [f"parallel.dp={dp}", f"faults={faults_for(dp)}"]
+    run_estimate = estimated("run", str(SCENARIO), *sets)
+    bare = bare_rate()
     run = measured(cli + ["run", str(SCENARIO), "--out", str(run_dir), "--quiet",
-                          "--set", f"parallel.dp={dp}", "--set", f"faults={faults_for(dp)}"])
-    detect = measured(cli + ["detect", str(run_dir), "--json"])
-    import json
-
-    causes = json.loads(str(detect["stdout"]))["root_causes"]
-    named = sorted(f"{c['kind']}:{c['rank']}" + (f"-{c['peer']}" if c["peer"] is not None else "")
-                   for c in causes)
-    return {"gpus": gpus, "events": json.loads((run_dir / "summary.json").read_text())
-            ["trace"]["events"],
-            "run_wall_s": run["wall_s"], "run_cpu_s": run["cpu_s"], "run_peak_gb": run["peak_gb"],
-            "trace_mb": (run_dir / "trace.parquet").stat().st_size / 1e6,
+                          *[a for x in sets for a in ("--set", x)]])
+    detect_estimate = estimated("detect", str(run_dir))
+    detect = measured(cli + ["detect", str(run_dir), "--json"], refusable=True)
+    named = "refused" if detect["refused"] else " ".join(sorted(
+        f"{c['kind']}:{c['rank']}" + (f"-{c['peer']}" if c["peer"] is not None else "")
+        for c in json.loads(str(detect["stdout"]))["root_causes"]))
+    trace = json.loads((run_dir / "summary.json").read_text())["trace"]
+    trace_mb = (run_dir / "trace.parquet").stat().st_size / 1e6
+    shutil.rmtree(run_dir)  # the next size needs the disk
+    return {"gpus": gpus, "events": trace["events"],
+            "stored_events": trace.get("stored_events", trace["events"]),
+            "est_events": run_estimate["events"], "est_simulated": run_estimate["simulated"],
+            "run_wall_s": run["wall_s"], "run_cpu_s": run["cpu_s"], "est_run_s":
+            run_estimate["seconds"], "run_peak_gb": run["peak_gb"],
+            "est_run_gb": run_estimate["memory_gb"],
+            "trace_mb": trace_mb, "bare_timeouts_per_s": bare,
             "detect_wall_s": detect["wall_s"], "detect_cpu_s": detect["cpu_s"],
-            "detect_peak_gb": detect["peak_gb"], "named": " ".join(named)}
+            "est_detect_s": detect_estimate["seconds"], "detect_peak_gb": detect["peak_gb"],
+            "est_detect_gb": detect_estimate["memory_gb"], "named": named,
+            "detect_refused": detect["refused"]}
 
 
 def jitter_ratio(gpus: int) -> dict[str, float]:
@@ -111,7 +166,7 @@ def jitter_ratio(gpus: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", default="1024,3072,6144,12288")
+    parser.add_argument("--gpus", default="1024,12288,49152,98304")
     parser.add_argument("--jitter-gpus", type=int, default=12288)
     parser.add_argument("--skip-jitter", action="store_true")
     args = parser.parse_args()
@@ -127,13 +182,22 @@ def main() -> None:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print("| GPUs | events | run wall s | run CPU s | run peak GB | trace.parquet MB | "
-          "detect wall s | detect CPU s | detect peak GB | detect names |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| GPUs | events (stored) | run wall s | run CPU s (est.) | run peak GB (est.) | "
+          "trace.parquet MB | detect wall s | detect CPU s (est.) | detect peak GB (est.) | "
+          "detect names | bare SimPy timeouts/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
-        print(f"| {r['gpus']:,} | {r['events']:,} | {r['run_wall_s']:.1f} | {r['run_cpu_s']:.1f} | "
-              f"{r['run_peak_gb']:.2f} | {r['trace_mb']:.1f} | {r['detect_wall_s']:.1f} | "
-              f"{r['detect_cpu_s']:.1f} | {r['detect_peak_gb']:.2f} | {r['named']} |")
+        print(f"| {r['gpus']:,} | {r['events']:,} ({r['stored_events']:,}) | "
+              f"{r['run_wall_s']:.1f} | {r['run_cpu_s']:.1f} ({r['est_run_s']:.1f}) | "
+              f"{r['run_peak_gb']:.2f} ({r['est_run_gb']:.2f}) | {r['trace_mb']:.1f} | "
+              f"{r['detect_wall_s']:.1f} | {r['detect_cpu_s']:.1f} ({r['est_detect_s']:.0f}) | "
+              f"{r['detect_peak_gb']:.2f} ({r['est_detect_gb']:.1f}) | {r['named']} | "
+              f"{r['bare_timeouts_per_s'] / 1e3:,.0f} k |")
+    for r in rows:
+        if r["est_events"] != r["events"]:
+            print(f"{r['gpus']:,} GPUs: estimated {r['est_events']:,} events, ran {r['events']:,}")
+        if r["detect_refused"]:
+            print(f"{r['gpus']:,} GPUs: detect {r['detect_refused']}")
     if not args.skip_jitter:
         j = jitter_ratio(args.jitter_gpus)
         print(f"\njitter on every link, {j['gpus']:,} GPUs ({j['ops']:,} operations, no "

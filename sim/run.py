@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import Callable
 
+from megatronapp.costs.run_size import RunSize
+from megatronapp.program.compiled import PipeProgram
 from megatronapp.trace.columns import RankEventsView
 from megatronapp.scenario.config import Scenario
 from megatronapp.program.features import feature_hooks, static_schedule
 from megatronapp.run.jobs import StagesFor, compile_programs, rank_programs
 from megatronapp.trace.events import Event, RunResult
 
-from .cluster import build_cluster
+from .cluster import Cluster, build_cluster
 from .engine import CompiledDeadlock, run_compiled
 from .interpreter import SimDeadlock, SimInterpreter
 from .symmetry import identity_classes, pipe_classes
@@ -37,11 +39,8 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     """
     cluster = build_cluster(s)
     program = None
-    # MegaScope's priced captures differ between tensor-parallel ranks: they keep
-    # the generator path, like adaptive schedules
-    if (engine == "auto" and stages_for is None and on_record is None
-            and static_schedule(s, feature_hooks())):
-        program = compile_programs(rank_programs(s, stages_for), cluster.topo)
+    if engine == "auto" and stages_for is None and on_record is None:
+        program = _compiled_program(s, cluster)
     if program is not None:
         classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)
         try:
@@ -52,6 +51,36 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     interpreter = SimInterpreter(cluster, on_record or watch, op_overhead_s=op_overhead_s(s))
     events = interpreter.run(rank_programs(s, stages_for))
     return RunResult("sim", cluster.topo, events, cluster.clocks)
+
+
+def _compiled_program(s: Scenario, cluster: Cluster) -> PipeProgram | None:
+    """The program the compiled engine runs, or None where the generator path
+    runs: a feature builds the programs (adaptive schedules) or prices
+    observations into them (MegaScope's captures differ between tensor-parallel
+    ranks)."""
+    if not static_schedule(s, feature_hooks()):
+        return None
+    return compile_programs(rank_programs(s), cluster.topo)
+
+
+def run_size(s: Scenario) -> RunSize | None:
+    """What ``run_sim`` will do for ``s``, counted before it runs: the program it
+    compiles, the pipelines it simulates (one per class of identical ones) and
+    the rows the trace holds; None where the generator path runs (MegaFBD,
+    adaptive schedules, MegaScope captures)."""
+    if s.fbd is not None:
+        return None
+    cluster = build_cluster(s)
+    program = _compiled_program(s, cluster)
+    if program is None:
+        return None
+    per_pipe, pipes = program.events_per_pipe, cluster.topo.dp * cluster.topo.tp
+    classes = pipe_classes(cluster)
+    simulated = per_pipe * len(classes.classes)
+    return RunSize(ranks=cluster.topo.world_size, program_events=per_pipe,
+                   simulated_events=simulated, trace_events=per_pipe * pipes,
+                   # a reduced run stores its representatives' rows (``trace.classes``)
+                   stored_events=simulated if classes.reduced else per_pipe * pipes)
 
 
 def replica_ranks(s: Scenario) -> frozenset[int]:

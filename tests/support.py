@@ -206,3 +206,18 @@ CALIBRATION_TRUTH = {"cluster.gpu.efficiency": 0.3, "cluster.gpu.gemm_overhead_u
                      "cluster.gpu.backward_ratio": 1.4, "cluster.gpu.op_overhead_us": 100.0,
                      "cluster.links.intra_node_latency_us": 40.0,
                      "cluster.links.intra_node_gbps": 16.0}
+
+
+# A command's peak memory in a child: VmHWM, the high-water mark of its own
+# address space (ru_maxrss would count the pytest process it was forked from).
+PEAK_OF_COMMAND = ("import sys; from megatronapp.cli import main; code = main(sys.argv[1:]); "
+                   "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))); "
+                   "sys.exit(code)")
+
+
+def peak_memory_of(argv: Sequence[str]) -> int:
+    """Peak resident bytes of ``megatronapp argv`` in a child that must succeed."""
+    done = subprocess.run([sys.executable, "-c", PEAK_OF_COMMAND, *argv], cwd=ROOT, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split("VmHWM:")[1].split()[0]) * 1024

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from backends.registry import get_backend
 from sim import simulate as run_scenario
 from megatronapp.cli import main
 from megatronapp.scenario.config import load_scenario, parse_scenario
 from megatronapp.host.limits import (COSTS, Limits, available_memory, check, estimate_run,
                                 estimate_topology)
 
-from .support import ROOT
+from .support import ROOT, peak_memory_of
 
 BASE = ("name: tiny\nparallel: {pp: 2, microbatches: 2}\n"
         "model: {layers: 2, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
@@ -115,7 +116,7 @@ def test_more_faults_and_ranks_cost_more():
     roomy = Limits(memory_bytes=1e12, disk_bytes=None, max_seconds=1e9, max_torch_ranks=64)
     check(estimate_run(wide), roomy)
     with pytest.raises(Exception, match="processes on the torch backend"):
-        check(estimate_run(wide), roomy, backend="torch")
+        check(estimate_run(wide), roomy, backend="torch", estimated=False)
     assert estimate_topology(10**6).memory_bytes > estimate_topology(10**3).memory_bytes
 
 
@@ -129,3 +130,27 @@ def test_available_memory_respects_an_address_space_cap():
                             cwd=ROOT, preexec_fn=_cap_address_space, timeout=120)
     assert capped.returncode == 0, capped.stderr
     assert 0 < float(capped.stdout) < 3 << 30 and available_memory() > 0
+
+
+SYMMETRIC = ("parallel: {tp: 2, pp: 4, dp: 8, microbatches: 8}\n"
+             "model: {layers: 8, hidden: 64, heads: 4, seq_len: 64, vocab: 128}\n")
+
+
+@pytest.mark.parametrize("sets", [
+    [],  # every pipeline alike: one simulated
+    ["faults=[{kind: throttle, rank: 9, factor: 1.5}, {kind: slow_link, ranks: [1, 17], "
+     "factor: 2.0}]"],
+    ["cluster.jitter.link_sigma=0.2"],  # nothing alike: every pipeline simulated
+])
+def test_the_run_estimate_counts_what_the_compiled_engine_simulates_and_records(tmp_path, sets):
+    path = tmp_path / "s.yaml"
+    path.write_text(SYMMETRIC)
+    s = load_scenario(path, sets)
+    estimate = estimate_run(s, get_backend("sim").size)
+    source = run_scenario(s).source
+    simulated, _weights = source.compact()
+    assert (estimate.events, estimate.simulated_events) == (source.events, len(simulated))
+    out = tmp_path / "run"
+    peak = peak_memory_of(["run", str(path), "--out", str(out), "--quiet",
+                         *[a for x in sets for a in ("--set", x)]])
+    assert estimate.memory_bytes / 3 <= peak <= 3 * estimate.memory_bytes

@@ -17,7 +17,7 @@ from megatronapp.cli import main
 from megatronapp.scan.kineto import read_json_any
 from megatronapp.scan.load import TraceError, TraceSize, locate_trace, trace_size
 
-from .support import ROOT
+from .support import ROOT, peak_memory_of
 
 SCENARIO = ("name: small\niterations: 3\nparallel: {pp: 4, dp: 2, microbatches: 16}\n"  # ~2k events
             "model: {layers: 4, hidden: 64, heads: 2, seq_len: 64, vocab: 128}\n")
@@ -204,3 +204,24 @@ def test_running_out_of_memory_anyway_is_one_line(error, run_dir, capsys, monkey
     code, err = _main(capsys, ["detect", str(run_dir)])
     assert code == 2 and len(err) == 1
     assert err[0].startswith(f"megatronapp: detect: out of memory ({type(error).__name__})")
+
+
+WIDE = ("name: wide\nparallel: {tp: 2, pp: 4, dp: 2048, microbatches: 8}\n"  # 16,384 ranks alike
+        "model: {layers: 8, hidden: 64, heads: 4, seq_len: 64, vocab: 128}\n")
+
+
+def test_export_of_a_selection_is_priced_by_a_batch_not_by_the_whole_trace(
+        tmp_path, capsys, monkeypatch):
+    (tmp_path / "s.yaml").write_text(WIDE)
+    run = tmp_path / "run"
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(run), "--quiet"]) == 0
+    events = trace_size(locate_trace(run)).stored_events
+    every_event = limits.COSTS.base_bytes + events * limits.COSTS.export.bytes_per_event
+    assert events > limits.COSTS.export.held_events  # more than one batch
+    monkeypatch.setattr(limits, "available_memory", lambda: every_event / 2)
+    argv = ["export-trace", str(run), "--ranks", "0-1023", "--out", str(tmp_path / "x.json")]
+    code, err = _main(capsys, argv)
+    assert code == 0, err
+    estimate = limits.estimate_trace(events, 0, limits.COSTS.export).memory_bytes
+    peak = peak_memory_of([*argv, "--force"])
+    assert estimate / 3 <= peak <= 3 * estimate

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatronapp.costs.run_size import RunSize
 from megatronapp.program.backend import (PROFILE, REAL, SCOPE_MODEL, STALL_TIMEOUT, RunHooks,
                                          RunOptions, ScopeModel)
 from megatronapp.scenario.config import Scenario, ScenarioError
@@ -32,6 +33,9 @@ class TorchBackend:
 
     def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult:
         return run_scenario(scenario, options, hooks)
+
+    def size(self, scenario: Scenario) -> RunSize | None:
+        return None  # real processes: counted as ranks, not priced per event
 
     def scope_model(self) -> ScopeModel:
         """MegaScope's checkpoint commands (generate, lens, patch) on real megatron-core."""

@@ -78,6 +78,8 @@ def format_table(rows: dict[str, dict[str, float] | str], title: str = "") -> st
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from backends.registry import get_backend
+
     from ..scenario.config import default_name, read_scenario_data
     from ..errors import UserError
 
@@ -87,8 +89,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise UserError(f"--schedules: unknown schedule {schedule!r}")
     data = read_scenario_data(args.scenario)
     data.setdefault("name", default_name(args.scenario))
-    limits.enforce(args, limits.estimate_runs(scenario_for(data, schedule, args.set)
-                                              for schedule in schedules),
+    count = get_backend("sim").size  # compare simulates every schedule
+    limits.enforce(args, limits.estimate_runs((scenario_for(data, schedule, args.set)
+                                               for schedule in schedules), count),
                    what=f"comparing {len(schedules)} schedules")
     rows = compare(data, schedules, args.set, progress=not args.json)
     print(json.dumps(rows, indent=2) if args.json else format_table(rows, data["name"]))

@@ -17,8 +17,9 @@ import shutil
 from dataclasses import dataclass, replace
 from functools import reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
+from ..costs.run_size import RunSize
 from ..errors import UserError
 
 if TYPE_CHECKING:  # the schema (pydantic) loads only when a scenario is estimated
@@ -33,6 +34,7 @@ class TraceCost:
 
     bytes_per_event: float
     seconds_per_event: float
+    held_events: float = math.inf  # events held at once (a command that streams: a batch)
 
 
 @dataclass(frozen=True)
@@ -56,17 +58,28 @@ class CostModel:
     # A compute op scans its rank's throttle windows at each window edge it
     # crosses: about w * (compute ops + w) scans for w windows on a rank.
     seconds_per_throttle_scan: float = 30e-9
-    # The compiled engine (static schedules, no MegaFBD) keeps events as columns
-    # and writes trace.parquet (trace.json too only for jobs a browser opens).
-    # Measured with paper_figs/scale_table.py and a 32k-rank job of 15 events a
-    # rank: with jitter on every link (every operation simulated, the worst
-    # case) ~32 B of memory per event, ~1.3 kB per rank (devices, clocks,
-    # links, labels); parquet ~1 B per event when pipelines repeat, up to
-    # ~20 B when jitter makes every time distinct. Its time is bounded by the
-    # per-event model above (it runs faster).
-    compiled_bytes_per_event: float = 40.0
+    # The compiled engine (static schedules, no MegaFBD), priced from what it
+    # will do (``costs.run_size.RunSize``, counted by the backend before it runs):
+    # compiling one pipeline's program, simulating the representatives' events,
+    # writing the stored rows (in batches of at most ``store.ROW_GROUP``), and
+    # per rank its device, clock, links and class. Measured with
+    # paper_figs/scale_table.py on MegaScale's 175B configuration at 1k-98k GPUs
+    # (CPU time and peak RSS of a child; slopes between sizes: ~60 us and ~1.3 kB
+    # a rank, ~0.25 us a stored row); the estimate stays within 3x either way.
+    compiled_base_seconds: float = 1.5  # imports, scenario, summary
+    compiled_seconds_per_program_event: float = 15e-6
+    compiled_seconds_per_simulated_event: float = 1.5e-6
+    compiled_seconds_per_stored_event: float = 0.3e-6
+    compiled_seconds_per_rank: float = 50e-6
+    compiled_base_bytes: float = 150e6
+    compiled_bytes_per_program_event: float = 1000.0
+    # start and end per event, then per stage the classes' times in trace order
+    # (stacked, sorted) while rows are written: 9.5 GB for 47 M events simulated
+    # (12,288 GPUs with jitter on every link, nothing reduced)
+    compiled_bytes_per_simulated_event: float = 200.0
+    compiled_bytes_per_batch_row: float = 400.0  # one batch of rows being written
     compiled_disk_bytes_per_event: float = 24.0
-    bytes_per_rank: float = 1500.0
+    bytes_per_rank: float = 3000.0
     topology_bytes_per_rank: float = 400.0  # ``megatronapp topology`` labels and groups
     topology_seconds_per_rank: float = 15e-6
     # The torch backend runs a process per rank (or device): on a CPU, more than
@@ -84,13 +97,19 @@ class CostModel:
     detect_events: TraceCost = TraceCost(1500.0, 20e-6)
     analyze: TraceCost = TraceCost(4000.0, 50e-6)
     align: TraceCost = TraceCost(2200.0, 35e-6)
-    export: TraceCost = TraceCost(400.0, 7e-6)
+    export: TraceCost = TraceCost(400.0, 7e-6, held_events=1 << 20)  # store.ROW_GROUP rows
     plot: TraceCost = TraceCost(20e3, 5e-3)
     # A JSON trace is sized in events from its bytes (ours take ~200 B an
     # event; fewer bytes an event is the safe side); parsing the text takes
     # ~3.2 B of memory a byte (the text, its dicts and lists).
     json_bytes_per_event: float = 150.0
     json_memory_per_byte: float = 4.0
+    # Beyond these closed-form sizes a job is not counted (building its cluster
+    # or compiling one pipeline's program would itself take minutes); the closed
+    # form, an upper bound, refuses it.
+    max_counted_pipe_events: float = 2e6
+    max_counted_group_entries_per_rank: float = 1e5  # collectives of huge groups
+    max_counted_ranks: float = 250_000
 
 
 COSTS = CostModel()
@@ -107,10 +126,12 @@ class Estimate:
     memory_bytes: float
     disk_bytes: float
     seconds: float
+    simulated_events: int = 0  # events simulated, where fewer than ``events`` (symmetry)
 
     def describe(self) -> str:
         size = [f"{self.ranks:,} ranks"] if self.ranks else []
         size += [f"{self.events:,} trace events"] if self.events else []
+        size += [f"{self.simulated_events:,} simulated"] if self.simulated_events else []
         size += [f"{self.faults:,} faults"] if self.faults else []
         need = [f"{readable_bytes(self.memory_bytes)} memory"]
         need += [f"{readable_bytes(self.disk_bytes)} disk"] if self.disk_bytes else []
@@ -122,7 +143,8 @@ class Estimate:
         return Estimate(max(self.ranks, other.ranks), self.events + other.events,
                         self.group_entries + other.group_entries, self.faults + other.faults,
                         max(self.memory_bytes, other.memory_bytes),
-                        self.disk_bytes + other.disk_bytes, self.seconds + other.seconds)
+                        self.disk_bytes + other.disk_bytes, self.seconds + other.seconds,
+                        self.simulated_events + other.simulated_events)
 
 
 @dataclass(frozen=True)
@@ -177,8 +199,23 @@ def _per_rank_iteration(s: Scenario) -> tuple[int, int, int]:
     return events, groups, tasks * steps + 1
 
 
-def estimate_run(s: Scenario) -> Estimate:
-    """What one run of ``s`` on the simulator will cost (closed form)."""
+def estimate_run(s: Scenario, count: Callable[[Scenario], RunSize | None] | None = None
+                 ) -> Estimate:
+    """What one run of ``s`` will cost: priced from ``count`` (the backend's
+    count of what it will run) where it can count, else in closed form. Counting
+    compiles one pipeline's program, so a job whose closed form is too big to
+    compile is not counted (it is refused as it is)."""
+    estimate = _closed_form(s)
+    ranks = max(estimate.ranks, 1)
+    countable = (estimate.events * s.parallel.pp / ranks <= COSTS.max_counted_pipe_events
+                 and estimate.group_entries / ranks <= COSTS.max_counted_group_entries_per_rank
+                 and estimate.ranks <= COSTS.max_counted_ranks)
+    size = count(s) if count is not None and countable else None
+    return _of_size(estimate, size) if size is not None else estimate
+
+
+def _closed_form(s: Scenario) -> Estimate:
+    """A run on the SimPy interpreter: every event of every rank, as objects."""
     from ..scenario.config import Throttle, device_count
 
     c = COSTS
@@ -193,7 +230,7 @@ def estimate_run(s: Scenario) -> Estimate:
             throttles[f.rank] = throttles.get(f.rank, 0) + 1
     scans = sum(w * (s.iterations * compute_ri + w) for w in throttles.values())
     faults = len(s.faults)
-    estimate = Estimate(
+    return Estimate(
         ranks=ranks, events=events, group_entries=groups, faults=faults,
         memory_bytes=(c.base_bytes + events * c.bytes_per_event
                       + groups * c.bytes_per_group_entry + faults * c.bytes_per_fault),
@@ -201,32 +238,44 @@ def estimate_run(s: Scenario) -> Estimate:
         seconds=(c.base_seconds + events * c.seconds_per_event
                  + groups * c.seconds_per_group_entry + faults * c.seconds_per_fault
                  + scans * c.seconds_per_throttle_scan))
-    compiled = s.fbd is None and s.schedule != "adaptive"
-    return _compiled(estimate) if compiled else estimate
 
 
-def _compiled(estimate: Estimate) -> Estimate:
-    """A static job on the compiled engine: events as columns (costed as if no
-    two pipelines were alike; identical ones are simulated once), no per-event
-    objects or group lists, trace.json only for a browser-sized job."""
+def _of_size(estimate: Estimate, size: RunSize) -> Estimate:
+    """A run on the compiled engine, priced from its counts: events as columns,
+    one program compiled, the representatives simulated, the stored rows
+    written a batch at a time, trace.json only for a browser-sized job."""
     from ..trace.chrome import BROWSER_EVENTS
+    from ..trace.store import ROW_GROUP
 
     c = COSTS
-    events = estimate.events
-    browser = events * c.disk_bytes_per_event if events <= BROWSER_EVENTS else 0.0
-    return replace(estimate,
-                   memory_bytes=(c.base_bytes + events * c.compiled_bytes_per_event
-                                 + estimate.ranks * c.bytes_per_rank
-                                 + estimate.faults * c.bytes_per_fault),
-                   disk_bytes=events * c.compiled_disk_bytes_per_event + browser)
+    stored = size.stored_events
+    browser = size.trace_events * c.disk_bytes_per_event if size.trace_events <= BROWSER_EVENTS \
+        else 0.0
+    return replace(
+        estimate, ranks=size.ranks, events=size.trace_events, simulated_events=size.simulated_events,
+        memory_bytes=(c.compiled_base_bytes + size.program_events * c.compiled_bytes_per_program_event
+                      + size.simulated_events * c.compiled_bytes_per_simulated_event
+                      + min(stored, ROW_GROUP) * c.compiled_bytes_per_batch_row
+                      + size.ranks * c.bytes_per_rank + estimate.faults * c.bytes_per_fault),
+        disk_bytes=stored * c.compiled_disk_bytes_per_event + browser,
+        seconds=(c.compiled_base_seconds
+                 + size.program_events * c.compiled_seconds_per_program_event
+                 + size.simulated_events * c.compiled_seconds_per_simulated_event
+                 + stored * c.compiled_seconds_per_stored_event
+                 + size.ranks * c.compiled_seconds_per_rank
+                 + estimate.faults * c.seconds_per_fault))
 
 
-def estimate_runs(scenarios: Iterable[Scenario]) -> Estimate:
+def estimate_runs(scenarios: Iterable[Scenario],
+                  count: Callable[[Scenario], RunSize | None] | None = None) -> Estimate:
     """Several simulations, one after the other (schedule and plan comparisons);
     nothing is written, so no disk."""
-    runs = [estimate_run(s) for s in scenarios]
-    total = reduce(Estimate.then, runs)
-    return replace(total, disk_bytes=0.0)
+    return in_sequence([estimate_run(s, count) for s in scenarios])
+
+
+def in_sequence(runs: list[Estimate]) -> Estimate:
+    """Simulations one after the other in one process, nothing written (no disk)."""
+    return replace(reduce(Estimate.then, runs), disk_bytes=0.0)
 
 
 def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost) -> Estimate:
@@ -236,8 +285,8 @@ def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost) -> Esti
     c = COSTS
     events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
     return Estimate(ranks=0, events=events, group_entries=0, faults=0,
-                    memory_bytes=(c.base_bytes + events * cost.bytes_per_event
-                                  + text_bytes * c.json_memory_per_byte),
+                    memory_bytes=(c.base_bytes + min(events, cost.held_events)
+                                  * cost.bytes_per_event + text_bytes * c.json_memory_per_byte),
                     disk_bytes=0.0, seconds=c.base_seconds + events * cost.seconds_per_event)
 
 
@@ -323,21 +372,22 @@ OVERRIDE = "pass --no-limits to try anyway"
 
 
 def check(estimate: Estimate, limits: Limits, what: str = "this run",
-          backend: str = "sim") -> None:
-    """Raise one line naming the first limit ``estimate`` exceeds. The memory
-    and time model is the simulator's; a real (torch) run is bounded by ranks."""
-    if backend != "sim" and estimate.ranks > limits.max_torch_ranks:
+          backend: str = "sim", estimated: bool = True) -> None:
+    """Raise one line naming the first limit ``estimate`` exceeds. Memory and
+    time are checked where the backend's runs follow the model (``estimated``:
+    the simulator); a real run is bounded by its processes."""
+    if not estimated and estimate.ranks > limits.max_torch_ranks:
         raise UserError(f"limits: {what} needs {estimate.ranks:,} processes on the {backend} "
                         f"backend; this machine takes at most {limits.max_torch_ranks} "
                         f"({OVERRIDE})")
-    if backend == "sim" and estimate.memory_bytes > limits.memory_bytes:
+    if estimated and estimate.memory_bytes > limits.memory_bytes:
         raise UserError(f"limits: {what} is too large for this machine's memory: "
                         f"{estimate.describe()}; {readable_bytes(limits.memory_bytes)} available "
                         f"({OVERRIDE})")
     if limits.disk_bytes is not None and estimate.disk_bytes > limits.disk_bytes:
         raise UserError(f"limits: {what} would write about {readable_bytes(estimate.disk_bytes)} "
                         f"but only {readable_bytes(limits.disk_bytes)} is free there ({OVERRIDE})")
-    if backend == "sim" and estimate.seconds > limits.max_seconds:
+    if estimated and estimate.seconds > limits.max_seconds:
         raise UserError(f"limits: {what} would take too long: {estimate.describe()}; the "
                         f"limit is {_duration(limits.max_seconds)} (raise it with "
                         f"--max-seconds, or {OVERRIDE})")
@@ -366,10 +416,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def enforce(args: argparse.Namespace, estimate: Estimate, out_dir: Path | None = None,
-            what: str = "this run", backend: str = "sim") -> None:
+            what: str = "this run", backend: str = "sim", estimated: bool = True) -> None:
     """Check ``estimate`` unless the command line said ``--no-limits``."""
     if not args.no_limits:
-        check(estimate, machine_limits(out_dir, args.max_seconds), what, backend)
+        check(estimate, machine_limits(out_dir, args.max_seconds), what, backend, estimated)
 
 
 def json_text_cap(args: argparse.Namespace) -> float:

@@ -17,6 +17,7 @@ from ..io.progress import Say, quiet
 from ..trace.events import Event, RunResult
 
 if TYPE_CHECKING:  # pydantic loads with the scenario, not with --help
+    from ..costs.run_size import RunSize
     from ..scenario.config import Scenario
 
 # What a backend may declare it can do (the CLI checks options against these).
@@ -25,6 +26,8 @@ STALL_TIMEOUT = "stall_timeout"  # stops ranks that make no progress (RunOptions
 PROFILE = "profile"  # writes torch.profiler traces (RunOptions.profile_dir)
 REPLICA = "replica"  # may run one data-parallel replica for all (RunOptions.replica)
 SCOPE_MODEL = "scope_model"  # runs a saved checkpoint for MegaScope (``ScopeModelBackend``)
+# its runs are counted before they start (``size``) and cost what ``host.limits`` models
+ESTIMATED = "estimated"
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class Backend(Protocol):
 
     def run(self, scenario: Scenario, options: RunOptions, hooks: RunHooks) -> RunResult: ...
 
+    def size(self, scenario: Scenario) -> RunSize | None:
+        """What ``run`` will do, counted before it starts (None: not countable)."""
 
 class ScopeModel(Protocol):
     """What MegaScope's commands on a saved checkpoint (``scope generate``,

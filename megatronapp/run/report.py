@@ -67,8 +67,12 @@ def written_lines(trace: dict[str, Any], out: Path) -> list[str]:
     """Where the trace went, and how to look at a big one."""
     from ..trace.chrome import BROWSER_EVENTS
 
-    lines = [f"  wrote {out / 'trace.parquet'} ({trace.get('events', 0):,} events; "
-             f"query it with megatronapp query or DuckDB), {out / 'summary.json'}"]
+    stored = trace.get("stored_events")
+    how = ("query it with megatronapp query or DuckDB" if stored is None else
+           f"the {stored:,} of {trace.get('events', 0):,} that classes of identical ranks' "
+           "representatives recorded; megatronapp query and export-trace see every rank")
+    lines = [f"  wrote {out / 'trace.parquet'} ({trace.get('events', 0):,} events; {how}), "
+             f"{out / 'summary.json'}"]
     if trace.get("trace_json"):
         lines.append(f"  wrote {out / 'trace.json'} (open in https://ui.perfetto.dev)")
     else:

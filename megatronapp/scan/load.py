@@ -8,6 +8,7 @@ so a malformed trace never turns into a silently wrong answer.
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -338,10 +339,23 @@ def _stored_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     try:
-        return int(pq.read_metadata(path).num_rows)
+        footer = pq.read_metadata(path)
+        return int(_symmetric_events(footer.metadata) or footer.num_rows)
     except (OSError, pa.ArrowException) as err:
         raise TraceError(str(path), f"not a readable Parquet file ({str(err).splitlines()[0]})") \
             from None
+
+
+def _symmetric_events(metadata: dict[bytes, bytes] | None) -> int | None:
+    """The events a symmetric store expands to (its footer counts the stored rows)."""
+    from megatronapp.trace.store import META_KEY
+
+    raw = (metadata or {}).get(META_KEY)
+    try:
+        events = json.loads(raw).get("events") if raw is not None else None
+    except (ValueError, AttributeError):
+        return None  # read_meta names what is wrong with it
+    return events if isinstance(events, int) and not isinstance(events, bool) else None
 
 
 def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet,

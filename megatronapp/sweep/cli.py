@@ -15,7 +15,7 @@ from megatronapp.io.outdirs import add_force_option, check_file, new_file
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from backends.registry import run_function
+    from backends.registry import get_backend, run_function
 
     from .run import estimate_sweep, run_sweep, write_table
     from .spec import load_spec
@@ -31,7 +31,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         check_file(report, "--report", args.force, [Path(args.spec)], make_parent=True)
     points = spec.points()
     total = len(points)
-    limits.enforce(args, estimate_sweep(points, where, spec.model.detect),
+    count = get_backend(spec.model.backend).size
+    limits.enforce(args, estimate_sweep(points, where, spec.model.detect, count),
                    what=f"sweep {spec.name} ({total} runs)")
     bar = Progress(TextColumn(f"[bold]sweep {spec.name}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total} runs"), TimeElapsedColumn(),

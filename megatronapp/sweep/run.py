@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ..costs.run_size import RunSize
 from ..host import limits
 from ..scenario.config import Scenario, ScenarioError, parse_scenario
 from ..errors import UserError
@@ -86,15 +87,18 @@ def injected(scenario: Scenario) -> list[str]:
     return labels
 
 
-def estimate_sweep(points: list[Point], where: Where, detect: bool) -> limits.Estimate:
-    """Every point simulated before any runs: local processes run
-    ``where.jobs`` points at once (each may hold the largest point's memory;
-    the time is shared among them); a Ray cluster's machines are taken to be
-    like this one. Detection builds an object per event on top."""
+def estimate_sweep(points: list[Point], where: Where, detect: bool,
+                   count: Callable[[Scenario], RunSize | None] | None = None) -> limits.Estimate:
+    """Every point simulated before any runs (``count``: the backend's count of
+    each run): local processes run ``where.jobs`` points at once (each may hold
+    the largest point's memory; the time is shared among them); a Ray cluster's
+    machines are taken to be like this one. Detection builds an object per event
+    on top."""
     scenarios = [parse_scenario(p.scenario) for p in points]
-    total = limits.estimate_runs(scenarios)
+    runs = [limits.estimate_run(s, count) for s in scenarios]
+    total = limits.in_sequence(runs)
     if detect:
-        most = max(limits.estimate_run(s).events for s in scenarios)
+        most = max(run.events for run in runs)
         total = replace(total, memory_bytes=total.memory_bytes
                         + most * limits.COSTS.detect_events.bytes_per_event)
     workers = 1 if where.ray_address else max(1, min(where.jobs, len(points)))

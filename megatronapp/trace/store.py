@@ -12,6 +12,12 @@ local-clock view (what its own profiler would have written) is
 
 Rows are written in batches (row groups) as the run expands them, so memory
 stays bounded by one batch; DuckDB and pyarrow read the file directly.
+
+A run with classes of identical ranks (the simulator's symmetry reduction)
+stores only its representatives' rows (format 2): the metadata adds
+``classes`` (representative -> the ranks it stands for) and ``events`` (the
+rows every rank's view holds). ``read_columns`` and ``iter_columns`` expand
+them (``trace.classes``), so their callers see every rank as in format 1.
 """
 from __future__ import annotations
 
@@ -26,10 +32,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource
+from .classes import Expansion, StandIns, rank_groups
+from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource, TableSource
 from .events import RankClock
 
-FORMAT = 1
+FORMAT = 1  # one row per event of every rank
+SYMMETRIC = 2  # the representatives' rows and the classes they stand for (``classes``)
 META_KEY = b"megatronapp"
 TRACE_FILE = "trace.parquet"
 NULLABLE = ("iteration", "microbatch", "chunk", "nbytes", "peer", "group", "role", "tag")
@@ -48,8 +56,15 @@ class StoreMeta:
     clocks: dict[int, RankClock] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. gpus_per_node
 
+    @property
+    def stand_ins(self) -> StandIns | None:
+        """A symmetric store's classes (None: every rank's rows are stored)."""
+        classes = self.extra.get("classes")
+        return StandIns.from_json(classes, self.world_size) if classes is not None else None
+
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "world_size": self.world_size,
+        layout = SYMMETRIC if "classes" in self.extra else FORMAT
+        return {"format": layout, "world_size": self.world_size,
                 "groups": [list(g) for g in self.groups],
                 "clocks": {str(r): [c.offset_us, c.drift_ppm] for r, c in self.clocks.items()
                            if c != RankClock()}, **self.extra}
@@ -59,6 +74,8 @@ class StoreMeta:
         clocks = {int(r): RankClock(float(o), float(d)) for r, (o, d) in data["clocks"].items()}
         extra = {k: v for k, v in data.items()
                  if k not in ("format", "world_size", "groups", "clocks")}
+        if "classes" in extra:  # a symmetric store's classes, checked before any row is read
+            StandIns.from_json(extra["classes"], int(data["world_size"]))
         return cls(int(data["world_size"]), tuple(tuple(int(x) for x in g) for g in data["groups"]),
                    clocks, extra)
 
@@ -126,10 +143,13 @@ def read_meta(path: Path) -> StoreMeta:
         raise StoreError(f"{path}: not a megatronapp event table (no '{META_KEY.decode()}' "
                          "metadata)")
     data = json.loads(raw)
-    if data.get("format") != FORMAT:
+    if data.get("format") not in (FORMAT, SYMMETRIC):
         raise StoreError(f"{path}: event table format {data.get('format')!r}, this version "
-                         f"reads {FORMAT}")
-    return StoreMeta.from_json(data)
+                         f"reads {FORMAT} and {SYMMETRIC}")
+    try:
+        return StoreMeta.from_json(data)
+    except ValueError as err:
+        raise StoreError(f"{path}: {err}") from None
 
 
 def _filter(ranks: Sequence[int] | None, iterations: Sequence[int] | None) -> Any:
@@ -147,12 +167,34 @@ def read_columns(path: Path, ranks: Sequence[int] | None = None,
                  with_args: bool = True) -> tuple[EventColumns, StoreMeta]:
     """The events (all, or those of ``ranks`` / ``iterations``) and the file's
     metadata; ``with_args=False`` leaves out the JSON args column (what the
-    typed columns do not hold: a detector needs none of it)."""
+    typed columns do not hold: a detector needs none of it). A symmetric
+    store's rows are expanded to every rank they stand for."""
     meta = read_meta(path)
+    stand_ins = meta.stand_ins
+    stored = _read_stored(path, meta, ranks if stand_ins is None else
+                          (stand_ins.stands_for(ranks) if ranks is not None else None),
+                          iterations, with_args)
+    if stand_ins is None:
+        return stored, meta
+    expansion = Expansion(stored, stand_ins)
+    return expansion.rows(expansion.ranks() if ranks is None else sorted(set(ranks))), meta
+
+
+def read_source(path: Path, with_args: bool = False) -> EventSource:
+    """The store as an ``EventSource``: a symmetric store's ``compact`` view is
+    its stored rows, weighted, with nothing expanded; a full store's is every row."""
+    meta = read_meta(path)
+    stored = _read_stored(path, meta, None, None, with_args)
+    stand_ins = meta.stand_ins
+    return TableSource(stored) if stand_ins is None else Expansion(stored, stand_ins)
+
+
+def _read_stored(path: Path, meta: StoreMeta, ranks: Sequence[int] | None,
+                 iterations: Sequence[int] | None, with_args: bool) -> EventColumns:
+    """The rows as stored (a symmetric store: the representatives')."""
     dataset = ds.dataset(path, format="parquet")
     names = [n for n in dataset.schema.names if with_args or n != "args"]
-    table = dataset.to_table(columns=names, filter=_filter(ranks, iterations))
-    return _columns(table, meta), meta
+    return _columns(dataset.to_table(columns=names, filter=_filter(ranks, iterations)), meta)
 
 
 def iter_columns(path: Path, ranks: Sequence[int] | None = None,
@@ -160,6 +202,13 @@ def iter_columns(path: Path, ranks: Sequence[int] | None = None,
                  max_rows: int = ROW_GROUP) -> Iterator[EventColumns]:
     """The same rows batch by batch (bounded memory, e.g. for exports)."""
     meta = read_meta(path)
+    stand_ins = meta.stand_ins
+    if stand_ins is not None:  # the stored rows are few: expanded a batch of ranks at a time
+        wanted = None if ranks is None else stand_ins.stands_for(ranks)
+        expansion = Expansion(_read_stored(path, meta, wanted, iterations, True), stand_ins)
+        chosen = expansion.ranks() if ranks is None else sorted(set(ranks))
+        yield from (cols for cols in expansion.batches(max_rows, chosen) if len(cols))
+        return
     dataset = ds.dataset(path, format="parquet")
     for batch in dataset.to_batches(filter=_filter(ranks, iterations), batch_size=max_rows):
         if batch.num_rows:
@@ -234,3 +283,26 @@ def local_clock_view(cols: EventColumns, clocks: Mapping[int, RankClock]) -> Eve
     return EventColumns(**{**{f: getattr(cols, f) for f in TIMELESS_FIELDS},
                            "start_s": start, "dur_s": end - start},
                         names=cols.names, groups=cols.groups, extra=cols.extra)
+
+
+def expanded_view(con: Any, path: Path, name: str = "events") -> None:
+    """A DuckDB view ``name`` (on connection ``con``) with every rank's rows of
+    the store at ``path``, in the store's columns: a symmetric store's
+    representatives' rows joined with its classes, each member's rank, peer
+    and group moved as ``trace.classes`` moves them (computed as the view is read)."""
+    quoted = "'" + str(path).replace("'", "''") + "'"
+    stand_ins = read_meta(path).stand_ins
+    if stand_ins is None:
+        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM read_parquet({quoted})')
+        return
+    groups = rank_groups(read_meta(path).groups, stand_ins.world)
+    members = pa.table({"rank": np.arange(stand_ins.world, dtype=np.int32),
+                        "representative": stand_ins.representative().astype(np.int32),
+                        "groups": pa.array(groups.tolist(), pa.list_(pa.int64()))})
+    con.register(f"{name}_members", members)
+    con.execute(f"""CREATE VIEW "{name}" AS
+        SELECT t.* REPLACE (m.rank AS rank, t.peer + (m.rank - t.rank) AS peer,
+               m.groups[list_position(r.groups, t."group")]::INTEGER AS "group")
+        FROM read_parquet({quoted}) t
+        JOIN "{name}_members" m ON m.representative = t.rank
+        JOIN "{name}_members" r ON r.rank = t.rank""")
