@@ -55,19 +55,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / scenario.name)
     check_output(out, args.force, protect=[Path(args.scenario)])
     _check_profile(args, scenario)
+    _check_detect(args, scenario)
     limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
         hooks = RunHooks(on_phase=progress.phase, operations=progress.operations,
                          events=progress.record)
         result = backend.run(scenario, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
+        detections = _detect_online(scenario, result, tmp, args.json) if args.detect else None
         progress.phase(f"writing {out}")
         summary = write_run(scenario, result, tmp, progress.counted)
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
     else:
         print_summary(summary, out)
+    if detections is not None and not args.json:
+        print(f"  wrote {out / detections.path.name} ({detections.written} detections)")
     return 0
+
+
+def _check_detect(args: argparse.Namespace, scenario: Any) -> None:
+    if args.detect and scenario.fbd is not None:
+        raise UserError("--detect: decoupled (fbd) runs are not scanned on-line")
+
+
+def _detect_online(scenario: Any, result: Any, out_dir: Path, as_json: bool) -> Any:
+    """On-line MegaScan over the run's iterations in order: each detection said as
+    it is decided (on stderr under --json) and appended to RUN_DIR/detections.jsonl."""
+    from .scan.live import DETECTIONS_FILE, DetectionLog, detect_iterations, scan_for
+    from .scan.online import iterations_of
+    from .trace.columns import source_of
+
+    log = DetectionLog(out_dir / DETECTIONS_FILE)
+    say = (lambda line: print(line, file=sys.stderr)) if as_json else print
+    detect_iterations(scan_for(scenario), iterations_of(source_of(result)), log, say)
+    return log
 
 
 def _run_options(args: argparse.Namespace, profile_dir: Path, out_dir: Path | None = None
@@ -264,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", action="store_true",
                      help="torch backend: also write a torch.profiler (Kineto) trace per rank to "
                           "RUN_DIR/profile/ (read it with detect/analyze/align/query RUN_DIR/profile)")
+    run.add_argument("--detect", action="store_true",
+                     help="MegaScan on-line: each iteration's events as they complete; verdicts "
+                          "printed as they come and written to RUN_DIR/detections.jsonl")
     run.set_defaults(func=cmd_run)
 
     topo = sub.add_parser("topology", help="print rank groups in Megatron-core's order")

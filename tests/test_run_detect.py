@@ -1,0 +1,61 @@
+"""``megatronapp run --detect``: on-line MegaScan beside a simulated run, its
+verdicts said as they come and appended to RUN_DIR/detections.jsonl."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .support import ROOT, run_cli
+
+THROTTLE = str(ROOT / "scenarios/throttle.yaml")
+FAULTS = {
+    "throttle": "[{kind: throttle, rank: 5, factor: 1.3}]",
+    "slow link": "[{kind: slow_link, ranks: [5, 9], factor: 2}]",
+}
+
+
+def detections(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "detections.jsonl").read_text().splitlines()]
+
+
+def named(key: dict) -> tuple:
+    return (key["kind"], key["rank"], key["peer"])
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_verdicts_during_the_run_name_what_detect_names_on_the_finished_run(
+        tmp_path: Path, fault: str) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", THROTTLE, "--set", "iterations=8", "--set", f"faults={FAULTS[fault]}",
+                   "--detect", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    records = detections(out)
+    assert records and all(r["event"] == "named" for r in records)
+    for r in records:  # each verdict printed when it was decided, before the summary
+        line = f"iteration {r['iteration']}: "
+        assert line in done.stdout and done.stdout.index(line) < done.stdout.index("bubble")
+    after = run_cli("detect", str(out), "--json")
+    assert after.returncode == 0, after.stderr
+    finished = json.loads(after.stdout)["root_causes"]
+    assert [named(r) for r in records] == [named(c) for c in finished]
+    assert "detections.jsonl" in json.loads((out / "manifest.json").read_text())["files"]
+
+
+def test_a_healthy_run_writes_an_empty_log_and_json_output_stays_json(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", THROTTLE, "--set", "iterations=6", "--set", "faults=[]", "--detect",
+                   "--json", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["world_size"] == 16
+    assert (out / "detections.jsonl").read_text() == ""
+
+
+def test_detect_of_a_decoupled_run_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", str(ROOT / "scenarios/fbd_hetero.yaml"), "--detect", "--out", str(out))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "megatronapp: --detect: decoupled (fbd) runs are not scanned on-line"]
+    assert not out.exists() and list(tmp_path.iterdir()) == []
