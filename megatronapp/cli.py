@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
                "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli",
-               "megatronapp.report.cli")
+               "megatronapp.report.cli", "megatronapp.scan.watch_cli")
 
 
 # ------------------------------------------------------------------- run
