@@ -61,35 +61,64 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                          False if args.quiet else None) as progress:
         hooks = RunHooks(on_phase=progress.phase, operations=progress.operations,
                          events=progress.record)
-        result = backend.run(scenario, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
-        detections = _detect_online(scenario, result, tmp, args.json) if args.detect else None
+        def run(s: Any) -> Any:
+            return backend.run(s, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
+
+        result = run(scenario)
+        detections, segments = _detect_online(scenario, result, tmp, args.json, run) \
+            if args.detect or _loops(scenario) else (None, [])
         progress.phase(f"writing {out}")
-        summary = write_run(scenario, result, tmp, progress.counted)
+        summary = write_run(scenario, segments[0].result if segments else result, tmp,
+                            progress.counted)
+        for j, segment in enumerate(segments[1:], 1):  # each restart of the closed loop
+            (tmp / f"segment{j}").mkdir()
+            write_run(segment.scenario, segment.result, tmp / f"segment{j}")
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
     else:
         print_summary(summary, out)
     if detections is not None and not args.json:
         print(f"  wrote {out / detections.path.name} ({detections.written} detections)")
+    if segments and not args.json:
+        from .mitigate.loop import summary_lines
+
+        print("\n".join(summary_lines(summary["mitigation"],
+                                       [f"{out}/segment{j}/" for j in range(1, len(segments))])))
     return 0
 
 
 def _check_detect(args: argparse.Namespace, scenario: Any) -> None:
     if args.detect and scenario.fbd is not None:
         raise UserError("--detect: decoupled (fbd) runs are not scanned on-line")
+    if _loops(scenario) and args.backend != "sim":
+        raise UserError(f"mitigation: the closed loop restarts simulated jobs only, not on the "
+                        f"{args.backend} backend (action: none, or --backend sim)")
 
 
-def _detect_online(scenario: Any, result: Any, out_dir: Path, as_json: bool) -> Any:
+def _loops(scenario: Any) -> bool:
+    return scenario.mitigation is not None and scenario.mitigation.action != "none"
+
+
+def _detect_online(scenario: Any, result: Any, out_dir: Path, as_json: bool,
+                   run: Callable[[Any], Any]) -> tuple[Any, list[Any]]:
     """On-line MegaScan over the run's iterations in order: each detection said as
-    it is decided (on stderr under --json) and appended to RUN_DIR/detections.jsonl."""
-    from .scan.live import DETECTIONS_FILE, DetectionLog, detect_iterations, scan_for
+    it is decided (on stderr under --json) and appended to RUN_DIR/detections.jsonl.
+    With a mitigation section that acts, the closed loop: its segments (the
+    first one's summary holds the loop's accounting)."""
+    from .scan.live import DETECTIONS_FILE, DetectionLog, detect_iterations, reporter, scan_for
     from .scan.online import iterations_of
     from .trace.columns import source_of
 
     log = DetectionLog(out_dir / DETECTIONS_FILE)
-    say = (lambda line: print(line, file=sys.stderr)) if as_json else print
-    detect_iterations(scan_for(scenario), iterations_of(source_of(result)), log, say)
-    return log
+    report = reporter(log, (lambda line: print(line, file=sys.stderr)) if as_json else print)
+    if not _loops(scenario):
+        detect_iterations(scan_for(scenario), iterations_of(source_of(result)), report)
+        return log, []
+    from .mitigate.loop import close_loop
+
+    loop = close_loop(scenario, result, run, report)
+    loop.segments[0].result.extra["mitigation"] = loop.to_json()
+    return log, list(loop.segments)
 
 
 def _run_options(args: argparse.Namespace, profile_dir: Path, out_dir: Path | None = None

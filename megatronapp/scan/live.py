@@ -17,7 +17,7 @@ from megatronapp.trace.columns import EventColumns
 
 from .online import Detection, OnlineConfig, OnlineScan
 
-__all__ = ["DETECTIONS_FILE", "DetectionLog", "detect_iterations", "scan_for"]
+__all__ = ["DETECTIONS_FILE", "DetectionLog", "Report", "detect_iterations", "reporter", "scan_for"]
 
 DETECTIONS_FILE = "detections.jsonl"
 
@@ -52,14 +52,24 @@ def scan_for(s: Scenario, config: OnlineConfig = OnlineConfig()) -> OnlineScan:
     return OnlineScan(config, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
 
 
-def detect_iterations(scan: OnlineScan, iterations: Iterable[tuple[int, EventColumns]],
-                      log: DetectionLog, say: Callable[[str], None]) -> list[Detection]:
-    """Feed iterations in order; say and log each detection as it is decided."""
-    made: list[Detection] = []
-    for iteration, cols in iterations:
-        decided = scan.feed(iteration, cols)
+Report = Callable[[list[Detection]], None]
+
+
+def reporter(log: DetectionLog, say: Callable[[str], None]) -> Report:
+    """What to do with the detections an iteration decided: log each, say each."""
+    def report(decided: list[Detection]) -> None:
         log.append(decided)
         for d in decided:
             say(d.line())
+    return report
+
+
+def detect_iterations(scan: OnlineScan, iterations: Iterable[tuple[int, EventColumns]],
+                      report: Report) -> list[Detection]:
+    """Feed iterations in order; report each iteration's detections as they are decided."""
+    made: list[Detection] = []
+    for iteration, cols in iterations:
+        decided = scan.feed(iteration, cols)
+        report(decided)
         made += decided
     return made
