@@ -42,7 +42,7 @@ MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.c
 def cmd_run(args: argparse.Namespace) -> int:
     from backends.registry import check_options, get_backend
 
-    from .program.backend import RunHooks
+    from .program.backend import REAL, RunHooks
     from .scenario.config import load_scenario
     from .io.outdirs import check_output, staged_dir
     from .io.progress import RunProgress
@@ -59,14 +59,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
+        live = _live_detection(scenario, tmp, args.json) \
+            if args.detect and REAL in backend.capabilities else None
         hooks = RunHooks(on_phase=progress.phase, operations=progress.operations,
-                         events=progress.record)
+                         events=progress.record if live is None else live[1].tee(progress.record))
+
         def run(s: Any) -> Any:
             return backend.run(s, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
 
         result = run(scenario)
-        detections, segments = _detect_online(scenario, result, tmp, args.json, run) \
-            if args.detect or _loops(scenario) else (None, [])
+        if live is not None:  # real ranks: iterations were scanned as the ranks reported them
+            live[1].finish()
+            detections, segments = live[0], []
+        else:
+            detections, segments = _detect_online(scenario, result, tmp, args.json, run) \
+                if args.detect or _loops(scenario) else (None, [])
         progress.phase(f"writing {out}")
         summary = write_run(scenario, segments[0].result if segments else result, tmp,
                             progress.counted)
@@ -99,6 +106,20 @@ def _loops(scenario: Any) -> bool:
     return scenario.mitigation is not None and scenario.mitigation.action != "none"
 
 
+def _say_detection(as_json: bool) -> Callable[[str], None]:
+    """Detection lines go to stdout, or to stderr when stdout holds JSON."""
+    return (lambda line: print(line, file=sys.stderr)) if as_json else print
+
+
+def _live_detection(scenario: Any, out_dir: Path, as_json: bool) -> tuple[Any, Any]:
+    """The log and the feed of on-line MegaScan on events real ranks report as they run."""
+    from .scan.live import DETECTIONS_FILE, DetectionLog, LiveFeed, reporter, scan_for
+
+    log = DetectionLog(out_dir / DETECTIONS_FILE)
+    return log, LiveFeed(scan_for(scenario, live=True), scenario.world_size,
+                         reporter(log, _say_detection(as_json)))
+
+
 def _detect_online(scenario: Any, result: Any, out_dir: Path, as_json: bool,
                    run: Callable[[Any], Any]) -> tuple[Any, list[Any]]:
     """On-line MegaScan over the run's iterations in order: each detection said as
@@ -110,7 +131,7 @@ def _detect_online(scenario: Any, result: Any, out_dir: Path, as_json: bool,
     from .trace.columns import source_of
 
     log = DetectionLog(out_dir / DETECTIONS_FILE)
-    report = reporter(log, (lambda line: print(line, file=sys.stderr)) if as_json else print)
+    report = reporter(log, _say_detection(as_json))
     if not _loops(scenario):
         detect_iterations(scan_for(scenario), iterations_of(source_of(result)), report)
         return log, []

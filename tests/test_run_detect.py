@@ -59,3 +59,44 @@ def test_detect_of_a_decoupled_run_is_one_line_and_writes_nothing(tmp_path: Path
     assert done.stderr.strip().splitlines() == [
         "megatronapp: --detect: decoupled (fbd) runs are not scanned on-line"]
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_events_reported_live_are_fed_as_soon_as_every_rank_has_moved_on() -> None:
+    from megatronapp.scan.live import LiveFeed, scan_for
+    from megatronapp.scan.online import iterations_of
+    from megatronapp.scenario.config import load_scenario
+    from megatronapp.trace.columns import source_of
+    from sim import simulate
+
+    s = load_scenario(THROTTLE, ["iterations=6", f"faults={FAULTS['throttle']}"])
+    result = simulate(s)
+    # the order real ranks report in: each event when it ends, all ranks interleaved
+    stream = sorted(((e.start_s + e.dur_s, r, e) for r, es in result.events.items() for e in es),
+                    key=lambda x: x[0])
+    made: list = []
+    feed = LiveFeed(scan_for(s), s.world_size, made.extend)
+    fed_while_running = []
+    for _, rank, event in stream:
+        feed.record(rank, event)
+        fed_while_running.append(list(feed.fed))
+    assert fed_while_running[-1] == [0, 1, 2, 3, 4]  # the last iteration waits for the end
+    feed.finish()
+    assert feed.fed == [0, 1, 2, 3, 4, 5]
+    replayed = scan_for(s)
+    after = [d for i, c in iterations_of(source_of(result)) for d in replayed.feed(i, c)]
+    assert [(d.key, d.iteration) for d in made] == [(d.key, d.iteration) for d in after]
+    assert made and made[0].key == ("compute", 5, None)
+
+
+@pytest.mark.slow
+def test_on_torch_the_ranks_reports_are_scanned_while_they_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", THROTTLE, "--backend", "torch",
+                   "--set", "parallel={tp: 1, pp: 2, dp: 2, microbatches: 4}",
+                   "--set", "model={layers: 2, hidden: 32, heads: 4, seq_len: 8, vocab: 64, "
+                            "micro_batch_size: 2}",
+                   "--set", "iterations=10", "--set", "cluster.jitter={}",
+                   "--set", "faults=[{kind: throttle, rank: 1, factor: 3}]", "--detect",
+                   "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert ("named", "compute", 1) in [(r["event"], r["kind"], r["rank"]) for r in detections(out)]
