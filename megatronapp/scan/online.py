@@ -17,7 +17,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 
 from megatronapp.scenario.config import Scenario
-from megatronapp.trace.columns import EventColumns, EventSource, concat_columns, concat_same
+from megatronapp.trace.columns import EventColumns, EventSource, concat_same
 
 from .detect import Thresholds
 from .diagnosis import RootCause
@@ -136,9 +136,7 @@ class OnlineScan:
         return decided
 
     def _findings(self) -> dict[SuspectKey, RootCause]:
-        parts = [c for _, c in self._window]
-        cols = concat_same(parts) if all(p.names == parts[0].names for p in parts) \
-            else concat_columns(parts)
+        cols = concat_same([c for _, c in self._window])  # re-coded where tables differ
         if not len(cols):
             return {}
         table = prepare_table(cols, aligned=self.config.aligned, gpus_per_node=self.gpus_per_node)
