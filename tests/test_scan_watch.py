@@ -85,3 +85,14 @@ def test_watch_of_a_missing_directory_is_one_line(tmp_path: Path) -> None:
     done = run_cli("watch", str(tmp_path / "nowhere"))
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"megatronapp: DIR: {tmp_path / 'nowhere'} is not a directory"]
+
+
+def test_a_profiler_file_of_no_distributed_job_is_one_line_naming_it(tmp_path: Path) -> None:
+    data = kineto_cycle_file(0, WORLD, range(2), {})
+    del data["distributedInfo"]
+    path = tmp_path / "host_1.1.pt.trace.json"
+    path.write_text(json.dumps(data))
+    done = run_cli("watch", str(tmp_path), "--idle", "1", "--interval", "0.1")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"megatronapp: DIR: {path} is not a torch.profiler trace of a distributed job"]
