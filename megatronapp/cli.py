@@ -42,6 +42,7 @@ MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.c
 def cmd_run(args: argparse.Namespace) -> int:
     from backends.registry import check_options, get_backend
 
+    from .mitigate.online_run import OnlineRun, check_online
     from .program.backend import REAL, RunHooks
     from .scenario.config import load_scenario
     from .io.outdirs import check_output, staged_dir
@@ -55,91 +56,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / scenario.name)
     check_output(out, args.force, protect=[Path(args.scenario)])
     _check_profile(args, scenario)
-    _check_detect(args, scenario)
+    check_online(scenario, args.detect, args.backend)
     limits.enforce(args, limits.estimate_run(scenario), out, backend=args.backend)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
-        live = _live_detection(scenario, tmp, args.json) \
-            if args.detect and REAL in backend.capabilities else None
+        online = OnlineRun.wanted(scenario, args.detect, tmp, args.json,
+                                  live=REAL in backend.capabilities)
         hooks = RunHooks(on_phase=progress.phase, operations=progress.operations,
-                         events=progress.record if live is None else live[1].tee(progress.record))
+                         events=online.tee(progress.record) if online else progress.record)
 
         def run(s: Any) -> Any:
             return backend.run(s, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
 
         result = run(scenario)
-        if live is not None:  # real ranks: iterations were scanned as the ranks reported them
-            live[1].finish()
-            detections, segments = live[0], []
-        else:
-            detections, segments = _detect_online(scenario, result, tmp, args.json, run) \
-                if args.detect or _loops(scenario) else (None, [])
+        segments = online.after(result, run) if online else []  # the closed loop's restarts
         progress.phase(f"writing {out}")
         summary = write_run(scenario, segments[0].result if segments else result, tmp,
                             progress.counted)
-        for j, segment in enumerate(segments[1:], 1):  # each restart of the closed loop
+        for j, segment in enumerate(segments[1:], 1):
             (tmp / f"segment{j}").mkdir()
             write_run(segment.scenario, segment.result, tmp / f"segment{j}")
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
     else:
         print_summary(summary, out)
-    if detections is not None and not args.json:
-        print(f"  wrote {out / detections.path.name} ({detections.written} detections)")
-    if segments and not args.json:
-        from .mitigate.loop import summary_lines
-
-        print("\n".join(summary_lines(summary["mitigation"],
-                                       [f"{out}/segment{j}/" for j in range(1, len(segments))])))
+        if online:
+            print("\n".join(online.lines(out, summary)))
     return 0
-
-
-def _check_detect(args: argparse.Namespace, scenario: Any) -> None:
-    if args.detect and scenario.fbd is not None:
-        raise UserError("--detect: decoupled (fbd) runs are not scanned on-line")
-    if _loops(scenario) and args.backend != "sim":
-        raise UserError(f"mitigation: the closed loop restarts simulated jobs only, not on the "
-                        f"{args.backend} backend (action: none, or --backend sim)")
-
-
-def _loops(scenario: Any) -> bool:
-    return scenario.mitigation is not None and scenario.mitigation.action != "none"
-
-
-def _say_detection(as_json: bool) -> Callable[[str], None]:
-    """Detection lines go to stdout, or to stderr when stdout holds JSON."""
-    return (lambda line: print(line, file=sys.stderr)) if as_json else print
-
-
-def _live_detection(scenario: Any, out_dir: Path, as_json: bool) -> tuple[Any, Any]:
-    """The log and the feed of on-line MegaScan on events real ranks report as they run."""
-    from .scan.live import DETECTIONS_FILE, DetectionLog, LiveFeed, reporter, scan_for
-
-    log = DetectionLog(out_dir / DETECTIONS_FILE)
-    return log, LiveFeed(scan_for(scenario, live=True), scenario.world_size,
-                         reporter(log, _say_detection(as_json)))
-
-
-def _detect_online(scenario: Any, result: Any, out_dir: Path, as_json: bool,
-                   run: Callable[[Any], Any]) -> tuple[Any, list[Any]]:
-    """On-line MegaScan over the run's iterations in order: each detection said as
-    it is decided (on stderr under --json) and appended to RUN_DIR/detections.jsonl.
-    With a mitigation section that acts, the closed loop: its segments (the
-    first one's summary holds the loop's accounting)."""
-    from .scan.live import DETECTIONS_FILE, DetectionLog, detect_iterations, reporter, scan_for
-    from .scan.online import iterations_of
-    from .trace.columns import source_of
-
-    log = DetectionLog(out_dir / DETECTIONS_FILE)
-    report = reporter(log, _say_detection(as_json))
-    if not _loops(scenario):
-        detect_iterations(scan_for(scenario), iterations_of(source_of(result)), report)
-        return log, []
-    from .mitigate.loop import close_loop
-
-    loop = close_loop(scenario, result, run, report)
-    loop.segments[0].result.extra["mitigation"] = loop.to_json()
-    return log, list(loop.segments)
 
 
 def _run_options(args: argparse.Namespace, profile_dir: Path, out_dir: Path | None = None
