@@ -35,14 +35,15 @@ if TYPE_CHECKING:
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
                "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli",
-               "megatronapp.report.cli")
+               "megatronapp.report.cli", "megatronapp.scan.watch_cli")
 
 
 # ------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     from backends.registry import check_options, get_backend
 
-    from .program.backend import ESTIMATED, RunHooks
+    from .mitigate.online_run import OnlineRun, check_online
+    from .program.backend import ESTIMATED, REAL, RunHooks
     from .scenario.config import load_scenario
     from .io.outdirs import check_output, staged_dir
     from .io.progress import RunProgress
@@ -55,20 +56,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / scenario.name)
     check_output(out, args.force, protect=[Path(args.scenario)])
     _check_profile(args, scenario)
+    check_online(scenario, args.detect, args.backend)
     estimated = ESTIMATED in backend.capabilities  # else bounded by its processes
     limits.enforce(args, limits.estimate_run(scenario, backend.size if estimated else None), out,
                    backend=backend.name, estimated=estimated)
     with staged_dir(out, args.force) as tmp, RunProgress(scenario.iterations,
                                                          False if args.quiet else None) as progress:
+        online = OnlineRun.wanted(scenario, args.detect, tmp, args.json,
+                                  live=REAL in backend.capabilities)
         hooks = RunHooks(on_phase=progress.phase, operations=progress.operations,
-                         events=progress.record)
-        result = backend.run(scenario, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
+                         events=online.tee(progress.record) if online else progress.record)
+
+        def run(s: Any) -> Any:
+            return backend.run(s, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
+
+        result = run(scenario)
+        segments = online.after(result, run) if online else []  # the closed loop's restarts
         progress.phase(f"writing {out}")
-        summary = write_run(scenario, result, tmp, progress.counted)
+        summary = write_run(scenario, segments[0].result if segments else result, tmp,
+                            progress.counted)
+        for j, segment in enumerate(segments[1:], 1):
+            (tmp / f"segment{j}").mkdir()
+            write_run(segment.scenario, segment.result, tmp / f"segment{j}")
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "scenario"}, indent=2))
     else:
         print_summary(summary, out)
+        if online:
+            print("\n".join(online.lines(out, summary)))
     return 0
 
 
@@ -266,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", action="store_true",
                      help="torch backend: also write a torch.profiler (Kineto) trace per rank to "
                           "RUN_DIR/profile/ (read it with detect/analyze/align/query RUN_DIR/profile)")
+    run.add_argument("--detect", action="store_true",
+                     help="MegaScan on-line: each iteration's events as they complete; verdicts "
+                          "printed as they come and written to RUN_DIR/detections.jsonl")
     run.set_defaults(func=cmd_run)
 
     topo = sub.add_parser("topology", help="print rank groups in Megatron-core's order")

@@ -200,6 +200,51 @@ def write_kineto(directory: Path, files: dict[int, dict], gz: bool = False) -> P
     return directory
 
 
+def _kineto_step_work(rank: int, step: int, factor: float) -> list[tuple[str, float]]:
+    return [(name, base * factor * (1 + 0.01 * ((step * 7 + rank) % 3)))
+            for name, base in (("forward", 900.0), ("backward", 1800.0))]
+
+
+def kineto_cycle_file(rank: int, world: int, steps: range, slow: dict[int, float]) -> dict:
+    """One rank's file of one profiling cycle (``tensorboard_trace_handler``
+    writes one per rank per cycle): a data-parallel group on GPUs, each step a
+    ``ProfilerStep#N`` range holding forward and backward kernels, then an NCCL
+    all-reduce of the whole group that ends when its last member arrives.
+    ``slow``: step -> factor of rank 1's kernels."""
+    pid = 4000 + rank
+    events = kineto_meta(pid)
+    group = {"Process Group Name": "1", "Process Group Description": "undefined",
+             "Process Group Ranks": str(list(range(world)))}
+
+    def work(r: int, step: int) -> list[tuple[str, float]]:
+        return _kineto_step_work(r, step, slow.get(step, 1.0) if r == 1 else 1.0)
+
+    for step in steps:
+        t0 = 30000.0 * step
+        t = t0 + 100
+        events.append(kineto_event(f"ProfilerStep#{step}", "user_annotation", pid, pid, t0, 29000.0))
+        for name, dur in work(rank, step):
+            events += [kineto_event(name, "gpu_user_annotation", 0, 7, t, dur),
+                       kineto_event("ampere_sgemm_128x64_nn", "kernel", 0, 7, t, dur, stream=7)]
+            t += dur + 50
+        last = t0 + 100 + max(sum(d + 50 for _, d in work(r, step)) for r in range(world))
+        corr = 1000 * step + rank
+        events += [kineto_event("record_param_comms", "cpu_op", pid, pid, t - 10, 5.0,
+                                **{"Collective name": "allreduce", "dtype": "Float",
+                                   "In msg nelems": 4096, "Out msg nelems": 4096,
+                                   "Group size": world, **group}),
+                   kineto_event("cudaLaunchKernel", "cuda_runtime", pid, pid, t - 5, 3.0,
+                                correlation=corr),
+                   kineto_event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 0, 20, t,
+                                last + 300 - t, correlation=corr, stream=20)]
+    return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "traceEvents": events,
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world, "pg_config": [
+                {"pg_name": "0", "pg_desc": "default_pg", "pg_size": world,
+                 "ranks": list(range(world))},
+                {"pg_name": "1", "pg_desc": "undefined", "pg_size": world,
+                 "ranks": list(range(world))}]}}
+
+
 # the constants a simulated run is made with, which calibrate must recover
 CALIBRATION_TRUTH = {"cluster.gpu.efficiency": 0.3, "cluster.gpu.gemm_overhead_us": 50.0,
                      "cluster.gpu.module_overhead_us": 300.0, "cluster.gpu.hbm_tbps": 0.01,

@@ -336,6 +336,18 @@ class Training(_OmitsUnset):
         return value
 
 
+class Mitigation(_Strict):
+    """The closed loop (megatronapp/mitigate): what a run does when on-line
+    MegaScan names a slow rank or link."""
+
+    action: Literal["none", "exclude"] = "none"  # exclude: drop the node, or swap in a spare
+    min_confidence: float = Field(0.5, ge=0, le=1)  # verdicts below it are reported, not acted on
+    hold_iterations: PositiveInt = 1  # act at the boundary this many iterations after the verdict
+    restart_s: Seconds = 60.0  # stopping, rescheduling, reloading the checkpoint
+    checkpoint_every: PositiveInt = 1  # iterations between checkpoints (a restart redoes the rest)
+    spares: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0  # spare nodes swapped in first
+
+
 class Scenario(_Strict):
     name: SafeName = "scenario"
     seed: int = 0  # any integer (megatronapp.scenario.seeds maps it for numpy and torch)
@@ -351,6 +363,7 @@ class Scenario(_Strict):
     data: Data = Data()
     training: Training = Training()
     scope: Scope | None = None  # MegaScope: observations and perturbations
+    mitigation: Mitigation | None = None  # the closed loop: act on on-line verdicts
 
     @property
     def world_size(self) -> int:
@@ -399,6 +412,8 @@ def check_consistency(s: Scenario) -> None:
     _check_combined_factors(s.faults)
     _check_fbd(s)
     _check_scope(s)
+    if s.mitigation is not None and s.fbd is not None:
+        raise ScenarioError("mitigation", "the closed loop does not run with an fbd section")
 
 
 def _check_scope(s: Scenario) -> None:

@@ -1,0 +1,209 @@
+"""The closed loop on a simulated job: on-line MegaScan watches each segment's
+iterations; a verdict that reaches the confidence threshold and still stands
+``hold_iterations`` later stops the job at that iteration boundary; the node
+of the named rank is dropped (or a spare swapped in), the job re-planned,
+restarted from its last checkpoint after the restart cost, and watched again.
+A verdict withdrawn before the boundary leaves the job running.
+
+Iterations are numbered over the whole job: a segment restarted from the
+checkpoint at iteration C numbers its own iteration 0 as C.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable
+
+from megatronapp.errors import UserError
+from megatronapp.scan.online import Detection, OnlineConfig, OnlineScan, iterations_of
+from megatronapp.scenario.config import LinkJitter, Mitigation, Scenario, SlowLink
+from megatronapp.trace.columns import (EventColumns, RankEventsView, TableSource, concat_same,
+                                       source_of)
+from megatronapp.trace.events import RunResult
+from megatronapp.trace.metrics import iteration_spans
+
+from .plan import Replan, global_batch, replan
+
+__all__ = ["LoopRun", "Segment", "close_loop", "faulty_keys", "summary_lines"]
+
+RunFn = Callable[[Scenario], RunResult]
+MAX_RESTARTS = 16  # a job that keeps failing stops being restarted
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of the job between restarts (``stopped_by`` None: it ran to the end)."""
+
+    scenario: Scenario
+    result: RunResult  # the iterations it ran
+    first_iteration: int  # the job's iteration number of its iteration 0
+    iterations: int
+    seconds: float  # from its first iteration's start to its last one's end
+    redone_s: float = 0.0  # time of its iterations after the checkpoint it restarts from
+    stopped_by: Detection | None = None
+    replan: Replan | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.scenario.parallel
+        out: dict[str, Any] = {
+            "first_iteration": self.first_iteration, "iterations": self.iterations,
+            "seconds": self.seconds, "world_size": self.scenario.world_size,
+            "dp": p.dp, "microbatches": p.microbatches}
+        if self.stopped_by is not None and self.replan is not None:
+            out.update(stopped_by=self.stopped_by.to_json(), node_left_out=self.replan.node,
+                       spare=self.replan.spare, redone_s=self.redone_s)
+        return out
+
+
+@dataclass(frozen=True)
+class LoopRun:
+    segments: tuple[Segment, ...]
+    detections: tuple[Detection, ...]
+    restart_s: float
+    baseline_s: float  # the same job without the loop, start to end
+    tokens: float  # the job's tokens (every iteration, once)
+    false_alarm_s: float  # restarts and redone work caused by verdicts naming healthy parts
+    notes: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.segments) + self.restart_s * (len(self.segments) - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"segments": [s.to_json() for s in self.segments],
+                "restarts": len(self.segments) - 1, "restart_s": self.restart_s,
+                "seconds": self.seconds, "seconds_without_loop": self.baseline_s,
+                "tokens_per_s": self.tokens / self.seconds,
+                "tokens_per_s_without_loop": self.tokens / self.baseline_s,
+                "false_alarm_s": self.false_alarm_s, "notes": list(self.notes)}
+
+
+def faulty_keys(s: Scenario) -> set[tuple[int, int | None]]:
+    """What a true verdict may name: throttled ranks, and the ends of bad links."""
+    keys: set[tuple[int, int | None]] = set()
+    for f in s.faults:
+        if isinstance(f, (SlowLink, LinkJitter)):
+            lo, hi = sorted(f.ranks)
+            keys.add((lo, hi))
+        elif f.kind == "throttle":
+            keys.add((f.rank, None))
+    return keys
+
+
+def _shifted(d: Detection, offset: int, segment: int) -> Detection:
+    window = [w + offset for w in d.evidence.get("window", [])]
+    return replace(d, iteration=d.iteration + offset, first_seen=d.first_seen + offset,
+                   evidence={**d.evidence, "window": window, "segment": segment})
+
+
+def _truncated(result: RunResult, parts: list[EventColumns]) -> RunResult:
+    source = TableSource(concat_same(parts).sorted_by_rank_and_start())
+    return RunResult(result.backend, result.topo, RankEventsView(source), result.clocks,
+                     dict(result.extra), source=source)
+
+
+def _span_s(spans: dict[int, tuple[float, float]], first: int, last: int) -> float:
+    return spans[last][1] - spans[first][0] if last >= first else 0.0
+
+
+@dataclass
+class _Watch:
+    """One segment's scan: which verdict is due to stop the job, and when."""
+
+    scan: OnlineScan
+    policy: Mitigation
+    due: tuple[Detection, int] | None = None  # the verdict, the boundary it stops at
+
+    def step(self, iteration: int, decided: list[Detection]) -> Detection | None:
+        """The verdict that stops the job at the end of ``iteration``, if any."""
+        if self.due is None:
+            named = [d for d in decided if d.event == "named"
+                     and d.confidence >= self.policy.min_confidence]
+            if named:
+                self.due = (named[0], iteration + self.policy.hold_iterations)
+        if self.due is None or iteration < self.due[1]:
+            return None
+        verdict, self.due = self.due[0], None
+        standing = {d.key for d in self.scan.named}
+        return verdict if verdict.key in standing else None  # withdrawn: the job goes on
+
+
+def close_loop(s: Scenario, first: RunResult, run: RunFn,
+               report: Callable[[list[Detection]], None],
+               config: OnlineConfig = OnlineConfig()) -> LoopRun:
+    """Run the loop over ``first`` (``s`` as simulated without it); ``run``
+    simulates each re-planned job; ``report`` gets detections as they are made."""
+    policy = s.mitigation or Mitigation()
+    segments: list[Segment] = []
+    detections: list[Detection] = []
+    notes: list[str] = []
+    truth, scenario, result, done, false_s = faulty_keys(s), s, first, 0, 0.0
+    while True:
+        scan = OnlineScan(config, gpus_per_node=scenario.cluster.gpus_per_node, scenario=scenario)
+        watch, parts, stop = _Watch(scan, policy), [], None
+        for i, cols in iterations_of(source_of(result)):
+            parts.append(cols)
+            decided = [_shifted(d, done, len(segments)) for d in scan.feed(i, cols)]
+            detections += decided
+            report(decided)
+            verdict = watch.step(i, decided) if policy.action == "exclude" else None
+            if verdict is not None and len(segments) < MAX_RESTARTS and done + i + 1 < s.iterations:
+                stop = _stop(scenario, verdict, i, parts, policy, done, notes)
+                if stop is not None:
+                    break
+        spans = iteration_spans(concat_same(parts))
+        ran = len(parts)
+        if stop is None:
+            segments.append(Segment(scenario, _truncated(result, parts), done, ran,
+                                    _span_s(spans, 0, ran - 1)))
+            break
+        verdict, plan, checkpoint = stop
+        redone = _span_s(spans, checkpoint - done, ran - 1)
+        segments.append(Segment(scenario, _truncated(result, parts), done, ran,
+                                _span_s(spans, 0, ran - 1), redone, verdict, plan))
+        if (verdict.rank, verdict.peer) not in truth:
+            false_s += policy.restart_s + redone
+        done = checkpoint
+        scenario = plan.scenario.model_copy(update={"iterations": s.iterations - done})
+        result = run(scenario)
+    baseline = iteration_spans(concat_same([c for _, c in iterations_of(source_of(first))]))
+    tokens = float(s.iterations * global_batch(s.parallel, s.model.micro_batch_size)
+                   * s.model.seq_len)
+    return LoopRun(tuple(segments), tuple(detections), policy.restart_s,
+                   _span_s(baseline, 0, s.iterations - 1), tokens, false_s, tuple(notes))
+
+
+def _stop(s: Scenario, verdict: Detection, iteration: int, parts: Iterable[EventColumns],
+          policy: Mitigation, done: int, notes: list[str]
+          ) -> tuple[Detection, Replan, int] | None:
+    """The stop a verdict causes at the end of ``iteration`` (the segment's own
+    numbering): the re-plan and the checkpoint it restarts from; None (and a
+    note) when no plan fits what is left."""
+    elapsed = _span_s(iteration_spans(concat_same(list(parts))), 0, iteration)
+    try:
+        plan = replan(s, verdict.rank, elapsed)
+    except UserError as err:
+        notes.append(f"iteration {done + iteration}: not acted on: {err}")
+        return None
+    completed = done + iteration + 1
+    checkpoint = max(done, completed // policy.checkpoint_every * policy.checkpoint_every)
+    return verdict, plan, checkpoint
+
+
+def summary_lines(loop: dict[str, Any], segment_dirs: list[str]) -> list[str]:
+    """What ``run`` prints about the loop (``loop``: ``LoopRun.to_json()``)."""
+    lines = []
+    segments = loop["segments"]
+    for before, after, where in zip(segments, segments[1:], segment_dirs):
+        v = before["stopped_by"]
+        named = f"link {v['rank']}-{v['peer']}" if v["peer"] is not None else f"rank {v['rank']}"
+        plan = "a spare in its place" if before["spare"] else (
+            f"dp {before['dp']} -> {after['dp']} with {after['microbatches']} microbatches")
+        lines.append(f"  mitigation: {named} named at iteration {v['iteration']}; stopped after "
+                     f"iteration {before['first_iteration'] + before['iterations'] - 1}, node "
+                     f"{before['node_left_out']} left out, {plan}; restarted from iteration "
+                     f"{after['first_iteration']} (wrote {where})")
+    lines += [f"  note: {n}" for n in loop["notes"]]
+    lines.append(f"  goodput: {loop['tokens_per_s']:,.0f} tokens/s with the loop, "
+                 f"{loop['tokens_per_s_without_loop']:,.0f} without ({loop['restarts']} restarts "
+                 f"of {loop['restart_s']:g} s; false alarms cost {loop['false_alarm_s']:.3f} s)")
+    return lines

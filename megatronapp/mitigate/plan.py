@@ -1,0 +1,89 @@
+"""Re-planning a job without a node: a spare takes its place, else the job
+shrinks its data parallelism and keeps its global batch through more
+microbatches. Faults follow their GPUs (gone with the dropped node) and keep
+their place in time (a restarted job's clock starts at zero)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from megatronapp.errors import UserError
+from megatronapp.scenario.config import Parallel, Scenario, Throttle, parse_scenario, scenario_to_dict
+
+__all__ = ["Replan", "global_batch", "replan", "shrunk_parallel"]
+
+
+@dataclass(frozen=True)
+class Replan:
+    scenario: Scenario
+    node: int  # the node left out
+    spare: bool  # a spare took its place (the layout is unchanged)
+
+
+def global_batch(p: Parallel, micro_batch_size: int) -> int:
+    return p.dp * p.microbatches * micro_batch_size
+
+
+def shrunk_parallel(p: Parallel, gpus: int) -> Parallel | None:
+    """The largest data parallelism that fits ``gpus`` and divides the global
+    batch's microbatches (and keeps interleaved groups whole); None if none."""
+    samples = p.dp * p.microbatches
+    for dp in range(min(p.dp, gpus // (p.tp * p.pp)), 0, -1):
+        microbatches = samples // dp
+        if samples % dp == 0 and (p.vpp == 1 or microbatches % p.group_size == 0):
+            return p.model_copy(update={"dp": dp, "microbatches": microbatches})
+    return None
+
+
+def _moved(gpu: int, node: int, per_node: int, world: int) -> int | None:
+    """Where GPU ``gpu`` sits once ``node`` is gone (None: gone or unused)."""
+    if gpu // per_node == node:
+        return None
+    moved = gpu - per_node if gpu // per_node > node else gpu
+    return moved if moved < world else None
+
+
+def _fault_after(fault: Any, place: Any, elapsed_s: float) -> Any | None:
+    """``fault`` in the restarted job: its ranks placed anew, its window shifted."""
+    update: dict[str, Any] = {}
+    if hasattr(fault, "ranks"):
+        ranks = tuple(place(r) for r in fault.ranks)
+        if None in ranks:
+            return None
+        update["ranks"] = ranks
+    else:
+        rank = place(fault.rank)
+        if rank is None:
+            return None
+        update["rank"] = rank
+    if isinstance(fault, Throttle):
+        if fault.end_s is not None and fault.end_s <= elapsed_s:
+            return None
+        update["start_s"] = max(0.0, fault.start_s - elapsed_s)
+        update["end_s"] = None if fault.end_s is None else fault.end_s - elapsed_s
+    return fault.model_copy(update=update)
+
+
+def replan(s: Scenario, rank: int, elapsed_s: float) -> Replan:
+    """``s`` restarted without the node of ``rank``, ``elapsed_s`` into the job."""
+    per_node = s.cluster.gpus_per_node
+    node = rank // per_node
+    m = s.mitigation
+    spares = m.spares if m is not None else 0
+    if spares:
+        parallel, world = s.parallel, s.world_size
+        place = (lambda g: None if g // per_node == node else g)
+    else:
+        shrunk = shrunk_parallel(s.parallel, s.world_size - per_node)
+        if shrunk is None:
+            raise UserError(f"mitigation: no plan fits the {s.world_size - per_node} GPUs left "
+                            f"without node {node} (tp {s.parallel.tp} x pp {s.parallel.pp})")
+        parallel, world = shrunk, shrunk.world_size
+        place = (lambda g: _moved(g, node, per_node, world))
+    faults = tuple(f for f in (_fault_after(f, place, elapsed_s) for f in s.faults) if f is not None)
+    update: dict[str, Any] = {"parallel": parallel, "faults": faults,
+                              "cluster": s.cluster.model_copy(update={"nodes": None})}
+    if m is not None and spares:
+        update["mitigation"] = m.model_copy(update={"spares": spares - 1})
+    # validated anew: the re-planned job must be a scenario like any other
+    return Replan(parse_scenario(scenario_to_dict(s.model_copy(update=update))), node, bool(spares))

@@ -1,0 +1,187 @@
+"""Everything about on-line MegaScan lives here: a detector fed each iteration's
+events as the iteration completes, holding only a window of the last few
+iterations (columns) and per-rank / per-link counters.
+
+At each iteration boundary MegaScan runs on the window (``megascan`` over
+``prepare_columns``); a small state machine per suspect turns repeated
+findings into a verdict and withdraws a verdict that later windows no longer
+support. Verdicts and withdrawals are ``Detection`` records, in the order
+they were made.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Literal
+
+import numpy as np
+
+from megatronapp.scenario.config import Scenario
+from megatronapp.trace.columns import EventColumns, EventSource, concat_same
+
+from .detect import Thresholds, megascan
+from .diagnosis import RootCause
+from .inputs import DEFAULT_GPUS_PER_NODE, prepare_columns
+
+__all__ = ["Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
+
+SuspectKey = tuple[str, int, int | None]  # (kind, rank, peer): what a verdict names
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """How much evidence a verdict needs. ``window``: iterations MegaScan looks
+    at; ``confirm``: windows in a row that must name a suspect before it is
+    named; ``clear``: windows in a row without it before a verdict is
+    withdrawn; ``min_confidence``: findings below it do not count."""
+
+    window: int = 2
+    confirm: int = 2
+    clear: int = 3
+    min_confidence: float = 0.0
+    aligned: bool = True  # the events' times are on one clock (the simulator's)
+
+    def __post_init__(self) -> None:
+        for name in ("window", "confirm", "clear"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One verdict (``event: named``) or withdrawal (``event: withdrawn``)."""
+
+    event: Literal["named", "withdrawn"]
+    kind: str  # compute | link
+    rank: int
+    peer: int | None
+    confidence: float
+    first_seen: int  # the iteration whose window first named it
+    iteration: int  # the iteration at whose end this was decided
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> SuspectKey:
+        return (self.kind, self.rank, self.peer)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.event, "kind": self.kind, "rank": self.rank, "peer": self.peer,
+                "confidence": round(self.confidence, 4), "first_seen": self.first_seen,
+                "iteration": self.iteration, "evidence": self.evidence}
+
+    def line(self) -> str:
+        where = f"link {self.rank}-{self.peer}" if self.peer is not None else f"rank {self.rank}"
+        if self.event == "withdrawn":
+            return (f"iteration {self.iteration}: withdrawn {where} ({self.kind}): not seen for "
+                    f"{self.evidence.get('windows_without', 0)} windows")
+        return (f"iteration {self.iteration}: {where} is slow ({self.kind}, confidence "
+                f"{self.confidence:.2f}, first seen at iteration {self.first_seen})")
+
+
+@dataclass
+class _Suspect:
+    """A suspect's state: ``hits`` / ``misses`` are windows in a row with and
+    without it; ``named`` once a verdict was made."""
+
+    first_seen: int
+    cause: RootCause
+    hits: int = 0
+    misses: int = 0
+    named: bool = False
+
+
+def _key(cause: RootCause) -> SuspectKey:
+    return (cause.kind, cause.rank, cause.peer)
+
+
+class OnlineScan:
+    """Feed it each iteration's events (``feed``); it answers the detections
+    that iteration's end decided. State: the last ``window`` iterations, the
+    suspects, and how often each rank or link was found (``found``)."""
+
+    def __init__(self, config: OnlineConfig = OnlineConfig(),
+                 gpus_per_node: int = DEFAULT_GPUS_PER_NODE, scenario: Scenario | None = None,
+                 thresholds: Thresholds = Thresholds()):
+        self.config = config
+        self.gpus_per_node = gpus_per_node
+        self.scenario = scenario
+        self.thresholds = thresholds
+        self._window: deque[tuple[int, EventColumns]] = deque(maxlen=config.window)
+        self._suspects: dict[SuspectKey, _Suspect] = {}
+        self.found: dict[SuspectKey, int] = {}  # windows that named each rank or link
+        self.records: list[Detection] = []
+        self.iterations = 0
+
+    @property
+    def window_iterations(self) -> tuple[int, ...]:
+        return tuple(i for i, _ in self._window)
+
+    @property
+    def named(self) -> tuple[Detection, ...]:
+        """The verdicts standing now (not withdrawn), in the order they were made."""
+        standing = {k for k, s in self._suspects.items() if s.named}
+        latest = {d.key: d for d in self.records}
+        return tuple(d for d in self.records if d.event == "named" and d.key in standing
+                     and latest[d.key] is d)
+
+    def feed(self, iteration: int, cols: EventColumns) -> list[Detection]:
+        """The events of one completed iteration; the detections it decided."""
+        self._window.append((iteration, cols))
+        self.iterations += 1
+        causes = self._findings()
+        decided = self._step(iteration, causes)
+        self.records.extend(decided)
+        return decided
+
+    def _findings(self) -> dict[SuspectKey, RootCause]:
+        cols = concat_same([c for _, c in self._window])  # re-coded where tables differ
+        if not len(cols):
+            return {}
+        scan = prepare_columns(cols, aligned=self.config.aligned,
+                               gpus_per_node=self.gpus_per_node)
+        if self.scenario is not None:
+            scan = replace(scan, scenario=self.scenario)
+        diagnosis = megascan(scan, self.thresholds)
+        return {_key(c): c for c in diagnosis.root_causes
+                if c.confidence >= self.config.min_confidence}
+
+    def _step(self, iteration: int, causes: dict[SuspectKey, RootCause]) -> list[Detection]:
+        out: list[Detection] = []
+        for key, cause in causes.items():
+            self.found[key] = self.found.get(key, 0) + 1
+            suspect = self._suspects.setdefault(key, _Suspect(iteration, cause))
+            suspect.cause, suspect.hits, suspect.misses = cause, suspect.hits + 1, 0
+            if not suspect.named and suspect.hits >= self.config.confirm:
+                suspect.named = True
+                out.append(self._detection("named", suspect, iteration))
+        for key in [k for k in self._suspects if k not in causes]:
+            suspect = self._suspects[key]
+            suspect.hits, suspect.misses = 0, suspect.misses + 1
+            if not suspect.named:
+                del self._suspects[key]  # an unconfirmed finding leaves nothing behind
+            elif suspect.misses >= self.config.clear:
+                del self._suspects[key]
+                out.append(self._detection("withdrawn", suspect, iteration))
+        return out
+
+    def _detection(self, event: Literal["named", "withdrawn"], suspect: _Suspect,
+                   iteration: int) -> Detection:
+        c = suspect.cause
+        window = [i for i, _ in self._window]
+        evidence = {**c.evidence, "window": [window[0], window[-1]],
+                    "windows_with": suspect.hits, "windows_without": suspect.misses,
+                    "found_in_windows": self.found.get(_key(c), 0)}
+        return Detection(event, c.kind, c.rank, c.peer, c.confidence, suspect.first_seen,
+                         iteration, evidence)
+
+
+def iterations_of(source: EventSource) -> Iterator[tuple[int, EventColumns]]:
+    """A run's events one iteration at a time, in iteration order (events
+    without an iteration are left out: they belong to none)."""
+    cols = concat_same(list(source.batches()))
+    order = np.argsort(cols.iteration, kind="stable")  # rows stay grouped by rank
+    it = cols.iteration[order]
+    cuts = np.r_[0, np.flatnonzero(np.diff(it)) + 1, len(it)]
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        if hi > lo and it[lo] >= 0:
+            yield int(it[lo]), cols.take(order[lo:hi])

@@ -1,0 +1,62 @@
+"""``megatronapp watch DIR``: on-line MegaScan following a directory a job is writing."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from megatronapp.io.progress import status
+
+from .online import OnlineConfig, OnlineScan
+from .watch import Iterations, follow
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    config = OnlineConfig(window=args.window, confirm=args.confirm, clear=args.clear)
+
+    def feed(scan: OnlineScan, iterations: Iterations) -> None:
+        for iteration, cols in iterations:
+            for d in scan.feed(iteration, cols):
+                print(json.dumps(d.to_json()) if args.json else d.line(), flush=True)
+
+    with status(f"watching {args.dir}") as say:
+        scan = follow(Path(args.dir), config, feed, say, args.interval, args.idle)
+    if not args.json:
+        print(f"watched {scan.iterations} iterations: {len(scan.named)} verdicts standing")
+    return 0
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def register(subparsers: Any, _plot_hooks: list) -> None:
+    watch = subparsers.add_parser(
+        "watch", help="follow a directory a job is writing (a run directory, or torch.profiler "
+                      "output) and report MegaScan's verdicts as they come")
+    watch.add_argument("dir", metavar="DIR", help="a run directory, or a tensorboard_trace_handler "
+                                                  "directory (one file per rank per cycle)")
+    watch.add_argument("--interval", type=_seconds, default=1.0, help="seconds between looks")
+    watch.add_argument("--idle", type=_seconds, default=None,
+                       help="end when no file was written for this long (default: follow until "
+                            "interrupted)")
+    defaults = OnlineConfig()
+    watch.add_argument("--window", type=_count, default=defaults.window,
+                       help="iterations MegaScan looks at")
+    watch.add_argument("--confirm", type=_count, default=defaults.confirm,
+                       help="windows in a row that must find a suspect before it is named")
+    watch.add_argument("--clear", type=_count, default=defaults.clear,
+                       help="windows in a row without it before a verdict is withdrawn")
+    watch.add_argument("--json", action="store_true", help="one JSON record a line per detection")
+    watch.set_defaults(func=cmd_watch)

@@ -1,0 +1,129 @@
+"""The closed loop (megatronapp/mitigate): re-planning without a node keeps the
+global batch; a simulated job stops on a verdict, restarts from its checkpoint
+without the slow node, and accounts for the goodput; a withdrawn verdict
+leaves the job running."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from megatronapp.mitigate.loop import close_loop
+from megatronapp.mitigate.plan import global_batch, replan, shrunk_parallel
+from megatronapp.scenario.config import Parallel, ScenarioError, load_scenario, parse_scenario
+from sim import simulate
+
+from .support import ROOT, run_cli
+
+THROTTLE = ROOT / "scenarios/throttle.yaml"
+# 16 GPUs on 2 nodes: node 0 holds pipeline stage 0 of all four replicas
+SHAPE = ["parallel.dp=4", "parallel.pp=2", "model.layers=8"]
+ONSET = "faults=[{kind: throttle, rank: 5, factor: 1.5, start_s: 0.4}]"
+
+
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.integers(1, 4), dp=st.integers(2, 16),
+       microbatches=st.integers(1, 12), per_node=st.sampled_from([1, 2, 4, 8]),
+       mbs=st.integers(1, 4))
+def test_a_shrunk_plan_keeps_the_global_batch_on_the_gpus_left(
+        tp: int, pp: int, dp: int, microbatches: int, per_node: int, mbs: int) -> None:
+    p = Parallel(tp=tp, pp=pp, dp=dp, microbatches=microbatches)
+    left = p.world_size - per_node
+    shrunk = shrunk_parallel(p, left)
+    if shrunk is None:
+        assert left < tp * pp
+        return
+    assert global_batch(shrunk, mbs) == global_batch(p, mbs)
+    assert shrunk.world_size <= left and (shrunk.tp, shrunk.pp) == (tp, pp) and shrunk.dp <= dp
+
+
+@given(dp=st.sampled_from([2, 4, 8]), microbatches=st.integers(1, 8), rank=st.integers(0, 31),
+       spares=st.integers(0, 1))
+def test_replanning_a_scenario_without_a_node_keeps_its_global_batch(
+        dp: int, microbatches: int, rank: int, spares: int) -> None:
+    s = parse_scenario({"parallel": {"tp": 2, "pp": 2, "dp": dp, "microbatches": microbatches},
+                        "cluster": {"gpus_per_node": 4},
+                        "mitigation": {"action": "exclude", "spares": spares},
+                        "faults": [{"kind": "throttle", "rank": rank % (4 * dp), "factor": 2}]})
+    plan = replan(s, rank % s.world_size, elapsed_s=1.0)
+    after = plan.scenario
+    assert global_batch(after.parallel, 1) == global_batch(s.parallel, 1)
+    assert plan.spare == bool(spares)
+    if spares:
+        assert after.parallel == s.parallel and after.mitigation.spares == 0  # type: ignore[union-attr]
+    else:
+        assert after.world_size <= s.world_size - 4 and after.parallel.dp < dp
+    assert after.faults == ()  # the throttled GPU left with its node (every rank is on one)
+    assert plan.node == rank % s.world_size // 4
+
+
+def test_a_verdict_stops_the_job_which_restarts_from_its_checkpoint_without_the_node() -> None:
+    s = load_scenario(THROTTLE, ["iterations=20", *SHAPE, ONSET,
+                                 "mitigation={action: exclude, restart_s: 0.5, checkpoint_every: 5}"])
+    loop = close_loop(s, simulate(s), simulate, lambda _: None)
+    first, second = loop.segments
+    verdict = first.stopped_by
+    assert verdict is not None and (verdict.kind, verdict.rank) == ("compute", 5)
+    stop = first.first_iteration + first.iterations - 1
+    assert stop == verdict.iteration + 1  # the next iteration boundary
+    assert second.first_iteration == (stop + 1) // 5 * 5  # the last checkpoint
+    assert second.first_iteration + second.iterations == s.iterations
+    assert (second.scenario.parallel.dp, second.scenario.parallel.microbatches) == (2, 16)
+    assert second.scenario.faults == ()
+    assert loop.seconds == pytest.approx(first.seconds + 0.5 + second.seconds)
+    report = loop.to_json()
+    assert report["tokens_per_s"] == pytest.approx(loop.tokens / loop.seconds)
+    assert report["false_alarm_s"] == 0
+
+
+def test_a_verdict_on_a_healthy_rank_is_a_false_alarm_whose_cost_is_counted() -> None:
+    s = load_scenario(THROTTLE, ["iterations=12", *SHAPE, ONSET,
+                                 "mitigation={action: exclude, restart_s: 0.5, spares: 1}"])
+    healthy = s.model_copy(update={"faults": ()})  # the truth says nothing is wrong
+    loop = close_loop(healthy.model_copy(update={"mitigation": s.mitigation}), simulate(s),
+                      simulate, lambda _: None)
+    assert len(loop.segments) == 2 and loop.false_alarm_s >= 0.5
+
+
+def test_a_withdrawn_false_alarm_leaves_the_job_running(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", str(THROTTLE), "--set", "iterations=12", "--set",
+                   "faults=[{kind: throttle, rank: 5, factor: 1.5, end_s: 0.35}]", "--set",
+                   "mitigation={action: exclude, hold_iterations: 6}", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line)["event"] for line in (out / "detections.jsonl").read_text().splitlines()]
+    assert events == ["named", "withdrawn"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["iteration_times_s"]) == 12
+    assert summary["mitigation"]["restarts"] == 0 and not (out / "segment1").exists()
+
+
+def test_the_run_directory_holds_each_segment_and_the_restart(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("run", str(THROTTLE), "--set", "iterations=12", *[a for kv in SHAPE for a in
+                   ("--set", kv)], "--set", ONSET, "--set", "mitigation={action: exclude}",
+                   "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    restart = summary["mitigation"]["segments"][1]
+    stopped = len(summary["iteration_times_s"])
+    assert restart["first_iteration"] == stopped < 12
+    again = json.loads((out / "segment1" / "summary.json").read_text())
+    assert len(again["iteration_times_s"]) == 12 - stopped and again["world_size"] == 8
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    assert "segment1/trace.parquet" in files
+    assert f"restarted from iteration {stopped}" in done.stdout
+
+
+def test_the_loop_on_a_real_backend_is_one_line(tmp_path: Path) -> None:
+    done = run_cli("run", str(THROTTLE), "--backend", "torch", "--set",
+                   "mitigation={action: exclude}", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith("megatronapp: mitigation: the closed loop restarts simulated")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_mitigation_beside_an_fbd_section_is_refused() -> None:
+    with pytest.raises(ScenarioError, match="mitigation"):
+        load_scenario(ROOT / "scenarios/fbd_hetero.yaml", ["mitigation={action: exclude}"])

@@ -1,0 +1,100 @@
+"""On-line MegaScan (megatronapp/scan/online.py): verdicts from a window of
+iterations fed one at a time, and withdrawals when later windows contradict."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatronapp.scan.online import Detection, OnlineConfig, OnlineScan, iterations_of
+from megatronapp.scenario.config import Scenario, load_scenario
+from megatronapp.trace.columns import EventColumns, source_of
+from sim import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+THROTTLED = 5  # scenarios/throttle.yaml's throttled rank
+
+
+def throttle_job(iterations: int, faults: str) -> Scenario:
+    return load_scenario(ROOT / "scenarios/throttle.yaml",
+                         [f"iterations={iterations}", f"faults={faults}"])
+
+
+def fed(s: Scenario, config: OnlineConfig = OnlineConfig()
+        ) -> tuple[OnlineScan, list[tuple[int, EventColumns]]]:
+    scan = OnlineScan(config, scenario=s)
+    iterations = list(iterations_of(source_of(simulate(s))))
+    for i, cols in iterations:
+        scan.feed(i, cols)
+    return scan, iterations
+
+
+def first_iteration_after(iterations: list[tuple[int, EventColumns]], rank: int,
+                          start_s: float) -> int:
+    """The first iteration in which ``rank`` computes after ``start_s`` (the onset)."""
+    return min(i for i, c in iterations
+               if bool(((c.rank == rank) & (c.start_s >= start_s)).any()))
+
+
+def test_a_throttle_that_starts_mid_run_is_named_soon_after_its_onset_and_not_before() -> None:
+    start_s = 0.5  # about iteration 4 of scenarios/throttle.yaml
+    s = throttle_job(10, f"[{{kind: throttle, rank: {THROTTLED}, factor: 1.3, start_s: {start_s}}}]")
+    scan, iterations = fed(s)
+    onset = first_iteration_after(iterations, THROTTLED, start_s)
+    assert 0 < onset < 8
+    named = [d for d in scan.records if d.event == "named"]
+    assert [d.key for d in named] == [("compute", THROTTLED, None)]
+    assert onset <= named[0].first_seen <= named[0].iteration <= onset + 3
+    assert named[0].evidence["window"][1] == named[0].iteration
+
+
+def test_a_healthy_job_gets_no_verdict() -> None:
+    scan, iterations = fed(throttle_job(12, "[]"))
+    assert len(iterations) == 12 and scan.records == []
+
+
+def test_a_verdict_is_withdrawn_once_the_fault_is_gone_and_the_withdrawal_is_recorded() -> None:
+    end_s = 0.5  # the throttle ends about iteration 4: later windows contradict the verdict
+    s = throttle_job(12, f"[{{kind: throttle, rank: {THROTTLED}, factor: 1.5, end_s: {end_s}}}]")
+    config = OnlineConfig(window=2, confirm=2, clear=3)
+    scan, iterations = fed(s, config)
+    events = [(d.event, d.key) for d in scan.records]
+    assert events == [("named", ("compute", THROTTLED, None)),
+                      ("withdrawn", ("compute", THROTTLED, None))]
+    withdrawn = scan.records[1]
+    assert withdrawn.evidence["windows_without"] == config.clear
+    assert withdrawn.iteration > first_iteration_after(iterations, THROTTLED, end_s)
+    assert scan.named == ()
+
+
+def test_a_slow_link_is_named_as_a_link() -> None:
+    scan, _ = fed(throttle_job(6, "[{kind: slow_link, ranks: [5, 9], factor: 2}]"))
+    assert [d.key for d in scan.named] == [("link", 5, 9)]
+
+
+def test_the_state_holds_only_the_last_window_of_iterations() -> None:
+    scan, iterations = fed(throttle_job(6, "[]"), OnlineConfig(window=3))
+    assert scan.window_iterations == tuple(i for i, _ in iterations[-3:])
+    assert scan.iterations == 6
+
+
+def test_iterations_of_splits_a_run_by_iteration_keeping_every_event() -> None:
+    result = simulate(throttle_job(3, "[]"))
+    parts = list(iterations_of(source_of(result)))
+    assert [i for i, _ in parts] == [0, 1, 2]
+    assert sum(len(c) for _, c in parts) == source_of(result).events
+    assert all(bool(np.all(c.iteration == i)) for i, c in parts)
+
+
+def test_a_detection_says_what_it_names_in_json_and_in_one_line() -> None:
+    d = Detection("named", "link", 5, 9, 0.9, 3, 4, {"window": [3, 4]})
+    assert d.to_json()["rank"] == 5 and d.to_json()["peer"] == 9
+    assert "link 5-9" in d.line() and "iteration 3" in d.line()
+
+
+@pytest.mark.parametrize("field", ["window", "confirm", "clear"])
+def test_a_config_without_evidence_is_refused(field: str) -> None:
+    counts: dict[str, int] = {"window": 2, "confirm": 2, "clear": 3, field: 0}
+    with pytest.raises(ValueError, match=field):
+        OnlineConfig(window=counts["window"], confirm=counts["confirm"], clear=counts["clear"])
