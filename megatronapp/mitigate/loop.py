@@ -97,8 +97,7 @@ def _shifted(d: Detection, offset: int, segment: int) -> Detection:
 
 def _truncated(result: RunResult, parts: list[EventColumns]) -> RunResult:
     source = TableSource(concat_same(parts).sorted_by_rank_and_start())
-    return RunResult(result.backend, result.topo, RankEventsView(source), result.clocks,
-                     dict(result.extra), source=source)
+    return replace(result, events=RankEventsView(source), source=source)
 
 
 def _span_s(spans: dict[int, tuple[float, float]], first: int, last: int) -> float:

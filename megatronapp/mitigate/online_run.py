@@ -77,7 +77,7 @@ class OnlineRun:
                               self.report)
         else:
             loop = close_loop(self.scenario, result, run, self.report)
-            loop.segments[0].result.extra["mitigation"] = loop.to_json()
+            loop.segments[0].result.mitigation = loop.to_json()
             self.segments = list(loop.segments)
         return self.segments
 

@@ -111,13 +111,16 @@ class RunResult:
     training: TrainingSection | None = None  # a real run's losses
     scope: ScopeSection | None = None  # MegaScope's capture, or its predicted overhead
     checkpoint: str | None = None  # the run directory's checkpoint folder, when saved
+    # the closed loop's accounting (megatronapp.mitigate.loop.Loop.to_json), on its first segment
+    mitigation: dict[str, Any] | None = None
 
     def label(self, rank: int) -> str:
         return self.topo.label(rank)
 
     def summary_items(self) -> dict[str, Any]:
         """What the sections add to summary.json, in order."""
-        return summary_sections(self.fbd, self.training, self.scope, self.checkpoint)
+        return summary_sections(self.fbd, self.training, self.scope, self.checkpoint,
+                                self.mitigation)
 
 
 # A backend's entry point as harnesses receive it (validation, speed, sweeps).

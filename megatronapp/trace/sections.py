@@ -83,7 +83,8 @@ ScopeSection = Union[ScopeOverhead, ScopeCapture]
 
 
 def summary_sections(fbd: FbdSection | None, training: TrainingSection | None,
-                     scope: ScopeSection | None, checkpoint: str | None) -> dict[str, Any]:
+                     scope: ScopeSection | None, checkpoint: str | None,
+                     mitigation: dict[str, Any] | None = None) -> dict[str, Any]:
     """The keys the sections a run has add to summary.json, in their order."""
     items: dict[str, Any] = {}
     if fbd is not None:
@@ -94,4 +95,6 @@ def summary_sections(fbd: FbdSection | None, training: TrainingSection | None,
         items["scope"] = asdict(scope)
     if checkpoint is not None:
         items["checkpoint"] = checkpoint
+    if mitigation is not None:
+        items["mitigation"] = mitigation
     return items

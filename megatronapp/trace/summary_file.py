@@ -60,6 +60,7 @@ class RunSummary(_Section):
     torch: TorchSummary | None = None
     scope: dict[str, Any] | None = None  # MegaScope's capture or predicted overhead
     checkpoint: str | None = None
+    mitigation: dict[str, Any] | None = None  # the closed loop's segments and goodput
     adjustments: list[str] = []
     scenario: dict[str, Any]
     dpp: dict[str, Any] | None = None  # pipeline windows and peak memory
