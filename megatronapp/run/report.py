@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..program.features import feature_hooks
-from ..trace.summary_file import SUMMARY_FILE, summary_model
 
 MAX_FAULT_LINES = 20  # the summary lists every fault; the terminal the first few
 PROFILE_DIR = "profile"  # RUN_DIR/profile/rank{r}.pt.trace.json.gz with --profile
 
 
 def print_summary(summary: Mapping[str, Any], out: Path) -> None:
+    # loaded here: the command line imports this module before any command runs
+    from ..program.features import feature_hooks
+    from ..trace.summary_file import SUMMARY_FILE, summary_model
+
     run, hooks = summary_model(summary, out / SUMMARY_FILE), feature_hooks()
     # a feature's own head (MegaFBD: devices, roles, throughput), else the pipeline's
     headline = next((h for h in (f.headline(run) for f in hooks) if h is not None), None)

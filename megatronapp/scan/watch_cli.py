@@ -4,15 +4,20 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatronapp.io.progress import status
 
-from .online import OnlineConfig, OnlineScan
-from .watch import Iterations, follow
+from .online_config import OnlineConfig
+
+if TYPE_CHECKING:
+    from .online import OnlineScan
+    from .watch import Iterations
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    from .watch import follow  # numpy and the detector load here, not with the command line
+
     config = OnlineConfig(window=args.window, confirm=args.confirm, clear=args.clear)
 
     def feed(scan: OnlineScan, iterations: Iterations) -> None:
