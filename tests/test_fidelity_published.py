@@ -146,8 +146,10 @@ def _write_runs(root: Path, entry: str) -> None:
      "role: fitted}\n", ValidationError),
     ("- {source: x, scenario: row01.yaml, device: a100-80gb, "
      "published: {tflops_per_gpu: 1, iteration_s: 2}, role: fitted}\n", ValueError),
+    ("- {source: x, scenario: row01.yaml, device: a100, published: {tflops_per_gpu: 1}, "
+     "role: fitted}\n", ValueError),
 ])
-def test_a_published_row_with_an_unknown_key_or_not_exactly_one_figure_is_refused(
+def test_a_published_row_with_an_unknown_key_device_or_not_one_figure_is_refused(
         tmp_path: Path, entry: str, error: type[Exception]) -> None:
     _write_runs(tmp_path, entry)
     with pytest.raises(error):

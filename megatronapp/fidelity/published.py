@@ -23,14 +23,15 @@ from pydantic import BaseModel, ConfigDict
 
 from ..io.text import load_yaml, read_text
 from ..scenario.config import Scenario, load_scenario
+from ..scenario.devices import DEVICES
 from ..costs.flops import (hardware_flops_per_iteration, microbatches_per_iteration,
                            model_flops_per_iteration)
 from .fit import FitResult, Knob, SimulateTime, fit_constants
 
-# The two constants fitted per device: the GEMMs' share of peak, and HBM bytes
-# moved per stored activation byte (elementwise work). On A100 they are fitted
-# on one Table-1 row without a pipeline and one with, so the fit sees pipeline
-# idle time; on H100 on the Megatron-LM README's 32B, 119B and 314B rows.
+# The efficiency model's two constants: the GEMMs' share of peak, and HBM
+# bytes moved per stored activation byte (elementwise work). On A100 both are
+# fitted on one Table-1 row without a pipeline and one with, so the fit sees
+# pipeline idle time.
 TABLE1_KNOBS = (Knob("cluster.gpu.efficiency", 0.6, 0.05, 1.0),
                 Knob("cluster.gpu.elementwise_traffic", 1.0, 0.0, 20.0))
 # H100: the efficiency alone. Its three fitted rows (one sequence length,
@@ -120,6 +121,8 @@ def published_runs(root: Path) -> list[PublishedRun]:
 def _run_of(root: Path, e: _RunEntry) -> PublishedRun:
     if len(e.published) != 1:
         raise ValueError(f"{e.source}: published holds one figure, got {sorted(e.published)}")
+    if e.device not in DEVICES:
+        raise ValueError(f"{e.source}: unknown device {e.device!r}")
     (metric, value), = e.published.items()
     s = load_scenario(root / RUNS_FILE.parent / e.scenario)
     return PublishedRun(e.source, s, metric, value, e.role == "fitted", e.device)
