@@ -22,9 +22,8 @@ sys.path.insert(0, str(ROOT))
 from megatronapp.scenario.config import Scenario  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict  # noqa: E402
-from megatronapp.fidelity.published import NARAYANAN_TABLE1_TFLOPS as PUBLISHED  # noqa: E402
 from megatronapp.fidelity.published import (PublishedRun, fit_simulator, narayanan_row,  # noqa: E402
-                                            parameter_count)
+                                            narayanan_table1_tflops, parameter_count)
 from sim import simulate_iteration_times  # noqa: E402
 
 
@@ -43,9 +42,11 @@ def main() -> int:
                              "one with)")
     args = parser.parse_args()
     fit_rows = [int(r) for r in args.fit.split(",")]
-    rows = {i: row_scenario(i) for i in PUBLISHED}
+    published = narayanan_table1_tflops(ROOT)
+    rows = {i: row_scenario(i) for i in published}
     t0 = time.perf_counter()
-    fit = fit_simulator([PublishedRun(f"row {i}", rows[i], PUBLISHED[i], True) for i in fit_rows],
+    fit = fit_simulator([PublishedRun(f"row {i}", rows[i], "tflops_per_gpu", published[i], True)
+                         for i in fit_rows],
                         replica_time, progress=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"fitted on rows {fit_rows} in {time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{k.split('.')[-1]} = {v:.4f}" for k, v in fit.values.items()))
@@ -59,13 +60,13 @@ def main() -> int:
         p = predict(with_settings(s, fit.values), lambda sc, rep: simulate_iteration_times(sc, rep),
                     replica=True)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        err = p.hardware_tflops_per_gpu / PUBLISHED[i] - 1
+        err = p.hardware_tflops_per_gpu / published[i] - 1
         role = "fitted" if i in fit_rows else "predicted"
         if role == "predicted":
             errors.append(abs(err))
         q = s.parallel
         print(f"| {i} | {parameter_count(s) / 1e9:.1f} | {s.world_size} | {q.tp} | {q.pp} | {q.vpp} "
-              f"| {q.microbatches} | {bubble(s) * 100:.1f}% | {PUBLISHED[i]} | {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% "
+              f"| {q.microbatches} | {bubble(s) * 100:.1f}% | {published[i]} | {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% "
               f"| {p.iteration_s:.2f} | {cpu:.0f} / {wall:.0f} | {role} |", flush=True)
     print(f"\npredicted rows: mean |error| {sum(errors) / len(errors) * 100:.1f}%, "
           f"max {max(errors) * 100:.1f}%")

@@ -1,19 +1,22 @@
 """Published runs predicted by the simulator: fitted rows, held-out rows, and a
 FLOPs-only peer.
 
-The efficiency model's two constants (``cluster.gpu.efficiency``,
-``cluster.gpu.elementwise_traffic``) are fitted on the rows marked fitted;
-every other row is predicted with them (simulated as one data-parallel replica
-plus its data-parallel collectives, ``megatronapp predict --replica``). The
-FLOPs-only column (what llm-analysis computes: 6·N·tokens, 8 with full
-recomputation, at one efficiency of peak) fits its one efficiency on the same
-rows. Rows whose source is not available in full are listed, not guessed.
-Prints markdown for docs/fidelity.md.
+Every row of ``scenarios/published/runs.yaml`` (source, scenario, published
+figure, fitted or held out) is simulated as one data-parallel replica plus its
+data-parallel collectives (``megatronapp predict --replica``) with its
+device's efficiency constants: those the device profile keeps
+(``megatronapp/scenario/devices.py``), or with ``--refit`` those fitted again
+here on the device's fitted rows. The FLOPs-only column (what llm-analysis
+computes: 6·N·tokens, 8 with full recomputation, at one efficiency of peak)
+fits its one efficiency per device on the same rows. Errors compare
+throughput (published iteration time over predicted, minus one: positive is
+optimistic). Prints markdown for docs/fidelity.md.
 
-    python paper_figs/published_runs.py
+    python paper_figs/published_runs.py [--refit] [--only SOURCE_PREFIX]
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -21,16 +24,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from megatronapp.scenario.config import Scenario  # noqa: E402
 from megatronapp.scenario.devices import DEVICES  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.fidelity.predict import predict  # noqa: E402
-from megatronapp.fidelity.published import (LEFT_OUT, PublishedRun, fit_flops_only_efficiency,  # noqa: E402
-                                            fit_simulator, flops_only_peak_share,
-                                            held_out_errors, parameter_count, published_runs)
+from megatronapp.fidelity.published import (DEVICE_KNOBS, LEFT_OUT, METRIC_UNITS,  # noqa: E402
+                                            PublishedRun, fit_flops_only_efficiency,
+                                            fit_simulator, flops_only_iteration_s,
+                                            held_out_errors, parameter_count, published_runs,
+                                            throughput_error)
 from sim import simulate_iteration_times  # noqa: E402
 
 
-def replica_time(s):  # type: ignore[no-untyped-def]
+def replica_time(s: Scenario) -> float:
     return simulate_iteration_times(s, replica=True)[0]
 
 
@@ -41,39 +46,68 @@ def describe(r: PublishedRun) -> str:
             f"recompute {s.training.recompute}")
 
 
-def main() -> int:
-    runs = published_runs(ROOT)
+def device_constants(runs: list[PublishedRun], device: str, refit: bool) -> dict[str, float]:
+    """The efficiency constants a device's rows are predicted with."""
+    fitted = [r for r in runs if r.fitted and r.device == device]
+    profile = DEVICES[device]
+    kept = {f"cluster.gpu.{k}": v for k, v in profile.fitted.items()}
+    if not refit:
+        print(f"{device}: the profile's constants, fitted on {profile.fitted_on}: "
+              + ", ".join(f"{k} = {v:.4f}" for k, v in profile.fitted.items()))
+        return kept
     t0 = time.perf_counter()
-    fit = fit_simulator([r for r in runs if r.fitted], replica_time,
+    fit = fit_simulator(fitted, replica_time, knobs=DEVICE_KNOBS[device],
                         progress=lambda m: print(m, file=sys.stderr, flush=True))
-    peer = fit_flops_only_efficiency(runs)
-    fitted_on = ", ".join(r.source for r in runs if r.fitted)
-    print(f"simulator fitted on {fitted_on} in {time.perf_counter() - t0:.0f} s: "
+    print(f"{device}: fitted on {', '.join(r.source for r in fitted)} in "
+          f"{time.perf_counter() - t0:.0f} s: "
           + ", ".join(f"{k.split('.')[-1]} = {v:.4f}" for k, v in fit.values.items()))
-    print(f"a100-80gb device profile: " + ", ".join(
-        f"{k} = {v:.4f}" for k, v in DEVICES["a100-80gb"].fitted.items()))
-    print(f"FLOPs-only peer fitted on the same rows: efficiency = {peer:.4f}\n")
-    print("| source | configuration | published TFLOP/s per GPU | predicted | error "
-          "| FLOPs-only | its error | role |")
+    return {**kept, **fit.values}
+
+
+def print_summary(rows: list[tuple[PublishedRun, float, float]]) -> None:
+    """Held-out mean and worst |error|: all rows, then by device and by source."""
+    held = [(r, e, b) for r, e, b in rows if not r.fitted]
+    groups = {"all held-out rows": held}
+    for row in held:
+        groups.setdefault(row[0].device, []).append(row)
+        groups.setdefault(row[0].source.split(",")[0], []).append(row)
+    print("\n| held out | rows | simulator mean |error| | worst | FLOPs-only mean | worst |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, members in groups.items():
+        ours = held_out_errors([e for _, e, _ in members])
+        peer = held_out_errors([b for _, _, b in members])
+        print(f"| {name} | {len(members)} | {ours[0] * 100:.1f}% | {ours[1] * 100:+.1f}% "
+              f"| {peer[0] * 100:.1f}% | {peer[1] * 100:+.1f}% |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--refit", action="store_true",
+                        help="fit each device's constants again on its fitted rows")
+    parser.add_argument("--only", default="", help="only rows whose source starts with this")
+    args = parser.parse_args()
+    runs = published_runs(ROOT)
+    chosen = [r for r in runs if r.source.startswith(args.only)]
+    devices = sorted({r.device for r in chosen})
+    constants = {d: device_constants(runs, d, args.refit) for d in devices}
+    peer = {d: fit_flops_only_efficiency([r for r in runs if r.device == d]) for d in devices}
+    print("FLOPs-only peer fitted on the same rows: "
+          + ", ".join(f"{d} efficiency = {e:.4f}" for d, e in peer.items()) + "\n")
+    print("| source | configuration | published | published s | predicted s | error "
+          "| FLOPs-only error | role |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    ours, theirs = [], []
-    for r in runs:
-        p = predict(with_settings(r.scenario, fit.values),
-                    lambda sc, rep: simulate_iteration_times(sc, rep), replica=True)
-        err = p.hardware_tflops_per_gpu / r.tflops_per_gpu - 1
-        base = flops_only_peak_share(r.scenario) * peer
-        base_err = base / r.tflops_per_gpu - 1
-        if not r.fitted:
-            ours.append(err)
-            theirs.append(base_err)
-        print(f"| {r.source} | {describe(r)} | {r.tflops_per_gpu:g} "
-              f"| {p.hardware_tflops_per_gpu:.1f} | {err * 100:+.1f}% | {base:.1f} "
+    rows = []
+    for r in chosen:
+        predicted = replica_time(with_settings(r.scenario, constants[r.device]))
+        err = throughput_error(r.iteration_s, predicted)
+        peer_s = flops_only_iteration_s(r.scenario, peer[r.device])
+        base_err = throughput_error(r.iteration_s, peer_s)
+        rows.append((r, err, base_err))
+        print(f"| {r.source} | {describe(r)} | {r.value:g} {METRIC_UNITS[r.metric]} "
+              f"| {r.iteration_s:.3f} | {predicted:.3f} | {err * 100:+.1f}% "
               f"| {base_err * 100:+.1f}% | {'fitted' if r.fitted else 'held out'} |", flush=True)
-    for name, errors in (("simulator", ours), ("FLOPs-only peer", theirs)):
-        mean, worst = held_out_errors(errors)
-        print(f"\nheld-out rows ({len(errors)}), {name}: mean |error| {mean * 100:.1f}%, "
-              f"worst {worst * 100:+.1f}%", end="")
-    print("\n\nleft out (configuration or source not available in full):\n")
+    print_summary(rows)
+    print("\nleft out (not expressible, or configuration not given in full):\n")
     for left in LEFT_OUT:
         print(f"- {left.source}: {left.missing}")
     return 0

@@ -1,11 +1,12 @@
 """Named devices in ``cluster.gpu``: spec-sheet values, overrides, errors."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from megatronapp.scenario.config import ScenarioError, parse_scenario
+from megatronapp.scenario.config import ScenarioError, apply_overrides, parse_scenario
 from megatronapp.scenario.devices import DEVICES
 from sim import simulate_iteration_times
 
@@ -67,3 +68,22 @@ def test_the_cli_refuses_an_unknown_device_in_one_line(tmp_path: Any) -> None:
     result = run_cli("predict", str(path))
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "cluster.gpu.device" in result.stderr
+
+
+def test_a_key_set_beside_a_device_named_in_short_form_wins_over_the_profile() -> None:
+    """``cluster.gpu: h100-sxm`` plus ``--set cluster.gpu.tflops=…`` sets the key
+    beside the device, as the mapping form does."""
+    short = apply_overrides(on("h100-sxm"), ["cluster.gpu.tflops=900"])
+    mapping = apply_overrides(on({"device": "h100-sxm"}), ["cluster.gpu.tflops=900"])
+    assert parse_scenario(short) == parse_scenario(mapping)
+    assert parse_scenario(short).cluster.gpu.tflops == 900
+    assert parse_scenario(short).cluster.gpu.memory_gb == DEVICES["h100-sxm"].gpu["memory_gb"]
+
+
+def test_the_cli_sets_a_key_beside_a_device_named_in_short_form(tmp_path: Any) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("parallel: {microbatches: 2}\ncluster: {gpu: h100-sxm}\n")
+    result = run_cli("predict", str(path), "--set", "cluster.gpu.tflops=500", "--json")
+    assert result.returncode == 0, result.stderr
+    prediction = json.loads(result.stdout)
+    assert prediction["hardware_tflops_per_gpu"] / prediction["mfu"] == pytest.approx(500)

@@ -1,20 +1,27 @@
-"""Narayanan et al. 2021, Table 1: constants fitted on two rows (one without a
-pipeline, one with) predict others within 5%, and strong scaling loses
-throughput per GPU as the paper's does."""
+"""Published runs: Narayanan et al. 2021 Table 1's constants fitted on two rows
+(one without a pipeline, one with) predict others within 5%, strong scaling
+loses throughput per GPU as the paper's does; the table of published rows
+(scenarios/published/runs.yaml) keeps each device's fitted rows apart from the
+held-out ones, and its figures agree with a second source where one exists."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from pydantic import ValidationError
 
 from sim import simulate_iteration_times
 from megatronapp.scenario.config import Scenario
 from megatronapp.scenario.devices import DEVICES
-from megatronapp.costs.flops import hardware_flops_per_iteration
+from megatronapp.costs.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.predict import predict
-from megatronapp.fidelity.published import (LEFT_OUT, NARAYANAN_TABLE1_TFLOPS, PublishedRun,
+from megatronapp.fidelity.published import (DEVICE_KNOBS, LEFT_OUT, RUNS_FILE, PublishedRun,
                                             fit_flops_only_efficiency, fit_simulator,
-                                            flops_only_peak_share, held_out_errors,
-                                            narayanan_row, published_runs)
+                                            flops_only_iteration_s, held_out_errors,
+                                            narayanan_row, narayanan_table1_tflops,
+                                            published_iteration_s, published_runs,
+                                            throughput_error)
 
 from .support import ROOT
 
@@ -31,9 +38,13 @@ def tflops_per_gpu(s: Scenario) -> float:
     return predict(s, simulate_iteration_times, replica=True).hardware_tflops_per_gpu
 
 
+def fitted_rows(device: str) -> list[PublishedRun]:
+    return [r for r in published_runs(ROOT) if r.fitted and r.device == device]
+
+
 @pytest.fixture(scope="module")
 def fitted() -> dict[str, float]:
-    return fit_simulator([r for r in published_runs(ROOT) if r.fitted], replica_time).values
+    return fit_simulator(fitted_rows("a100-80gb"), replica_time).values
 
 
 @pytest.mark.slow
@@ -41,7 +52,7 @@ def fitted() -> dict[str, float]:
 def test_rows_not_fitted_on_are_predicted_within_5_percent(fitted: dict[str, float],
                                                            i: int) -> None:
     predicted = tflops_per_gpu(with_settings(row(i), fitted))
-    assert predicted == pytest.approx(NARAYANAN_TABLE1_TFLOPS[i], rel=0.05)
+    assert predicted == pytest.approx(narayanan_table1_tflops(ROOT)[i], rel=0.05)
 
 
 @pytest.mark.slow
@@ -63,35 +74,108 @@ def test_the_a100_profile_holds_the_constants_the_fit_finds(fitted: dict[str, fl
         assert profile[key.split(".")[-1]] == pytest.approx(value, rel=1e-3)
 
 
-def test_every_published_row_is_fitted_or_held_out_and_few_are_fitted() -> None:
+@pytest.mark.slow
+def test_the_h100_profile_holds_the_constants_the_fit_on_its_three_rows_finds() -> None:
+    fit = fit_simulator(fitted_rows("h100-sxm"), replica_time,
+                        knobs=DEVICE_KNOBS["h100-sxm"]).values
+    profile = DEVICES["h100-sxm"].fitted
+    for key, value in fit.items():
+        assert profile[key.split(".")[-1]] == pytest.approx(value, rel=1e-2)
+
+
+def test_each_device_is_fitted_on_its_named_rows_only_and_every_other_row_is_held_out() -> None:
     runs = published_runs(ROOT)
-    fitted_rows = [r for r in runs if r.fitted]
-    assert len(fitted_rows) == 2 and len(runs) == len(NARAYANAN_TABLE1_TFLOPS)
-    assert all(r.scenario.cluster.gpu.tflops == DEVICES["a100-80gb"].gpu["tflops"] for r in runs)
+    assert [r.source for r in fitted_rows("a100-80gb")] == [
+        "Narayanan et al. 2021, Table 1, row 1", "Narayanan et al. 2021, Table 1, row 7"]
+    assert [r.source.rsplit(", ", 1)[1] for r in fitted_rows("h100-sxm")] == ["32B", "119B", "314B"]
+    assert sum(not r.fitted for r in runs) == len(runs) - 5
+    assert len({r.source for r in runs}) == len(runs)
     assert all(left.missing for left in LEFT_OUT)
+
+
+def test_every_row_runs_on_the_device_whose_constants_it_fits_or_checks() -> None:
+    for r in published_runs(ROOT):
+        profile = DEVICES[r.device]
+        assert r.scenario.cluster.gpu.tflops == profile.gpu["tflops"], r.source
+        assert r.scenario.cluster.gpu.efficiency == profile.fitted["efficiency"], r.source
+
+
+def test_korthikanti_table5_times_give_the_megatron_readme_mfu_of_the_same_runs() -> None:
+    """Two sources for one run: Table 5's iteration times (with the paper's
+    model sizes, GPUs and batch) reproduce the MFU the Megatron-LM README (2022)
+    lists for the same configurations at data-parallel size one."""
+    readme_mfu = {"22B": 0.415, "175B": 0.514, "530B": 0.560, "1T": 0.563}
+    rows = {r.source.split(", ")[2]: r for r in published_runs(ROOT)
+            if r.source.startswith("Korthikanti") and "selective" in r.source}
+    assert sorted(rows) == sorted(readme_mfu)
+    for size, r in rows.items():
+        s = r.scenario
+        peak_flops = r.iteration_s * s.world_size * s.cluster.gpu.tflops * 1e12
+        mfu = model_flops_per_iteration(s) / peak_flops
+        assert mfu == pytest.approx(readme_mfu[size], abs=0.005), size
+
+
+def test_a_published_throughput_becomes_the_time_its_flops_take() -> None:
+    """TFLOP/s with recomputation counted divide the hardware FLOPs, model
+    TFLOP/s the model's alone; a published time is kept as it is."""
+    s = row(4)
+    assert published_iteration_s(s, "tflops_per_gpu", 135) * s.world_size * 135e12 == \
+        pytest.approx(hardware_flops_per_iteration(s), rel=1e-12)
+    ratio = (published_iteration_s(s, "model_tflops_per_gpu", 135)
+             / published_iteration_s(s, "tflops_per_gpu", 135))
+    assert ratio == pytest.approx(model_flops_per_iteration(s) / hardware_flops_per_iteration(s))
+    assert published_iteration_s(s, "iteration_s", 9.5) == 9.5
+
+
+def test_a_throughput_error_is_positive_when_the_prediction_is_faster() -> None:
+    assert throughput_error(10.0, 8.0) > 0 > throughput_error(10.0, 12.5)
+    assert throughput_error(10.0, 10.0) == 0
+
+
+def _write_runs(root: Path, entry: str) -> None:
+    (root / RUNS_FILE).parent.mkdir(parents=True)
+    (root / RUNS_FILE).write_text(entry)
+    src = ROOT / RUNS_FILE.parent / "narayanan2021" / "row01.yaml"
+    (root / RUNS_FILE.parent / "row01.yaml").write_text(src.read_text())
+
+
+@pytest.mark.parametrize("entry, error", [
+    ("- {source: x, scenario: row01.yaml, device: a100-80gb, published: {tflops_per_gpu: 1}, "
+     "role: fitted, note: y}\n", ValidationError),
+    ("- {source: x, scenario: row01.yaml, device: a100-80gb, published: {tflops: 1}, "
+     "role: fitted}\n", ValidationError),
+    ("- {source: x, scenario: row01.yaml, device: a100-80gb, "
+     "published: {tflops_per_gpu: 1, iteration_s: 2}, role: fitted}\n", ValueError),
+    ("- {source: x, scenario: row01.yaml, device: a100, published: {tflops_per_gpu: 1}, "
+     "role: fitted}\n", ValueError),
+])
+def test_a_published_row_with_an_unknown_key_device_or_not_one_figure_is_refused(
+        tmp_path: Path, entry: str, error: type[Exception]) -> None:
+    _write_runs(tmp_path, entry)
+    with pytest.raises(error):
+        published_runs(tmp_path)
 
 
 def test_the_flops_only_peer_does_not_see_the_parallel_layout() -> None:
     """6·N·tokens at one efficiency: the same model and global batch on another
-    layout predicts the same throughput per GPU (no bubble, no communication)."""
+    layout predicts the same iteration time (no bubble, no communication)."""
     s = row(5)
     other = with_settings(s, {"parallel.pp": 1, "parallel.dp": s.parallel.dp * 2,
                               "parallel.microbatches": s.parallel.microbatches // 2})
-    assert flops_only_peak_share(other) == pytest.approx(flops_only_peak_share(s), rel=1e-12)
+    assert flops_only_iteration_s(other, 0.4) == pytest.approx(flops_only_iteration_s(s, 0.4),
+                                                               rel=1e-12)
 
 
 def test_the_flops_only_peer_counts_8_flops_per_parameter_with_full_recompute() -> None:
     full = row(1)
     none = with_settings(full, {"training.recompute": "none"})
-    # throughput is Eq. 3 FLOPs over the peer's time; the time scales as 8 : 6
-    hw = [hardware_flops_per_iteration(x) for x in (full, none)]
-    ratio = (flops_only_peak_share(full) / hw[0]) / (flops_only_peak_share(none) / hw[1])
-    assert ratio == pytest.approx(6 / 8, rel=1e-12)
+    ratio = flops_only_iteration_s(full, 0.4) / flops_only_iteration_s(none, 0.4)
+    assert ratio == pytest.approx(8 / 6, rel=1e-12)
 
 
 def test_the_flops_only_efficiency_is_recovered_from_exact_figures() -> None:
-    runs = [PublishedRun(f"row {i}", row(i), flops_only_peak_share(row(i)) * 0.37, fitted=True)
-            for i in (1, 4, 7)]
+    runs = [PublishedRun(f"row {i}", row(i), "iteration_s", flops_only_iteration_s(row(i), 0.37),
+                         fitted=True) for i in (1, 4, 7)]
     assert fit_flops_only_efficiency(runs) == pytest.approx(0.37, rel=1e-12)
 
 

@@ -659,6 +659,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     out = copy.deepcopy(data)  # read_scenario_data bounded its depth
     for text in overrides:
         path, value = _parse_override(text)
+        if path[:2] == ["cluster", "gpu"] and len(path) > 2:
+            _expand_named_gpu(out)
         node: Any = out
         for i, part in enumerate(path[:-1]):
             nxt = _child(node, part, ".".join(path[: i + 1]))
@@ -668,6 +670,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = nxt
         _assign(node, path[-1], value, ".".join(path))
     return out
+
+
+def _expand_named_gpu(data: dict[str, Any]) -> None:
+    """``cluster.gpu: NAME`` as ``{device: NAME}``, so that ``--set`` can set a
+    key beside the device (the validator reads both forms alike)."""
+    cluster = data.get("cluster")
+    if isinstance(cluster, dict) and isinstance(cluster.get("gpu"), str):
+        cluster["gpu"] = {"device": cluster["gpu"]}
 
 
 def _child(node: Any, part: str, where: str) -> Any:

@@ -34,9 +34,13 @@ DEVICES: dict[str, DeviceProfile] = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s bf16 dense,
     # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction);
     # DGX H100 datasheet: eight 400 Gb/s NDR InfiniBand (ConnectX-7) NICs.
+    # Efficiency fitted on the Megatron-LM README's H100 rows 32B, 119B and 314B;
+    # elementwise traffic (bytes per stored activation byte: the kernels') is the A100's.
     "h100-sxm": DeviceProfile(
         gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35},
-        links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
+        links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8},
+        fitted={"efficiency": 0.6667, "elementwise_traffic": 2.1653},
+        fitted_on="Megatron-LM README, Megatron-Core r0.8.0 on H100, 32B, 119B and 314B"),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOP/s bf16 dense,
     # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: eight 400 Gb/s NDR NICs.
     "h200": DeviceProfile(
