@@ -24,6 +24,7 @@ from megatronapp.trace.events import Event
 
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import ScanInput, stage_peers
+from .waits import WaitAccumulator, WaitScores, members_of_ops, with_waits
 from .work import Work, modelled_work
 
 MAD_TO_SIGMA = 1.4826
@@ -597,6 +598,19 @@ def victims_of(scan: ScanInput, causes: list[RootCause]) -> tuple[int, ...]:
     return tuple(sorted(waited - {c.rank for c in causes} - {c.peer for c in causes}))
 
 
+def busy_seconds(durations: Durations) -> dict[int, float]:
+    """rank -> its summed compute durations."""
+    return {r: float(sum(np.sum(v) for v in by_name.values())) for r, by_name in durations.items()}
+
+
+def wait_scores(scan: ScanInput) -> WaitScores:
+    """Who waited for whom at the linked sync ops (``waits``)."""
+    waits = WaitAccumulator()
+    waits.feed(*members_of_ops(scan.events, [(op.kind, op.members) for op in scan.ops]))
+    return waits.scores()
+
+
 def megascan(scan: ScanInput, th: Thresholds = Thresholds()) -> Diagnosis:
-    causes = compute_root_causes(scan, th) + link_root_causes(scan, th)
+    causes = with_waits(compute_root_causes(scan, th) + link_root_causes(scan, th),
+                        wait_scores(scan), busy_seconds(durations_of(scan)))
     return Diagnosis(ranked(causes), victims_of(scan, causes))

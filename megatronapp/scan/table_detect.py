@@ -1,17 +1,20 @@
 """MegaScan's detector (``detect.megascan``) over a ``TableScan``, vectorised."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from megatronapp.trace.metrics import group_ids
 
 from .detect import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
-                     durations_per_work, flow_of, judge_bandwidth, judge_compute, judge_links,
+                     busy_seconds, durations_per_work, flow_of, judge_bandwidth, judge_compute, judge_links,
                      lonely_work, relative_to_peers, row_scores)
 from .work import Work
 from .diagnosis import Diagnosis, RootCause, ranked
 from .inputs import STAGE_PEER_WORDS
 from .table import COLLECTIVE, COMPUTE_KIND, P2P, TableScan
+from .waits import COLLECTIVE_KIND, P2P_KIND, RECEIVE, WaitAccumulator, WaitScores, with_waits
 
 LATE_WORDS = ("tp", "dp", "tensor", "data")
 
@@ -257,6 +260,21 @@ def victims_of(scan: TableScan, causes: list[RootCause]) -> tuple[int, ...]:
     return tuple(sorted(waited - named))
 
 
+def wait_scores(scan: TableScan) -> WaitScores:
+    """``detect.wait_scores``: the sync table's member rows, each with its op."""
+    sync = scan.sync
+    p2p = sync.op_kind[sync.member_op] == P2P
+    receiving = sync.member_row == sync.receiver[sync.member_op]
+    members = replace(scan.cols.take(sync.member_row),
+                      kind=np.where(p2p, P2P_KIND, COLLECTIVE_KIND).astype(np.int8),
+                      role=np.where(p2p, np.where(receiving, RECEIVE, 1 - RECEIVE), -1
+                                    ).astype(np.int8))
+    waits = WaitAccumulator()
+    waits.feed(members, sync.member_op.astype(np.int64))
+    return waits.scores()
+
+
 def megascan_table(scan: TableScan, th: Thresholds = Thresholds()) -> Diagnosis:
-    causes = compute_root_causes(scan, th) + link_root_causes(scan, th)
+    causes = with_waits(compute_root_causes(scan, th) + link_root_causes(scan, th),
+                        wait_scores(scan), busy_seconds(durations_of(scan)))
     return Diagnosis(ranked(causes), victims_of(scan, causes))
