@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from megatronapp.cli import main
 from megatronapp.scan.detect import megascan, wait_scores
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.kineto import kineto_files, load_kineto
@@ -18,10 +19,16 @@ from .support import GLOO, MAIN, collective, gloo_file, kineto_event, write_kine
 WORLD, STEPS, SMALL_OPS, STEP_US = 4, 6, 30, 4000.0
 
 
-def ddp_like_rank(rank: int, matmul_us: dict[int, float], small_us: float = 20.0) -> list[dict]:
+Steps = dict[tuple[int, int], float]  # (rank, step) -> µs
+
+
+def ddp_like_rank(rank: int, matmul_us: Steps, small_us: float = 20.0,
+                  idle_us: Steps | None = None) -> list[dict]:
     """Each step: many small ops alike on every rank, one matmul (its length
-    per rank: ``matmul_us``, or 500 µs), then a gradient all-reduce that
-    ends when the last rank has arrived."""
+    per (rank, step): ``matmul_us``, or 500 µs), an idle gap (``idle_us``,
+    none by default), then a gradient all-reduce that ends when the last
+    rank has arrived."""
+    idle = idle_us or {}
     events = []
     for n in range(STEPS):
         t = 1000.0 + n * STEP_US
@@ -31,17 +38,18 @@ def ddp_like_rank(rank: int, matmul_us: dict[int, float], small_us: float = 20.0
         for _ in range(SMALL_OPS):
             events.append(kineto_event("aten::add", "cpu_op", rank, MAIN, at, small_us))
             at += small_us + 1
-        last = t + 5 + SMALL_OPS * (small_us + 1) + max(matmul_us.get((r, n), 500.0)
-                                                          for r in range(WORLD))
+        last = t + 5 + SMALL_OPS * (small_us + 1) + max(
+            matmul_us.get((r, n), 500.0) + idle.get((r, n), 0.0) for r in range(WORLD))
         mine = matmul_us.get((rank, n), 500.0)
         events.append(kineto_event("aten::mm", "cpu_op", rank, MAIN, at, mine))
-        events += collective(rank, "allreduce_", "all_reduce", at + mine, last + 100.0)
+        arrive = at + mine + idle.get((rank, n), 0.0)
+        events += collective(rank, "allreduce_", "all_reduce", arrive, last + 100.0)
     return events
 
 
-def job(tmp_path, matmul_us, small_us=None) -> object:
+def job(tmp_path, matmul_us, small_us=None, idle_us=None) -> object:
     small = small_us or {}
-    files = {r: gloo_file(r, WORLD, ddp_like_rank(r, matmul_us, small.get(r, 20.0)))
+    files = {r: gloo_file(r, WORLD, ddp_like_rank(r, matmul_us, small.get(r, 20.0), idle_us))
              for r in range(WORLD)}
     return load_scan_input(write_kineto(tmp_path, files))
 
@@ -68,6 +76,30 @@ def test_a_rank_slow_at_small_ops_that_nobody_waits_for_is_not_named_first(tmp_p
     slow = {**{(0, n): 750.0 for n in range(STEPS)}, **{(1, n): 2500.0 for n in range(STEPS)}}
     scan = job(tmp_path, slow, small_us={0: 30.0})
     assert causes(scan) == [("compute", 1, ("waits",))]
+
+
+# rank 1 is the last, by 1000 µs, in steps 0-3; ranks 0 and 2 in steps 4 and 5
+LATE_IN_FOUR = {**{(1, n): 1000.0 for n in range(4)}, (0, 4): 1000.0, (2, 5): 1000.0}
+
+
+def test_a_rank_waited_for_in_four_of_six_steps_is_named_when_it_computed_longer(tmp_path):
+    slower = {key: 500.0 + late for key, late in LATE_IN_FOUR.items()}
+    assert causes(job(tmp_path, slower)) == [("compute", 1, ("waits",))]
+
+
+def test_a_rank_waited_for_in_four_of_six_steps_is_not_named_when_it_idled(tmp_path):
+    # the same arrivals, made of idle time: no compute says it was slow
+    assert causes(job(tmp_path, {}, idle_us=LATE_IN_FOUR)) == []
+
+
+def test_detect_says_who_waited_for_the_rank_and_which_evidence_it_rests_on(tmp_path, capsys):
+    job(tmp_path, {(1, n): 1500.0 for n in range(STEPS)})
+    assert main(["detect", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("root cause: rank 1 (compute")
+    assert "the others in group [0, 1, 2, 3] waited for it: 100% of their wait" in lines[1]
+    assert "most in 6 of 6 iterations; last to arrive at 6 of 6" in lines[1]
+    assert lines[2] == "  evidence: waits"
 
 
 @pytest.mark.parametrize("cuts", [1, 2, 7, 40])
