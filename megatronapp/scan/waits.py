@@ -24,6 +24,7 @@ import numpy as np
 
 from megatronapp.trace.columns import KINDS, EventColumns, columns_from_events
 from megatronapp.trace.events import Event
+from megatronapp.trace.metrics import group_ids
 
 from .diagnosis import RootCause
 
@@ -132,14 +133,16 @@ class WaitAccumulator:
         ends = np.r_[np.flatnonzero(m.op[1:] != m.op[:-1]), len(m.op) - 1]
         latest = np.repeat(m.start[ends], np.diff(np.r_[-1, ends]))
         waits = np.add.reduceat(latest - m.start, np.r_[0, ends[:-1] + 1])
-        for row, wait in zip(ends.tolist(), waits.tolist()):
-            group, rank = m.groups[int(m.group[row])], int(m.rank[row])
-            self.last[(group, rank)] += 1
-            self.imposed[(group, rank)] += wait
-            if m.iteration[row] >= 0:
-                self.by_iteration[(group, int(m.iteration[row]))][rank] += wait
-        for group_id, rank in zip(m.group.tolist(), m.rank.tolist()):
-            self.joined[(m.groups[group_id], rank)] += 1
+        last = m.take(ends)
+        for (group, rank), n, wait in _tallies([last.group, last.rank], waits):
+            self.last[(m.groups[group], rank)] += n
+            self.imposed[(m.groups[group], rank)] += wait
+        known = last.iteration >= 0
+        for (group, it, rank), _, wait in _tallies(
+                [last.group[known], last.iteration[known], last.rank[known]], waits[known]):
+            self.by_iteration[(m.groups[group], it)][rank] += wait
+        for (group, rank), n, _ in _tallies([m.group, m.rank], np.zeros(len(m.op))):
+            self.joined[(m.groups[group], rank)] += n
 
     def _transfers(self, m: "_Members") -> None:
         if not len(m.op):
@@ -180,6 +183,18 @@ class WaitAccumulator:
             leader = max(sorted(by_rank), key=lambda r: by_rank[r])
             topped[(group, leader)] += 1
         return iterations, topped
+
+
+def _tallies(keys: list[np.ndarray], weights: np.ndarray) -> list[tuple[tuple[int, ...], int, float]]:
+    """Per distinct tuple of ``keys`` (row-aligned): the tuple, its rows and
+    their summed ``weights`` (one pass, however many ops a batch holds)."""
+    ids, n = group_ids(*keys)
+    if not n:
+        return []
+    first = np.unique(ids, return_index=True)[1]
+    counts, sums = np.bincount(ids, minlength=n), np.bincount(ids, weights, minlength=n)
+    return [(tuple(int(k[f]) for k in keys), int(c), float(w))
+            for f, c, w in zip(first.tolist(), counts.tolist(), sums.tolist())]
 
 
 @dataclass(frozen=True)
