@@ -84,7 +84,15 @@ LATE_IN_FOUR = {**{(1, n): 1000.0 for n in range(4)}, (0, 4): 1000.0, (2, 5): 10
 
 def test_a_rank_waited_for_in_four_of_six_steps_is_named_when_it_computed_longer(tmp_path):
     slower = {key: 500.0 + late for key, late in LATE_IN_FOUR.items()}
+    slower.update({(1, 4): 800.0, (1, 5): 800.0})  # slower at its best too
     assert causes(job(tmp_path, slower)) == [("compute", 1, ("waits",))]
+
+
+def test_a_late_rank_whose_main_op_is_as_fast_as_its_peers_at_its_best_is_not_named(tmp_path):
+    # rank 3's matmul is 5x in four steps, its peers' length in two: a
+    # process the machine deschedules, not a slower device or bigger work
+    descheduled = {(3, n): 2500.0 for n in range(4)}
+    assert causes(job(tmp_path, descheduled)) == []
 
 
 def test_a_rank_waited_for_in_four_of_six_steps_is_not_named_when_it_idled(tmp_path):

@@ -598,11 +598,6 @@ def victims_of(scan: ScanInput, causes: list[RootCause]) -> tuple[int, ...]:
     return tuple(sorted(waited - {c.rank for c in causes} - {c.peer for c in causes}))
 
 
-def busy_seconds(durations: Durations) -> dict[int, float]:
-    """rank -> its summed compute durations."""
-    return {r: float(sum(np.sum(v) for v in by_name.values())) for r, by_name in durations.items()}
-
-
 def wait_scores(scan: ScanInput) -> WaitScores:
     """Who waited for whom at the linked sync ops (``waits``)."""
     waits = WaitAccumulator()
@@ -612,5 +607,5 @@ def wait_scores(scan: ScanInput) -> WaitScores:
 
 def megascan(scan: ScanInput, th: Thresholds = Thresholds()) -> Diagnosis:
     causes = with_waits(compute_root_causes(scan, th) + link_root_causes(scan, th),
-                        wait_scores(scan), busy_seconds(durations_of(scan)))
+                        wait_scores(scan), durations_of(scan))
     return Diagnosis(ranked(causes), victims_of(scan, causes))

@@ -8,7 +8,7 @@ import numpy as np
 from megatronapp.trace.metrics import group_ids
 
 from .detect import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
-                     busy_seconds, durations_per_work, flow_of, judge_bandwidth, judge_compute, judge_links,
+                     durations_per_work, flow_of, judge_bandwidth, judge_compute, judge_links,
                      lonely_work, relative_to_peers, row_scores)
 from .work import Work
 from .diagnosis import Diagnosis, RootCause, ranked
@@ -276,5 +276,5 @@ def wait_scores(scan: TableScan) -> WaitScores:
 
 def megascan_table(scan: TableScan, th: Thresholds = Thresholds()) -> Diagnosis:
     causes = with_waits(compute_root_causes(scan, th) + link_root_causes(scan, th),
-                        wait_scores(scan), busy_seconds(durations_of(scan)))
+                        wait_scores(scan), durations_of(scan))
     return Diagnosis(ranked(causes), victims_of(scan, causes))

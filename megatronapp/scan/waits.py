@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -98,6 +98,9 @@ class WaitThresholds:
     # as long as the median of its group's others
     busy_topped_share: float = 0.5
     busy_ratio: float = 1.3
+    # and its main op's 10th-percentile duration this many times its group's others'
+    best_quantile: float = 10.0
+    best_ratio: float = 1.2
     last_share: float = 0.5  # a rank last at fewer instances held no one up
     imposed_share: float = 0.6  # of the group's imposed wait
     min_members: int = 3  # two ranks cannot outvote each other
@@ -265,37 +268,60 @@ def members_of_ops(events: Mapping[int, Sequence[Event]],
 
 
 # -------------------------------------------------------------- verdict
-def waited_for(scores: WaitScores, busy: Mapping[int, float] = {},
+Samples = Union[Sequence[float], np.ndarray]
+Compute = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> its compute durations
+
+
+def waited_for(scores: WaitScores, compute: Compute = {},
                th: WaitThresholds = WaitThresholds()) -> list[RankWaits]:
     """Ranks their peers waited for most in most iterations of a group, for
-    most of its waiting: a rank the waits alone name; or in more than half
-    of them, when ``busy`` (rank -> its compute seconds) shows it computed
-    far longer than the group's others."""
+    most of its waiting, or in more than half of them while it computed far
+    longer than the group's others (``compute``: rank -> op name -> its
+    compute durations); either way slow at its best in its main work (the
+    op it spends most time in, against the same op on the group's others): a
+    process the machine only descheduled is late and busy, not slow at its
+    fastest."""
     return [w for w in scores.ranks
             if len(w.group) >= th.min_members
             and (w.iterations or w.joined) >= th.min_iterations
             and w.imposed_share >= th.imposed_share
             and (w.topped_share >= th.topped_share
                  or (w.topped_share > th.busy_topped_share
-                     and _busy_ratio(w, busy) >= th.busy_ratio))]
+                     and _busy_ratio(w, compute) >= th.busy_ratio))
+            and _best_ratio(w, compute, th.best_quantile) >= th.best_ratio]
 
 
-def _busy_ratio(w: RankWaits, busy: Mapping[int, float]) -> float:
-    others = [busy[r] for r in w.group if r != w.rank and r in busy]
+def _busy_ratio(w: RankWaits, compute: Compute) -> float:
+    """Its summed compute over the median of its group's others'."""
+    busy = {r: float(sum(np.sum(v) for v in compute[r].values())) for r in w.group if r in compute}
+    others = [b for r, b in busy.items() if r != w.rank]
     centre = float(np.median(others)) if others else 0.0
     return busy.get(w.rank, 0.0) / centre if centre > 0 else 0.0
 
 
-def with_waits(causes: Sequence[RootCause], scores: WaitScores, busy: Mapping[int, float] = {},
+def _best_ratio(w: RankWaits, compute: Compute, quantile: float) -> float:
+    """The ``quantile`` of its durations of its main op (the one it spends
+    most time in that others of its group run too) over the median of
+    theirs; 0 when no such op."""
+    mine = compute.get(w.rank, {})
+    for name in sorted(mine, key=lambda n: -float(np.sum(mine[n]))):
+        theirs = [float(np.percentile(compute[r][name], quantile)) for r in w.group
+                  if r != w.rank and r in compute and len(compute[r].get(name, ())) > 0]
+        if theirs and len(mine[name]) > 0 and np.median(theirs) > 0:
+            return float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
+    return 0.0
+
+
+def with_waits(causes: Sequence[RootCause], scores: WaitScores, compute: Compute = {},
                th: WaitThresholds = WaitThresholds()) -> list[RootCause]:
     """The detector's causes weighed with who waited for whom. A rank the
     waits name (``waited_for``) is a compute root cause, on the waits alone
     when nothing else names it, unless a named link of its own explains its
     lateness; a compute candidate of a group whose waits name another rank,
     and that rarely came last there, held no one up and is dropped. Every
-    compute cause says which evidence it rests on. ``busy``: rank -> its
-    compute seconds."""
-    named = {w.rank: w for w in waited_for(scores, busy, th)}
+    compute cause says which evidence it rests on. ``compute``: rank -> op
+    name -> its compute durations."""
+    named = {w.rank: w for w in waited_for(scores, compute, th)}
     linked = {r for c in causes if c.kind == "link" for r in (c.rank, c.peer)}
     named = {r: w for r, w in named.items() if r not in linked}
     out = []
@@ -305,11 +331,11 @@ def with_waits(causes: Sequence[RootCause], scores: WaitScores, busy: Mapping[in
         elif c.rank in named:
             w = named.pop(c.rank)
             out.append(replace(c, confidence=max(c.confidence, _confidence(w)),
-                               evidence={**c.evidence, **_evidence(w, busy), "rests_on": ["compute", "waits"]}))
+                               evidence={**c.evidence, **_evidence(w, compute, th), "rests_on": ["compute", "waits"]}))
         elif not _outwaited(c.rank, scores, named, th):
             out.append(replace(c, evidence={**c.evidence, "rests_on": ["compute"]}))
     return out + [RootCause(w.rank, "compute", None, _confidence(w),
-                            {**_evidence(w, busy), "rests_on": ["waits"]}) for w in named.values()]
+                            {**_evidence(w, compute, th), "rests_on": ["waits"]}) for w in named.values()]
 
 
 def _outwaited(rank: int, scores: WaitScores, named: Mapping[int, RankWaits],
@@ -324,9 +350,10 @@ def _confidence(w: RankWaits) -> float:
     return (w.topped_share + w.imposed_share) / 2
 
 
-def _evidence(w: RankWaits, busy: Mapping[int, float]) -> dict[str, object]:
+def _evidence(w: RankWaits, compute: Compute, th: WaitThresholds) -> dict[str, object]:
     return {"waited_for": {"group": list(w.group), "last": w.last, "joined": w.joined,
                            "imposed_s": round(w.imposed_s, 6),
                            "imposed_share": round(w.imposed_share, 3),
                            "iterations_led": w.topped, "iterations": w.iterations,
-                           "busy_ratio": round(_busy_ratio(w, busy), 3)}}
+                           "busy_ratio": round(_busy_ratio(w, compute), 3),
+                           "best_ratio": round(_best_ratio(w, compute, th.best_quantile), 3)}}
