@@ -176,6 +176,29 @@ def table(records: list[dict[str, Any]], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+GOAL_SLOWDOWN = 1.5  # issue 20: every slowed rank at least this slow by its trace named first
+
+
+def goal(records: list[dict[str, Any]], methods: list[str]) -> str:
+    """Per method, against the goal: slowed ranks with a realized slowdown of
+    ``GOAL_SLOWDOWN`` or more named first, slow links named first, false
+    alarms on healthy runs, runs naming a link the job never used."""
+    slowed = [r for r in records if r["fault"].startswith("rank") and r["realized"] >= GOAL_SLOWDOWN]
+    links = [r for r in records if r["fault"].startswith("link")]
+    healthy = [r for r in records if r["fault"] == "healthy"]
+    lines = []
+    for m in methods:
+        def right(runs: list[dict[str, Any]]) -> int:
+            return sum(r["methods"][m]["verdict"] == "right" for r in runs)
+        phantoms = sum(1 for r in records if r["methods"][m]["phantom"])
+        lines.append(f"{m}: slowed ranks (realized >= {GOAL_SLOWDOWN}x) named first "
+                     f"{right(slowed)} of {len(slowed)}; slow links named first "
+                     f"{right(links)} of {len(links)}; false alarms "
+                     f"{len(healthy) - right(healthy)} of {len(healthy)} healthy; "
+                     f"phantom links in {phantoms} of {len(records)} runs")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -189,7 +212,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table_from:
-        print(table(json.loads(args.table_from.read_text()), args.methods))
+        records = json.loads(args.table_from.read_text())
+        print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
         return 0
     cases = [(name, fault) for name in args.kinds for fault in FAULTS
              if KINDS[name].slow_link or not fault.needs_link]
@@ -201,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             records.append(one_run(name, KINDS[name], fault, args.methods))
             if args.out:
                 args.out.write_text(json.dumps(records, indent=1))
-    print(table(records, args.methods))
+    print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
     return 0
 
 

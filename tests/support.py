@@ -188,6 +188,24 @@ def kineto_meta(pid: int) -> list[dict]:
             kineto_event("PyTorch Profiler (0)", "Trace", "Spans", "PyTorch Profiler", 0.0, 1e6)]
 
 
+MAIN, GLOO = 1, 21  # a gloo job's main thread and a gloo worker thread
+
+
+def gloo_file(rank: int, world: int, events: list[dict[str, Any]]) -> dict:
+    """One rank's Kineto file as a gloo job on one host writes it."""
+    return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "host_name": "node0",
+            "traceEvents": kineto_meta(rank) + events,
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
+                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
+                                               "pg_size": world, "ranks": list(range(world))}]}}
+
+
+def collective(rank: int, op: str, gloo_op: str, at: float, done: float) -> list[dict]:
+    """A c10d call on the main thread, run by gloo on its own thread until ``done``."""
+    return [kineto_event(f"c10d::{op}", "cpu_op", rank, MAIN, at, 20.0),
+            kineto_event(f"gloo:{gloo_op}", "user_annotation", rank, GLOO, at + 5, done - at - 5)]
+
+
 def write_kineto(directory: Path, files: dict[int, dict], gz: bool = False) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for rank, data in files.items():

@@ -4,8 +4,6 @@ without recorded peers, and compute that is not annotated. Traces are built
 to the schema gloo jobs write (``tests/zoo`` runs the real jobs)."""
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from megatronapp.scan.analyze import analyze
@@ -13,23 +11,7 @@ from megatronapp.scan.detect import megascan
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.kineto import kineto_files, load_kineto
 
-from .support import KINETO_BASE_NS, kineto_event, kineto_meta, write_kineto
-
-MAIN, GLOO = 1, 21  # the main thread and a gloo worker thread
-
-
-def gloo_file(rank: int, world: int, events: list[dict[str, Any]]) -> dict:
-    return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "host_name": "node0",
-            "traceEvents": kineto_meta(rank) + events,
-            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
-                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg",
-                                               "pg_size": world, "ranks": list(range(world))}]}}
-
-
-def collective(rank: int, op: str, gloo_op: str, at: float, done: float) -> list[dict]:
-    """A c10d call on the main thread, run by gloo on its own thread until ``done``."""
-    return [kineto_event(f"c10d::{op}", "cpu_op", rank, MAIN, at, 20.0),
-            kineto_event(f"gloo:{gloo_op}", "user_annotation", rank, GLOO, at + 5, done - at - 5)]
+from .support import GLOO, MAIN, collective, gloo_file, kineto_event, write_kineto
 
 
 def stepped_rank(rank: int, steps: int = 3) -> list[dict]:

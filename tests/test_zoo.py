@@ -98,3 +98,20 @@ def test_a_slowed_link_holds_each_of_its_receivers_before_wait(tmp_path):
                     and e["args"]["Concrete Inputs"][2] == str(sender)]
         assert len(receives) == STEPS * 8  # one per microbatch and step
         assert min(idle_after(trace, e) for e in receives) >= delay_ms * 1e3
+
+
+def _record(fault: str, realized: float, verdict: str, phantom: list | None = None) -> dict:
+    return {"kind": "ddp", "fault": fault, "realized": realized,
+            "methods": {"megascan": {"verdict": verdict, "phantom": phantom or [],
+                                     "root_causes": []}}}
+
+
+def test_the_goal_counts_only_slowed_ranks_the_trace_shows_slow_enough():
+    from paper_figs.zoo_table import goal
+
+    records = [_record("rank 1 x2.0", 1.6, "right"), _record("rank 1 x1.5", 1.2, "missed"),
+               _record("rank 1 x2.0", 1.5, "missed"), _record("link 1-2 +5 ms", 1.1, "right"),
+               _record("healthy", 1.3, "false alarm", [[0, 3]]), _record("healthy", 1.1, "right")]
+    assert goal(records, ["megascan"]) == (
+        "megascan: slowed ranks (realized >= 1.5x) named first 1 of 2; slow links named first "
+        "1 of 1; false alarms 1 of 2 healthy; phantom links in 1 of 6 runs")

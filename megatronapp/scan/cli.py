@@ -128,9 +128,10 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
                 waited = 2 * ev["last_to_start"] > ev["collectives"]
                 yield (f"  it started last in {ev['last_to_start']} of its {ev['collectives']} "
                        "TP/DP collectives" + (": the others waited for it" if waited else ""))
+            yield from _waited_for(ev)
             extra = {k: v for k, v in ev.items() if k not in ("slowdown", "slow_op_share",
                      "ops_compared", "peers", "last_to_start", "collectives", "z",
-                     "floor_slowdown")}
+                     "floor_slowdown", "waited_for", "rests_on")}
             if extra:
                 yield "  " + ", ".join(f"{k}={v}" for k, v in extra.items())
         else:
@@ -149,6 +150,17 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
         shown = ", ".join(map(str, d["victims"][:16]))
         more = f" and {len(d['victims']) - 16} more" if len(d["victims"]) > 16 else ""
         yield f"victims (waited on a root cause, not faulty themselves): {shown}{more}"
+
+
+def _waited_for(ev: dict[str, Any]) -> Iterator[str]:
+    """The waiting evidence of a compute cause, and what the verdict rests on."""
+    w = ev.get("waited_for")
+    if w:
+        yield (f"  the others in group {w['group']} waited for it: {100 * w['imposed_share']:.0f}% "
+               f"of their wait ({w['imposed_s']:.3f} s), most in {w['iterations_led']} of "
+               f"{w['iterations']} iterations; last to arrive at {w['last']} of {w['joined']}")
+    if ev.get("rests_on"):
+        yield "  evidence: " + " and ".join(ev["rests_on"])
 
 
 # --------------------------------------------------------------- analyze

@@ -38,6 +38,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from megatronapp.scenario.config import Scenario
+from megatronapp.trace.columns import EventColumns
 from megatronapp.trace.metrics import group_ids
 
 from .components import classes_of
@@ -49,6 +50,7 @@ from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
                     judge_links, lonely_work, relative_to_peers, row_scores)
 from .sketch import DEFAULT_CAPACITY, Reservoirs
 from .table import COLLECTIVE, COMPUTE_KIND, P2P
+from .waits import COLLECTIVE_KIND, P2P_KIND, RECEIVE, WaitAccumulator, with_waits
 from .work import Work
 
 STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
@@ -301,7 +303,8 @@ def op_members(scan: ScanInput) -> tuple[dict[tuple[int, ...], set[int]], set[tu
             met.setdefault(tuple(sorted(cols.groups[chunk[0, 0]])), set()).update(
                 chunk[:, 1].tolist())
     p2p = np.flatnonzero(sync.op_kind == P2P)
-    a, b = cols.rank[sync.sender[p2p]].astype(np.int64), cols.rank[sync.receiver[p2p]].astype(np.int64)
+    a = cols.rank[sync.sender[p2p]].astype(np.int64)
+    b = cols.rank[sync.receiver[p2p]].astype(np.int64)
     pairs = _unique_pairs(np.minimum(a, b), np.maximum(a, b))
     return met, {(x, y) for x, y in pairs.tolist()}
 
@@ -329,10 +332,9 @@ def victims_of(causes: Iterable[RootCause], met: Mapping[tuple[int, ...], set[in
     return tuple(sorted(waited - named))
 
 
-def diagnosis_of(compute: list[RootCause], links: list[RootCause], victims: tuple[int, ...]
-                 ) -> Diagnosis:
+def diagnosis_of(causes: list[RootCause], victims: tuple[int, ...]) -> Diagnosis:
     """The verdict: every root cause, most confident first, and the victims."""
-    return Diagnosis(ranked(compute + links), victims)
+    return Diagnosis(ranked(causes), victims)
 
 
 # ------------------------------------------------------------- detector
@@ -356,6 +358,8 @@ class Detector:
         self._work: dict[tuple[int, ...], Work] = {}
         self._peers: dict[int, tuple[int, ...]] = {}  # by the ties below, once counted
         self._peers_of = (0, 0)  # (ranks, ties) the stage peers were found from
+        self._waited = WaitAccumulator()  # who waited for whom (``waits``)
+        self._ops_fed = 0
 
     def feed(self, batch: ScanInput) -> None:
         """Take in one batch of whole sync ops, aligned and linked."""
@@ -381,6 +385,8 @@ class Detector:
         for group, members in met.items():
             self._met.setdefault(group, set()).update(members)
         self._pairs |= pairs
+        self._waited.feed(*wait_members(batch, self._ops_fed))
+        self._ops_fed += batch.sync.ops
 
     def _stage_peers(self, ranks: Iterable[int]) -> dict[int, tuple[int, ...]]:
         """``ranks`` -> their stage peers among ``ranks``, by every tie fed so far
@@ -415,13 +421,28 @@ class Detector:
         node = self.gpus_per_node
         links = judge_links(judge_bandwidth(pair_stats(self._transfers, self.th), node, self.th),
                             self._waits, node, self.th)
-        return diagnosis_of(compute, links, victims_of(compute + links, self._met, self._pairs))
+        causes = with_waits(compute + links, self._waited.scores(), durations)
+        return diagnosis_of(causes, victims_of(causes, self._met, self._pairs))
 
     def state_entries(self) -> int:
         """Keys and values held: ranks, ties, samples, counts, group members, pairs."""
         samples = (self._ratios, self._cross, self._durations, self._transfers, self._waits)
         return (len(self._ranks) + len(self._edges) + sum(len(s) + s.entries() for s in samples)
                 + 2 * len(self._late) + sum(len(m) for m in self._met.values()) + len(self._pairs))
+
+
+def wait_members(scan: ScanInput, first_op: int = 0) -> tuple[EventColumns, np.ndarray]:
+    """The sync table's member rows, each marked collective or p2p (a p2p
+    member's role: receive or send), and its op numbered from ``first_op`` (so
+    that ops of different batches never share a number)."""
+    sync = scan.sync
+    p2p = sync.op_kind[sync.member_op] == P2P
+    receiving = sync.member_row == sync.receiver[sync.member_op]
+    members = replace(scan.cols.take(sync.member_row),
+                      kind=np.where(p2p, P2P_KIND, COLLECTIVE_KIND).astype(np.int8),
+                      role=np.where(p2p, np.where(receiving, RECEIVE, 1 - RECEIVE), -1
+                                    ).astype(np.int8))
+    return members, sync.member_op.astype(np.int64) + first_op
 
 
 def megascan(scan: ScanInput, th: Thresholds = Thresholds()) -> Diagnosis:

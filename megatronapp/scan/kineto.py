@@ -357,12 +357,87 @@ def _compute(spans: list[Span]) -> list[Span]:
         split = {s.index for s in _holding_comm(cpu)}
         # a thread the job annotated is measured by its annotations, the
         # units it names (the ops between them would swamp them)
-        annotated = {s.lane for s in cpu if s.cat == "user_annotation" and not _is_comm(s)
-                     and not s.name.startswith(TORCH_ANNOTATIONS)}
+        annotated = {s.lane for s in cpu if _own_annotation(s)}
         pool = [s for s in cpu if s.index not in split and (
             s.lane not in annotated or s.cat == "user_annotation" or _is_comm(s))]
+        pool = _less_comm_waits(pool, cpu, split)
     steps = [s for s in spans if s.name.startswith(STEP_PREFIX)]
     return [s for s in _top_level(pool) if not _is_comm(s)] + steps
+
+
+def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]) -> list[Span]:
+    """The job's annotations, each shortened by the time inside it when its
+    thread ran no op while a communication call of the rank was under way
+    (DDP's ``backward`` ends waiting for the last gradient all-reduce): that
+    is waiting, not compute; so is the time in an op ``holders`` names (one
+    holding a communication call) outside its own ops. Time without
+    communication (a sleep, a throttled device) stays, and so do the range
+    and its name."""
+    comm = _merged([(s.start_us, s.end_us) for s in cpu if _is_comm(s)])
+    if not comm:
+        return pool
+    ops: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
+    for s in cpu:
+        if s.cat == "cpu_op" and not _is_comm(s) and s.index not in holders:
+            ops[s.lane].append((s.start_us, s.end_us))
+    busy = {lane: _merged(spans) for lane, spans in ops.items()}
+    return [replace(s, dur_us=s.dur_us - _idle_while(s, comm, busy.get(s.lane, [])))
+            if _own_annotation(s) else s for s in pool]
+
+
+def _own_annotation(s: Span) -> bool:
+    """A ``record_function`` range of the job's (not torch's, not communication)."""
+    return s.cat == "user_annotation" and not _is_comm(s) and not s.name.startswith(TORCH_ANNOTATIONS)
+
+
+def _idle_while(span: Span, comm: list[tuple[float, float]],
+                busy: list[tuple[float, float]]) -> float:
+    """µs of ``span`` under ``comm`` and outside ``busy`` (both merged, sorted)."""
+    waiting = _clipped(comm, span.start_us, span.end_us)
+    if not waiting:
+        return 0.0
+    working = _clipped(busy, span.start_us, span.end_us)
+    return _length(waiting) - _length(_intersection(waiting, working))
+
+
+Intervals = list[tuple[float, float]]
+
+
+def _merged(spans: Intervals) -> Intervals:
+    out: Intervals = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _clipped(merged: Intervals, lo: float, hi: float) -> Intervals:
+    out = []
+    for a, b in merged[bisect_right(merged, lo, key=lambda interval: interval[1]):]:
+        if a >= hi:
+            break
+        if b > lo:
+            out.append((max(a, lo), min(b, hi)))
+    return out
+
+
+def _intersection(a: Intervals, b: Intervals) -> Intervals:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo < hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _length(intervals: Intervals) -> float:
+    return sum(hi - lo for lo, hi in intervals)
 
 
 def _holding_comm(cpu: list[Span]) -> list[Span]:

@@ -1,0 +1,341 @@
+"""Who waits for whom at synchronisation points: everything about waiting lives here.
+
+At a collective every member waits from its own arrival until the last one
+arrives, so the last arriver imposes (its arrival - each other's arrival) on
+its peers. At a point-to-point transfer the receiver waits from posting its
+receive until the sender sends. A rank slowed by its own work is the one its
+peers wait for, in most iterations, whatever the job: DDP's bucket
+all-reduces, FSDP's all-gathers, a hand-written all-reduce loop (the paper's
+section 3). It needs no op of one rank matched to the same op of another.
+
+The input is the member rows of linked sync ops as ``EventColumns`` with
+each row's op id (``feed``); p2p members carry their role (0 send, 1
+receive). The state is a few sums per (group, rank), per (group, iteration,
+rank) and per channel; rows of an op split between two batches wait in
+``pending`` until its last member arrives.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence, Union
+
+import numpy as np
+
+from megatronapp.trace.columns import KINDS, EventColumns
+from megatronapp.trace.metrics import group_ids
+
+from .diagnosis import RootCause
+
+COLLECTIVE_KIND, P2P_KIND = KINDS.index("collective"), KINDS.index("p2p")
+RECEIVE = 1  # ``columns.ROLES`` index of a receive
+Group = tuple[int, ...]
+Channel = tuple[int, int]  # (sender, receiver)
+
+
+@dataclass(frozen=True)
+class RankWaits:
+    """One rank in one collective group: how often it came last and the wait it imposed."""
+
+    rank: int
+    group: Group
+    joined: int  # instances of the group's collectives it joined
+    last: int  # ... at which it arrived last
+    imposed_s: float  # the others' summed wait for it
+    group_imposed_s: float  # every member's imposed wait, summed
+    iterations: int  # iterations of the group with a wait (0: no iteration recorded)
+    topped: int  # ... in which it imposed more wait than any other member
+
+    @property
+    def last_share(self) -> float:
+        return self.last / self.joined if self.joined else 0.0
+
+    @property
+    def imposed_share(self) -> float:
+        return self.imposed_s / self.group_imposed_s if self.group_imposed_s > 0 else 0.0
+
+    @property
+    def topped_share(self) -> float:
+        """Share of iterations it led, else of instances it came last to."""
+        return self.topped / self.iterations if self.iterations else self.last_share
+
+
+@dataclass(frozen=True)
+class ChannelWaits:
+    """One direction of point-to-point traffic: the receiver's wait for its sender."""
+
+    sender: int
+    receiver: int
+    transfers: int
+    wait_s: float  # receives posted before the send started: time the receiver waited
+    delivery_s: float  # time from both sides ready to the receive's end
+
+
+@dataclass(frozen=True)
+class WaitScores:
+    ranks: tuple[RankWaits, ...]
+    channels: tuple[ChannelWaits, ...]
+
+    def imposed_by_sender(self) -> dict[int, float]:
+        """rank -> its receivers' summed wait for its sends."""
+        out: dict[int, float] = defaultdict(float)
+        for c in self.channels:
+            out[c.sender] += c.wait_s
+        return dict(out)
+
+
+@dataclass(frozen=True)
+class WaitThresholds:
+    """When waiting alone names a rank: its peers waited for it most in most
+    iterations, and for most of all the waiting (who arrives last at a
+    collective that follows another at once is a toss-up, so last arrivals
+    only say who held no one up)."""
+
+    min_iterations: int = 3  # iterations (or instances, without iterations) to judge from
+    topped_share: float = 0.75  # iterations in which it imposed the most wait
+    # ... or more than half of them, when it also computed this many times
+    # as long as the median of its group's others
+    busy_topped_share: float = 0.5
+    busy_ratio: float = 1.3
+    # and its main op's 10th-percentile duration this many times its group's others'
+    best_quantile: float = 10.0
+    best_ratio: float = 1.2
+    last_share: float = 0.5  # a rank last at fewer instances held no one up
+    imposed_share: float = 0.6  # of the group's imposed wait
+    min_members: int = 3  # two ranks cannot outvote each other
+
+
+class WaitAccumulator:
+    """Waits at sync ops, fed batch by batch (``feed``), read by ``scores``."""
+
+    def __init__(self) -> None:
+        self.joined: dict[tuple[Group, int], int] = defaultdict(int)
+        self.last: dict[tuple[Group, int], int] = defaultdict(int)
+        self.imposed: dict[tuple[Group, int], float] = defaultdict(float)
+        self.by_iteration: dict[tuple[Group, int], dict[int, float]] = defaultdict(
+            lambda: defaultdict(float))
+        self.channels: dict[Channel, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        self.pending: _Members | None = None
+
+    def feed(self, cols: EventColumns, op: np.ndarray) -> None:
+        """Member rows of sync ops (``op``: each row's op id, one id space
+        across batches); an op counts once all its members have come."""
+        batch = _Members.of(cols, np.asarray(op, np.int64))
+        if self.pending is not None:
+            batch = self.pending.concat(batch)
+        complete, self.pending = batch.split_complete()
+        self._collectives(complete.take(complete.kind == COLLECTIVE_KIND))
+        self._transfers(complete.take(complete.kind == P2P_KIND))
+
+    def _collectives(self, m: "_Members") -> None:
+        if not len(m.op):
+            return
+        order = np.lexsort((m.rank, m.start, m.op))
+        m = m.take(order)
+        ends = np.r_[np.flatnonzero(m.op[1:] != m.op[:-1]), len(m.op) - 1]
+        latest = np.repeat(m.start[ends], np.diff(np.r_[-1, ends]))
+        waits = np.add.reduceat(latest - m.start, np.r_[0, ends[:-1] + 1])
+        last = m.take(ends)
+        for (group, rank), n, wait in _tallies([last.group, last.rank], waits):
+            self.last[(m.groups[group], rank)] += n
+            self.imposed[(m.groups[group], rank)] += wait
+        known = last.iteration >= 0
+        for (group, it, rank), _, wait in _tallies(
+                [last.group[known], last.iteration[known], last.rank[known]], waits[known]):
+            self.by_iteration[(m.groups[group], it)][rank] += wait
+        for (group, rank), n, _ in _tallies([m.group, m.rank], np.zeros(len(m.op))):
+            self.joined[(m.groups[group], rank)] += n
+
+    def _transfers(self, m: "_Members") -> None:
+        if not len(m.op):
+            return
+        order = np.lexsort((m.role, m.op))
+        send, recv = m.take(order[0::2]), m.take(order[1::2])
+        ready = np.maximum(send.start, recv.start)
+        waits = np.maximum(send.start - recv.start, 0.0)
+        deliveries = np.maximum(recv.end - ready, 0.0)
+        for s, r, w, d in zip(send.rank.tolist(), recv.rank.tolist(), waits.tolist(),
+                              deliveries.tolist()):
+            acc = self.channels[(s, r)]
+            acc[0] += 1
+            acc[1] += w
+            acc[2] += d
+
+    def scores(self) -> WaitScores:
+        totals: dict[Group, float] = defaultdict(float)
+        for (group, _), imposed in self.imposed.items():
+            totals[group] += imposed
+        iterations, topped = self._iterations_led()
+        ranks = tuple(RankWaits(rank, group, n, self.last.get((group, rank), 0),
+                                self.imposed.get((group, rank), 0.0), totals[group],
+                                iterations.get(group, 0), topped.get((group, rank), 0))
+                      for (group, rank), n in sorted(self.joined.items()))
+        channels = tuple(ChannelWaits(s, r, int(n), w, d)
+                         for (s, r), (n, w, d) in sorted(self.channels.items()))
+        return WaitScores(ranks, channels)
+
+    def _iterations_led(self) -> tuple[dict[Group, int], dict[tuple[Group, int], int]]:
+        """Per group, its iterations with a wait; per (group, rank), those it led."""
+        iterations: dict[Group, int] = defaultdict(int)
+        topped: dict[tuple[Group, int], int] = defaultdict(int)
+        for (group, _), by_rank in self.by_iteration.items():
+            if not by_rank:
+                continue
+            iterations[group] += 1
+            leader = max(sorted(by_rank), key=lambda r: by_rank[r])
+            topped[(group, leader)] += 1
+        return iterations, topped
+
+
+def _tallies(keys: list[np.ndarray], weights: np.ndarray
+             ) -> list[tuple[tuple[int, ...], int, float]]:
+    """Per distinct tuple of ``keys`` (row-aligned): the tuple, its rows and
+    their summed ``weights`` (one pass, however many ops a batch holds)."""
+    ids, n = group_ids(*keys)
+    if not n:
+        return []
+    first = np.unique(ids, return_index=True)[1]
+    counts, sums = np.bincount(ids, minlength=n), np.bincount(ids, weights, minlength=n)
+    return [(tuple(int(k[f]) for k in keys), int(c), float(w))
+            for f, c, w in zip(first.tolist(), counts.tolist(), sums.tolist())]
+
+
+@dataclass(frozen=True)
+class _Members:
+    """Member rows reduced to what waiting needs, with each op's expected size."""
+
+    op: np.ndarray
+    rank: np.ndarray
+    kind: np.ndarray
+    role: np.ndarray
+    group: np.ndarray  # index into ``groups`` (-1 for p2p)
+    iteration: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    size: np.ndarray  # members the op has
+    groups: tuple[Group, ...]
+
+    @staticmethod
+    def of(cols: EventColumns, op: np.ndarray) -> "_Members":
+        groups = tuple(tuple(sorted(g)) for g in cols.groups)
+        sizes = np.array([len(g) for g in groups] + [2], np.int64)
+        group = cols.group.astype(np.int64)
+        return _Members(op, cols.rank.astype(np.int64), cols.kind.astype(np.int64),
+                        cols.role.astype(np.int64), group, cols.iteration.astype(np.int64),
+                        cols.start_s, cols.end_s, np.where(cols.kind == P2P_KIND, 2,
+                                                           sizes[group]), groups)
+
+    def take(self, index: np.ndarray) -> "_Members":
+        return replace(self, **{f: getattr(self, f)[index] for f in _MEMBER_ARRAYS})
+
+    def concat(self, other: "_Members") -> "_Members":
+        """Both batches' rows, ``other``'s groups re-coded into one table."""
+        groups = tuple(dict.fromkeys(self.groups + other.groups))
+        recode = np.array([groups.index(g) for g in other.groups] + [-1], np.int64)
+        other = replace(other, group=recode[other.group], groups=groups)
+        return replace(self, groups=groups, **{
+            f: np.concatenate([getattr(self, f), getattr(other, f)]) for f in _MEMBER_ARRAYS})
+
+    def split_complete(self) -> tuple["_Members", "_Members | None"]:
+        """(rows of ops with every member here, the rest or None)."""
+        ids, which, counts = np.unique(self.op, return_inverse=True, return_counts=True)
+        complete = counts[which] >= self.size
+        rest = self.take(~complete)
+        return self.take(complete), (rest if len(rest.op) else None)
+
+
+_MEMBER_ARRAYS = ("op", "rank", "kind", "role", "group", "iteration", "start", "end", "size")
+
+
+# -------------------------------------------------------------- verdict
+Samples = Union[Sequence[float], np.ndarray]
+Compute = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> its compute durations
+
+
+def waited_for(scores: WaitScores, compute: Compute = {},
+               th: WaitThresholds = WaitThresholds()) -> list[RankWaits]:
+    """Ranks their peers waited for most in most iterations of a group, for
+    most of its waiting, or in more than half of them while it computed far
+    longer than the group's others (``compute``: rank -> op name -> its
+    compute durations); either way slow at its best in its main work (the
+    op it spends most time in, against the same op on the group's others): a
+    process the machine only descheduled is late and busy, not slow at its
+    fastest."""
+    return [w for w in scores.ranks
+            if len(w.group) >= th.min_members
+            and (w.iterations or w.joined) >= th.min_iterations
+            and w.imposed_share >= th.imposed_share
+            and (w.topped_share >= th.topped_share
+                 or (w.topped_share > th.busy_topped_share
+                     and _busy_ratio(w, compute) >= th.busy_ratio))
+            and _best_ratio(w, compute, th.best_quantile) >= th.best_ratio]
+
+
+def _busy_ratio(w: RankWaits, compute: Compute) -> float:
+    """Its summed compute over the median of its group's others'."""
+    busy = {r: float(sum(np.sum(v) for v in compute[r].values())) for r in w.group if r in compute}
+    others = [b for r, b in busy.items() if r != w.rank]
+    centre = float(np.median(others)) if others else 0.0
+    return busy.get(w.rank, 0.0) / centre if centre > 0 else 0.0
+
+
+def _best_ratio(w: RankWaits, compute: Compute, quantile: float) -> float:
+    """The ``quantile`` of its durations of its main op (the one it spends
+    most time in that others of its group run too) over the median of
+    theirs; 0 when no such op."""
+    mine = compute.get(w.rank, {})
+    for name in sorted(mine, key=lambda n: -float(np.sum(mine[n]))):
+        theirs = [float(np.percentile(compute[r][name], quantile)) for r in w.group
+                  if r != w.rank and r in compute and len(compute[r].get(name, ())) > 0]
+        if theirs and len(mine[name]) > 0 and np.median(theirs) > 0:
+            return float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
+    return 0.0
+
+
+def with_waits(causes: Sequence[RootCause], scores: WaitScores, compute: Compute = {},
+               th: WaitThresholds = WaitThresholds()) -> list[RootCause]:
+    """The detector's causes weighed with who waited for whom. A rank the
+    waits name (``waited_for``) is a compute root cause, on the waits alone
+    when nothing else names it, unless a named link of its own explains its
+    lateness; a compute candidate of a group whose waits name another rank,
+    and that rarely came last there, held no one up and is dropped. Every
+    compute cause says which evidence it rests on. ``compute``: rank -> op
+    name -> its compute durations."""
+    named = {w.rank: w for w in waited_for(scores, compute, th)}
+    linked = {r for c in causes if c.kind == "link" for r in (c.rank, c.peer)}
+    named = {r: w for r, w in named.items() if r not in linked}
+    out = []
+    for c in causes:
+        if c.kind != "compute":
+            out.append(c)
+        elif c.rank in named:
+            w = named.pop(c.rank)
+            out.append(replace(c, confidence=max(c.confidence, _confidence(w)),
+                               evidence={**c.evidence, **_evidence(w, compute, th),
+                                         "rests_on": ["compute", "waits"]}))
+        elif not _outwaited(c.rank, scores, named, th):
+            out.append(replace(c, evidence={**c.evidence, "rests_on": ["compute"]}))
+    return out + [RootCause(w.rank, "compute", None, _confidence(w),
+                            {**_evidence(w, compute, th), "rests_on": ["waits"]})
+                  for w in named.values()]
+
+
+def _outwaited(rank: int, scores: WaitScores, named: Mapping[int, RankWaits],
+               th: WaitThresholds) -> bool:
+    """In a group whose waits name another rank, ``rank`` rarely came last."""
+    groups = {w.group for w in named.values()}
+    return any(w.rank == rank and w.group in groups and w.last_share < th.last_share
+               for w in scores.ranks)
+
+
+def _confidence(w: RankWaits) -> float:
+    return (w.topped_share + w.imposed_share) / 2
+
+
+def _evidence(w: RankWaits, compute: Compute, th: WaitThresholds) -> dict[str, object]:
+    return {"waited_for": {"group": list(w.group), "last": w.last, "joined": w.joined,
+                           "imposed_s": round(w.imposed_s, 6),
+                           "imposed_share": round(w.imposed_share, 3),
+                           "iterations_led": w.topped, "iterations": w.iterations,
+                           "busy_ratio": round(_busy_ratio(w, compute), 3),
+                           "best_ratio": round(_best_ratio(w, compute, th.best_quantile), 3)}}

@@ -1,0 +1,152 @@
+"""Who waits for whom (``megatronapp.scan.waits``) as MegaScan's evidence:
+on traces where a slowed rank's extra work hides among many equal ops, the
+others' waits at the collectives name it; the accumulator gives the same
+answer however its input is cut; annotations holding communication count
+without the wait. Traces are built to the schema gloo jobs write."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from megatronapp.cli import main
+from megatronapp.scan.detect import megascan, wait_members
+from megatronapp.scan.inputs import load_scan_input
+from megatronapp.scan.kineto import kineto_files, load_kineto
+from megatronapp.scan.waits import WaitAccumulator
+
+from .support import GLOO, MAIN, collective, gloo_file, kineto_event, write_kineto
+
+WORLD, STEPS, SMALL_OPS, STEP_US = 4, 6, 30, 4000.0
+
+
+Steps = dict[tuple[int, int], float]  # (rank, step) -> µs
+
+
+def ddp_like_rank(rank: int, matmul_us: Steps, small_us: float = 20.0,
+                  idle_us: Steps | None = None) -> list[dict]:
+    """Each step: many small ops alike on every rank, one matmul (its length
+    per (rank, step): ``matmul_us``, or 500 µs), an idle gap (``idle_us``,
+    none by default), then a gradient all-reduce that ends when the last
+    rank has arrived."""
+    idle = idle_us or {}
+    events = []
+    for n in range(STEPS):
+        t = 1000.0 + n * STEP_US
+        events.append(kineto_event(f"ProfilerStep#{n}", "user_annotation", rank, MAIN, t,
+                                   STEP_US - 10))
+        at = t + 5
+        for _ in range(SMALL_OPS):
+            events.append(kineto_event("aten::add", "cpu_op", rank, MAIN, at, small_us))
+            at += small_us + 1
+        last = t + 5 + SMALL_OPS * (small_us + 1) + max(
+            matmul_us.get((r, n), 500.0) + idle.get((r, n), 0.0) for r in range(WORLD))
+        mine = matmul_us.get((rank, n), 500.0)
+        events.append(kineto_event("aten::mm", "cpu_op", rank, MAIN, at, mine))
+        arrive = at + mine + idle.get((rank, n), 0.0)
+        events += collective(rank, "allreduce_", "all_reduce", arrive, last + 100.0)
+    return events
+
+
+def job(tmp_path, matmul_us, small_us=None, idle_us=None) -> object:
+    small = small_us or {}
+    files = {r: gloo_file(r, WORLD, ddp_like_rank(r, matmul_us, small.get(r, 20.0), idle_us))
+             for r in range(WORLD)}
+    return load_scan_input(write_kineto(tmp_path, files))
+
+
+def causes(scan) -> list[tuple[str, int, tuple[str, ...]]]:
+    return [(c.kind, c.rank, tuple(c.evidence.get("rests_on", ())))
+            for c in megascan(scan).root_causes]
+
+
+def test_the_rank_everyone_waits_for_is_named_though_most_of_its_ops_match(tmp_path):
+    # rank 1's matmul is 3x: one op of 31 per step, so its median op is its peers'
+    scan = job(tmp_path, {(1, n): 1500.0 for n in range(STEPS)})
+    assert causes(scan) == [("compute", 1, ("waits",))]
+
+
+def test_when_the_last_to_arrive_changes_from_step_to_step_nobody_is_named(tmp_path):
+    scan = job(tmp_path, {(n % WORLD, n): 1500.0 for n in range(STEPS)})
+    assert causes(scan) == []
+
+
+def test_a_rank_slow_at_small_ops_that_nobody_waits_for_is_not_named_first(tmp_path):
+    # rank 0 is 1.5x slower at every op, at its best too, but still arrives
+    # before rank 1's long matmul: the others wait for rank 1 alone
+    slow = {**{(0, n): 750.0 for n in range(STEPS)}, **{(1, n): 2500.0 for n in range(STEPS)}}
+    scan = job(tmp_path, slow, small_us={0: 30.0})
+    assert causes(scan) == [("compute", 1, ("waits",))]
+
+
+# rank 1 is the last, by 1000 µs, in steps 0-3; ranks 0 and 2 in steps 4 and 5
+LATE_IN_FOUR = {**{(1, n): 1000.0 for n in range(4)}, (0, 4): 1000.0, (2, 5): 1000.0}
+
+
+def test_a_rank_waited_for_in_four_of_six_steps_is_named_when_it_computed_longer(tmp_path):
+    slower = {key: 500.0 + late for key, late in LATE_IN_FOUR.items()}
+    slower.update({(1, 4): 800.0, (1, 5): 800.0})  # slower at its best too
+    assert causes(job(tmp_path, slower)) == [("compute", 1, ("waits",))]
+
+
+def test_a_late_rank_whose_main_op_is_as_fast_as_its_peers_at_its_best_is_not_named(tmp_path):
+    # rank 3's matmul is 5x in four steps, its peers' length in two: a
+    # process the machine deschedules, not a slower device or bigger work
+    descheduled = {(3, n): 2500.0 for n in range(4)}
+    assert causes(job(tmp_path, descheduled)) == []
+
+
+def test_a_rank_waited_for_in_four_of_six_steps_is_not_named_when_it_idled(tmp_path):
+    # the same arrivals, made of idle time: no compute says it was slow
+    assert causes(job(tmp_path, {}, idle_us=LATE_IN_FOUR)) == []
+
+
+def test_detect_says_who_waited_for_the_rank_and_which_evidence_it_rests_on(tmp_path, capsys):
+    job(tmp_path, {(1, n): 1500.0 for n in range(STEPS)})
+    assert main(["detect", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("root cause: rank 1 (compute")
+    assert "the others in group [0, 1, 2, 3] waited for it: 100% of their wait" in lines[1]
+    assert "most in 6 of 6 iterations; last to arrive at 6 of 6" in lines[1]
+    assert lines[2] == "  evidence: waits"
+
+
+@pytest.mark.parametrize("cuts", [1, 2, 7, 40])
+def test_the_waits_are_the_same_however_the_members_are_batched(tmp_path, cuts):
+    scan = job(tmp_path, {(1, n): 1500.0 + 100 * n for n in range(STEPS)})
+    cols, op = wait_members(scan)
+    whole_feed = WaitAccumulator()
+    whole_feed.feed(cols, op)
+    waits = WaitAccumulator()
+    for part in np.array_split(np.random.default_rng(cuts).permutation(len(op)), cuts):
+        waits.feed(cols.take(part), op[part])
+    assert waits.pending is None
+    got, whole = waits.scores(), whole_feed.scores()
+    assert [counts(w) for w in got.ranks] == [counts(w) for w in whole.ranks]
+    assert [w.imposed_s for w in got.ranks] == pytest.approx([w.imposed_s for w in whole.ranks])
+
+
+def counts(w) -> tuple:
+    return (w.rank, w.group, w.joined, w.last, w.iterations, w.topped)
+
+
+def annotated_rank(rank: int, sleep_us: float, wait_us: float) -> list[dict]:
+    """A ``backward`` annotation: an op, a sleep with no communication, an
+    op launching the all-reduce, then idle until the all-reduce (run on
+    gloo's thread) is done."""
+    return [kineto_event("ProfilerStep#0", "user_annotation", rank, MAIN, 0.0, 9000.0),
+            kineto_event("backward", "user_annotation", rank, MAIN, 100.0,
+                         1400.0 + sleep_us + wait_us),
+            kineto_event("aten::mm", "cpu_op", rank, MAIN, 100.0, 800.0),
+            kineto_event("aten::add_", "cpu_op", rank, MAIN, 900.0 + sleep_us, 500.0),
+            *collective(rank, "allreduce_", "all_reduce", 1000.0 + sleep_us,
+                        1500.0 + sleep_us + wait_us)]
+
+
+def test_an_annotation_holding_a_collective_counts_without_the_wait_but_with_the_sleep(tmp_path):
+    files = {r: gloo_file(r, 2, annotated_rank(r, sleep_us=300.0 * r, wait_us=2000.0 * (1 - r)))
+             for r in (0, 1)}
+    events = load_kineto(kineto_files(write_kineto(tmp_path, files))).events
+    for rank, sleep in ((0, 0.0), (1, 300.0)):
+        backward = [e for e in events[rank] if e.name == "backward"]
+        assert len(backward) == 1  # the range stays, under its name
+        assert backward[0].dur_s == pytest.approx((800.0 + sleep + 500.0) * 1e-6)
