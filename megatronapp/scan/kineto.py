@@ -365,15 +365,24 @@ def _compute(spans: list[Span]) -> list[Span]:
     return [s for s in _top_level(pool) if not _is_comm(s)] + steps
 
 
+Intervals = list[tuple[float, float]]
+
+# A thread blocked on a communication call resumes within this long of its end;
+# an idle stretch that ends so is a wait, one that ends anywhere else (the
+# interpreter's own time between ops while a transfer runs) is not.
+WAKE_AFTER_COMM_US = 200.0
+
+
 def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]) -> list[Span]:
-    """The job's annotations, each shortened by the time inside it when its
-    thread ran no op while a communication call of the rank was under way
-    (DDP's ``backward`` ends waiting for the last gradient all-reduce): that
-    is waiting, not compute; so is the time in an op ``holders`` names (one
-    holding a communication call) outside its own ops. Time without
-    communication (a sleep, a throttled device) stays, and so do the range
-    and its name."""
-    comm = _merged([(s.start_us, s.end_us) for s in cpu if _is_comm(s)])
+    """The job's annotations, each shortened by the stretches inside it when
+    its thread ran no op, waiting for a communication call of the rank that
+    was under way all along and whose end woke it (DDP's ``backward`` ends
+    waiting for the last gradient all-reduce, which runs on gloo's own
+    thread): that is waiting, not compute; so is the time in an op
+    ``holders`` names (one holding a communication call) outside its own
+    ops. Time without communication (a sleep, a throttled device) stays, and
+    so do the range and its name."""
+    comm = sorted(((s.start_us, s.end_us) for s in cpu if _is_comm(s)), key=lambda c: c[1])
     if not comm:
         return pool
     ops: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
@@ -387,20 +396,37 @@ def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]) -> li
 
 def _own_annotation(s: Span) -> bool:
     """A ``record_function`` range of the job's (not torch's, not communication)."""
-    return s.cat == "user_annotation" and not _is_comm(s) and not s.name.startswith(TORCH_ANNOTATIONS)
+    return s.cat == "user_annotation" and not _is_comm(s) \
+        and not s.name.startswith(TORCH_ANNOTATIONS)
 
 
-def _idle_while(span: Span, comm: list[tuple[float, float]],
-                busy: list[tuple[float, float]]) -> float:
-    """µs of ``span`` under ``comm`` and outside ``busy`` (both merged, sorted)."""
-    waiting = _clipped(comm, span.start_us, span.end_us)
-    if not waiting:
-        return 0.0
-    working = _clipped(busy, span.start_us, span.end_us)
-    return _length(waiting) - _length(_intersection(waiting, working))
+def _idle_while(span: Span, comm: Intervals, busy: Intervals) -> float:
+    """µs of ``span`` outside ``busy`` (merged, sorted) spent waiting for one of
+    ``comm`` (sorted by end): an idle stretch inside a communication that ends
+    at most ``WAKE_AFTER_COMM_US`` before the stretch does."""
+    idle = _minus([(span.start_us, span.end_us)], _clipped(busy, span.start_us, span.end_us))
+    return sum(hi - lo for lo, hi in idle if _woken(lo, hi, comm))
 
 
-Intervals = list[tuple[float, float]]
+def _woken(lo: float, hi: float, comm: Intervals) -> bool:
+    """A communication under way from ``lo`` ended in the last moments before ``hi``."""
+    first = bisect_left(comm, hi - WAKE_AFTER_COMM_US, key=lambda c: c[1])
+    return any(a <= lo for a, b in comm[first:bisect_right(comm, hi, key=lambda c: c[1])])
+
+
+def _minus(whole: Intervals, cut: Intervals) -> Intervals:
+    """``whole`` (one sorted interval list) without ``cut`` (merged, sorted)."""
+    out: Intervals = []
+    for lo, hi in whole:
+        for a, b in cut:
+            if b <= lo or a >= hi:
+                continue
+            if a > lo:
+                out.append((lo, a))
+            lo = max(lo, b)
+        if lo < hi:
+            out.append((lo, hi))
+    return out
 
 
 def _merged(spans: Intervals) -> Intervals:
@@ -421,23 +447,6 @@ def _clipped(merged: Intervals, lo: float, hi: float) -> Intervals:
         if b > lo:
             out.append((max(a, lo), min(b, hi)))
     return out
-
-
-def _intersection(a: Intervals, b: Intervals) -> Intervals:
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if lo < hi:
-            out.append((lo, hi))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def _length(intervals: Intervals) -> float:
-    return sum(hi - lo for lo, hi in intervals)
 
 
 def _holding_comm(cpu: list[Span]) -> list[Span]:
