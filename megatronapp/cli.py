@@ -329,13 +329,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         with stop_on_signals():
-            return _main(argv)
+            status = _main(argv)
+            sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+            return status
+    except BrokenPipeError:  # `... | head`: stop quietly, as other command-line tools do
+        _stdout_to_devnull()
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt:  # Python's own SIGINT handling (not the main thread)
         stop = Interrupted(signal.SIGINT)
     except Interrupted as interrupted:
         stop = interrupted
     _report(stop.line(), stop)
     return stop.exit_status
+
+
+def _stdout_to_devnull() -> None:
+    """Output still buffered for a closed pipe goes nowhere (else Python reports
+    the broken pipe again while it exits)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -115,3 +115,16 @@ def test_the_installed_entry_point_prints_one_line_errors() -> None:
                             capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "megatronapp: --tp: invalid int value: 'x'\n"
+
+
+def test_output_into_a_pipe_whose_reader_has_gone_stops_quietly() -> None:
+    """``megatronapp predict … --json | head -1``: once the reader has closed
+    the pipe, no traceback and no "Exception ignored" at exit; the status of a
+    process stopped by SIGPIPE (128 + 13), as other command-line tools end."""
+    proc = subprocess.Popen([sys.executable, "-m", "megatronapp.cli", "predict",
+                             str(ROOT / "scenarios" / "throttle.yaml"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader goes away before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and err == ""
