@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import networkx as nx
 import numpy as np
 
 
@@ -14,6 +13,8 @@ def component_labels(ranks: Sequence[int] | np.ndarray, a: np.ndarray, b: np.nda
     """Per rank of ``ranks`` (ascending), a label shared by exactly the ranks
     that edges ``a[i] -- b[i]`` (ranks, every one in ``ranks``) tie together:
     the smallest rank of its component."""
+    import networkx as nx  # loaded when used: commands that only read traces (query) skip it
+
     ranks = np.asarray(ranks, np.int64)
     edges = np.unique(np.stack([np.asarray(a, np.int64), np.asarray(b, np.int64)], axis=1),
                       axis=0)  # a collective repeats its edges every call
