@@ -174,9 +174,15 @@ def first_rows(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int) -> Rows:
     con.execute(sql)
     names = [d[0] for d in con.description] if con.description else []
     rows: list[tuple[Any, ...]] = []
-    while len(rows) <= max_rows and (chunk := con.fetchmany(min(FETCH_ROWS,
-                                                                max_rows + 1 - len(rows)))):
-        rows.extend(chunk)
+    try:
+        while len(rows) <= max_rows and (chunk := con.fetchmany(min(FETCH_ROWS,
+                                                                    max_rows + 1 - len(rows)))):
+            rows.extend(chunk)
+    except duckdb.OutOfMemoryException:
+        if not rows:
+            raise
+        # the rows held so far took the memory, whichever allocator noticed first
+        raise MemoryError from None
     return Rows(names, rows[:max_rows], len(rows) > max_rows)
 
 
