@@ -67,9 +67,16 @@ def _model() -> ScopeModel:
     return scope_model("torch")
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def _quiet_model() -> ScopeModel:
+    """``_model()`` with the model library's import-time warnings silenced
+    (for commands that load it now)."""
     model = _model()
     model.quiet()
+    return model
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    model = _quiet_model()
     from ..scenario.checkpoint import read_checkpoint
 
     if args.tokens < 1:
@@ -171,8 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         live = None
         if source.checkpoint_dir is not None:
-            model = _model()
-            model.quiet()
+            model = _quiet_model()
             print(f"loading {source.checkpoint_dir} for live generation ...", flush=True)
             stack.enter_context(model.one_rank())
             live = _live_model(source.checkpoint_dir)
@@ -232,8 +238,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
     name = result_name("lens", args.prompt)
     capture = _results_beside_capture(args.run, name, args.force, False)
-    model = _model()
-    model.quiet()
+    model = _quiet_model()
     result = model.logit_lens(args.run, args.prompt, args.top_k, pp=args.pp, tp=args.tp)
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
     return 0
@@ -246,8 +251,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     name = result_name("patch", args.clean, args.corrupt, *sites, args.clean_answer or "",
                        args.corrupt_answer or "")
     capture = _results_beside_capture(args.run, name, args.force, True)
-    model = _model()
-    model.quiet()
+    model = _quiet_model()
     result = model.activation_patching(args.run, args.clean, args.corrupt, sites,
                                        args.clean_answer, args.corrupt_answer,
                                        pp=args.pp, tp=args.tp)
@@ -261,8 +265,7 @@ def cmd_dla(args: argparse.Namespace) -> int:
 
     name = result_name("dla", args.prompt, args.answer or "", args.baseline or "")
     capture = _results_beside_capture(args.run, name, args.force, False)
-    model = _model()
-    model.quiet()
+    model = _quiet_model()
     result = model.direct_logit_attribution(args.run, args.prompt, args.answer, args.baseline,
                                             pp=args.pp, tp=args.tp)
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))

@@ -10,8 +10,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..io.html_page import grid_table, inline_png, page, section, table
+from ..trace.timeline import DPI
 
-DPI = 110
 MAX_LEVELS = 12  # more distinct values than this (random draws) are binned
 BINS = 8
 
