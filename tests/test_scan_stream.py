@@ -18,6 +18,7 @@ from megatronapp.scan.inputs import (ScanInput, StoredColumns, load_table_scan, 
 from megatronapp.scan.sketch import Reservoir
 from megatronapp.scan.validate import scan_of_result
 from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.trace import store as store_module
 from sim import run_sim
 
 THROTTLED, SLOW_LINK = 5, (2, 6)  # dp peers of one stage; a pipeline link between stages
@@ -95,16 +96,30 @@ def _stored(tmp_path: Path, iterations: int) -> Path:
 def test_a_stored_run_is_read_one_batch_of_iterations_at_a_time(tmp_path: Path, monkeypatch):
     store = _stored(tmp_path, 4)
     whole = load_table_scan(store)
-    read: list[Any] = []
-
-    def spy(path: Path, raw_clocks: bool = True, iterations: Any = None) -> StoredColumns:
-        read.append(iterations)
-        return read_stored(path, raw_clocks, iterations)
-
-    monkeypatch.setattr(inputs, "read_stored", spy)
     monkeypatch.setattr(inputs, "BATCH_ROWS", len(whole.cols) // 4)
+    fed = [np.unique(b.cols.iteration).tolist() for b in stored_batches(store)]
+    assert fed == [[0], [1], [2], [3]]  # one iteration per batch
     _same_verdict(megascan_stored(store), megascan(whole))
-    assert read == [[0], [1], [2], [3]]  # one iteration per batch
+
+
+def test_no_more_rows_are_decoded_at_once_than_a_batch_holds(tmp_path: Path, monkeypatch):
+    """The file is read in pieces: a long iteration cut by microbatch is never
+    decoded whole (only the piece-reader's row groups and each batch are)."""
+    store = _stored(tmp_path, 1)
+    whole = load_table_scan(store)
+    monkeypatch.setattr(inputs, "BATCH_ROWS", len(whole.cols) // 2)
+    decoded: list[int] = []
+    columns_of_table = store_module._columns
+
+    def spy(table: Any, meta: Any) -> Any:
+        decoded.append(table.num_rows)
+        return columns_of_table(table, meta)
+
+    monkeypatch.setattr(store_module, "_columns", spy)
+    monkeypatch.setattr(store_module, "ROW_GROUP", 256)
+    largest = max(len(b.cols) for b in stored_batches(store))
+    assert largest < len(whole.cols) and decoded and max(decoded) <= largest
+    _same_verdict(megascan_stored(store), megascan(whole))
 
 
 def test_an_iteration_longer_than_a_batch_is_fed_microbatch_by_microbatch(tmp_path: Path,

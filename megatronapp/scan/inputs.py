@@ -21,7 +21,8 @@ from megatronapp.io.progress import Say, quiet
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns, RankEventsView, TableSource, columns_from_events
 from megatronapp.trace.events import Event
-from megatronapp.trace.store import TRACE_FILE, StoreError, local_clock_view, read_columns
+from megatronapp.trace.store import (TRACE_FILE, StoreError, StoreMeta, local_clock_view,
+                                     read_columns, read_pieces)
 
 from .align import ClockFit
 from .deps import SyncOp, reconstruct
@@ -149,7 +150,18 @@ def read_stored(store: Path, raw_clocks: bool = True,
     try:
         cols, meta = read_columns(store, iterations=iterations, with_args=False)  # typed columns suffice
     except StoreError as err:
-        raise TraceError(str(store), str(err).removeprefix(f"{store}: ")) from None
+        raise _trace_error(store, err) from None
+    return _as_stored(store, cols, meta, raw_clocks)
+
+
+def _trace_error(store: Path, err: StoreError) -> TraceError:
+    return TraceError(str(store), str(err).removeprefix(f"{store}: "))
+
+
+def _as_stored(store: Path, cols: EventColumns, meta: StoreMeta, raw_clocks: bool = True
+               ) -> StoredColumns:
+    """Columns read from ``store`` (whose metadata is ``meta``), each rank on its
+    own clock when ``raw_clocks``, with what the run directory tells of the run."""
     stored = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
     run_dir = store.parent if store.name == TRACE_FILE else None
     gpus = gpus_per_node_of(run_dir, stored)  # as the per-event path reads it
@@ -173,18 +185,31 @@ def stored_batches(store: Path) -> Iterator[ScanInput]:
     all-reduces) with the first microbatch's, which tie every rank (the
     all-reduces join the replicas and the stage peers, a microbatch's
     transfers the stages; its clocks are fitted there), then each other
-    microbatch on those clocks."""
+    microbatch on those clocks. The file is read once, split by iteration and
+    microbatch (``store.read_pieces``): no batch needs more rows decoded than
+    it holds, and a symmetric store is expanded one batch at a time."""
+    try:
+        pieces = read_pieces(store)
+    except StoreError as err:
+        raise _trace_error(store, err) from None
     for iterations in iteration_batches(store):
-        stored = read_stored(store, iterations=iterations)
-        if len(stored.cols) <= BATCH_ROWS:
-            yield stored.prepared()
-            continue
-        microbatch = stored.cols.microbatch
-        cuts = np.unique(microbatch).tolist()
-        first = stored.prepared(stored.cols.take(np.isin(microbatch, cuts[:2])))
-        yield first
-        for mb in cuts[2:]:
-            yield stored.prepared(stored.cols.take(microbatch == mb), first.clocks)
+        keys = [k for k in sorted(pieces.streams) if iterations is None or k[0] in iterations]
+        cuts = [keys] if sum(pieces.events[k] for k in keys) <= BATCH_ROWS else \
+            microbatch_cuts(keys)
+        first: ScanInput | None = None
+        for cut in cuts:
+            stored = _as_stored(store, pieces.columns(cut), pieces.meta)
+            batch = stored.prepared(clocks=first.clocks if first else None)
+            first = first or batch
+            yield batch
+
+
+def microbatch_cuts(keys: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """(iteration, microbatch) pieces cut by microbatch: those of none (-1)
+    with the first microbatch's, then each other microbatch's."""
+    microbatches = sorted({mb for _, mb in keys})
+    cuts = [microbatches[:2]] + [[mb] for mb in microbatches[2:]]
+    return [[k for k in keys if k[1] in cut] for cut in cuts]
 
 
 BATCH_ROWS = 1 << 22  # events a stored run's batch holds at most (unless one iteration has more)

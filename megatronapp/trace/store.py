@@ -306,3 +306,88 @@ def expanded_view(con: Any, path: Path, name: str = "events") -> None:
         FROM read_parquet({quoted}) t
         JOIN "{name}_members" m ON m.representative = t.rank
         JOIN "{name}_members" r ON r.rank = t.rank""")
+
+
+# ------------------------------------------------------- reading in pieces
+PIECE_FIELDS = ("iteration", "microbatch")  # what a store's rows are split by
+_ROW = "__row"  # a row's place in the file: pieces put back together keep the file's order
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A store's rows (typed columns, no args) split by (iteration,
+    microbatch) in one pass, each piece held as a compressed Arrow stream:
+    any set of pieces is read back as columns without decoding the file again,
+    and memory holds about the file's compressed size, not its rows. A
+    symmetric store's pieces are its stored rows, expanded when read back;
+    ``events`` counts every rank's rows either way."""
+
+    path: Path
+    meta: StoreMeta
+    streams: Mapping[tuple[int, int], pa.Buffer]
+    events: Mapping[tuple[int, int], int]
+
+    def columns(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
+        """The rows of the pieces ``keys``, in the file's order (every rank's)."""
+        tables = [pa.ipc.open_stream(self.streams[k]).read_all() for k in keys]
+        table = pa.concat_tables(tables) if tables else _empty_table(self.path)
+        order = np.argsort(table.column(_ROW).to_numpy(), kind="stable")
+        cols = _columns(table.drop_columns([_ROW]).take(order), self.meta)
+        stand_ins = self.meta.stand_ins
+        if stand_ins is None:
+            return cols
+        expansion = Expansion(cols, stand_ins)
+        return expansion.rows(expansion.ranks())
+
+
+def read_pieces(path: Path, max_rows: int | None = None) -> Pieces:
+    """``path`` split by ``PIECE_FIELDS``, reading ``max_rows`` rows
+    (``ROW_GROUP``) at a time."""
+    meta = read_meta(path)
+    dataset = ds.dataset(path, format="parquet")
+    names = [n for n in dataset.schema.names if n != "args"]
+    weight = _row_weights(meta)
+    sinks: dict[tuple[int, int], tuple[pa.BufferOutputStream, Any]] = {}
+    events: dict[tuple[int, int], int] = {}
+    options = pa.ipc.IpcWriteOptions(compression="lz4")  # fast: each piece is read back once
+    offset = 0
+    for batch in dataset.to_batches(columns=names, batch_size=max_rows or ROW_GROUP):
+        batch = batch.append_column(_ROW, pa.array(np.arange(offset, offset + batch.num_rows)))
+        offset += batch.num_rows
+        key = np.stack([pc.fill_null(batch.column(f), -1).to_numpy(zero_copy_only=False)
+                        for f in PIECE_FIELDS], axis=1)
+        rank = batch.column("rank").to_numpy()
+        for k, rows in _rows_by_key(key).items():
+            if k not in sinks:
+                sink = pa.BufferOutputStream()
+                sinks[k] = (sink, pa.ipc.new_stream(sink, batch.schema, options=options))
+            sinks[k][1].write_batch(batch.take(pa.array(rows)))
+            events[k] = events.get(k, 0) + int(weight[rank[rows]].sum())
+    streams = {}
+    for k, (sink, writer) in sinks.items():
+        writer.close()
+        streams[k] = sink.getvalue()
+    return Pieces(path, meta, streams, events)
+
+
+def _row_weights(meta: StoreMeta) -> np.ndarray:
+    """Per stored rank, the ranks its rows stand for (1 in a full store)."""
+    weight = np.ones(meta.world_size, np.int64)
+    for rep, ranks in (meta.stand_ins.members.items() if meta.stand_ins else ()):
+        weight[rep] = len(ranks)
+    return weight
+
+
+def _rows_by_key(key: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Row indices of each distinct row of ``key`` (in order within each)."""
+    distinct, which = np.unique(key, axis=0, return_inverse=True)
+    which = which.reshape(-1)
+    order = np.argsort(which, kind="stable")
+    cuts = np.searchsorted(which[order], np.arange(len(distinct) + 1))
+    return {(int(d[0]), int(d[1])): order[cuts[i]:cuts[i + 1]] for i, d in enumerate(distinct)}
+
+
+def _empty_table(path: Path) -> pa.Table:
+    dataset = ds.dataset(path, format="parquet")
+    schema = pa.schema([f for f in dataset.schema if f.name != "args"] + [pa.field(_ROW, pa.int64())])
+    return schema.empty_table()
