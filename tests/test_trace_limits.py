@@ -59,7 +59,16 @@ def _no_event_reading(monkeypatch: pytest.MonkeyPatch) -> None:
     import megatronapp.scan.load as load
     import megatronapp.scan.inputs as inputs
 
-    for module, name in ((load, "read_json_any"), (load, "load_store"),
+    read_json = load.read_json_any
+
+    def read_summary(path: Path, *args: object, **kw: object) -> object:
+        """A run's summary.json (its scenario: how its events are batched) holds no events."""
+        if Path(path).name != "summary.json":
+            read()
+        return read_json(path, *args, **kw)
+
+    monkeypatch.setattr(load, "read_json_any", read_summary)
+    for module, name in ((load, "load_store"),
                          (inputs, "load_table_scan"), (store, "iter_columns"),
                          (store, "read_columns")):
         monkeypatch.setattr(module, name, read)
@@ -225,3 +234,29 @@ def test_export_of_a_selection_is_priced_by_a_batch_not_by_the_whole_trace(
     estimate = limits.estimate_trace(events, 0, limits.COSTS.export).memory_bytes
     peak = peak_memory_of([*argv, "--force"])
     assert estimate / 3 <= peak <= 3 * estimate
+
+
+LONG = SCENARIO.replace("iterations: 3", "iterations: 16")  # many small iterations
+
+
+def test_detect_is_priced_by_its_largest_batch_and_state_not_by_every_event(
+        tmp_path, capsys, monkeypatch):
+    import megatronapp.scan.inputs as inputs
+
+    (tmp_path / "s.yaml").write_text(LONG)
+    run = tmp_path / "run"
+    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(run), "--quiet"]) == 0
+    events = trace_size(locate_trace(run)).stored_events
+    cost = limits.COSTS.detect_columns
+    peak = peak_memory_of(["detect", str(run)])
+    estimate = limits.estimate_trace(events, 0, cost, inputs.batching(run / "trace.parquet"))
+    assert estimate.memory_bytes / 3 <= peak <= 3 * estimate.memory_bytes
+    monkeypatch.setattr(inputs, "BATCH_ROWS", events // 8)  # two iterations a batch
+    fed = inputs.batching(run / "trace.parquet")
+    assert fed.batch_events <= events // 8
+    by_batch = limits.estimate_trace(events, 0, cost, fed).memory_bytes
+    every_event = limits.estimate_trace(events, 0, cost).memory_bytes
+    assert by_batch < every_event
+    monkeypatch.setattr(limits, "available_memory", lambda: (by_batch + every_event) / 2)
+    code, err = _main(capsys, ["detect", str(run)])
+    assert code == 0, err  # the streaming detector fits: not refused

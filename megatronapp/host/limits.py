@@ -35,6 +35,7 @@ class TraceCost:
     bytes_per_event: float
     seconds_per_event: float
     held_events: float = math.inf  # events held at once (a command that streams: a batch)
+    batched: bool = False  # holds one detector batch at a time plus bounded state (``Batching``)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,11 @@ class CostModel:
     # baselines and JSON input an object per event (1.1 kB, 15 us), analyze
     # 3.6 kB and 47 us, align 1.9 kB and 32 us, export-trace 0.3 kB and 6 us,
     # plot 19 kB and 3.5 ms. Rounded up here.
-    detect_columns: TraceCost = TraceCost(300.0, 1e-6)
+    detect_columns: TraceCost = TraceCost(300.0, 1e-6, batched=True)
+    # What the streaming detector keeps between batches: its bounded samples
+    # and counts, per value kept (a float in a reservoir, the dicts and
+    # objects around it)
+    bytes_per_state_value: float = 40.0
     detect_events: TraceCost = TraceCost(1500.0, 20e-6)
     analyze: TraceCost = TraceCost(4000.0, 50e-6)
     align: TraceCost = TraceCost(2200.0, 35e-6)
@@ -278,15 +283,30 @@ def in_sequence(runs: list[Estimate]) -> Estimate:
     return replace(reduce(Estimate.then, runs), disk_bytes=0.0)
 
 
-def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost) -> Estimate:
+@dataclass(frozen=True)
+class Batching:
+    """How a stored run is fed to a streaming command: the events of its
+    largest batch, and the values its state keeps at most."""
+
+    batch_events: int
+    state_values: int
+
+
+def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost,
+                   batching: Batching | None = None) -> Estimate:
     """Reading a trace of ``stored_events`` rows of a run's Parquet store, or
     of ``text_bytes`` of JSON (sized in events at ``json_bytes_per_event``),
-    and working on each event at ``cost``."""
+    and working on each event at ``cost``; a ``batched`` cost with the
+    store's ``batching`` holds one batch and its state, not every event."""
     c = COSTS
     events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
+    held, state = min(events, cost.held_events), 0.0
+    if cost.batched and batching is not None:
+        held = min(events, batching.batch_events)
+        state = min(events, batching.state_values) * c.bytes_per_state_value
     return Estimate(ranks=0, events=events, group_entries=0, faults=0,
-                    memory_bytes=(c.base_bytes + min(events, cost.held_events)
-                                  * cost.bytes_per_event + text_bytes * c.json_memory_per_byte),
+                    memory_bytes=(c.base_bytes + held * cost.bytes_per_event + state
+                                  + text_bytes * c.json_memory_per_byte),
                     disk_bytes=0.0, seconds=c.base_seconds + events * cost.seconds_per_event)
 
 

@@ -37,13 +37,18 @@ def check_trace(args: argparse.Namespace, target: str | Path, what: str,
                 cost: limits.TraceCost) -> None:
     """Refuse a trace too large for this machine before reading its events:
     its size (a store's row count, a JSON trace's bytes) times the command's
-    ``cost`` per event, against the memory available and ``--max-seconds``."""
+    ``cost`` per event, against the memory available and ``--max-seconds``;
+    a command that feeds a store batch by batch is priced by its largest
+    batch and the detector's state (``inputs.batching``)."""
+    from .inputs import batching, store_of
     from .load import locate_trace, trace_size
 
     if args.no_limits:
         return
     size = _side_file(lambda t: trace_size(locate_trace(t)), target)
-    limits.enforce(args, limits.estimate_trace(size.stored_events, size.text_bytes, cost),
+    store = store_of(target) if cost.batched else None
+    fed = _side_file(batching, store) if store is not None else None  # a batch at a time
+    limits.enforce(args, limits.estimate_trace(size.stored_events, size.text_bytes, cost, fed),
                    what=f"{what} on {target}")
 
 

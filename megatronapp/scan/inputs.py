@@ -17,17 +17,19 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from megatronapp.host.limits import Batching
 from megatronapp.io.progress import Say, quiet
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns, RankEventsView, TableSource, columns_from_events
 from megatronapp.trace.events import Event
 from megatronapp.trace.store import (TRACE_FILE, StoreError, StoreMeta, local_clock_view,
-                                     read_columns, read_pieces)
+                                     read_columns, read_meta, read_pieces)
 
 from .align import ClockFit
 from .deps import SyncOp, reconstruct
 from .load import (LoadedTrace, RankEvents, TraceError, dig, load_trace, locate_trace,
                    read_object, trace_size)
+from .sketch import DEFAULT_CAPACITY
 from .table import SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
 from .work import scenario_of_run
 
@@ -226,6 +228,28 @@ def iteration_batches(store: Path, max_rows: int | None = None) -> list[list[int
     step = max(1, int((max_rows or BATCH_ROWS) * scenario.iterations // max(stored_events(store), 1)))
     return [list(range(i, min(i + step, scenario.iterations)))
             for i in range(0, scenario.iterations, step)]
+
+
+STATE_KEYS_PER_RANK = 8  # samples the detector keeps per rank: its ratios, op names, channels
+
+
+def batching(store: Path) -> Batching:
+    """What ``stored_batches`` will hold at most, from the footer's row count,
+    the classes and the run's scenario (no row is read): its largest batch (a
+    long iteration's first microbatch with the events of none: twice a
+    microbatch's share, a safe side) and the detector's bounded state."""
+    events = stored_events(store)
+    groups = iteration_batches(store)
+    scenario = scenario_of_run(store.parent if store.name == TRACE_FILE else None)
+    iterations = scenario.iterations if scenario is not None and groups != [None] else 1
+    largest = events * max(len(g) if g is not None else iterations for g in groups) // iterations
+    if largest > BATCH_ROWS and scenario is not None:
+        largest = min(largest, 2 * largest // max(scenario.parallel.microbatches, 1))
+    try:
+        world = read_meta(store).world_size
+    except StoreError as err:
+        raise _trace_error(store, err) from None
+    return Batching(largest, min(events, world * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY))
 
 
 def stored_events(store: Path) -> int:
