@@ -3,11 +3,14 @@ estimated against measured, and the simulation core with jitter on every link
 against a bare SimPy loop.
 
     .venv/bin/python paper_figs/scale_table.py [--gpus 1024,12288,49152,98304]
-        [--jitter-gpus 12288] [--skip-jitter]
+        [--jitter-gpus 12288] [--skip-jitter] [--skip-core-ratio]
 
 Every job is scenarios/megascale_12288.yaml (175B, tp 8, pp 8, interleaved with
 6 chunks, 32 microbatches, one iteration) with dp = GPUs / 64, one GPU
-throttled to 1.3x and one pipeline link 3x slow at the same coordinates.
+throttled to 1.3x and one pipeline link 3x slow at the same coordinates. The
+jitter row is the same job at ``--jitter-gpus`` with background jitter on every
+link (lognormal sigma 0.05): no two pipelines alike, nothing reduced, every
+event simulated and stored, as a real trace would be.
 Each command runs as a child pinned to one core (the first CPU of this
 process's affinity); wall time, CPU time (user + system) and peak resident
 memory come from the child's own rusage. The jitter part simulates the job
@@ -82,8 +85,10 @@ from sim import run_size
 if sys.argv[1] == "run":
     e = limits.estimate_run(load_scenario(sys.argv[2], sys.argv[3:]), run_size)
 else:
-    events = trace_size(locate_trace(Path(sys.argv[2]))).stored_events
-    e = limits.estimate_trace(events, 0, limits.COSTS.detect_columns)
+    from megatronapp.scan.inputs import batching
+    store = locate_trace(Path(sys.argv[2]))
+    events = trace_size(store).stored_events
+    e = limits.estimate_trace(events, 0, limits.COSTS.detect_columns, batching(store.paths[0]))
 print(json.dumps({"events": e.events, "simulated": e.simulated_events, "seconds": e.seconds,
                   "memory_gb": e.memory_bytes / 1e9}))
 """
@@ -104,11 +109,14 @@ def bare_rate() -> float:
     return float(done.stdout)
 
 
-def one_size(gpus: int, workdir: Path) -> dict[str, object]:
+JITTER = "cluster.jitter.link_sigma=0.05"  # every link its own: nothing to reduce
+
+
+def one_size(gpus: int, workdir: Path, jitter: bool = False) -> dict[str, object]:
     dp = gpus // (TP * PP)
-    run_dir = workdir / f"megascale_{gpus}"
+    run_dir = workdir / f"megascale_{gpus}{'_jitter' if jitter else ''}"
     cli = [sys.executable, "-m", "megatronapp.cli"]
-    sets = [f"parallel.dp={dp}", f"faults={faults_for(dp)}"]
+    sets = [f"parallel.dp={dp}", f"faults={faults_for(dp)}"] + ([JITTER] if jitter else [])
     run_estimate = estimated("run", str(SCENARIO), *sets)
     bare = bare_rate()
     run = measured(cli + ["run", str(SCENARIO), "--out", str(run_dir), "--quiet",
@@ -121,7 +129,7 @@ def one_size(gpus: int, workdir: Path) -> dict[str, object]:
     trace = json.loads((run_dir / "summary.json").read_text())["trace"]
     trace_mb = (run_dir / "trace.parquet").stat().st_size / 1e6
     shutil.rmtree(run_dir)  # the next size needs the disk
-    return {"gpus": gpus, "events": trace["events"],
+    return {"gpus": gpus, "jitter": jitter, "events": trace["events"],
             "stored_events": trace.get("stored_events", trace["events"]),
             "est_events": run_estimate["events"], "est_simulated": run_estimate["simulated"],
             "run_wall_s": run["wall_s"], "run_cpu_s": run["cpu_s"], "est_run_s":
@@ -129,7 +137,8 @@ def one_size(gpus: int, workdir: Path) -> dict[str, object]:
             "est_run_gb": run_estimate["memory_gb"],
             "trace_mb": trace_mb, "bare_timeouts_per_s": bare,
             "detect_wall_s": detect["wall_s"], "detect_cpu_s": detect["cpu_s"],
-            "est_detect_s": detect_estimate["seconds"], "detect_peak_gb": detect["peak_gb"],
+            "est_detect_s": detect_estimate["seconds"], "est_detect_events":
+            detect_estimate["events"], "detect_peak_gb": detect["peak_gb"],
             "est_detect_gb": detect_estimate["memory_gb"], "named": named,
             "detect_refused": detect["refused"]}
 
@@ -168,8 +177,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", default="1024,12288,49152,98304")
     parser.add_argument("--jitter-gpus", type=int, default=12288)
-    parser.add_argument("--skip-jitter", action="store_true")
+    parser.add_argument("--skip-jitter", action="store_true", help="no jitter row")
+    parser.add_argument("--skip-core-ratio", action="store_true",
+                        help="no simulation-core vs bare SimPy comparison")
     args = parser.parse_args()
+    print(f"load average at the start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+          file=sys.stderr, flush=True)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # children inherit one core
     OUT.mkdir(parents=True, exist_ok=True)
@@ -178,27 +191,34 @@ def main() -> None:
         for gpus in (int(g) for g in args.gpus.split(",")):
             rows.append(one_size(gpus, Path(tmp)))
             print(f"done {gpus} GPUs", file=sys.stderr, flush=True)
+        if not args.skip_jitter:
+            rows.append(one_size(args.jitter_gpus, Path(tmp), jitter=True))
+            print(f"done {args.jitter_gpus} GPUs with jitter", file=sys.stderr, flush=True)
     with open(OUT / "scale_table.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print("| GPUs | events (stored) | run wall s | run CPU s (est.) | run peak GB (est.) | "
+    print("| GPUs | events (stored; est.) | run wall s | run CPU s (est.) | run peak GB (est.) | "
           "trace.parquet MB | detect wall s | detect CPU s (est.) | detect peak GB (est.) | "
           "detect names | bare SimPy timeouts/s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
-        print(f"| {r['gpus']:,} | {r['events']:,} ({r['stored_events']:,}) | "
+        label = f"{r['gpus']:,}" + (", jitter on every link" if r["jitter"] else "")
+        detect = (f"{r['detect_wall_s']:.1f} | {r['detect_cpu_s']:.1f} ({r['est_detect_s']:.0f}) | "
+                  f"{r['detect_peak_gb']:.2f} ({r['est_detect_gb']:.1f})"
+                  if not r["detect_refused"] else f"refused | ({r['est_detect_s']:.0f}) | "
+                  f"({r['est_detect_gb']:.1f})")
+        print(f"| {label} | {r['events']:,} ({r['stored_events']:,}; {r['est_events']:,}) | "
               f"{r['run_wall_s']:.1f} | {r['run_cpu_s']:.1f} ({r['est_run_s']:.1f}) | "
               f"{r['run_peak_gb']:.2f} ({r['est_run_gb']:.2f}) | {r['trace_mb']:.1f} | "
-              f"{r['detect_wall_s']:.1f} | {r['detect_cpu_s']:.1f} ({r['est_detect_s']:.0f}) | "
-              f"{r['detect_peak_gb']:.2f} ({r['est_detect_gb']:.1f}) | {r['named']} | "
-              f"{r['bare_timeouts_per_s'] / 1e3:,.0f} k |")
+              f"{detect} | {r['named']} | {r['bare_timeouts_per_s'] / 1e3:,.0f} k |")
     for r in rows:
-        if r["est_events"] != r["events"]:
-            print(f"{r['gpus']:,} GPUs: estimated {r['est_events']:,} events, ran {r['events']:,}")
+        if r["est_events"] != r["events"] or r["est_detect_events"] != r["events"]:
+            print(f"{r['gpus']:,} GPUs: estimated {r['est_events']:,} events (detect "
+                  f"{r['est_detect_events']:,}), ran {r['events']:,}")
         if r["detect_refused"]:
             print(f"{r['gpus']:,} GPUs: detect {r['detect_refused']}")
-    if not args.skip_jitter:
+    if not args.skip_core_ratio:
         j = jitter_ratio(args.jitter_gpus)
         print(f"\njitter on every link, {j['gpus']:,} GPUs ({j['ops']:,} operations, no "
               f"reduction): simulation core {j['core_us_per_op']:.2f} CPU-us/op, bare SimPy "
