@@ -219,12 +219,17 @@ WIDE = ("name: wide\nparallel: {tp: 2, pp: 4, dp: 2048, microbatches: 8}\n"  # 1
         "model: {layers: 8, hidden: 64, heads: 4, seq_len: 64, vocab: 128}\n")
 
 
-def test_export_of_a_selection_is_priced_by_a_batch_not_by_the_whole_trace(
-        tmp_path, capsys, monkeypatch):
-    (tmp_path / "s.yaml").write_text(WIDE)
+def _ran(tmp_path: Path, scenario: str) -> tuple[Path, int]:
+    """A run of ``scenario`` and the events its trace holds."""
+    (tmp_path / "s.yaml").write_text(scenario)
     run = tmp_path / "run"
     assert main(["run", str(tmp_path / "s.yaml"), "--out", str(run), "--quiet"]) == 0
-    events = trace_size(locate_trace(run)).stored_events
+    return run, trace_size(locate_trace(run)).stored_events
+
+
+def test_export_of_a_selection_is_priced_by_a_batch_not_by_the_whole_trace(
+        tmp_path, capsys, monkeypatch):
+    run, events = _ran(tmp_path, WIDE)
     every_event = limits.COSTS.base_bytes + events * limits.COSTS.export.bytes_per_event
     assert events > limits.COSTS.export.held_events  # more than one batch
     monkeypatch.setattr(limits, "available_memory", lambda: every_event / 2)
@@ -243,10 +248,7 @@ def test_detect_is_priced_by_its_largest_batch_and_state_not_by_every_event(
         tmp_path, capsys, monkeypatch):
     import megatronapp.scan.inputs as inputs
 
-    (tmp_path / "s.yaml").write_text(LONG)
-    run = tmp_path / "run"
-    assert main(["run", str(tmp_path / "s.yaml"), "--out", str(run), "--quiet"]) == 0
-    events = trace_size(locate_trace(run)).stored_events
+    run, events = _ran(tmp_path, LONG)
     cost = limits.COSTS.detect_columns
     peak = peak_memory_of(["detect", str(run)])
     estimate = limits.estimate_trace(events, 0, cost, inputs.batching(run / "trace.parquet"))
