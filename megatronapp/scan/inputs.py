@@ -20,7 +20,8 @@ import numpy as np
 from megatronapp.host.limits import Batching
 from megatronapp.io.progress import Say, quiet
 from megatronapp.scenario.config import Scenario
-from megatronapp.trace.columns import EventColumns, RankEventsView, TableSource, columns_from_events
+from megatronapp.trace.columns import (EventColumns, RankEventsView, TableSource, columns_from_events,
+                                       empty_columns)
 from megatronapp.trace.events import Event
 from megatronapp.trace.store import (TRACE_FILE, StoreError, StoreMeta, local_clock_view,
                                      read_columns, read_meta, read_pieces)
@@ -164,13 +165,24 @@ def _as_stored(store: Path, cols: EventColumns, meta: StoreMeta, raw_clocks: boo
                ) -> StoredColumns:
     """Columns read from ``store`` (whose metadata is ``meta``), each rank on its
     own clock when ``raw_clocks``, with what the run directory tells of the run."""
+    return _on_clocks(_run_facts(store, meta), cols, meta, raw_clocks)
+
+
+def _run_facts(store: Path, meta: StoreMeta) -> StoredColumns:
+    """What the run directory of ``store`` tells of the run (no columns yet)."""
     stored = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
     run_dir = store.parent if store.name == TRACE_FILE else None
     gpus = gpus_per_node_of(run_dir, stored)  # as the per-event path reads it
+    return StoredColumns(empty_columns(), True, gpus, scenario_of_run(run_dir))
+
+
+def _on_clocks(facts: StoredColumns, cols: EventColumns, meta: StoreMeta, raw_clocks: bool = True
+               ) -> StoredColumns:
+    """``cols`` with the run's ``facts``, each rank on its own clock when ``raw_clocks``."""
     skewed = bool(meta.clocks) and raw_clocks
     if skewed:
         cols = local_clock_view(cols, meta.clocks)
-    return StoredColumns(cols, not skewed, gpus, scenario_of_run(run_dir))
+    return replace(facts, cols=cols, aligned=not skewed)
 
 
 def load_table_scan(store: Path, raw_clocks: bool = True) -> ScanInput:
@@ -194,13 +206,14 @@ def stored_batches(store: Path) -> Iterator[ScanInput]:
         pieces = read_pieces(store)
     except StoreError as err:
         raise _trace_error(store, err) from None
+    facts = _run_facts(store, pieces.meta)  # read once, not per batch
     for iterations in iteration_batches(store):
         keys = [k for k in sorted(pieces.streams) if iterations is None or k[0] in iterations]
         cuts = [keys] if sum(pieces.events[k] for k in keys) <= BATCH_ROWS else \
             microbatch_cuts(keys)
         first: ScanInput | None = None
         for cut in cuts:
-            stored = _as_stored(store, pieces.columns(cut), pieces.meta)
+            stored = _on_clocks(facts, pieces.columns(cut), pieces.meta)
             batch = stored.prepared(clocks=first.clocks if first else None)
             first = first or batch
             yield batch

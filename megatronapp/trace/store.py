@@ -379,12 +379,14 @@ def _row_weights(meta: StoreMeta) -> np.ndarray:
 
 
 def _rows_by_key(key: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
-    """Row indices of each distinct row of ``key`` (in order within each)."""
-    distinct, which = np.unique(key, axis=0, return_inverse=True)
-    which = which.reshape(-1)
-    order = np.argsort(which, kind="stable")
-    cuts = np.searchsorted(which[order], np.arange(len(distinct) + 1))
-    return {(int(d[0]), int(d[1])): order[cuts[i]:cuts[i + 1]] for i, d in enumerate(distinct)}
+    """Row indices of each distinct row of ``key`` (two columns of ints >= -1,
+    in order within each): one stable sort of one int64 key."""
+    high, low = key[:, 0].astype(np.int64) + 1, key[:, 1].astype(np.int64) + 1
+    flat = high * (int(low.max(initial=0)) + 1) + low
+    order = np.argsort(flat, kind="stable")
+    cuts = np.r_[0, np.flatnonzero(np.diff(flat[order])) + 1, len(order)]
+    return {(int(key[order[a], 0]), int(key[order[a], 1])): order[a:b]
+            for a, b in zip(cuts[:-1], cuts[1:]) if b > a}
 
 
 def _empty_table(path: Path) -> pa.Table:
