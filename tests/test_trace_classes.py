@@ -150,3 +150,28 @@ def test_a_store_with_malformed_classes_is_one_line_naming_it(tmp_path, capsys, 
     assert main(["detect", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(store) in err[0] and "'classes'" in err[0], err
+
+
+def test_detect_expands_a_symmetric_store_one_batch_at_a_time_with_the_full_stores_verdict(
+        tmp_path, monkeypatch):
+    from megatronapp.scan import inputs
+    from megatronapp.scan.detect import megascan_stored
+    from megatronapp.trace.classes import Expansion
+
+    run, every = _run(tmp_path)
+    full = _full_copy(run, tmp_path)
+    whole = megascan_stored(full / "trace.parquet").to_json()
+    monkeypatch.setattr(inputs, "BATCH_ROWS", len(every) // 4)  # cut by microbatch
+    expanded: list[int] = []
+    rows = Expansion.rows
+
+    def spy(self: Expansion, ranks: list[int]) -> EventColumns:
+        out = rows(self, ranks)
+        expanded.append(len(out))
+        return out
+
+    monkeypatch.setattr(Expansion, "rows", spy)
+    largest = max(len(b.cols) for b in inputs.stored_batches(run / "trace.parquet"))
+    assert largest < len(every) and max(expanded) <= largest  # never the whole run at once
+    assert megascan_stored(run / "trace.parquet").to_json() == whole
+    assert megascan_stored(full / "trace.parquet").to_json() == whole
