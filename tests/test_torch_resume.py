@@ -27,8 +27,11 @@ def job(iterations: int, dp: int = 2, microbatches: int = 2) -> Scenario:
                            "model": {"layers": 2, **TINY_MODEL}})
 
 
-def losses(s: Scenario, workdir: Path, **options: int) -> list[float]:
-    run, _ = spawn_run(s, TrainOptions(ADAM.optimizer, ADAM.lr, workdir=str(workdir), **options))
+def losses(s: Scenario, workdir: Path, checkpoint_every: int | None = None,
+           first_iteration: int = 0) -> list[float]:
+    run, _ = spawn_run(s, TrainOptions(ADAM.optimizer, ADAM.lr, workdir=str(workdir),
+                                       checkpoint_every=checkpoint_every,
+                                       first_iteration=first_iteration))
     assert run.training is not None
     return run.training.loss_per_iteration
 
