@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / scenario.name)
     check_output(out, args.force, protect=[Path(args.scenario)])
     _check_profile(args, scenario)
-    check_online(scenario, args.detect, args.backend)
+    check_online(scenario, args.detect)
     estimated = ESTIMATED in backend.capabilities  # else bounded by its processes
     limits.enforce(args, limits.estimate_run(scenario, backend.size if estimated else None), out,
                    backend=backend.name, estimated=estimated)
@@ -68,7 +68,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          events=online.tee(progress.record) if online else progress.record)
 
         def run(s: Any) -> Any:
-            return backend.run(s, _run_options(args, tmp / PROFILE_DIR, tmp), hooks)
+            options = _run_options(args, tmp / PROFILE_DIR, tmp)
+            return backend.run(s, online.options(s, options) if online else options, hooks)
 
         result = run(scenario)
         segments = online.after(result, run) if online else []  # the closed loop's restarts

@@ -116,14 +116,6 @@ def test_the_run_directory_holds_each_segment_and_the_restart(tmp_path: Path) ->
     assert f"restarted from iteration {stopped}" in done.stdout
 
 
-def test_the_loop_on_a_real_backend_is_one_line(tmp_path: Path) -> None:
-    done = run_cli("run", str(THROTTLE), "--backend", "torch", "--set",
-                   "mitigation={action: exclude}", "--out", str(tmp_path / "run"))
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
-    assert done.stderr.startswith("megatronapp: mitigation: the closed loop restarts simulated")
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_a_mitigation_beside_an_fbd_section_is_refused() -> None:
     with pytest.raises(ScenarioError, match="mitigation"):
         load_scenario(ROOT / "scenarios/fbd_hetero.yaml", ["mitigation={action: exclude}"])

@@ -24,7 +24,9 @@ class TorchBackend:
     """Real ranks; ``RunOptions``: ``stall_timeout_s`` (fail when no rank makes
     progress for this long), ``profile_dir`` (also write a torch.profiler trace
     per rank there), ``out_dir`` (the run directory: a ``scope:`` capture goes to
-    ``scope/``, a ``training.checkpoint`` to ``checkpoint/``). ``hooks.events``
+    ``scope/``, a ``training.checkpoint`` to ``checkpoint/``, mid-run checkpoints
+    to ``checkpoints/``), ``checkpoint_every``, ``resume_iteration`` and ``stop``
+    (the closed loop, see resume.py and stopping.py). ``hooks.events``
     sees every event; ``hooks.on_phase`` is told what the run is doing
     (spawning, building stages)."""
 
@@ -61,16 +63,19 @@ def run_scenario(s: Scenario, options: RunOptions = RunOptions(),
         check_fbd_scenario(s)
         job, on_record = FBD, progress_hook(fbd_layout(s), on_record)
     out_dir = options.out_dir
-    if out_dir is None and (s.scope is not None or s.training.checkpoint):
-        raise UserError("scope / training.checkpoint: the torch backend writes them into a run "
-                        "directory (megatronapp run)")
+    mid_run = options.checkpoint_every is not None or options.resume_iteration > 0
+    if out_dir is None and (s.scope is not None or s.training.checkpoint or mid_run):
+        raise UserError("scope / training.checkpoint / mitigation: the torch backend writes "
+                        "them into a run directory (megatronapp run)")
     profile_dir = str(options.profile_dir) if options.profile_dir is not None else None
     train_options = TrainOptions(optimizer=s.training.optimizer, lr=s.training.lr,
                                  profile_dir=profile_dir,
-                                 workdir=str(out_dir) if out_dir is not None else None)
+                                 workdir=str(out_dir) if out_dir is not None else None,
+                                 checkpoint_every=options.checkpoint_every,
+                                 first_iteration=options.resume_iteration)
     stall_s = STALL_TIMEOUT_S if options.stall_timeout_s is None else options.stall_timeout_s
     result, _ = spawn_run(s, train_options, None, on_record, stall_timeout_s=stall_s,
-                          on_phase=hooks.on_phase, job=job)
+                          on_phase=hooks.on_phase, job=job, stop=options.stop)
     if out_dir is not None:
         from .scope_run import finalize
 

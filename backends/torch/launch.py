@@ -27,11 +27,13 @@ import torch.multiprocessing as mp
 from megatronapp.errors import UserError
 from megatronapp.scenario.config import Scenario, ScenarioError
 from megatronapp.io.progress import Say, quiet
+from megatronapp.program.backend import StopRequest
 from megatronapp.trace.events import Event, RunResult
 
 from .lifetime import (die_with_parent, ignore_terminal_signals, is_stopped, join_or_stop,
                        stop_processes, terminal_signals_held)
 from .stages import TrainOptions
+from .stopping import StopSwitch
 from .watchdog import (STALL_TIMEOUT_S, Failure, OpBeacon, ProgressWatch, blocked_line,
                        death_line, describe_failure)
 from .worker import PIPELINE, Job, ProgramsFor, WorkerResult, quiet_megatron_warnings
@@ -78,7 +80,7 @@ def free_port() -> int:
 
 def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce: bool | None,
              threads: int, out: Any, counters: Any, stall_flag: Any, job: Job,
-             programs: ProgramsFor, launcher_pid: int) -> None:
+             programs: ProgramsFor, launcher_pid: int, switch: StopSwitch | None) -> None:
     die_with_parent(launcher_pid)
     ignore_terminal_signals()  # the launcher owns the stop
     quiet_megatron_warnings()
@@ -95,7 +97,8 @@ def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce:
         result = job.run_rank(s, rank, rank, options, coalesce,
                               on_record=lambda r, e: out.put(("event", r, e)),
                               beacon=beacon, programs=programs,
-                              on_phase=lambda text: out.put(("phase", rank, text)))
+                              on_phase=lambda text: out.put(("phase", rank, text)),
+                              **({"stop": switch} if switch is not None else {}))
         out.put(("done", rank, result))
     except BaseException as err:
         out.put(("error", rank, (describe_failure(err), beacon.describe())))
@@ -109,8 +112,9 @@ class _Gatherer:
 
     def __init__(self, procs: list[Any], out: Any, counters: Any, stall_flag: Any,
                  stall_timeout_s: float, on_record: Callable[[int, Event], None] | None,
-                 on_phase: Say = quiet):
+                 on_phase: Say = quiet, stop: tuple[StopRequest, StopSwitch] | None = None):
         self.procs, self.out, self.counters, self.stall_flag = procs, out, counters, stall_flag
+        self.stop = stop
         self.watch, self.on_record = ProgressWatch(stall_timeout_s), on_record
         self.on_phase = on_phase
         self.results: dict[int, WorkerResult] = {}
@@ -122,12 +126,18 @@ class _Gatherer:
         while len(self.results) < len(self.procs):
             try:
                 self._handle(*self.out.get(timeout=POLL_S))
+                self._stop_if_asked()
             except queue_mod.Empty:
                 self._check_deaths()  # only once the queue is drained: "done" may be in it
             now = time.monotonic()
             if self.watch.stalled(self.counters[:], now) or self._stopped_too_long(now):
                 raise self._stuck()
         return [self.results[r] for r in range(len(self.procs))]
+
+    def _stop_if_asked(self) -> None:
+        """Whoever watches the events (``on_record``) may ask the job to stop."""
+        if self.stop is not None and self.stop[0].requested:
+            self.stop[0].stopped_after = self.stop[1].stop()
 
     def _stopped_too_long(self, now: float) -> bool:
         """A rank stopped (SIGSTOP) during set-up, before the progress watch is
@@ -215,14 +225,16 @@ def check_megatron(s: Scenario) -> None:
 def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: bool | None = None,
               on_record: Callable[[int, Event], None] | None = None, *,
               stall_timeout_s: float = STALL_TIMEOUT_S, programs: ProgramsFor | None = None,
-              on_phase: Say = quiet, job: Job | None = None
+              on_phase: Say = quiet, job: Job | None = None, stop: StopRequest | None = None
               ) -> tuple[RunResult, list[WorkerResult]]:
     """Run ``s`` on fresh processes, one per rank of ``job`` (default: the
     pipeline's ``s.world_size`` ranks; ``FBD`` in ``fbd_worker``: a process per
     MegaFBD worker); the RunResult plus each rank's raw result (losses,
     gradient norms, optional step capture). ``programs`` (default the job's;
     a module-level function, since it is pickled) builds the rank programs
-    from the scenario and the stages."""
+    from the scenario and the stages. ``stop``: set ``requested`` (from
+    ``on_record``) to stop every rank after the latest iteration one has
+    begun; ``stopped_after`` then says which (see stopping.py)."""
     job = job or PIPELINE
     world = job.processes(s)
     check_gpus(s, world)
@@ -233,16 +245,19 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
     threads = max(1, (os.cpu_count() or 1) // world)
     port = free_port()
     build = programs if programs is not None else job.programs
+    switch = StopSwitch(ctx, world) if stop is not None else None
     procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out,
-                                                counters, stall_flag, job, build, os.getpid()))
+                                                counters, stall_flag, job, build, os.getpid(),
+                                                switch))
              for r in range(world)]
     on_phase(f"spawning {world} ranks")
     try:
         with terminal_signals_held():
             for p in procs:
                 p.start()
+        stopping = None if stop is None or switch is None else (stop, switch)
         results = _Gatherer(procs, out, counters, stall_flag, stall_timeout_s, on_record,
-                            on_phase).run()
+                            on_phase, stopping).run()
         join_or_stop(procs, EXIT_WAIT_S)
     except BaseException as err:  # a failure, or Interrupted by a signal: stop every rank
         stopped = stop_processes([p for p in procs if p.pid is not None])

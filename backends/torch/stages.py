@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import fmean
 from typing import Any, Mapping
 
@@ -25,6 +26,7 @@ from megatronapp.parallel.ops import Report
 from megatronapp.scenario.seeds import torch_seed
 
 from . import megatron_compat
+from .resume import drop_shard, load_shard, save_shard, shard_path
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class TrainOptions:
     initial_state: Mapping[str, np.ndarray] | None = None  # full-model weights to load
     profile_dir: str | None = None  # also write a torch.profiler trace per rank here
     workdir: str | None = None  # where ranks write MegaScope parts and checkpoint shards
+    checkpoint_every: int | None = None  # save a mid-run checkpoint this often (resume.py)
+    first_iteration: int = 0  # the job's iteration of this run's first: resumed from its checkpoint
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class MegatronStages:
             p.grad = torch.zeros_like(p)
         self.optimizer = (torch.optim.SGD(params, lr=options.lr) if options.optimizer == "sgd"
                           else torch.optim.Adam(params, lr=options.lr))
+        if options.first_iteration:
+            self._resume(options.first_iteration)
         self.mask = megatron_compat.causal_mask(s.model.seq_len, device)
         self.positions = torch.arange(s.model.seq_len, device=device).expand(
             s.model.micro_batch_size, -1)
@@ -187,6 +193,37 @@ class MegatronStages:
                 dim = partition_dim_of(param)
                 param.copy_(full if dim is None else full.chunk(tp, dim=dim)[tp_rank])
 
+    # -------------------------------------------------------- checkpoints
+    def _shard(self, iteration: int) -> Path:
+        """Checkpoints live in the run directory (``run_scenario`` insists on one)."""
+        return shard_path(self.options.workdir or ".", iteration, self.coord.pp, self.coord.tp)
+
+    def _resume(self, iteration: int) -> None:
+        """Weights, optimizer state and random state as saved after ``iteration`` iterations."""
+        state = load_shard(self._shard(iteration), iteration)
+        with torch.no_grad():
+            for name, param in self.named:
+                param.copy_(state["weights"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+
+    def _save_checkpoint(self) -> None:
+        """After every ``checkpoint_every``-th iteration of the job: the first
+        replica's ranks save their stage (the others hold the same state)."""
+        every, done = self.options.checkpoint_every, self.job_iteration + 1
+        if every is None or done % every or self.coord.dp != 0:
+            return
+        save_shard(self._shard(done), {
+            "iteration": done, "weights": {n: p.detach().cpu() for n, p in self.named},
+            "optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()})
+        if done > every:
+            drop_shard(self._shard(done - every))
+
+    @property
+    def job_iteration(self) -> int:
+        """This iteration's number in the whole job (a resumed run starts past 0)."""
+        return self.options.first_iteration + self.iteration
+
     # ----------------------------------------------------------- protocol
     def start_iteration(self, iteration: int) -> None:
         self.iteration = iteration
@@ -197,7 +234,7 @@ class MegatronStages:
         """(batch, seq_len + 1) ids of one global sample: inputs and shifted labels."""
         m = self.s.model
         sample = self.coord.dp * self.shape.microbatches + microbatch
-        key = (self.s.seed, self.iteration, sample, m.micro_batch_size, m.seq_len + 1)
+        key = (self.s.seed, self.job_iteration, sample, m.micro_batch_size, m.seq_len + 1)
         ids = self.text.window(*key) if self.text else random_tokens(*key, m.vocab)
         return torch.from_numpy(ids).to(self.device)
 
@@ -279,6 +316,7 @@ class MegatronStages:
         self.optimizer.step()
         if self.scope is not None:
             self.scope.after_step(self.iteration)
+        self._save_checkpoint()
         if capture:
             self.log.capture = StepCapture(
                 before, grads, self._snapshot(lambda p: p),

@@ -35,6 +35,7 @@ from .interpreter import CudaClock, GroupCache, HostClock, Interpreter
 from .profile import kineto_profile
 from .scope_run import attach_session, save_shard
 from .stages import MegatronStages, StepCapture, TrainOptions
+from .stopping import StopSwitch, stoppable
 from .watchdog import OpBeacon
 
 # scenario, stages of each rank -> rank programs (``rank_programs`` unless a test swaps it)
@@ -101,9 +102,11 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
              coalesce: bool | None = None,
              on_record: Callable[[int, Event], None] | None = None,
              beacon: OpBeacon | None = None,
-             programs: ProgramsFor = rank_programs, on_phase: Say = quiet) -> WorkerResult:
+             programs: ProgramsFor = rank_programs, on_phase: Say = quiet,
+             stop: StopSwitch | None = None) -> WorkerResult:
     """Run this rank's program; torch.distributed must already be initialised.
-    Rank 0 tells ``on_phase`` when it builds its stages and when it trains."""
+    Rank 0 tells ``on_phase`` when it builds its stages and when it trains;
+    ``stop`` may end the program at an iteration boundary."""
     from megatron.core import parallel_state
 
     say = on_phase if rank == 0 else quiet
@@ -115,6 +118,8 @@ def run_rank(s: Scenario, rank: int, local_rank: int, options: TrainOptions,
         stages = MegatronStages(s, rank, device, options)
         session = attach_session(s, stages, rank, options.workdir)  # MegaScope, if observed
         program = programs(s, lambda r: stages if r == rank else NullStages())[rank]
+        if stop is not None:
+            program = stoppable(program, rank, stop)
         origin = shared_origin_ns(device)
         clock = CudaClock(origin, device) if device.type == "cuda" else HostClock(origin)
         tracer = Tracer(rank, now=clock.now_s, on_record=on_record)

@@ -23,9 +23,13 @@ from megatronapp.trace.metrics import iteration_spans
 
 from .plan import Replan, global_batch, replan
 
-__all__ = ["LoopRun", "Segment", "close_loop", "faulty_keys", "summary_lines"]
+__all__ = ["LiveStop", "LoopRun", "Segment", "Watch", "close_loop", "faulty_keys",
+           "summary_lines"]
 
 RunFn = Callable[[Scenario], RunResult]
+# a job on real ranks stops itself (the loop's watch beside it): the verdict it
+# stopped on and the last iteration it ran, or None when it ran to its end
+LiveStop = Callable[[], "tuple[Detection, int] | None"]
 MAX_RESTARTS = 16  # a job that keeps failing stops being restarted
 
 
@@ -105,7 +109,7 @@ def _span_s(spans: dict[int, tuple[float, float]], first: int, last: int) -> flo
 
 
 @dataclass
-class _Watch:
+class Watch:
     """One segment's scan: which verdict is due to stop the job, and when."""
 
     scan: OnlineScan
@@ -125,12 +129,22 @@ class _Watch:
         standing = {d.key for d in self.scan.named}
         return verdict if verdict.key in standing else None  # withdrawn: the job goes on
 
+    def acts(self, iteration: int, decided: list[Detection], restarts: int, done: int,
+             job_iterations: int) -> Detection | None:
+        """The verdict the loop acts on at the end of ``iteration``: due, standing,
+        and with iterations of the job still to run after it."""
+        verdict = self.step(iteration, decided) if self.policy.action == "exclude" else None
+        more = done + iteration + 1 < job_iterations
+        return verdict if verdict is not None and restarts < MAX_RESTARTS and more else None
+
 
 def close_loop(s: Scenario, first: RunResult, run: RunFn,
                report: Callable[[list[Detection]], None],
-               config: OnlineConfig = OnlineConfig()) -> LoopRun:
+               config: OnlineConfig = OnlineConfig(), live: LiveStop | None = None) -> LoopRun:
     """Run the loop over ``first`` (``s`` as simulated without it); ``run``
-    simulates each re-planned job; ``report`` gets detections as they are made."""
+    simulates each re-planned job; ``report`` gets detections as they are made.
+    ``live``: the jobs ran on real ranks that stopped where it says (their
+    iterations are scanned here for the record), not where this scan would."""
     policy = s.mitigation or Mitigation()
     segments: list[Segment] = []
     detections: list[Detection] = []
@@ -138,17 +152,20 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
     truth, scenario, result, done, false_s = faulty_keys(s), s, first, 0, 0.0
     while True:
         scan = OnlineScan(config, gpus_per_node=scenario.cluster.gpus_per_node, scenario=scenario)
-        watch, parts, stop = _Watch(scan, policy), [], None
+        watch, parts, stop = Watch(scan, policy), [], None
         for i, cols in iterations_of(source_of(result)):
             parts.append(cols)
             decided = [_shifted(d, done, len(segments)) for d in scan.feed(i, cols)]
             detections += decided
             report(decided)
-            verdict = watch.step(i, decided) if policy.action == "exclude" else None
-            if verdict is not None and len(segments) < MAX_RESTARTS and done + i + 1 < s.iterations:
+            if live is None and (verdict := watch.acts(i, decided, len(segments), done,
+                                                       s.iterations)) is not None:
                 stop = _stop(scenario, verdict, i, parts, policy, done, notes)
                 if stop is not None:
                     break
+        if live is not None and (stopped := live()) is not None:
+            stop = _stop(scenario, _shifted(stopped[0], done, len(segments)), stopped[1], parts,
+                         policy, done, notes)
         spans = iteration_spans(concat_same(parts))
         ran = len(parts)
         if stop is None:
@@ -164,11 +181,21 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
         done = checkpoint
         scenario = plan.scenario.model_copy(update={"iterations": s.iterations - done})
         result = run(scenario)
-    baseline = iteration_spans(concat_same([c for _, c in iterations_of(source_of(first))]))
     tokens = float(s.iterations * global_batch(s.parallel, s.model.micro_batch_size)
                    * s.model.seq_len)
     return LoopRun(tuple(segments), tuple(detections), policy.restart_s,
-                   _span_s(baseline, 0, s.iterations - 1), tokens, false_s, tuple(notes))
+                   _baseline_s(first, s.iterations, notes), tokens, false_s, tuple(notes))
+
+
+def _baseline_s(first: RunResult, iterations: int, notes: list[str]) -> float:
+    """The job's time without the loop: its first run, start to end (a job
+    stopped on real ranks has only its first iterations: their pace, and a note)."""
+    spans = iteration_spans(concat_same([c for _, c in iterations_of(source_of(first))]))
+    if len(spans) >= iterations:
+        return _span_s(spans, 0, iterations - 1)
+    notes.append(f"without the loop: {iterations} iterations at the pace of the first "
+                 f"{len(spans)}, which were not stopped")
+    return _span_s(spans, 0, len(spans) - 1) / len(spans) * iterations
 
 
 def _stop(s: Scenario, verdict: Detection, iteration: int, parts: Iterable[EventColumns],

@@ -30,6 +30,16 @@ SCOPE_MODEL = "scope_model"  # runs a saved checkpoint for MegaScope (``ScopeMod
 ESTIMATED = "estimated"
 
 
+@dataclass
+class StopRequest:
+    """Asks a running job to stop at its next iteration boundary (the closed
+    loop sets ``requested`` from an event hook); a backend that stops says the
+    last iteration its ranks finished."""
+
+    requested: bool = False
+    stopped_after: int | None = None
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How to run, beyond the scenario; a backend refuses what it cannot do
@@ -39,6 +49,10 @@ class RunOptions:
     profile_dir: Path | None = None
     out_dir: Path | None = None  # the run directory: captures and checkpoints go there
     replica: bool = False  # simulate data-parallel replica 0 for all (no faults or jitter)
+    # the closed loop on real ranks: mid-run checkpoints into out_dir, a resume from one, a stop
+    checkpoint_every: int | None = None
+    resume_iteration: int = 0  # > 0: start from out_dir's checkpoint after this many iterations
+    stop: StopRequest | None = None
 
 
 @dataclass(frozen=True)
