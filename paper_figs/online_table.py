@@ -18,6 +18,13 @@ Goodput: a job of ``GOODPUT_ITERATIONS`` with the fault from iteration 40,
 ``mitigation: {action: exclude, spares: 1, checkpoint_every: 10}`` and a
 restart costing 20 iterations' time, against the same job with the loop off.
 Every run is the compiled engine (static schedules).
+
+Torch rows (``--backend torch``): real runs on this machine, see
+``torch_table``; kept under paper_figs/out/online_torch/ and scored again
+with ``--replay``.
+
+    .venv/bin/python paper_figs/online_table.py --backend torch [--ranks 4]
+        [--seeds 20] [--first-seed 0] [--replay]
 """
 from __future__ import annotations
 
@@ -30,9 +37,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
+from megatronapp.io.outdirs import staged_dir  # noqa: E402
 from megatronapp.mitigate.loop import close_loop  # noqa: E402
-from megatronapp.scan.online import OnlineScan, iterations_of  # noqa: E402
-from megatronapp.scenario.config import Scenario, load_scenario  # noqa: E402
+from megatronapp.run.write import write_run  # noqa: E402
+from megatronapp.scan.live import scan_for  # noqa: E402
+from megatronapp.scan.online import OnlineConfig, OnlineScan, iterations_of  # noqa: E402
+from megatronapp.scan.trials import REAL_P2P_S  # noqa: E402
+from megatronapp.scan.watch import run_iterations  # noqa: E402
+from megatronapp.scan.work import scenario_of_run  # noqa: E402
+from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario  # noqa: E402
 from megatronapp.trace.columns import EventColumns, source_of  # noqa: E402
 from megatronapp.trace.summary import run_iteration_times  # noqa: E402
 from sim import simulate  # noqa: E402
@@ -124,14 +137,160 @@ def goodput(job: Job, kind: str, factor: float, period_s: float) -> tuple[float,
     return loop["tokens_per_s_without_loop"], loop["tokens_per_s"]
 
 
+# ------------------------------------------------------------ torch rows
+# Real runs (torch backend, gloo, this machine's CPU): a tiny GPT, tp 1, pp 2,
+# dp RANKS/2, 1F1B. A throttle starts TORCH_ONSET_S into the run (on the
+# throttled rank's clock); its onset is the first iteration that rank computes
+# in after it. An erratic link (link jitter) is erratic from the start. Each
+# run is kept (a run directory) and scored by feeding its iterations in order
+# to the detector ``run --detect`` uses on torch (``scan_for(live=True)``).
+TORCH_CASES = (("throttle", 1.2), ("throttle", 1.3), ("throttle", 1.5),
+               ("link_jitter", 0.75), ("healthy", 0.0))
+TORCH_ITERATIONS = 20
+TORCH_ONSET_S = 0.4
+TORCH_THROTTLED = 1
+TORCH_OUT = ROOT / "paper_figs" / "out" / "online_torch"
+
+
+def torch_scenario(ranks: int, kind: str, severity: float, seed: int) -> Scenario:
+    dp = ranks // 2
+    faults = {"throttle": [{"kind": "throttle", "rank": TORCH_THROTTLED, "factor": severity,
+                            "start_s": TORCH_ONSET_S}],
+              "link_jitter": [{"kind": "link_jitter", "ranks": list(torch_link(ranks)),
+                               "sigma": severity}],
+              "healthy": []}[kind]
+    return parse_scenario({
+        "name": f"online-{kind}", "seed": seed, "iterations": TORCH_ITERATIONS,
+        "schedule": "1f1b", "parallel": {"tp": 1, "pp": 2, "dp": dp, "microbatches": 4},
+        "model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 64,
+                  "micro_batch_size": 2},
+        "costs": {"p2p_s": REAL_P2P_S}, "faults": faults})
+
+
+def torch_link(ranks: int) -> tuple[int, int]:
+    """The pipeline link of the throttled rank (stage 0) to its stage-1 peer."""
+    return TORCH_THROTTLED, TORCH_THROTTLED + ranks // 2
+
+
+def torch_run_dir(ranks: int, kind: str, severity: float, seed: int) -> Path:
+    return TORCH_OUT / f"ranks{ranks}" / f"{kind}-{severity:g}" / f"seed{seed}" / "run"
+
+
+def keep_torch_run(s: Scenario, out: Path) -> None:
+    """Run ``s`` for real and keep it as a run directory (published whole or not at all)."""
+    from backends.torch import run_scenario
+
+    load = Path("/proc/loadavg").read_text().split()[0]
+    result = run_scenario(s)
+    with staged_dir(out, force=True) as tmp:
+        write_run(s, result, tmp)
+        (tmp / "load.txt").write_text(load + "\n")
+
+
+@dataclass(frozen=True)
+class TorchTrial:
+    latency: int | None  # iterations from onset until the fault's verdict stands; None: never
+    wrong: int  # verdicts naming anything else, or naming the fault before its onset
+    correct_at_end: bool  # what stands after the last iteration is the fault (healthy: nothing)
+    iterations: int
+    load: float
+
+
+def torch_target(kind: str, ranks: int) -> set[tuple[str, int, int | None]]:
+    if kind == "throttle":
+        return {("compute", TORCH_THROTTLED, None)}
+    if kind == "link_jitter":
+        a, b = torch_link(ranks)
+        return {("link", a, b), ("link", b, a)}
+    return set()
+
+
+def score_torch_run(run_dir: Path, kind: str, ranks: int,
+                    config: OnlineConfig | None = None) -> TorchTrial:
+    """Feed the kept run's iterations in order, as its ranks reported them
+    (``config``: the on-line detector's, else what ``run --detect`` uses on torch)."""
+    s = scenario_of_run(run_dir)
+    assert s is not None, f"{run_dir}: no scenario"
+    parts, _ = run_iterations(run_dir)
+    onset = onset_of(parts, TORCH_THROTTLED, TORCH_ONSET_S) if kind == "throttle" else 0
+    scan = scan_for(s, config, live=True)
+    target = torch_target(kind, ranks)
+    latency, wrong = None, 0
+    for i, cols in parts:
+        decided = scan.feed(i, cols)
+        wrong += sum(d.event == "named" and (d.key not in target or i < onset) for d in decided)
+        if latency is None and i >= onset and any(d.key in target for d in scan.named):
+            latency = i - onset + 1
+    standing = {d.key for d in scan.named}
+    correct = standing == target if not target else len(standing) == 1 and standing <= target
+    load = float((run_dir / "load.txt").read_text())
+    return TorchTrial(latency, wrong, correct, len(parts), load)
+
+
+def torch_case_name(kind: str, severity: float) -> str:
+    return {"throttle": f"throttle {severity:g}x", "link_jitter": f"link jitter sigma {severity:g}",
+            "healthy": "healthy"}[kind]
+
+
+def torch_latencies(kind: str, trials: list[TorchTrial]) -> str:
+    """Median and worst latency over the runs that named the fault, how many
+    named it within 5 iterations and at all (nothing for healthy runs)."""
+    if kind == "healthy":
+        return " | | | "
+    named = [t.latency for t in trials if t.latency is not None]
+    spread = f"{statistics.median(named):g} | {max(named)}" if named else "- | -"
+    return f"{spread} | {sum(n <= 5 for n in named)}/{len(trials)} | {len(named)}/{len(trials)}"
+
+
+def torch_row(ranks: int, kind: str, severity: float, trials: list[TorchTrial]) -> str:
+    loads = [t.load for t in trials]
+    return (f"| {ranks} | {torch_case_name(kind, severity)} | {len(trials)} "
+            f"| {torch_latencies(kind, trials)} "
+            f"| {sum(t.wrong for t in trials)} in {sum(t.iterations for t in trials):,} iterations "
+            f"| {sum(t.correct_at_end for t in trials)}/{len(trials)} "
+            f"| {min(loads):.1f}-{max(loads):.1f} |")
+
+
+def torch_table(ranks: int, seeds: range, replay: bool, config: OnlineConfig | None) -> None:
+    """Run (unless ``replay``) and score every case's seeds, round-robin over the
+    cases so that load drifts hit them alike; then print the table of kept runs."""
+    if not replay:
+        for seed in seeds:
+            for kind, severity in TORCH_CASES:
+                out = torch_run_dir(ranks, kind, severity, seed)
+                if not out.is_dir():
+                    keep_torch_run(torch_scenario(ranks, kind, severity, seed), out)
+                    print(f"kept {out}", file=sys.stderr, flush=True)
+    print("| ranks | fault | runs | latency median | latency worst | named within 5 | named "
+          "| wrong names | right after 20 iterations | load (1-min) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for kind, severity in TORCH_CASES:
+        kept = [torch_run_dir(ranks, kind, severity, seed) for seed in seeds]
+        trials = [score_torch_run(d, kind, ranks, config) for d in kept if d.is_dir()]
+        if trials:
+            print(torch_row(ranks, kind, severity, trials), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=("sim", "torch"), default="sim")
+    ap.add_argument("--ranks", type=int, choices=(4, 8), default=4)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--replay", action="store_true",
+                    help="torch: score the kept runs only, run nothing")
+    ap.add_argument("--confirm", type=int, default=None,
+                    help="torch: windows in a row a verdict needs (default: run --detect's)")
     ap.add_argument("--gpus", default="16,1024")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--healthy-seeds", type=int, default=50)
     ap.add_argument("--healthy-iterations", type=int, default=40)
     ap.add_argument("--goodput-gpus", default="16")
     args = ap.parse_args()
+    if args.backend == "torch":
+        config = None if args.confirm is None else OnlineConfig(confirm=args.confirm)
+        torch_table(args.ranks, range(args.first_seed, args.first_seed + args.seeds), args.replay,
+                    config)
+        return
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
           "| goodput off (tokens/s) | goodput on |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")

@@ -19,8 +19,8 @@ from megatronapp.trace.events import Event
 
 from .online import Detection, OnlineConfig, OnlineScan
 
-__all__ = ["DETECTIONS_FILE", "DetectionLog", "LiveFeed", "Report", "detect_iterations", "reporter",
-           "scan_for"]
+__all__ = ["DETECTIONS_FILE", "LIVE_CONFIRM", "DetectionLog", "LiveFeed", "Report",
+           "detect_iterations", "reporter", "scan_for"]
 
 DETECTIONS_FILE = "detections.jsonl"
 
@@ -49,11 +49,20 @@ class DetectionLog:
         self.written += lines.count("\n")
 
 
-def scan_for(s: Scenario, config: OnlineConfig = OnlineConfig(), live: bool = False
+# Real ranks on a shared machine: a rank descheduled for a couple of
+# iterations looks throttled to two windows in a row (most of the false alarms
+# of kept torch runs, docs/megascan.md); a third window tells them apart.
+LIVE_CONFIRM = 3
+
+
+def scan_for(s: Scenario, config: OnlineConfig | None = None, live: bool = False
              ) -> OnlineScan:
     """The on-line detector for a run of ``s`` (its node size, its model for the work of
     ranks without stage peers). ``live``: events as real ranks record them, each
-    on its own clock, aligned in each window when the scenario skews a clock."""
+    on its own clock, aligned in each window when the scenario skews a clock; a
+    verdict then needs ``LIVE_CONFIRM`` windows in a row unless ``config`` says."""
+    if config is None:
+        config = OnlineConfig(confirm=LIVE_CONFIRM) if live else OnlineConfig()
     if live:
         config = replace(config, aligned=not any(f.kind == "clock_skew" for f in s.faults))
     return OnlineScan(config, gpus_per_node=s.cluster.gpus_per_node, scenario=s)

@@ -1,0 +1,42 @@
+"""The torch rows of ``paper_figs/online_table.py``: how a kept run is scored.
+The runs here are simulated (the same scenario, a run directory like a torch
+run's) so that the fault's timing is known; the table's own runs are real."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from paper_figs import online_table as table
+from megatronapp.scenario.config import Scenario
+from sim import simulate
+
+
+def kept(tmp: Path, s: Scenario, forward_s: float = 0.005) -> Path:
+    """A kept run of ``s``; computes of ``forward_s`` (backward twice that) put
+    the throttle's onset a few iterations in."""
+    s = s.model_copy(update={"costs": s.costs.model_copy(
+        update={"forward_s": forward_s, "backward_s": 2 * forward_s})})
+    out = tmp / "run"
+    out.mkdir(parents=True)
+    table.write_run(s, simulate(s), out)
+    (out / "load.txt").write_text("1.0\n")
+    return out
+
+
+def test_a_throttle_is_timed_from_its_onset_and_a_healthy_run_names_nobody(tmp_path: Path
+                                                                          ) -> None:
+    throttled = table.score_torch_run(
+        kept(tmp_path / "t", table.torch_scenario(4, "throttle", 3.0, 0)), "throttle", 4)
+    assert throttled.latency is not None and 1 <= throttled.latency <= 5
+    assert throttled.wrong == 0 and throttled.correct_at_end
+    assert throttled.iterations == table.TORCH_ITERATIONS
+    healthy = table.score_torch_run(
+        kept(tmp_path / "h", table.torch_scenario(4, "healthy", 0.0, 0)), "healthy", 4)
+    assert healthy.latency is None and healthy.wrong == 0 and healthy.correct_at_end
+
+
+def test_naming_the_throttled_rank_before_its_onset_is_a_false_alarm(tmp_path: Path) -> None:
+    s = table.torch_scenario(4, "throttle", 3.0, 0)
+    early = s.model_copy(update={"faults": (s.faults[0].model_copy(update={"start_s": 0.0}),)})
+    scored = table.score_torch_run(kept(tmp_path, early, forward_s=0.001), "throttle", 4)
+    assert scored.wrong == 1  # named in the healthy iterations the table expects
+    assert scored.latency == 1  # and standing at the end of the onset iteration
