@@ -58,6 +58,15 @@ NOT_RUN: dict[str, str] = {
     "runs/validate-detector-torch/seed0 runs/validate-detector-torch/seed2 "
     "runs/validate-detector-torch/seed3 --csv runs/replay-all.csv":
         "scores kept torch trials (runs/corpus100) that are not in the repository",
+    "python -m megatronapp.cli validate-detector --backend torch --trials 6 --seed 2 "
+    "--save-runs runs/trials/seed2": TORCH,
+    "python -m megatronapp.cli validate-detector --backend torch --trials 24 --seed 3 "
+    "--save-runs runs/trials/seed3": TORCH,
+    "python -m megatronapp.cli validate-detector --backend torch --trials 45 --seed 0 "
+    "--save-runs runs/trials/seed0": TORCH,
+    "python -m megatronapp.cli validate-detector --replay runs/trials/seed2 runs/trials/seed3 "
+    "runs/trials/seed0 --csv runs/trials/replay.csv":
+        "scores kept torch trials (runs/trials) that are not in the repository",
     ".venv/bin/megatronapp run scenarios/scan_1024.yaml --out runs/scan_1024":
         "1024 ranks, 1.17 M events: too long for the test suite",
     "taskset -c 1 /usr/bin/time .venv/bin/megatronapp detect runs/scan_1024":
