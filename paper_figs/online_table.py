@@ -22,6 +22,7 @@ Every run is the compiled engine (static schedules).
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -114,6 +115,27 @@ def healthy_false_alarms(job: Job, seeds: int, iterations: int) -> tuple[int, in
     return verdicts, seeds * iterations
 
 
+def poisson_upper(count: int, exposure: float, level: float = 0.95) -> float:
+    """The exact one-sided upper bound on a Poisson rate seen ``count`` times
+    in ``exposure``: the rate whose P(X <= count) is 1 - level (bisection)."""
+    def below(rate: float) -> float:
+        mean = rate * exposure
+        return sum(math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1)) if mean > 0 else
+                   float(k == 0) for k in range(count + 1))
+    lo, hi = 0.0, (count + 10) * 10 / exposure
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if below(mid) > 1 - level else (lo, mid)
+    return hi
+
+
+def false_alarm_row(gpus: int, verdicts: int, iterations: int) -> str:
+    per = 10_000
+    return (f"| {gpus:,} | healthy | | | | {verdicts} in {iterations:,} iterations: "
+            f"{per * verdicts / iterations:.2f} per {per:,} (95% upper bound "
+            f"{per * poisson_upper(verdicts, iterations):.2f}) | | |")
+
+
 def goodput(job: Job, kind: str, factor: float, period_s: float) -> tuple[float, float]:
     """tokens/s with the loop off and on (seed 0)."""
     start_s = GOODPUT_ONSET * period_s if kind == "throttle" else 0.0
@@ -131,6 +153,7 @@ def main() -> None:
     ap.add_argument("--healthy-seeds", type=int, default=50)
     ap.add_argument("--healthy-iterations", type=int, default=40)
     ap.add_argument("--goodput-gpus", default="16")
+    ap.add_argument("--healthy-only", action="store_true", help="only the false-alarm rows")
     args = ap.parse_args()
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
           "| goodput off (tokens/s) | goodput on |")
@@ -138,7 +161,7 @@ def main() -> None:
     for gpus in [int(g) for g in args.gpus.split(",")]:
         job = JOBS[gpus]
         period = iteration_s(job)
-        for kind, factor in CASES:
+        for kind, factor in () if args.healthy_only else CASES:
             results = [trial(job, kind, factor, seed, period) for seed in range(args.seeds)]
             named = [r[0] for r in results if r[0] is not None]
             off, on = goodput(job, kind, factor, period) \
@@ -151,8 +174,7 @@ def main() -> None:
                   f"| {'-' if on is None else f'{on:,.0f}'} |", flush=True)
         verdicts, iterations = healthy_false_alarms(job, args.healthy_seeds,
                                                     args.healthy_iterations)
-        print(f"| {gpus:,} | healthy | | | | {verdicts} in {iterations:,} iterations "
-              f"({1000 * verdicts / iterations:.2f} per 1,000) | | |", flush=True)
+        print(false_alarm_row(gpus, verdicts, iterations), flush=True)
 
 
 if __name__ == "__main__":
