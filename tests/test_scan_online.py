@@ -73,6 +73,19 @@ def test_a_slow_link_is_named_as_a_link() -> None:
     assert [d.key for d in scan.named] == [("link", 5, 9)]
 
 
+def test_a_slow_link_that_starts_mid_run_is_named_soon_after_its_onset_and_not_before() -> None:
+    start_s, (src, dst) = 0.5, (5, 9)  # about iteration 4 of scenarios/throttle.yaml
+    s = throttle_job(10, f"[{{kind: slow_link, ranks: [{src}, {dst}], factor: 2, "
+                         f"start_s: {start_s}}}]")
+    scan, iterations = fed(s)
+    onset = min(i for i, c in iterations if bool(
+        ((c.rank == src) & (c.peer == dst) & (c.start_s >= start_s)).any()))
+    assert 0 < onset < 8
+    named = [d for d in scan.records if d.event == "named"]
+    assert [d.key for d in named] == [("link", src, dst)]
+    assert onset <= named[0].first_seen <= named[0].iteration <= onset + 3
+
+
 def test_the_state_holds_only_the_last_window_of_iterations() -> None:
     scan, iterations = fed(throttle_job(6, "[]"), OnlineConfig(window=3))
     assert scan.window_iterations == tuple(i for i, _ in iterations[-3:])
