@@ -21,6 +21,7 @@ from .devices import ThrottleWindow, factor_at
 from .draws import NormalStream
 
 Pair = tuple[int, int]
+EdgeWindows = tuple[tuple[ThrottleWindow, ...], ...]  # a ring's slow-link windows, edge by edge
 
 
 def gbps_to_bytes_per_s(gbps: float) -> float:
@@ -200,7 +201,7 @@ class Ring:
     def random(self) -> bool:
         return any(z is not None for _f, _s, z in self.edges)
 
-    def signature(self) -> tuple[int, float, float, float] | None:
+    def signature(self) -> tuple[int, float, float, float, EdgeWindows] | None:
         """What the cost depends on, or None when it draws jitter."""
         if self.random:
             return None
