@@ -128,11 +128,12 @@ def healthy_verdicts(job: Job, seed: int, iterations: int) -> int:
                for d in scan.feed(i, cols))
 
 
-def healthy_false_alarms(job: Job, seeds: int, iterations: int) -> tuple[int, int]:
-    """(verdicts, iterations) over healthy runs (seeds 0..seeds-1), each run's
-    count on stderr as it ends."""
+def healthy_false_alarms(job: Job, seeds: int, iterations: int, first_seed: int = 0
+                         ) -> tuple[int, int]:
+    """(verdicts, iterations) over healthy runs (``seeds`` seeds from
+    ``first_seed``), each run's count on stderr as it ends."""
     verdicts = 0
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         found = healthy_verdicts(job, seed, iterations)
         print(f"healthy seed {seed}: {found} verdicts in {iterations} iterations",
               file=sys.stderr, flush=True)
@@ -233,6 +234,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--healthy-seeds", type=int, default=50)
     ap.add_argument("--healthy-iterations", type=int, default=40)
+    ap.add_argument("--healthy-first-seed", type=int, default=0)
     ap.add_argument("--goodput-gpus", default="16")
     ap.add_argument("--healthy-only", action="store_true", help="only the false-alarm rows")
     ap.add_argument("--kinds", default="throttle,slow_link", help="fault kinds to run")
@@ -265,7 +267,8 @@ def main() -> None:
         if not job.jitter or args.healthy_seeds == 0:
             continue  # identical pipelines: nothing to tell a false alarm from
         verdicts, iterations = healthy_false_alarms(job, args.healthy_seeds,
-                                                    args.healthy_iterations)
+                                                    args.healthy_iterations,
+                                                    args.healthy_first_seed)
         print(false_alarm_row(gpus, verdicts, iterations), flush=True)
 
     if estimates:
