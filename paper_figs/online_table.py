@@ -1,11 +1,15 @@
 """On-line MegaScan and the closed loop in simulation: for each fault kind and
 severity, the detection latency (iterations from onset to verdict, median and
-worst over seeds), false alarms per 1,000 healthy iterations, and goodput
-(tokens/s over the job) with the loop off and on.
+worst over seeds), false alarms per 10,000 healthy iterations with their
+95% upper bound, and goodput (tokens/s over the job) with the loop off and on:
+simulated end to end (``--goodput-gpus``) or estimated from measured
+iteration times with the loop's accounting (``--estimate-gpus``,
+``LoopEstimate``), with the restart cost at which the loop breaks even.
 
     .venv/bin/python paper_figs/online_table.py [--gpus 16,1024] [--seeds 20]
         [--healthy-seeds 50] [--healthy-iterations 40] [--goodput-gpus 16]
-        [--kinds throttle,slow_link] [--healthy-only] [--estimate-gpus 1024,12288]
+        [--kinds throttle,slow_link] [--healthy-only] [--healthy-first-seed 0]
+        [--estimate-gpus 1024,12288]
 
 Jobs: 16 GPUs (scenarios/throttle.yaml: tp 2, pp 4, dp 2), 1,024 GPUs
 (scenarios/scan_1024.yaml with 8 microbatches: tp 8, pp 8, dp 16) and 12,288
