@@ -1,17 +1,25 @@
 """On-line MegaScan and the closed loop in simulation: for each fault kind and
 severity, the detection latency (iterations from onset to verdict, median and
-worst over seeds), false alarms per 1,000 healthy iterations, and goodput
-(tokens/s over the job) with the loop off and on.
+worst over seeds), false alarms per 10,000 healthy iterations with their
+95% upper bound, and goodput (tokens/s over the job) with the loop off and on:
+simulated end to end (``--goodput-gpus``) or estimated from measured
+iteration times with the loop's accounting (``--estimate-gpus``,
+``LoopEstimate``), with the restart cost at which the loop breaks even.
 
     .venv/bin/python paper_figs/online_table.py [--gpus 16,1024] [--seeds 20]
         [--healthy-seeds 50] [--healthy-iterations 40] [--goodput-gpus 16]
+        [--kinds throttle,slow_link] [--healthy-only] [--healthy-first-seed 0]
+        [--estimate-gpus 1024,12288]
 
 Jobs: 16 GPUs (scenarios/throttle.yaml: tp 2, pp 4, dp 2), 1,024 GPUs
 (scenarios/scan_1024.yaml with 8 microbatches: tp 8, pp 8, dp 16) and 12,288
-GPUs (scenarios/megascale_12288.yaml), each with its background jitter and
-one fault. A throttle starts half-way through iteration ``ONSET``
-(``start_s``); its onset is the first iteration the rank computes in after
-it. A slow link is slow from the start (onset 0). Latency counts the
+GPUs (scenarios/megascale_12288.yaml), each with one fault; the 16- and
+1,024-GPU jobs with their background jitter, the 12,288-GPU job without (so
+its identical pipelines are simulated and scanned once per class: the scan is
+fed the stored rows, ``iterations_of(compact=True)``; every seed is the same
+run there, so it runs one). A fault starts half-way through iteration
+``ONSET`` (``start_s``); its onset is the first iteration the throttled rank
+computes in, or the link carries a transfer in, after it. Latency counts the
 iterations completed from the onset's to the verdict's: 1 = named at the end
 of the onset iteration. A false alarm is a verdict naming anything else.
 Goodput: a job of ``GOODPUT_ITERATIONS`` with the fault from iteration 40,
@@ -29,16 +37,21 @@ with ``--replay``.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
 from megatronapp.io.outdirs import staged_dir  # noqa: E402
 from megatronapp.mitigate.loop import close_loop  # noqa: E402
+from megatronapp.mitigate.plan import global_batch  # noqa: E402
 from megatronapp.run.write import write_run  # noqa: E402
 from megatronapp.scan.live import scan_for  # noqa: E402
 from megatronapp.scan.online import OnlineConfig, OnlineScan, iterations_of  # noqa: E402
@@ -58,12 +71,13 @@ class Job:
     throttled: int
     link: tuple[int, int]  # a pipeline link between two nodes
     iterations: int  # per latency trial
+    jitter: bool = True  # False: every seed is the same run
 
 
 JOBS = {
     16: Job("throttle.yaml", (), 5, (5, 9), 8),
     1024: Job("scan_1024.yaml", ("parallel.microbatches=8",), 300, (427, 555), 5),
-    12288: Job("megascale_12288.yaml", (), 5000, (8403, 9939), 4),
+    12288: Job("megascale_12288.yaml", (), 5000, (8403, 9939), 6, jitter=False),
 }
 CASES = (("throttle", 1.2), ("throttle", 1.5), ("slow_link", 2.0), ("slow_link", 3.0))
 ONSET = 1  # a throttle starts half-way through this iteration
@@ -79,7 +93,8 @@ def scenario(job: Job, seed: int, iterations: int, faults: str, *extra: str) -> 
 def fault(job: Job, kind: str, factor: float, start_s: float) -> str:
     if kind == "throttle":
         return f"[{{kind: throttle, rank: {job.throttled}, factor: {factor}, start_s: {start_s}}}]"
-    return f"[{{kind: slow_link, ranks: [{job.link[0]}, {job.link[1]}], factor: {factor}}}]"
+    return (f"[{{kind: slow_link, ranks: [{job.link[0]}, {job.link[1]}], factor: {factor}, "
+            f"start_s: {start_s}}}]")
 
 
 def iteration_s(job: Job) -> float:
@@ -88,8 +103,21 @@ def iteration_s(job: Job) -> float:
     return statistics.mean(times)
 
 
-def onset_of(parts: list[tuple[int, EventColumns]], rank: int, start_s: float) -> int:
-    return min(i for i, c in parts if bool(((c.rank == rank) & (c.start_s >= start_s)).any()))
+def onset_of(parts: list[tuple[int, EventColumns]], job: Job, kind: str, start_s: float) -> int:
+    """The first iteration the fault acts in: the throttled rank computes, or
+    the link carries a transfer, at or after ``start_s``."""
+    def acts(c: EventColumns) -> np.ndarray:
+        if kind == "throttle":
+            return c.rank == job.throttled
+        a, b = job.link
+        return ((c.rank == a) & (c.peer == b)) | ((c.rank == b) & (c.peer == a))
+    return first_acting(parts, acts, start_s)
+
+
+def first_acting(parts: list[tuple[int, EventColumns]],
+                 acts: Callable[[EventColumns], np.ndarray], start_s: float) -> int:
+    """The first iteration holding an event ``acts`` picks at or after ``start_s``."""
+    return min(i for i, c in parts if bool((acts(c) & (c.start_s >= start_s)).any()))
 
 
 def target(job: Job, kind: str) -> tuple[str, int, int | None]:
@@ -99,10 +127,10 @@ def target(job: Job, kind: str) -> tuple[str, int, int | None]:
 def trial(job: Job, kind: str, factor: float, seed: int, period_s: float
           ) -> tuple[int | None, int]:
     """(latency in iterations or None if never named, false alarms) of one run."""
-    start_s = (ONSET + 0.5) * period_s if kind == "throttle" else 0.0
+    start_s = (ONSET + 0.5) * period_s
     s = scenario(job, seed, job.iterations, fault(job, kind, factor, start_s))
-    parts = list(iterations_of(source_of(simulate(s))))
-    onset = onset_of(parts, job.throttled, start_s) if kind == "throttle" else 0
+    parts = list(iterations_of(source_of(simulate(s)), compact=True))
+    onset = onset_of(parts, job, kind, start_s)
     scan = OnlineScan(gpus_per_node=s.cluster.gpus_per_node, scenario=s)
     latency, false = None, 0
     for i, cols in parts:
@@ -116,25 +144,112 @@ def trial(job: Job, kind: str, factor: float, seed: int, period_s: float
     return latency, false
 
 
-def healthy_false_alarms(job: Job, seeds: int, iterations: int) -> tuple[int, int]:
-    """(verdicts, iterations) over healthy runs."""
+def healthy_verdicts(job: Job, seed: int, iterations: int) -> int:
+    """The verdicts of one healthy run (each a false alarm)."""
+    s = scenario(job, seed, iterations, "[]")
+    scan = OnlineScan(gpus_per_node=s.cluster.gpus_per_node, scenario=s)
+    return sum(d.event == "named" for i, cols in iterations_of(source_of(simulate(s)))
+               for d in scan.feed(i, cols))
+
+
+def healthy_false_alarms(job: Job, seeds: int, iterations: int, first_seed: int = 0
+                         ) -> tuple[int, int]:
+    """(verdicts, iterations) over healthy runs (``seeds`` seeds from
+    ``first_seed``), each run's count on stderr as it ends."""
     verdicts = 0
-    for seed in range(seeds):
-        s = scenario(job, seed, iterations, "[]")
-        scan = OnlineScan(gpus_per_node=s.cluster.gpus_per_node, scenario=s)
-        for i, cols in iterations_of(source_of(simulate(s))):
-            verdicts += sum(d.event == "named" for d in scan.feed(i, cols))
+    for seed in range(first_seed, first_seed + seeds):
+        found = healthy_verdicts(job, seed, iterations)
+        print(f"healthy seed {seed}: {found} verdicts in {iterations} iterations",
+              file=sys.stderr, flush=True)
+        verdicts += found
     return verdicts, seeds * iterations
+
+
+def poisson_upper(count: int, exposure: float, level: float = 0.95) -> float:
+    """The exact one-sided upper bound on a Poisson rate seen ``count`` times
+    in ``exposure``: the rate whose P(X <= count) is 1 - level (bisection)."""
+    def below(rate: float) -> float:
+        mean = rate * exposure
+        return sum(math.exp(-mean + k * math.log(mean) - math.lgamma(k + 1)) if mean > 0 else
+                   float(k == 0) for k in range(count + 1))
+    lo, hi = 0.0, (count + 10) * 10 / exposure
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if below(mid) > 1 - level else (lo, mid)
+    return hi
+
+
+def false_alarm_row(gpus: int, verdicts: int, iterations: int) -> str:
+    per = 10_000
+    return (f"| {gpus:,} | healthy | | | | {verdicts} in {iterations:,} iterations: "
+            f"{per * verdicts / iterations:.2f} per {per:,} (95% upper bound "
+            f"{per * poisson_upper(verdicts, iterations):.2f}) | | |")
 
 
 def goodput(job: Job, kind: str, factor: float, period_s: float) -> tuple[float, float]:
     """tokens/s with the loop off and on (seed 0)."""
-    start_s = GOODPUT_ONSET * period_s if kind == "throttle" else 0.0
+    start_s = GOODPUT_ONSET * period_s
     s = scenario(job, 0, GOODPUT_ITERATIONS, fault(job, kind, factor, start_s),
                  f"mitigation={{action: exclude, spares: 1, checkpoint_every: 10, "
                  f"restart_s: {20 * period_s}}}")
     loop = close_loop(s, simulate(s), simulate, lambda _: None).to_json()
     return loop["tokens_per_s_without_loop"], loop["tokens_per_s"]
+
+
+@dataclass(frozen=True)
+class LoopEstimate:
+    """The loop's accounting (``mitigate.loop``: a spare, act one iteration
+    after the verdict, a checkpoint every 10, restart = 20 healthy
+    iterations) over iteration times measured on short runs."""
+
+    healthy_s: float  # an iteration, no fault (and after the spare is in)
+    faulty_s: float  # an iteration with the fault
+    verdict: int  # the iteration whose end names the fault
+    tokens: float  # the job's tokens
+
+    @property
+    def stop(self) -> int:
+        return self.verdict + 1  # hold_iterations
+
+    @property
+    def restart_s(self) -> float:
+        return 20 * self.healthy_s
+
+    @property
+    def off_s(self) -> float:
+        return (GOODPUT_ONSET * self.healthy_s
+                + (GOODPUT_ITERATIONS - GOODPUT_ONSET) * self.faulty_s)
+
+    @property
+    def on_s(self) -> float:
+        checkpoint = (self.stop + 1) // 10 * 10
+        return (GOODPUT_ONSET * self.healthy_s + (self.stop + 1 - GOODPUT_ONSET) * self.faulty_s
+                + self.restart_s + (GOODPUT_ITERATIONS - checkpoint) * self.healthy_s)
+
+    @property
+    def break_even_s(self) -> float:
+        """The restart cost at which the loop neither gains nor loses."""
+        return self.off_s - (self.on_s - self.restart_s)
+
+
+def mean_iteration_s(s: Scenario) -> float:
+    return statistics.mean(run_iteration_times(simulate(s))[1:])  # past the warm-up
+
+
+def loop_estimate(job: Job, kind: str, factor: float, latency: int) -> LoopEstimate:
+    """``LoopEstimate`` from 3-iteration runs (seed 0), the fault from the start."""
+    healthy = scenario(job, 0, 3, "[]")
+    faulty = scenario(job, 0, 3, fault(job, kind, factor, 0.0))
+    tokens = (GOODPUT_ITERATIONS * global_batch(healthy.parallel, healthy.model.micro_batch_size)
+              * healthy.model.seq_len)
+    return LoopEstimate(mean_iteration_s(healthy), mean_iteration_s(faulty),
+                        GOODPUT_ONSET + latency - 1, float(tokens))
+
+
+def estimate_row(gpus: int, kind: str, factor: float, e: LoopEstimate) -> str:
+    return (f"| {gpus:,} | {kind} {factor:g}x | {e.healthy_s:.4f} | {e.faulty_s:.4f} "
+            f"| {e.verdict} | {e.tokens / e.off_s:,.0f} | {e.tokens / e.on_s:,.0f} "
+            f"| {e.restart_s:.2f} | {e.break_even_s:.2f} |")
 
 
 # ------------------------------------------------------------ torch rows
@@ -212,7 +327,7 @@ def score_torch_run(run_dir: Path, kind: str, ranks: int,
     s = scenario_of_run(run_dir)
     assert s is not None, f"{run_dir}: no scenario"
     parts, _ = run_iterations(run_dir)
-    onset = onset_of(parts, TORCH_THROTTLED, TORCH_ONSET_S) if kind == "throttle" else 0
+    onset = first_acting(parts, lambda c: c.rank == TORCH_THROTTLED, TORCH_ONSET_S) if kind == "throttle" else 0
     scan = scan_for(s, config, live=True)
     target = torch_target(kind, ranks)
     latency, wrong = None, 0
@@ -284,7 +399,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--healthy-seeds", type=int, default=50)
     ap.add_argument("--healthy-iterations", type=int, default=40)
+    ap.add_argument("--healthy-first-seed", type=int, default=0)
     ap.add_argument("--goodput-gpus", default="16")
+    ap.add_argument("--healthy-only", action="store_true", help="only the false-alarm rows")
+    ap.add_argument("--kinds", default="throttle,slow_link", help="fault kinds to run")
+    ap.add_argument("--estimate-gpus", default="", help="sizes whose goodput is estimated "
+                    "from measured iteration times (LoopEstimate) after the table")
     args = ap.parse_args()
     if args.backend == "torch":
         config = None if args.confirm is None else OnlineConfig(confirm=args.confirm)
@@ -294,12 +414,18 @@ def main() -> None:
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
           "| goodput off (tokens/s) | goodput on |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    estimates: list[tuple[int, str, float, LoopEstimate]] = []
     for gpus in [int(g) for g in args.gpus.split(",")]:
         job = JOBS[gpus]
         period = iteration_s(job)
-        for kind, factor in CASES:
-            results = [trial(job, kind, factor, seed, period) for seed in range(args.seeds)]
+        cases = [(k, f) for k, f in CASES if k in args.kinds.split(",")]
+        for kind, factor in () if args.healthy_only else cases:
+            seeds = range(args.seeds if job.jitter else 1)
+            results = [trial(job, kind, factor, seed, period) for seed in seeds]
             named = [r[0] for r in results if r[0] is not None]
+            if named and str(gpus) in args.estimate_gpus.split(","):
+                estimates.append((gpus, kind, factor, loop_estimate(
+                    job, kind, factor, int(statistics.median(named)))))
             off, on = goodput(job, kind, factor, period) \
                 if str(gpus) in args.goodput_gpus.split(",") else (None, None)
             print(f"| {gpus:,} | {kind} {factor:g}x "
@@ -308,10 +434,19 @@ def main() -> None:
                   f"| {len(named)}/{len(results)} | {sum(r[1] for r in results)} "
                   f"| {'-' if off is None else f'{off:,.0f}'} "
                   f"| {'-' if on is None else f'{on:,.0f}'} |", flush=True)
+        if not job.jitter or args.healthy_seeds == 0:
+            continue  # identical pipelines: nothing to tell a false alarm from
         verdicts, iterations = healthy_false_alarms(job, args.healthy_seeds,
-                                                    args.healthy_iterations)
-        print(f"| {gpus:,} | healthy | | | | {verdicts} in {iterations:,} iterations "
-              f"({1000 * verdicts / iterations:.2f} per 1,000) | | |", flush=True)
+                                                    args.healthy_iterations,
+                                                    args.healthy_first_seed)
+        print(false_alarm_row(gpus, verdicts, iterations), flush=True)
+
+    if estimates:
+        print("\n| GPUs | fault | healthy s/iteration | faulty s/iteration | verdict at "
+              "| goodput off (tokens/s) | goodput on | restart s | break-even restart s |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        for row in estimates:
+            print(estimate_row(*row), flush=True)
 
 
 if __name__ == "__main__":

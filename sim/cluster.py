@@ -42,7 +42,11 @@ def link_faults(s: Scenario) -> LinkFaults:
     for f in s.faults:
         if isinstance(f, SlowLink):
             p = pair(*f.ranks)
-            lf.slow[p] = lf.slow.get(p, 1.0) * f.factor
+            if f.start_s > 0 or f.end_s is not None:  # slow only inside its window
+                end = math.inf if f.end_s is None else f.end_s
+                lf.timed[p] = (*lf.timed.get(p, ()), ThrottleWindow(f.start_s, end, f.factor))
+            else:
+                lf.slow[p] = lf.slow.get(p, 1.0) * f.factor
         elif isinstance(f, LinkJitter):
             lf.jitter[pair(*f.ranks)] = f.sigma
     return lf

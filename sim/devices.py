@@ -12,9 +12,20 @@ from .draws import NormalStream
 
 @dataclass(frozen=True)
 class ThrottleWindow:
+    """A stretch of time in which a device (or a link) is ``factor`` x slow."""
+
     start_s: float
     end_s: float  # math.inf for "until the end"
-    factor: float  # compute takes factor x as long inside the window
+    factor: float  # compute (or a transfer) takes factor x as long inside the window
+
+
+def factor_at(windows: tuple[ThrottleWindow, ...], t: float) -> float:
+    """The product of the factors of the windows that hold ``t``."""
+    factor = 1.0
+    for w in windows:
+        if w.start_s <= t < w.end_s:
+            factor *= w.factor
+    return factor
 
 
 @dataclass
@@ -39,11 +50,7 @@ class Device:
         return self._noise is not None
 
     def slowdown_at(self, t: float) -> float:
-        factor = 1.0
-        for w in self.windows:
-            if w.start_s <= t < w.end_s:
-                factor *= w.factor
-        return factor
+        return factor_at(self.windows, t)
 
     def noisy(self, work_s: float) -> float:
         if self._noise is None:

@@ -388,7 +388,7 @@ class Engine:
 
     def _send(self, i: int, m: int, nbytes: int, t: float, slot: int) -> None:
         link = self.link_row[i][self.msg_dst[m]]
-        slow = link.slowdown()
+        slow = link.slowdown(t)
         note = (slot, i, m, self.latency_row[i][self.msg_dst[m]])
         if self.fixed_p2p is not None:
             self.deliver(note, t + self.fixed_p2p * slow)
@@ -439,10 +439,10 @@ class Engine:
         _code, _ev, kind, nbytes, _nth, steps = op
         ck = key % self.n_keys
         if rv is None:  # a group of one representative
-            return self._ring_end(self.ring[i][kind].seconds(nbytes, steps), t, ck)
+            return self._ring_end(self.ring[i][kind].seconds(nbytes, steps, t), t, ck)
         del self.rendezvous[key]
         latest = rv[1] if rv[1] > t else t
-        done = self._ring_end(self.ring[i][kind].seconds(nbytes, steps), latest, ck)
+        done = self._ring_end(self.ring[i][kind].seconds(nbytes, steps, latest), latest, ck)
         times, pcs, ready, ends = self.t, self.pc, self.ready, self.ends
         cross = self.cross[ck]
         for k in range(2, len(rv), 2):  # the ranks that arrived before, and their events

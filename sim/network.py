@@ -17,9 +17,11 @@ import simpy
 from megatronapp.scenario import seeds
 from megatronapp.parallel.topology import Topology
 
+from .devices import ThrottleWindow, factor_at
 from .draws import NormalStream
 
 Pair = tuple[int, int]
+EdgeWindows = tuple[tuple[ThrottleWindow, ...], ...]  # a ring's slow-link windows, edge by edge
 
 
 def gbps_to_bytes_per_s(gbps: float) -> float:
@@ -102,10 +104,13 @@ class FluidPorts:
 
 @dataclass
 class LinkFaults:
-    """Per unordered rank pair: bandwidth slowdown factor and jitter sigma."""
+    """Per unordered rank pair: bandwidth slowdown factor and jitter sigma;
+    ``timed``: the windows of slow links with an onset or an end (their
+    factors apply to a use starting inside them)."""
 
     slow: dict[Pair, float] = field(default_factory=dict)
     jitter: dict[Pair, float] = field(default_factory=dict)
+    timed: dict[Pair, tuple[ThrottleWindow, ...]] = field(default_factory=dict)
 
 
 def succeeds(event: simpy.Event) -> Callable[[simpy.Event], None]:
@@ -122,21 +127,24 @@ def pair(a: int, b: int) -> Pair:
 class Link:
     """One direction of a rank pair: its ports, bandwidth and slowdown."""
 
-    __slots__ = ("ports", "bandwidth", "factor", "sigma", "noise")
+    __slots__ = ("ports", "bandwidth", "factor", "windows", "sigma", "noise")
 
     def __init__(self, ports: tuple[Port, Port], bandwidth: float, factor: float, sigma: float,
-                 noise: NormalStream | None):
+                 noise: NormalStream | None, windows: tuple[ThrottleWindow, ...] = ()):
         self.ports = ports
         self.bandwidth = bandwidth
-        self.factor = factor  # slow_link faults
+        self.factor = factor  # slow_link faults for the whole run
+        self.windows = windows  # slow_link faults with an onset or an end
         self.sigma = sigma  # lognormal jitter: the pair's fault and the background
         self.noise = noise
 
-    def slowdown(self) -> float:
-        """Time multiplier of one use: the fault factor times this use's jitter."""
+    def slowdown(self, at: float = 0.0) -> float:
+        """Time multiplier of one use starting at ``at``: the fault factor
+        (the windows holding ``at`` too) times this use's jitter."""
+        factor = self.factor * factor_at(self.windows, at) if self.windows else self.factor
         if self.noise is None:
-            return self.factor
-        return self.factor * math.exp(self.sigma * self.noise.draw())
+            return factor
+        return factor * math.exp(self.sigma * self.noise.draw())
 
 
 class Ring:
@@ -146,24 +154,29 @@ class Ring:
     each (n-1)/n·S/B + (n-1)·α for a buffer of S bytes; B is the slowest edge's
     bandwidth (NIC-shared between nodes), α the longest edge latency."""
 
-    __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s", "alike")
+    __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s", "alike", "windows")
 
     def __init__(self, n: int, min_bandwidth: float, edges: list[tuple[float, float]],
-                 noise: NormalStream | None, latency_s: float, fixed_s: float | None):
+                 noise: NormalStream | None, latency_s: float, fixed_s: float | None,
+                 windows: list[tuple[ThrottleWindow, ...]] | None = None):
         self.n = n
         self.min_bandwidth = min_bandwidth
         # (factor, sigma) per edge; every edge with jitter draws from the group's stream
         self.edges = [(f, s, noise if s > 0 else None) for f, s in edges]
+        # the timed slow-link windows of each edge (in ring order), if any edge has one
+        self.windows = windows if windows and any(windows) else None
         self.latency_s = latency_s
         self.fixed_s = fixed_s
         # Every edge jittered alike (the usual background): f·exp(s·z) grows with z,
         # so the worst edge is the one with the largest draw, one exp in all.
         self.alike: tuple[float, float, NormalStream] | None = None
-        if noise is not None and edges and edges[0][1] > 0 and len(set(edges)) == 1:
+        if (noise is not None and edges and edges[0][1] > 0 and len(set(edges)) == 1
+                and self.windows is None):
             self.alike = (edges[0][0], edges[0][1], noise)
 
-    def seconds(self, nbytes: int, steps: int = 2) -> float:
-        """``steps`` (2: all-reduce, 1: reduce-scatter or all-gather) ring passes."""
+    def seconds(self, nbytes: int, steps: int = 2, at: float = 0.0) -> float:
+        """``steps`` (2: all-reduce, 1: reduce-scatter or all-gather) ring
+        passes of a collective starting at ``at``."""
         n = self.n
         if n == 1:
             return 0.0
@@ -172,7 +185,10 @@ class Ring:
             worst = factor * math.exp(sigma * stream.max_of(n))
         else:
             worst = 0.0
-            for f, s, z in self.edges:  # every edge's draw, in ring order
+            timed = self.windows or [()] * n
+            for (f, s, z), w in zip(self.edges, timed):  # every edge's draw, in ring order
+                if w:
+                    f *= factor_at(w, at)
                 use = f if z is None else f * math.exp(s * z.draw())
                 if use > worst:
                     worst = use
@@ -185,12 +201,12 @@ class Ring:
     def random(self) -> bool:
         return any(z is not None for _f, _s, z in self.edges)
 
-    def signature(self) -> tuple[int, float, float, float] | None:
+    def signature(self) -> tuple[int, float, float, float, EdgeWindows] | None:
         """What the cost depends on, or None when it draws jitter."""
         if self.random:
             return None
         return (self.n, self.min_bandwidth, max((f for f, _s, _z in self.edges), default=1.0),
-                self.latency_s)
+                self.latency_s, tuple(self.windows or ()))
 
 
 STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
@@ -235,11 +251,18 @@ class Network:
         return (self.faults.slow.get(p, 1.0),
                 math.hypot(self.faults.jitter.get(p, 0.0), self.background_sigma))
 
-    def slowdown(self, a: int, b: int, stream: tuple[int, ...] | None = None) -> float:
-        """Time multiplier of one use of the a-b link: fault factor x jitter."""
+    def windows(self, a: int, b: int) -> tuple[ThrottleWindow, ...]:
+        """The a-b pair's slow-link windows with an onset or an end."""
+        return self.faults.timed.get(pair(a, b), ())
+
+    def slowdown(self, a: int, b: int, stream: tuple[int, ...] | None = None,
+                 at: float = 0.0) -> float:
+        """Time multiplier of one use of the a-b link starting at ``at``:
+        fault factor x jitter."""
         if stream is None:
-            return self.link(a, b).slowdown()
+            return self.link(a, b).slowdown(at)
         factor, sigma = self.factor_and_sigma(a, b)
+        factor *= factor_at(self.windows(a, b), at)
         return factor * math.exp(sigma * self.stream(stream).draw()) if sigma > 0 else factor
 
     def link(self, src: int, dst: int) -> Link:
@@ -250,7 +273,8 @@ class Network:
             factor, sigma = self.factor_and_sigma(src, dst)
             link = self._links[key] = Link(self.ports(src, dst), self.bandwidth(src, dst),
                                            factor, sigma,
-                                           self.stream(key) if sigma > 0 else None)
+                                           self.stream(key) if sigma > 0 else None,
+                                           self.windows(src, dst))
         return link
 
     def bandwidth(self, a: int, b: int) -> float:
@@ -276,7 +300,7 @@ class Network:
         """An event that fires when ``nbytes`` from src have reached dst."""
         done = self.env.event()
         link = self.link(src, dst)
-        slow = link.slowdown()
+        slow = link.slowdown(self.env.now)
         if self.fixed_p2p_s is not None:
             self.env.timeout(self.fixed_p2p_s * slow).callbacks.append(succeeds(done))
             return done
@@ -319,7 +343,8 @@ class Network:
             ring = self._rings[group] = Ring(
                 n, min((self._ring_bandwidth(group, a, b) for a, b in edges), default=math.inf),
                 fs, self.stream((n, *group)) if noisy else None,
-                max((self.latency(a, b) for a, b in edges), default=0.0), self.fixed_allreduce_s)
+                max((self.latency(a, b) for a, b in edges), default=0.0), self.fixed_allreduce_s,
+                [self.windows(a, b) for a, b in edges])
         return ring
 
     def ring_allreduce_s(self, group: tuple[int, ...], nbytes: int) -> float:
@@ -328,7 +353,7 @@ class Network:
 
     def ring_collective_s(self, kind: str, group: tuple[int, ...], nbytes: int) -> float:
         """A ``kind`` collective over ``group`` (see ``Ring``)."""
-        return self.ring(group).seconds(nbytes, STEPS[kind])
+        return self.ring(group).seconds(nbytes, STEPS[kind], self.env.now)
 
     def _ring_bandwidth(self, group: tuple[int, ...], a: int, b: int) -> float:
         if self.topo.same_node(a, b) or self.nics_per_node is None:

@@ -87,8 +87,8 @@ class _Signatures:
     def link(self, a: int, b: int) -> Hashable:
         factor, sigma = self.network.factor_and_sigma(a, b)
         same = self.topo.same_node(a, b)
-        return (same, self.network.bandwidth(a, b), factor, ("noise", min(a, b), max(a, b))
-                if sigma > 0 else None)
+        return (same, self.network.bandwidth(a, b), factor, self.network.windows(a, b),
+                ("noise", min(a, b), max(a, b)) if sigma > 0 else None)
 
     def ring(self, group: tuple[int, ...]) -> Hashable:
         return self.network.ring(group).signature() or ("noise", group)

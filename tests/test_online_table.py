@@ -1,9 +1,15 @@
-"""The torch rows of ``paper_figs/online_table.py``: how a kept run is scored.
-The runs here are simulated (the same scenario, a run directory like a torch
-run's) so that the fault's timing is known; the table's own runs are real."""
+"""``paper_figs/online_table.py``: the false-alarm rate's upper bound, and how
+a kept torch run is scored. The scored runs here are simulated (the same
+scenario, a run directory like a torch run's) so that the fault's timing is
+known; the table's own runs are real."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from paper_figs import online_table as table
 from megatronapp.scenario.config import Scenario
@@ -40,3 +46,21 @@ def test_naming_the_throttled_rank_before_its_onset_is_a_false_alarm(tmp_path: P
     scored = table.score_torch_run(kept(tmp_path, early, forward_s=0.001), "throttle", 4)
     assert scored.wrong == 1  # named in the healthy iterations the table expects
     assert scored.latency == 1  # and standing at the end of the onset iteration
+
+
+@given(exposure=st.floats(1.0, 1e6))
+def test_no_event_bounds_the_rate_by_ln_20_over_the_exposure(exposure: float) -> None:
+    from paper_figs.online_table import poisson_upper
+
+    assert poisson_upper(0, exposure) == pytest.approx(math.log(20) / exposure, rel=1e-9)
+
+
+@given(count=st.integers(0, 30), exposure=st.floats(10.0, 1e5))
+def test_at_the_bound_seeing_as_few_events_has_probability_one_in_twenty(
+        count: int, exposure: float) -> None:
+    from paper_figs.online_table import poisson_upper
+
+    mean = poisson_upper(count, exposure) * exposure
+    at_most = sum(mean ** k / math.factorial(k) for k in range(count + 1)) * math.exp(-mean)
+    assert at_most == pytest.approx(0.05, abs=1e-9)
+    assert poisson_upper(count + 1, exposure) > poisson_upper(count, exposure) > count / exposure

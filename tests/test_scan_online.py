@@ -104,6 +104,41 @@ def test_a_slow_link_is_named_as_a_link() -> None:
     assert [d.key for d in scan.named] == [("link", 5, 9)]
 
 
+def test_a_slow_link_that_starts_mid_run_is_named_soon_after_its_onset_and_not_before() -> None:
+    start_s, (src, dst) = 0.5, (5, 9)  # about iteration 4 of scenarios/throttle.yaml
+    s = throttle_job(10, f"[{{kind: slow_link, ranks: [{src}, {dst}], factor: 2, "
+                         f"start_s: {start_s}}}]")
+    scan, iterations = fed(s)
+    onset = min(i for i, c in iterations if bool(
+        ((c.rank == src) & (c.peer == dst) & (c.start_s >= start_s)).any()))
+    assert 0 < onset < 8
+    named = [d for d in scan.records if d.event == "named"]
+    assert [d.key for d in named] == [("link", src, dst)]
+    assert onset <= named[0].first_seen <= named[0].iteration <= onset + 3
+
+
+def test_a_reduced_run_fed_compact_gets_the_verdicts_of_every_rank_expanded() -> None:
+    """Classes of identical pipelines (no jitter): fed only the stored rows, the
+    detector decides what it decides fed every rank."""
+    s = load_scenario(ROOT / "scenarios/throttle.yaml", [
+        "iterations=8", "parallel.dp=4", "cluster.jitter={compute_sigma: 0, link_sigma: 0}",
+        f"faults=[{{kind: throttle, rank: {THROTTLED}, factor: 1.3, start_s: 0.3}}, "
+        "{kind: slow_link, ranks: [17, 25], factor: 2, start_s: 0.2}]"])
+    source = source_of(simulate(s))
+    runs = []
+    for compact in (False, True):
+        scan = OnlineScan(scenario=s)
+        parts = list(iterations_of(source, compact=compact))
+        for i, cols in parts:
+            scan.feed(i, cols)
+        ranks = {int(r) for _, c in parts for r in np.unique(c.rank)}
+        runs.append(([(d.event, d.key, d.first_seen, d.iteration) for d in scan.records], ranks))
+    (full, every), (compact_records, stored) = runs
+    assert len(every) == s.world_size > len(stored)
+    assert {k for _, k, _, _ in full} == {("compute", THROTTLED, None), ("link", 17, 25)}
+    assert compact_records == full
+
+
 def test_the_state_holds_only_the_last_window_of_iterations() -> None:
     scan, iterations = fed(throttle_job(6, "[]"), OnlineConfig(window=3))
     assert scan.window_iterations == tuple(i for i, _ in iterations[-3:])

@@ -83,6 +83,55 @@ def test_slow_link_slows_the_ring() -> None:
     assert _allreduce_time(slow, (0, 1, 2, 3), 10**8) == pytest.approx(3 * healthy)
 
 
+def test_a_slow_links_window_slows_only_the_collectives_starting_inside_it() -> None:
+    base = {"parallel": {"dp": 4}, "cluster": {"links": {"latency_us": 0}}}
+    group, nbytes = (0, 1, 2, 3), 10**8
+    healthy = _allreduce_time(parse_scenario(base), group, nbytes)
+    timed = parse_scenario({**base, "faults": [
+        {"kind": "slow_link", "ranks": [2, 3], "factor": 3, "start_s": 1.0, "end_s": 2.0}]})
+    ring = build_cluster(timed).network.ring(group)  # what the compiled engine prices
+    assert [ring.seconds(nbytes, 2, at) / healthy for at in (0.0, 0.99, 1.0, 1.5, 2.0)] == \
+        pytest.approx([1, 1, 3, 3, 1])
+
+
+def _link_run(faults: str) -> Any:
+    from pathlib import Path
+
+    from megatronapp.scenario.config import load_scenario
+    from megatronapp.trace.columns import concat_same, source_of
+    from sim import simulate
+
+    s = load_scenario(Path(__file__).resolve().parents[1] / "scenarios/throttle.yaml",
+                      ["iterations=4", f"faults={faults}",
+                       "cluster.jitter={compute_sigma: 0, link_sigma: 0}"])
+    return concat_same(list(source_of(simulate(s)).batches()))
+
+
+def test_a_slow_link_with_an_onset_is_slow_from_then_on_in_the_compiled_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the SimPy interpreter ran")
+
+    monkeypatch.setattr(SimInterpreter, "__init__", refuse)
+    onset, src, dst = 0.2, 5, 9  # about half-way through scenarios/throttle.yaml's 4 iterations
+    healthy = _link_run("[]")
+    slow = _link_run(f"[{{kind: slow_link, ranks: [{src}, {dst}], factor: 3, start_s: {onset}}}]")
+    before = healthy.start_s < onset
+    assert before.any() and (~before).any()
+    # nothing before the onset changes; after it, every send on the link is slower
+    early = slow.start_s < onset
+    assert early.sum() == before.sum()
+    for field in ("rank", "name", "start_s", "dur_s"):
+        assert (getattr(slow, field)[early] == getattr(healthy, field)[before]).all()
+    sends = [(c, (c.rank == src) & (c.peer == dst) & (c.name == c.names.index("send_forward")))
+             for c in (healthy, slow)]
+    (h, h_sends), (f, f_sends) = sends
+    late = f_sends & (f.start_s >= onset)
+    assert late.any()
+    assert f.dur_s[late].min() > 2 * h.dur_s[h_sends].max()
+    assert (f.dur_s[f_sends & ~late] == h.dur_s[h_sends & (h.start_s < onset)]).all()
+
+
 # ------------------------------------------------------- bandwidth sharing
 def _send_times(dsts: list[int], nbytes: int) -> dict[int, float]:
     s = parse_scenario({"parallel": {"dp": 4}, "cluster": {"links": {"latency_us": 0}}})

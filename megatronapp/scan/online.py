@@ -157,10 +157,15 @@ class OnlineScan:
                          iteration, evidence)
 
 
-def iterations_of(source: EventSource) -> Iterator[tuple[int, EventColumns]]:
+def iterations_of(source: EventSource, compact: bool = False
+                  ) -> Iterator[tuple[int, EventColumns]]:
     """A run's events one iteration at a time, in iteration order (events
-    without an iteration are left out: they belong to none)."""
-    cols = concat_same(list(source.batches()))
+    without an iteration are left out: they belong to none). ``compact``: only
+    the rows the source holds, never expanded to every rank: in a reduced
+    simulated run, one pipeline per class of identical pipelines (its other
+    members' rows would repeat the same evidence; a faulty rank's pipeline is
+    a class of its own)."""
+    cols = concat_same([source.compact()[0]] if compact else list(source.batches()))
     order = np.argsort(cols.iteration, kind="stable")  # rows stay grouped by rank
     it = cols.iteration[order]
     cuts = np.r_[0, np.flatnonzero(np.diff(it)) + 1, len(it)]

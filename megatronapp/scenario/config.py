@@ -272,6 +272,8 @@ class SlowLink(_Strict):
     kind: Literal["slow_link"]
     ranks: tuple[Rank, Rank]
     factor: Factor
+    start_s: Seconds = 0.0  # slow from this simulated time on (a transfer starting then)
+    end_s: Seconds | None = None
 
 
 class LinkJitter(_Strict):
