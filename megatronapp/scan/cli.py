@@ -136,7 +136,7 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
             yield from _waited_for(ev)
             extra = {k: v for k, v in ev.items() if k not in ("slowdown", "slow_op_share",
                      "ops_compared", "peers", "last_to_start", "collectives", "z",
-                     "floor_slowdown", "waited_for", "rests_on")}
+                     "floor_slowdown", "waited_for", "held_stages", "rests_on")}
             if extra:
                 yield "  " + ", ".join(f"{k}={v}" for k, v in extra.items())
         else:
@@ -147,6 +147,10 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
                 yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
                        f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs "
                        f"{ev['class_spread']:.3f}")
+            elif "receive_floor_s" in ev:
+                yield (f"  over {ev['transfers']} transfers, its fastest receive (posted to done) "
+                       f"took {1e3 * ev['receive_floor_s']:.2f} ms both ways, its link class's "
+                       f"{1e3 * ev['class_receive_floor_s']:.2f} ms")
             else:
                 yield (f"  over {ev['transfers']} transfers, receives end after the send started "
                        f"{ev['delivery_floor_ratio']:.2f}x later than on its link class at the "
@@ -164,6 +168,11 @@ def _waited_for(ev: dict[str, Any]) -> Iterator[str]:
         yield (f"  the others in group {w['group']} waited for it: {100 * w['imposed_share']:.0f}% "
                f"of their wait ({w['imposed_s']:.3f} s), most in {w['iterations_led']} of "
                f"{w['iterations']} iterations; last to arrive at {w['last']} of {w['joined']}")
+    held = ev.get("held_stages")
+    if held:
+        yield (f"  the other stages waited in their receives {held['others_receive_s']:.3f} s "
+               f"(median), it {held['receive_s']:.3f} s; at its fastest its main op takes "
+               f"{held['best_ratio']:.2f}x theirs")
     if ev.get("rests_on"):
         yield "  evidence: " + " and ".join(ev["rests_on"])
 

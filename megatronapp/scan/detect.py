@@ -43,6 +43,7 @@ from megatronapp.trace.metrics import group_ids
 
 from .components import classes_of
 from .diagnosis import Diagnosis, RootCause, ranked
+from .held import with_held
 from .inputs import (DEFAULT_GPUS_PER_NODE, ScanInput, load_table_scan, stored_batches,
                      stored_events)
 from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
@@ -386,6 +387,7 @@ class Detector:
             self._met.setdefault(group, set()).update(members)
         self._pairs |= pairs
         self._waited.feed(*wait_members(batch, self._ops_fed))
+        self._waited.feed_receives(batch.cols)
         self._ops_fed += batch.sync.ops
 
     def _stage_peers(self, ranks: Iterable[int]) -> dict[int, tuple[int, ...]]:
@@ -421,7 +423,9 @@ class Detector:
         node = self.gpus_per_node
         links = judge_links(judge_bandwidth(pair_stats(self._transfers, self.th), node, self.th),
                             self._waits, node, self.th)
-        causes = with_waits(compute + links, self._waited.scores(), durations)
+        waited = self._waited.scores()
+        causes = with_held(with_waits(compute + links, waited, durations), waited, durations,
+                           peers, node)
         return diagnosis_of(causes, victims_of(causes, self._met, self._pairs))
 
     def state_entries(self) -> int:

@@ -11,13 +11,16 @@ section 3). It needs no op of one rank matched to the same op of another.
 The input is the member rows of linked sync ops as ``EventColumns`` with
 each row's op id (``feed``); p2p members carry their role (0 send, 1
 receive). The state is a few sums per (group, rank), per (group, iteration,
-rank) and per channel; rows of an op split between two batches wait in
-``pending`` until its last member arrives.
+rank) and per channel (and each channel's fastest receive); rows of an op
+split between two batches wait in ``pending`` until its last member arrives.
+Every receive, its peer recorded or not, adds to its rank's time in
+receives (``feed_receives``; ``held`` reads both for pipelines).
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence, Union
 
 import numpy as np
@@ -69,12 +72,14 @@ class ChannelWaits:
     transfers: int
     wait_s: float  # receives posted before the send started: time the receiver waited
     delivery_s: float  # time from both sides ready to the receive's end
+    fastest_receive_s: float = math.inf  # its shortest receive, posted to done
 
 
 @dataclass(frozen=True)
 class WaitScores:
     ranks: tuple[RankWaits, ...]
     channels: tuple[ChannelWaits, ...]
+    receiving: Mapping[int, float] = field(default_factory=dict)  # rank -> s in its receives
 
     def imposed_by_sender(self) -> dict[int, float]:
         """rank -> its receivers' summed wait for its sends."""
@@ -114,7 +119,8 @@ class WaitAccumulator:
         self.imposed: dict[tuple[Group, int], float] = defaultdict(float)
         self.by_iteration: dict[tuple[Group, int], dict[int, float]] = defaultdict(
             lambda: defaultdict(float))
-        self.channels: dict[Channel, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        self.channels: dict[Channel, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, math.inf])
+        self.receiving: dict[int, float] = defaultdict(float)
         self.pending: _Members | None = None
 
     def feed(self, cols: EventColumns, op: np.ndarray) -> None:
@@ -154,12 +160,20 @@ class WaitAccumulator:
         ready = np.maximum(send.start, recv.start)
         waits = np.maximum(send.start - recv.start, 0.0)
         deliveries = np.maximum(recv.end - ready, 0.0)
-        for s, r, w, d in zip(send.rank.tolist(), recv.rank.tolist(), waits.tolist(),
-                              deliveries.tolist()):
+        for s, r, w, d, took in zip(send.rank.tolist(), recv.rank.tolist(), waits.tolist(),
+                                    deliveries.tolist(), (recv.end - recv.start).tolist()):
             acc = self.channels[(s, r)]
             acc[0] += 1
             acc[1] += w
             acc[2] += d
+            acc[3] = min(acc[3], took)
+
+    def feed_receives(self, cols: EventColumns) -> None:
+        """Every receive of a batch (``cols``: its rows), its peer recorded
+        or not: the time each rank spent in them."""
+        rows = receive_rows(cols)
+        for rank, seconds in zip(*_summed_by(cols.rank[rows], cols.dur_s[rows])):
+            self.receiving[rank] += seconds
 
     def scores(self) -> WaitScores:
         totals: dict[Group, float] = defaultdict(float)
@@ -170,9 +184,9 @@ class WaitAccumulator:
                                 self.imposed.get((group, rank), 0.0), totals[group],
                                 iterations.get(group, 0), topped.get((group, rank), 0))
                       for (group, rank), n in sorted(self.joined.items()))
-        channels = tuple(ChannelWaits(s, r, int(n), w, d)
-                         for (s, r), (n, w, d) in sorted(self.channels.items()))
-        return WaitScores(ranks, channels)
+        channels = tuple(ChannelWaits(s, r, int(n), w, d, fastest)
+                         for (s, r), (n, w, d, fastest) in sorted(self.channels.items()))
+        return WaitScores(ranks, channels, dict(self.receiving))
 
     def _iterations_led(self) -> tuple[dict[Group, int], dict[tuple[Group, int], int]]:
         """Per group, its iterations with a wait; per (group, rank), those it led."""
@@ -185,6 +199,20 @@ class WaitAccumulator:
             leader = max(sorted(by_rank), key=lambda r: by_rank[r])
             topped[(group, leader)] += 1
         return iterations, topped
+
+
+def receive_rows(cols: EventColumns) -> np.ndarray:
+    """Rows of point-to-point receives: by their role, else (a trace that
+    records none, Kineto's) by their name."""
+    named = np.array(["recv" in n.lower() for n in cols.names] + [False])
+    by_name = (cols.role < 0) & named[cols.name.astype(np.int64)]
+    return np.flatnonzero((cols.kind == P2P_KIND) & ((cols.role == RECEIVE) | by_name))
+
+
+def _summed_by(keys: np.ndarray, values: np.ndarray) -> tuple[list[int], list[float]]:
+    """The distinct ``keys`` and the summed ``values`` of each."""
+    distinct, which = np.unique(keys.astype(np.int64), return_inverse=True)
+    return distinct.tolist(), np.bincount(which, values, minlength=len(distinct)).tolist()
 
 
 def _tallies(keys: list[np.ndarray], weights: np.ndarray
@@ -268,7 +296,7 @@ def waited_for(scores: WaitScores, compute: Compute = {},
             and (w.topped_share >= th.topped_share
                  or (w.topped_share > th.busy_topped_share
                      and _busy_ratio(w, compute) >= th.busy_ratio))
-            and _best_ratio(w, compute, th.best_quantile) >= th.best_ratio]
+            and best_ratio(w.rank, w.group, compute, th.best_quantile) >= th.best_ratio]
 
 
 def _busy_ratio(w: RankWaits, compute: Compute) -> float:
@@ -279,14 +307,14 @@ def _busy_ratio(w: RankWaits, compute: Compute) -> float:
     return busy.get(w.rank, 0.0) / centre if centre > 0 else 0.0
 
 
-def _best_ratio(w: RankWaits, compute: Compute, quantile: float) -> float:
-    """The ``quantile`` of its durations of its main op (the one it spends
-    most time in that others of its group run too) over the median of
+def best_ratio(rank: int, group: Sequence[int], compute: Compute, quantile: float) -> float:
+    """The ``quantile`` of ``rank``'s durations of its main op (the one it
+    spends most time in that others of ``group`` run too) over the median of
     theirs; 0 when no such op."""
-    mine = compute.get(w.rank, {})
+    mine = compute.get(rank, {})
     for name in sorted(mine, key=lambda n: -float(np.sum(mine[n]))):
-        theirs = [float(np.percentile(compute[r][name], quantile)) for r in w.group
-                  if r != w.rank and r in compute and len(compute[r].get(name, ())) > 0]
+        theirs = [float(np.percentile(compute[r][name], quantile)) for r in group
+                  if r != rank and r in compute and len(compute[r].get(name, ())) > 0]
         if theirs and len(mine[name]) > 0 and np.median(theirs) > 0:
             return float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
     return 0.0
@@ -338,4 +366,5 @@ def _evidence(w: RankWaits, compute: Compute, th: WaitThresholds) -> dict[str, o
                            "imposed_share": round(w.imposed_share, 3),
                            "iterations_led": w.topped, "iterations": w.iterations,
                            "busy_ratio": round(_busy_ratio(w, compute), 3),
-                           "best_ratio": round(_best_ratio(w, compute, th.best_quantile), 3)}}
+                           "best_ratio": round(best_ratio(w.rank, w.group, compute,
+                                                          th.best_quantile), 3)}}
