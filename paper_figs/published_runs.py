@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 from megatronapp.scenario.config import Scenario  # noqa: E402
 from megatronapp.scenario.devices import DEVICES  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.fidelity.published import (DEVICE_KNOBS, LEFT_OUT, METRIC_UNITS,  # noqa: E402
-                                            PublishedRun, fit_flops_only_efficiency,
-                                            fit_simulator, flops_only_iteration_s,
+from megatronapp.fidelity.published import (LEFT_OUT, METRIC_UNITS,  # noqa: E402
+                                            PublishedRun, fit_device, fit_flops_only_efficiency,
+                                            flops_only_iteration_s,
                                             held_out_errors, parameter_count, published_runs,
                                             throughput_error)
 from sim import simulate_iteration_times  # noqa: E402
@@ -46,22 +46,23 @@ def describe(r: PublishedRun) -> str:
             f"recompute {s.training.recompute}")
 
 
-def device_constants(runs: list[PublishedRun], device: str, refit: bool) -> dict[str, float]:
-    """The efficiency constants a device's rows are predicted with."""
-    fitted = [r for r in runs if r.fitted and r.device == device]
+def device_constants(runs: list[PublishedRun], device: str, refit: bool,
+                     fitted: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The efficiency constants a device's rows are predicted with (``fitted``
+    collects each device's, for a device that keeps another's)."""
     profile = DEVICES[device]
-    kept = {f"cluster.gpu.{k}": v for k, v in profile.fitted.items()}
     if not refit:
         print(f"{device}: the profile's constants, fitted on {profile.fitted_on}: "
               + ", ".join(f"{k} = {v:.4f}" for k, v in profile.fitted.items()))
-        return kept
-    t0 = time.perf_counter()
-    fit = fit_simulator(fitted, replica_time, knobs=DEVICE_KNOBS[device],
-                        progress=lambda m: print(m, file=sys.stderr, flush=True))
-    print(f"{device}: fitted on {', '.join(r.source for r in fitted)} in "
-          f"{time.perf_counter() - t0:.0f} s: "
-          + ", ".join(f"{k.split('.')[-1]} = {v:.4f}" for k, v in fit.values.items()))
-    return {**kept, **fit.values}
+        fitted[device] = dict(profile.fitted)
+    else:
+        t0 = time.perf_counter()
+        fitted[device], _ = fit_device(runs, device, replica_time,
+                                       {**{d: p.fitted for d, p in DEVICES.items()}, **fitted},
+                                       progress=lambda m: print(m, file=sys.stderr, flush=True))
+        print(f"{device}: fitted on {profile.fitted_on} in {time.perf_counter() - t0:.0f} s: "
+              + ", ".join(f"{k} = {v:.4f}" for k, v in fitted[device].items()))
+    return {f"cluster.gpu.{k}": v for k, v in fitted[device].items()}
 
 
 def print_summary(rows: list[tuple[PublishedRun, float, float]]) -> None:
@@ -89,7 +90,8 @@ def main() -> int:
     runs = published_runs(ROOT)
     chosen = [r for r in runs if r.source.startswith(args.only)]
     devices = sorted({r.device for r in chosen})
-    constants = {d: device_constants(runs, d, args.refit) for d in devices}
+    fitted: dict[str, dict[str, float]] = {}
+    constants = {d: device_constants(runs, d, args.refit, fitted) for d in devices}
     peer = {d: fit_flops_only_efficiency([r for r in runs if r.device == d]) for d in devices}
     print("FLOPs-only peer fitted on the same rows: "
           + ", ".join(f"{d} efficiency = {e:.4f}" for d, e in peer.items()) + "\n")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..scenario.config import Scenario
 from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
                     layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
+from .gemm import ROOFLINE, GemmDevice, rank_layer_shapes, rank_logits_shape
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, max_stage_params,
                      state_bytes, transient_activation_bytes)
 
@@ -85,12 +86,16 @@ class Efficiency:
     hbm_bytes_per_s: float
     elementwise_traffic: float
     backward_ratio: float
+    gemm: GemmDevice  # GEMMs by shape
 
     @classmethod
     def of(cls, s: Scenario) -> "Efficiency":
         g = s.cluster.gpu
+        gemm = GemmDevice(g.tflops * 1e12, g.efficiency, g.gemm_half_gflops * 1e9,
+                          g.gemm_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.sm_count, g.gemm_tiles)
         return cls(g.tflops * 1e12 * g.efficiency, g.gemm_overhead_us * 1e-6,
-                   g.module_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.elementwise_traffic, g.backward_ratio)
+                   g.module_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.elementwise_traffic,
+                   g.backward_ratio, gemm)
 
     def gemm_s(self, flops: float) -> float:
         """rate(F) = R·F/(F + R·overhead): the size-dependent falloff."""
@@ -100,10 +105,14 @@ class Efficiency:
         return self.elementwise_traffic * nbytes / self.hbm_bytes_per_s
 
 
+def rank_gemm_s(s: Scenario, eff: Efficiency) -> dict[str, float]:
+    """Each of a layer's GEMMs on one tensor-parallel rank, by its shape."""
+    return {n: eff.gemm.seconds(shape, ROOFLINE[n]) for n, shape in rank_layer_shapes(s).items()}
+
+
 def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
     """One layer, one microbatch, on one rank: GEMMs split over tp + elementwise work."""
-    tp = s.parallel.tp
-    gemms = sum(eff.gemm_s(f / tp) for _, f in layer_gemms(s).items())
+    gemms = sum(rank_gemm_s(s, eff).values())
     return gemms + eff.memory_s(layer_activation_bytes(s, "none")) + eff.module_overhead_s
 
 
@@ -112,8 +121,8 @@ def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
     if recompute == "full":
         return layer_forward_s(s, eff)
     if recompute == "selective":
-        g = dict(layer_gemms(s).items())
-        return (sum(eff.gemm_s(g[n] / s.parallel.tp) for n in ATTENTION_CORE)
+        g = rank_gemm_s(s, eff)
+        return (sum(g[n] for n in ATTENTION_CORE)
                 + eff.memory_s(transient_activation_bytes(s)))
     return 0.0
 
@@ -123,20 +132,20 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
     softmax statistics (one more scores GEMM per layer); unfused keeps them."""
     if s.model.stores_scores:
         return 0.0
-    return eff.gemm_s(layer_gemms(s).scores / s.parallel.tp)
+    return rank_gemm_s(s, eff)["scores"]
 
 
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
     logits_bytes = m.micro_batch_size * m.seq_len * m.vocab // s.parallel.tp * 4
-    return (eff.gemm_s(logits_forward_flops(s) / s.parallel.tp) + eff.memory_s(logits_bytes)
+    return (eff.gemm.seconds(rank_logits_shape(s)) + eff.memory_s(logits_bytes)
             + eff.module_overhead_s)
 
 
 def attention_share(s: Scenario, eff: Efficiency) -> float:
     """The attention block's share of a layer's GEMM time (the MLP has the rest)."""
-    times = {n: eff.gemm_s(f / s.parallel.tp) for n, f in layer_gemms(s).items()}
+    times = rank_gemm_s(s, eff)
     total = sum(times.values())
     return sum(times[n] for n in ATTENTION_BLOCK) / total if total > 0 else 0.5
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,7 +26,7 @@ from ..scenario.config import Scenario, load_scenario
 from ..scenario.devices import DEVICES
 from ..costs.flops import (hardware_flops_per_iteration, microbatches_per_iteration,
                            model_flops_per_iteration)
-from .fit import FitResult, Knob, SimulateTime, fit_constants
+from .fit import FitResult, Knob, SimulateTime, fit_constants, with_settings
 
 # The efficiency model's two constants: the GEMMs' share of peak, and HBM
 # bytes moved per stored activation byte (elementwise work). On A100 both are
@@ -34,13 +34,18 @@ from .fit import FitResult, Knob, SimulateTime, fit_constants
 # pipeline idle time.
 TABLE1_KNOBS = (Knob("cluster.gpu.efficiency", 0.6, 0.05, 1.0),
                 Knob("cluster.gpu.elementwise_traffic", 1.0, 0.0, 20.0))
-# H100: the efficiency alone. Its three fitted rows (one sequence length,
-# fused attention, sequence parallelism) do not tell the two constants apart:
+# H100: the efficiency and the GEMM size at half of it (megatronapp/costs/gemm.py).
+# Its three fitted rows (one sequence length, fused attention, sequence
+# parallelism) do not tell the efficiency and the elementwise traffic apart:
 # fitted together from the A100 values, the second Gauss-Newton step was 86%
 # off. Bytes moved per stored activation byte belong to the kernels, so the
-# A100 value is kept (megatronapp/scenario/devices.py).
+# A100 value is kept (KEPT_FROM); the rows' GEMMs differ in size (hidden 7168
+# to 16384), which the size constant needs.
+GEMM_HALF_KNOB = Knob("cluster.gpu.gemm_half_gflops", 10.0, 0.0, 1000.0)
 DEVICE_KNOBS: dict[str, tuple[Knob, ...]] = {"a100-80gb": TABLE1_KNOBS,
-                                             "h100-sxm": TABLE1_KNOBS[:1]}
+                                             "h100-sxm": (TABLE1_KNOBS[0], GEMM_HALF_KNOB)}
+# Constants a device takes from another device's fit: (device, constant).
+KEPT_FROM: dict[str, tuple[str, str]] = {"h100-sxm": ("a100-80gb", "elementwise_traffic")}
 
 RUNS_FILE = Path("scenarios") / "published" / "runs.yaml"
 Metric = Literal["tflops_per_gpu", "model_tflops_per_gpu", "iteration_s"]
@@ -171,6 +176,22 @@ def throughput_error(published_s: float, predicted_s: float) -> float:
 def held_out_errors(errors: Sequence[float]) -> tuple[float, float]:
     """Mean |error| and the worst error (signed) of held-out rows."""
     return fmean(abs(e) for e in errors), max(errors, key=abs)
+
+
+def fit_device(runs: Sequence[PublishedRun], device: str, simulate: SimulateTime,
+               fitted: Mapping[str, Mapping[str, float]],
+               progress: Callable[[str], None] | None = None) -> tuple[dict[str, float], FitResult]:
+    """A device's constants fitted on its fitted rows: its knobs fitted, what it
+    keeps from another device's constants (``fitted``: by device) set first."""
+    kept: dict[str, float] = {}
+    if device in KEPT_FROM:
+        other, name = KEPT_FROM[device]
+        kept[name] = fitted[other][name]
+    settings = {f"cluster.gpu.{k}": v for k, v in kept.items()}
+    rows = [PublishedRun(r.source, with_settings(r.scenario, settings), r.metric, r.value,
+                         r.fitted, r.device) for r in runs if r.fitted and r.device == device]
+    fit = fit_simulator(rows, simulate, progress, DEVICE_KNOBS[device])
+    return {**kept, **{k.split(".")[-1]: v for k, v in fit.values.items()}}, fit
 
 
 def fit_simulator(runs: Sequence[PublishedRun], simulate: SimulateTime,

@@ -182,6 +182,11 @@ class Gpu(_Strict):
     elementwise_traffic: float = Field(0.0, ge=0, le=MAX_FACTOR)  # HBM bytes per activation byte
     backward_ratio: Factor = 2.0  # backward time / forward time (FLOPs: 2)
     op_overhead_us: Seconds = 0.0  # host time to issue each operation
+    # GEMMs by shape (megatronapp/costs/gemm.py): SMs and output tiles give wave
+    # quantisation and the roofline; unset (no geometry) every GEMM runs at ``efficiency``.
+    sm_count: PositiveInt | None = None
+    gemm_tiles: tuple[tuple[PositiveInt, PositiveInt], ...] = ((256, 128), (128, 256), (128, 128))
+    gemm_half_gflops: float = Field(0.0, ge=0, le=MAX_RATE)  # GEMM size at half the efficiency
 
 
 class Links(_Strict):
@@ -193,6 +198,15 @@ class Links(_Strict):
     # A collective spanning nodes with k members on each node drives min(k, nics)
     # NICs at once (NCCL's rings); None: one NIC's bandwidth, as a single ring.
     nics_per_node: PositiveInt | None = None
+
+
+class NetworkTopology(_Strict):
+    """Nodes in pods (rail-optimised within: each GPU's NIC on its rail's leaf
+    switch); traffic between pods crosses spine uplinks oversubscribed
+    ``oversubscription``:1 (Llama 3's cluster: 7 between pods)."""
+
+    pod_nodes: PositiveInt | None = None  # None: one pod (no uplinks crossed)
+    oversubscription: Factor = 1.0
 
 
 class Jitter(_Strict):
@@ -228,6 +242,7 @@ class Cluster(_Strict):
     nodes: PositiveInt | None = None  # if given, must hold exactly tp·pp·dp GPUs
     gpu: Gpu = Gpu()
     links: Links = Links()
+    network: NetworkTopology = NetworkTopology()
     jitter: Jitter = Jitter()
     device_classes: tuple[DeviceClass, ...] = ()  # MegaFBD heterogeneous clusters
 
