@@ -92,7 +92,9 @@ LEFT_OUT = (
     LeftOut("Jiang et al. 2024 (MegaScale), Table 2, Megatron-LM rows (175B, 256-12,288 GPUs)",
             "micro-batch size, recomputation, sequence parallelism, optimizer sharding and GPU "
             "model (only 'Ampere') are not given; Table 1 gives 96 layers, hidden 12288, "
-            "128 heads, tp 8, pp 8, and §6.1 vpp 6, sequence 2048, vocabulary 64,000"),
+            "128 heads, tp 8, pp 8, and §6.1 vpp 6, sequence 2048, vocabulary 64,000; the "
+            "3,072 and 12,288-GPU rows are predicted with those assumptions written out "
+            "(scenarios/published/megascale2024/) by paper_figs/megascale_scaling.py"),
     LeftOut("BigScience 2022 (BLOOM-176B, A100; tr11-176B-ml README and slurm script)",
             "configuration given in full (384 GPUs, tp 4, pp 12, dp 8, micro-batch 2, global "
             "batch 2048, 70 layers, hidden 14336, 112 heads, vocabulary 250,880, full "
