@@ -10,9 +10,18 @@ from hypothesis import given, settings, strategies as st
 from megatronapp.costs.flops import layer_gemms, logits_forward_flops
 from megatronapp.costs.gemm import GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
 from megatronapp.costs.per_op import Efficiency, layer_forward_s
-from megatronapp.scenario.config import parse_scenario
+from megatronapp.fidelity.fit import with_settings
+from megatronapp.fidelity.published import PublishedRun, fit_device, published_runs
+from megatronapp.scenario.config import Scenario, parse_scenario
+from sim import simulate_iteration_times
+
+from .support import ROOT
 
 PEAK = 989e12
+
+
+def replica_time(s: Scenario) -> float:
+    return simulate_iteration_times(s, replica=True)[0]
 
 
 def device(sm: int | None = 132, half: float = 0.0, tiles=((128, 128),)) -> GemmDevice:
@@ -99,3 +108,19 @@ def test_a_named_device_prices_a_layer_by_its_gemm_shapes() -> None:
     gemms = layer_gemms(s).total / eff.flops_per_s
     elementwise = layer_forward_s(flat, eff) - gemms
     assert layer_forward_s(s, Efficiency.of(s)) - elementwise > gemms * 1.01
+
+
+def test_the_device_fit_recovers_the_constants_its_rows_were_made_with() -> None:
+    """Two H100 rows timed by the simulator at known constants (efficiency,
+    GEMM size at half of it, the A100's elementwise traffic): fitting them as
+    published rows gives the constants back and reproduces both rows."""
+    truth = {"cluster.gpu.efficiency": 0.62, "cluster.gpu.gemm_half_gflops": 25.0,
+             "cluster.gpu.elementwise_traffic": 3.0}
+    small = [r for r in published_runs(ROOT) if r.source.endswith(("1.7B", "7.1B"))]
+    rows = [PublishedRun(r.source, r.scenario, "iteration_s",
+                         replica_time(with_settings(r.scenario, truth)), True, "h100-sxm")
+            for r in small]
+    constants, fit = fit_device(rows, "h100-sxm", replica_time,
+                                {"a100-80gb": {"elementwise_traffic": 3.0}})
+    assert constants == pytest.approx({k.split(".")[-1]: v for k, v in truth.items()}, rel=1e-2)
+    assert fit.residuals == pytest.approx([0.0, 0.0], abs=1e-3)
