@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario
+from ..scenario.pipeline_split import max_chunk_layers, rank_chunk_layers
 
 GEMM_NAMES = ("qkv", "scores", "attend", "proj", "fc1", "fc2")
 ATTENTION_CORE = ("scores", "attend")  # what selective recomputation repeats
@@ -66,20 +67,25 @@ def recompute_forward_flops(s: Scenario) -> float:
     return {"none": 0.0, "selective": g.scores + g.attend, "full": g.total}[s.training.recompute]
 
 
-def recomputed_layers_per_chunk(s: Scenario) -> int:
-    """Layers of one model chunk recomputed before its backward: all of them
-    unless ``recompute_method: block`` limits them to the first few."""
+def recomputed_layers_per_chunk(s: Scenario, layers: int | None = None) -> int:
+    """Layers of a model chunk of ``layers`` layers (default: the largest chunk)
+    recomputed before its backward: all of them unless ``recompute_method: block``
+    limits them to the first few."""
     if s.training.recompute == "none":
         return 0
+    if layers is None:
+        layers = max_chunk_layers(s.parallel, s.model.layers)
     if s.training.recompute_method == "block" and s.training.recompute_num_layers:
-        return s.training.recompute_num_layers
-    return s.model.layers // (s.parallel.pp * s.parallel.vpp)
+        return min(s.training.recompute_num_layers, layers)
+    return layers
 
 
 def recomputed_layers(s: Scenario) -> int:
     """Layers recomputed per microbatch over the whole model."""
     if s.training.recompute_method == "block":
-        return recomputed_layers_per_chunk(s) * s.parallel.pp * s.parallel.vpp
+        p = s.parallel
+        return sum(recomputed_layers_per_chunk(s, n) for r in range(p.pp)
+                   for n in rank_chunk_layers(p, s.model.layers, r))
     return s.model.layers
 
 

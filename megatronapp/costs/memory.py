@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario, Training
+from ..scenario.pipeline_split import max_chunk_layers, rank_chunk_layers
 from .flops import recomputed_layers_per_chunk
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -107,18 +108,26 @@ def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
     return (replicated_bytes(s) / sp + split_bytes(s) / t + scores) * scale
 
 
-def chunk_activation_bytes(s: Scenario) -> float:
-    """Bytes one model chunk keeps for its backward, per microbatch, on one rank.
+def chunk_activation_bytes(s: Scenario, layers: int | None = None) -> float:
+    """Bytes a model chunk of ``layers`` layers (default: the largest chunk) keeps
+    for its backward, per microbatch, on one rank.
     Partial recomputation (megatron-core TransformerBlock._checkpointed_forward):
     block stores the first k layers' inputs only and the rest whole; uniform
     stores the input of each group of k layers."""
     t = s.training
-    layers = s.model.layers // (s.parallel.pp * s.parallel.vpp)
+    if layers is None:
+        layers = max_chunk_layers(s.parallel, s.model.layers)
     if t.recompute_method == "uniform" and t.recompute_num_layers:
         return math.ceil(layers / t.recompute_num_layers) * layer_activation_bytes(s)
-    recomputed = recomputed_layers_per_chunk(s) if t.recompute == "full" else layers
+    recomputed = recomputed_layers_per_chunk(s, layers) if t.recompute == "full" else layers
     return (recomputed * layer_activation_bytes(s)
             + (layers - recomputed) * layer_activation_bytes(s, "none"))
+
+
+def rank_chunk_activation_bytes(s: Scenario, pp_rank: int) -> float:
+    """The largest of stage ``pp_rank``'s chunks: what one slot of its schedule holds."""
+    return max(chunk_activation_bytes(s, n)
+               for n in rank_chunk_layers(s.parallel, s.model.layers, pp_rank))
 
 
 def transient_activation_bytes(s: Scenario) -> float:
@@ -149,7 +158,7 @@ def stage_params(s: Scenario, pp_rank: int) -> int:
     """Parameters held by one rank of pipeline stage ``pp_rank``."""
     m, p = s.model, s.parallel
     split, replicated = layer_params(s)
-    layers = m.layers // p.pp
+    layers = sum(rank_chunk_layers(p, m.layers, pp_rank))
     params = layers * (split // p.tp + replicated)
     embedding = m.vocab * m.hidden // p.tp
     first, last = pp_rank == 0, pp_rank == p.pp - 1
@@ -198,5 +207,5 @@ def rank_memory(s: Scenario, pp_rank: int, peak_chunks: int, buffers: float) -> 
     return RankMemory(
         pp_rank=pp_rank, weights=params * per.weights, grads=params * per.grads,
         optimizer=params * per.optimizer,
-        activations=peak_chunks * chunk_activation_bytes(s),
+        activations=peak_chunks * rank_chunk_activation_bytes(s, pp_rank),
         transient=transient_activation_bytes(s), buffers=buffers)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario
+from ..scenario.pipeline_split import chunk_layers, first_layer, max_chunk_layers
 from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
                     layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, max_stage_params,
@@ -54,6 +55,7 @@ class StageCosts:
     embedding_backward_s: float = 0.0
     recompute_chunk_s: float = 0.0  # recomputation before a chunk's backward
     layers_per_chunk: int = 0
+    first_layer: int = 0  # the chunk's first layer's global number
     tp_layer_forward: tuple[str, ...] = ()  # collective kinds per layer (empty at tp 1)
     tp_layer_backward: tuple[str, ...] = ()
     tp_recompute: bool = False  # full recomputation repeats the forward's collectives
@@ -153,13 +155,16 @@ def _tp_plan(s: Scenario) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return TP_FORWARD, TP_BACKWARD
 
 
-def stage_costs(s: Scenario) -> StageCosts:
+def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> StageCosts:
+    """Model chunk ``chunk`` of pipeline stage ``pp_rank``; without a stage, the
+    largest chunk (the same everywhere on an even split)."""
     p, m, c, t = s.parallel, s.model, s.costs, s.training
     eff = Efficiency.of(s)
-    layers_per_chunk = m.layers // (p.pp * p.vpp)
+    layers_per_chunk = (max_chunk_layers(p, m.layers) if pp_rank is None
+                        else chunk_layers(p, m.layers, pp_rank, chunk))
     act_element = BYTES[t.precision]
     fwd_chunk = layers_per_chunk * layer_forward_s(s, eff)
-    recompute = recomputed_layers_per_chunk(s) * layer_recompute_s(s, eff)
+    recompute = recomputed_layers_per_chunk(s, layers_per_chunk) * layer_recompute_s(s, eff)
     logits = output_layer_s(s, eff)
     embedding = (eff.memory_s(m.micro_batch_size * m.seq_len * m.hidden * BYTES[t.precision])
                  + eff.module_overhead_s)
@@ -191,15 +196,16 @@ def stage_costs(s: Scenario) -> StageCosts:
         grad_bytes=int(params * per_param.grads),
         tp_allreduce_bytes=2 * layers_per_chunk * act if p.tp > 1 else 0,
         params_per_rank=params,
-        activation_mem_bytes_per_chunk=int(chunk_activation_bytes(s)),
+        activation_mem_bytes_per_chunk=int(chunk_activation_bytes(s, layers_per_chunk)),
         fixed_p2p_s=c.p2p_s,
         fixed_allreduce_s=c.allreduce_s,
         logits_backward_s=logits_bwd,
         embedding_forward_s=embedding,
         embedding_backward_s=eff.backward_ratio * embedding,
         recompute_chunk_s=recompute,
-        recompute_layers=recomputed_layers_per_chunk(s),
+        recompute_layers=recomputed_layers_per_chunk(s, layers_per_chunk),
         layers_per_chunk=layers_per_chunk,
+        first_layer=0 if pp_rank is None else first_layer(p, m.layers, pp_rank, chunk),
         tp_layer_forward=tp_fwd,
         tp_layer_backward=tp_bwd,
         tp_recompute=t.recompute == "full",

@@ -19,6 +19,7 @@ from ..io.text import TextError, check_depth, load_yaml, read_text
 from .devices import DEVICES, expand_device
 from ..parallel.schedules import SCHEDULES
 from ..io.suggest import did_you_mean, hint, quoted_names
+from .pipeline_split import max_chunk_layers, split_error
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 
@@ -108,12 +109,12 @@ class _OmitsUnset(_Strict):
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         for key in self.OMIT_WHEN_UNSET:
-            if isinstance(data, dict) and data.get(key) is None:
+            if isinstance(data, dict) and data.get(key) == type(self).model_fields[key].default:
                 data.pop(key, None)
         return data
 
 
-class Parallel(_Strict):
+class Parallel(_OmitsUnset):
     tp: PositiveInt = 1
     pp: PositiveInt = 1
     dp: PositiveInt = 1
@@ -124,6 +125,15 @@ class Parallel(_Strict):
     # Megatron-LM 2021's scatter/gather of pipeline messages: each tp rank sends
     # 1/tp of the activation, the receiver all-gathers it over the tp group.
     scatter_gather_p2p: bool = False
+    # Uneven pipeline splits (megatron-core's num_layers_in_first/last_pipeline_stage;
+    # scenario/pipeline_split.py): the first / last stage's layers, the rest even.
+    decoder_first_pipeline_num_layers: PositiveInt | None = None
+    decoder_last_pipeline_num_layers: PositiveInt | None = None
+    account_for_embedding_in_pipeline_split: bool = False  # the embedding counts as a layer
+    account_for_loss_in_pipeline_split: bool = False  # the output layer and loss count as one
+    OMIT_WHEN_UNSET = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                       "account_for_embedding_in_pipeline_split",
+                       "account_for_loss_in_pipeline_split")
 
     @property
     def world_size(self) -> int:
@@ -388,9 +398,9 @@ def check_consistency(s: Scenario) -> None:
         raise ScenarioError(
             "parallel", f"{'MegaFBD needs' if s.fbd else 'tp*pp*dp ='} {world} devices but "
             f"cluster has {s.cluster.nodes}*{s.cluster.gpus_per_node} GPUs")
-    if m.layers % (p.pp * p.vpp):
-        raise ScenarioError(
-            "model.layers", f"{m.layers} is not divisible by pp*vpp = {p.pp * p.vpp}")
+    split = split_error(p, m.layers)
+    if split is not None:
+        raise ScenarioError(*split)
     if m.heads % p.tp:
         raise ScenarioError("model.heads", f"{m.heads} is not divisible by tp = {p.tp}")
     if m.hidden % m.heads:
@@ -492,7 +502,7 @@ def _check_recompute_method(s: Scenario) -> None:
     if t.recompute_method is None:
         raise ScenarioError("training.recompute_method",
                             "uniform or block is needed with training.recompute_num_layers")
-    per_chunk = s.model.layers // (p.pp * p.vpp)
+    per_chunk = max_chunk_layers(p, s.model.layers)
     if t.recompute_num_layers is None or t.recompute_num_layers > per_chunk:
         raise ScenarioError("training.recompute_num_layers",
                             f"must be between 1 and the layers per model chunk, {per_chunk}")
