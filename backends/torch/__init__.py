@@ -88,6 +88,9 @@ def check_supported(s: Scenario) -> None:
         if getattr(s.training, key):
             raise ScenarioError(f"training.{key}", "the torch backend reduces gradients after "
                                 "the last backward; simulate overlap with --backend sim")
+    if s.parallel.cp > 1:
+        raise ScenarioError("parallel.context_parallel_size", "the torch backend's stages run "
+                            "without context parallelism; simulate it with --backend sim")
     if not s.model.stores_scores:
         raise ScenarioError("model.attention_backend", "the torch backend's stages run "
                             "megatron-core's unfused attention; simulate flash or fused "

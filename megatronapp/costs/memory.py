@@ -57,9 +57,15 @@ def state_bytes(t: Training, dp: int) -> StateBytes:
 
 
 # ------------------------------------------------------------ activations
+def local_seq_len(s: Scenario) -> int:
+    """Tokens of each sequence one rank holds: 1/cp of them under context
+    parallelism (costs/context_parallel.py), so every activation below is ÷ cp."""
+    return s.model.seq_len // s.parallel.cp
+
+
 def _sbh(s: Scenario) -> float:
     m = s.model
-    return m.seq_len * m.micro_batch_size * m.hidden
+    return local_seq_len(s) * m.micro_batch_size * m.hidden
 
 
 def replicated_bytes(s: Scenario) -> float:
@@ -72,7 +78,7 @@ def split_bytes(s: Scenario) -> float:
     Q and K (2·sbh + 2·sb·kv), V (2·sb·kv), the output projection's input
     (2·sbh), and the MLP's activation and second-projection inputs."""
     m = s.model
-    sb = m.seq_len * m.micro_batch_size
+    sb = local_seq_len(s) * m.micro_batch_size
     kv = m.query_groups * (m.hidden // m.heads)
     mlp = (4 if m.activation == "swiglu" else 2) * m.ffn + 2 * m.ffn
     return 4 * _sbh(s) + 4 * sb * kv + sb * mlp
@@ -81,7 +87,7 @@ def split_bytes(s: Scenario) -> float:
 def scores_bytes(s: Scenario) -> float:
     """5·a·s²·b: softmax output, its dropout mask and dropout output."""
     m = s.model
-    return 5 * m.heads * m.seq_len * m.seq_len * m.micro_batch_size
+    return 5 * m.heads * local_seq_len(s) * m.seq_len * m.micro_batch_size
 
 
 def stored_scores_bytes(s: Scenario) -> float:
@@ -93,7 +99,7 @@ def stored_scores_bytes(s: Scenario) -> float:
     m = s.model
     if m.stores_scores:
         return scores_bytes(s)
-    return 4 * m.heads * m.seq_len * m.micro_batch_size / (BYTES[s.training.precision] / 2)
+    return 4 * m.heads * local_seq_len(s) * m.micro_batch_size / (BYTES[s.training.precision] / 2)
 
 
 def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
@@ -202,7 +208,7 @@ class RankMemory:
 def rank_memory(s: Scenario, pp_rank: int, peak_chunks: int, buffers: float) -> RankMemory:
     """``peak_chunks``: microbatch-chunks whose activations are alive at once at
     the schedule's peak on this stage (p for 1F1B's first stage)."""
-    per = state_bytes(s.training, s.parallel.dp)
+    per = state_bytes(s.training, s.parallel.dp_cp)
     params = stage_params(s, pp_rank)
     return RankMemory(
         pp_rank=pp_rank, weights=params * per.weights, grads=params * per.grads,

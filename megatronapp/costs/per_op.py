@@ -20,8 +20,9 @@ from ..scenario.config import Scenario
 from ..scenario.pipeline_split import chunk_layers, first_layer, max_chunk_layers
 from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
                     layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
-from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, max_stage_params,
-                     state_bytes, transient_activation_bytes)
+from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
+                     max_stage_params, state_bytes, transient_activation_bytes)
+from .context_parallel import RingTimes, gemm_shards, ring_exchange, step_attention_flops
 
 BYTES_PER_ELEMENT = 2  # bf16 activations and gradients (the default precision)
 OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 param + grad, fp32 master + Adam m, v
@@ -104,19 +105,25 @@ class Efficiency:
 
 def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
     """One layer, one microbatch, on one rank: GEMMs split over tp + elementwise work."""
-    tp = s.parallel.tp
-    gemms = sum(eff.gemm_s(f / tp) for _, f in layer_gemms(s).items())
+    shards = gemm_shards(s)
+    gemms = sum(eff.gemm_s(f / shards) for _, f in layer_gemms(s).items())
     return gemms + eff.memory_s(layer_activation_bytes(s, "none")) + eff.module_overhead_s
+
+
+def layer_ring_exchange(s: Scenario, eff: Efficiency) -> RingTimes:
+    """Context parallelism's K/V ring, what the attention does not hide (per layer)."""
+    return ring_exchange(s, eff.gemm_s(step_attention_flops(s)), eff.backward_ratio)
 
 
 def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
     recompute = s.training.recompute
+    ring = layer_ring_exchange(s, eff).forward_s  # both repeat the attention's ring
     if recompute == "full":
-        return layer_forward_s(s, eff)
+        return layer_forward_s(s, eff) + ring
     if recompute == "selective":
         g = dict(layer_gemms(s).items())
-        return (sum(eff.gemm_s(g[n] / s.parallel.tp) for n in ATTENTION_CORE)
-                + eff.memory_s(transient_activation_bytes(s)))
+        return (sum(eff.gemm_s(g[n] / gemm_shards(s)) for n in ATTENTION_CORE)
+                + eff.memory_s(transient_activation_bytes(s)) + ring)
     return 0.0
 
 
@@ -125,26 +132,27 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
     softmax statistics (one more scores GEMM per layer); unfused keeps them."""
     if s.model.stores_scores:
         return 0.0
-    return eff.gemm_s(layer_gemms(s).scores / s.parallel.tp)
+    return eff.gemm_s(layer_gemms(s).scores / gemm_shards(s))
 
 
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
-    logits_bytes = m.micro_batch_size * m.seq_len * m.vocab // s.parallel.tp * 4
-    return (eff.gemm_s(logits_forward_flops(s) / s.parallel.tp) + eff.memory_s(logits_bytes)
+    logits_bytes = m.micro_batch_size * local_seq_len(s) * m.vocab // s.parallel.tp * 4
+    return (eff.gemm_s(logits_forward_flops(s) / gemm_shards(s)) + eff.memory_s(logits_bytes)
             + eff.module_overhead_s)
 
 
 def attention_share(s: Scenario, eff: Efficiency) -> float:
     """The attention block's share of a layer's GEMM time (the MLP has the rest)."""
-    times = {n: eff.gemm_s(f / s.parallel.tp) for n, f in layer_gemms(s).items()}
+    times = {n: eff.gemm_s(f / gemm_shards(s)) for n, f in layer_gemms(s).items()}
     total = sum(times.values())
     return sum(times[n] for n in ATTENTION_BLOCK) / total if total > 0 else 0.5
 
 
 def bucket_params(s: Scenario) -> int:
-    return s.training.bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS, 1_000_000 * s.parallel.dp)
+    return s.training.bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS,
+                                           1_000_000 * s.parallel.dp_cp)
 
 
 def _tp_plan(s: Scenario) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -163,12 +171,15 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
     layers_per_chunk = (max_chunk_layers(p, m.layers) if pp_rank is None
                         else chunk_layers(p, m.layers, pp_rank, chunk))
     act_element = BYTES[t.precision]
-    fwd_chunk = layers_per_chunk * layer_forward_s(s, eff)
+    ring = layer_ring_exchange(s, eff)
+    fwd_layer = layer_forward_s(s, eff)
+    fwd_chunk = layers_per_chunk * (fwd_layer + ring.forward_s)
     recompute = recomputed_layers_per_chunk(s, layers_per_chunk) * layer_recompute_s(s, eff)
     logits = output_layer_s(s, eff)
-    embedding = (eff.memory_s(m.micro_batch_size * m.seq_len * m.hidden * BYTES[t.precision])
-                 + eff.module_overhead_s)
-    bwd_chunk = eff.backward_ratio * fwd_chunk + layers_per_chunk * scores_rebuild_s(s, eff)
+    tokens = m.micro_batch_size * local_seq_len(s)
+    embedding = eff.memory_s(tokens * m.hidden * BYTES[t.precision]) + eff.module_overhead_s
+    bwd_chunk = (eff.backward_ratio * (layers_per_chunk * fwd_layer)
+                 + layers_per_chunk * (scores_rebuild_s(s, eff) + ring.backward_s))
     logits_bwd = eff.backward_ratio * logits
     if c.forward_s is not None:
         fwd_chunk, logits, recompute, logits_bwd = c.forward_s / p.vpp, 0.0, 0.0, 0.0
@@ -176,10 +187,10 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
     if c.backward_s is not None:
         bwd_chunk, logits_bwd = c.backward_s / p.vpp, 0.0
     params = max_stage_params(s)
-    per_param = state_bytes(t, p.dp)
-    act = m.micro_batch_size * m.seq_len * m.hidden * act_element
+    per_param = state_bytes(t, p.dp_cp)
+    act = tokens * m.hidden * act_element
     # Adam is memory-bound: read and write every state byte of the shard it updates.
-    shard = params / p.dp if t.distributed_optimizer else params
+    shard = params / p.dp_cp if t.distributed_optimizer else params
     full_state = per_param.weights + per_param.grads + state_bytes(t, 1).optimizer
     optimizer = 0.0 if c.forward_s is not None else 2 * shard * full_state / eff.hbm_bytes_per_s
     if c.optimizer_s is not None:

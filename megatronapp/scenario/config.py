@@ -131,13 +131,26 @@ class Parallel(_OmitsUnset):
     decoder_last_pipeline_num_layers: PositiveInt | None = None
     account_for_embedding_in_pipeline_split: bool = False  # the embedding counts as a layer
     account_for_loss_in_pipeline_split: bool = False  # the output layer and loss count as one
+    # Context parallelism (megatron-core's context_parallel_size): each of cp ranks
+    # holds 1/cp of every sequence; ranks are ordered tp, cp, dp, pp as Megatron's.
+    context_parallel_size: PositiveInt = 1
     OMIT_WHEN_UNSET = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                        "account_for_embedding_in_pipeline_split",
-                       "account_for_loss_in_pipeline_split")
+                       "account_for_loss_in_pipeline_split", "context_parallel_size")
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def dp_cp(self) -> int:
+        """Megatron's data-parallel group with context parallelism: gradients are
+        reduced (and a distributed optimizer sharded) over dp·cp ranks."""
+        return self.dp * self.cp
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def group_size(self) -> int:
@@ -396,7 +409,7 @@ def check_consistency(s: Scenario) -> None:
     world = device_count(s)  # fault ranks are physical devices
     if s.cluster.nodes is not None and s.cluster.nodes * s.cluster.gpus_per_node != world:
         raise ScenarioError(
-            "parallel", f"{'MegaFBD needs' if s.fbd else 'tp*pp*dp ='} {world} devices but "
+            "parallel", f"{'MegaFBD needs' if s.fbd else _world_formula(p)} {world} devices but "
             f"cluster has {s.cluster.nodes}*{s.cluster.gpus_per_node} GPUs")
     split = split_error(p, m.layers)
     if split is not None:
@@ -424,6 +437,10 @@ def check_consistency(s: Scenario) -> None:
     _check_scope(s)
     if s.mitigation is not None and s.fbd is not None:
         raise ScenarioError("mitigation", "the closed loop does not run with an fbd section")
+
+
+def _world_formula(p: Parallel) -> str:
+    return "tp*cp*pp*dp =" if p.cp > 1 else "tp*pp*dp ="
 
 
 def _check_scope(s: Scenario) -> None:
@@ -479,6 +496,7 @@ def _check_megatron_options(s: Scenario) -> None:
     if s.sequence_parallel and m.seq_len % p.tp:
         raise ScenarioError("model.seq_len", f"{m.seq_len} is not divisible by tp = {p.tp} "
                             "(sequence parallelism splits the sequence)")
+    _check_context_parallel(s)
     if t.overlap_param_gather and not t.distributed_optimizer:
         raise ScenarioError("training.overlap_param_gather",
                             "needs training.distributed_optimizer (Megatron-LM rejects it too)")
@@ -489,6 +507,23 @@ def _check_megatron_options(s: Scenario) -> None:
     if t.grad_reduce_in_fp32 and t.precision == "fp32":
         raise ScenarioError("training.grad_reduce_in_fp32",
                             "only applies to bf16/fp16 training (precision is fp32)")
+
+
+def _check_context_parallel(s: Scenario) -> None:
+    """megatron-core splits each sequence into 2·cp chunks (utils.get_batch_on_this_cp_rank),
+    runs context parallelism in TEDotProductAttention only (dot_product_attention.py
+    asserts cp == 1), and sequence parallelism then splits each rank's part over tp."""
+    p, m = s.parallel, s.model
+    if p.cp == 1:
+        return
+    if m.stores_scores:
+        raise ScenarioError("parallel.context_parallel_size", "needs model.attention_backend: "
+                            "flash or fused (megatron-core runs it in TEDotProductAttention only)")
+    if m.seq_len % (2 * p.cp) or (s.sequence_parallel and m.seq_len // p.cp % p.tp):
+        raise ScenarioError("model.seq_len", f"{m.seq_len} is not divisible by 2·cp = {2 * p.cp}"
+                            + (f" and then by tp = {p.tp}" if s.sequence_parallel else ""))
+    if s.fbd is not None:
+        raise ScenarioError("parallel.context_parallel_size", "MegaFBD runs without it")
 
 
 def _check_recompute_method(s: Scenario) -> None:
@@ -536,7 +571,7 @@ def device_count(s: Scenario) -> int:
     """Physical devices of the job: tp*pp*dp, or with an ``fbd`` section the
     forward instance (physical tp ``forward_tp``) plus the backward instance."""
     p = s.parallel
-    if s.fbd is None:
+    if s.fbd is None or p.cp > 1:  # cp > 1 with fbd: reported as parallel.context_parallel_size
         return p.world_size
     forward_tp = s.fbd.forward_tp or p.tp
     if p.tp % forward_tp:

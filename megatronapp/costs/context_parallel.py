@@ -1,0 +1,69 @@
+"""Context parallelism: each of ``cp`` ranks holds 1/cp of every sequence.
+
+megatron-core splits each sequence into 2·cp chunks and gives rank r chunks r
+and 2·cp − 1 − r (utils.get_batch_on_this_cp_rank), so that causal attention's
+work is balanced; every token-wise GEMM, activation and message then shrinks
+by cp. Attention needs every key and value: TEDotProductAttention (cp_comm_type
+"p2p", Transformer Engine's AttnFuncWithCPAndKVP2P) passes K and V around the
+cp ranks in a ring, cp − 1 steps per layer, each step's transfer overlapped
+with the attention on the chunk already there; backward passes K, V and their
+gradients (twice the bytes) while it computes. What a step's transfer takes
+beyond the step's attention is exposed, and added to the layer's time.
+Gradients are reduced over the dp·cp ranks (the topology's data-parallel groups).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..scenario.config import Scenario
+from .flops import layer_gemms
+from .memory import BYTES, local_seq_len
+
+
+def gemm_shards(s: Scenario) -> int:
+    """The ranks a layer's GEMM FLOPs are split over: tp by the weights, cp by the tokens."""
+    return s.parallel.tp * s.parallel.cp
+
+
+def kv_step_bytes(s: Scenario) -> int:
+    """One ring step's K and V chunk on one tp rank: 2·b·(s/cp)·(g/t)·d values."""
+    m = s.model
+    kv_width = m.query_groups // s.parallel.tp * (m.hidden // m.heads)
+    return 2 * m.micro_batch_size * local_seq_len(s) * kv_width * BYTES[s.training.precision]
+
+
+def ring_link(s: Scenario) -> tuple[float, float]:
+    """(bytes per second, latency in seconds) of the ring's slowest hop: a cp
+    group spans tp·cp consecutive ranks, within a node or across nodes."""
+    links = s.cluster.links
+    if s.parallel.tp * s.parallel.cp <= s.cluster.gpus_per_node:
+        gbps, latency = links.intra_node_gbps, links.intra_node_latency_us
+    else:
+        gbps, latency = links.inter_node_gbps, links.inter_node_latency_us
+    return gbps * 1e9 / 8, (links.latency_us if latency is None else latency) * 1e-6
+
+
+@dataclass(frozen=True)
+class RingTimes:
+    """Exposed ring-exchange time per layer and microbatch."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+
+
+def ring_exchange(s: Scenario, step_attention_s: float, backward_ratio: float) -> RingTimes:
+    """``step_attention_s``: one step's attention (queries against one chunk of keys)."""
+    cp = s.parallel.cp
+    if cp == 1:
+        return RingTimes()
+    rate, latency = ring_link(s)
+    transfer = kv_step_bytes(s) / rate + latency
+    forward = (cp - 1) * max(0.0, transfer - step_attention_s)
+    backward = (cp - 1) * max(0.0, 2 * transfer - backward_ratio * step_attention_s)
+    return RingTimes(forward, backward)
+
+
+def step_attention_flops(s: Scenario) -> float:
+    """One rank's queries against one chunk of keys and values, per tp rank."""
+    g = layer_gemms(s)
+    return (g.scores + g.attend) / (gemm_shards(s) * s.parallel.cp)
