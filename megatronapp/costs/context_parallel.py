@@ -13,10 +13,9 @@ Gradients are reduced over the dp·cp ranks (the topology's data-parallel groups
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..scenario.config import Scenario
 from .flops import layer_gemms
+from .links import Exposed, beyond, span_link
 from .memory import BYTES, local_seq_len
 
 
@@ -32,35 +31,16 @@ def kv_step_bytes(s: Scenario) -> int:
     return 2 * m.micro_batch_size * local_seq_len(s) * kv_width * BYTES[s.training.precision]
 
 
-def ring_link(s: Scenario) -> tuple[float, float]:
-    """(bytes per second, latency in seconds) of the ring's slowest hop: a cp
-    group spans tp·cp consecutive ranks, within a node or across nodes."""
-    links = s.cluster.links
-    if s.parallel.tp * s.parallel.cp <= s.cluster.gpus_per_node:
-        gbps, latency = links.intra_node_gbps, links.intra_node_latency_us
-    else:
-        gbps, latency = links.inter_node_gbps, links.inter_node_latency_us
-    return gbps * 1e9 / 8, (links.latency_us if latency is None else latency) * 1e-6
-
-
-@dataclass(frozen=True)
-class RingTimes:
-    """Exposed ring-exchange time per layer and microbatch."""
-
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-
-
-def ring_exchange(s: Scenario, step_attention_s: float, backward_ratio: float) -> RingTimes:
-    """``step_attention_s``: one step's attention (queries against one chunk of keys)."""
+def ring_exchange(s: Scenario, step_attention_s: float, backward_ratio: float) -> Exposed:
+    """``step_attention_s``: one step's attention (queries against one chunk of keys).
+    The ring spans tp·cp consecutive ranks."""
     cp = s.parallel.cp
     if cp == 1:
-        return RingTimes()
-    rate, latency = ring_link(s)
+        return Exposed()
+    rate, latency = span_link(s, s.parallel.tp * cp)
     transfer = kv_step_bytes(s) / rate + latency
-    forward = (cp - 1) * max(0.0, transfer - step_attention_s)
-    backward = (cp - 1) * max(0.0, 2 * transfer - backward_ratio * step_attention_s)
-    return RingTimes(forward, backward)
+    return Exposed((cp - 1) * beyond(transfer, step_attention_s),
+                   (cp - 1) * beyond(2 * transfer, backward_ratio * step_attention_s))
 
 
 def step_attention_flops(s: Scenario) -> float:

@@ -22,7 +22,9 @@ from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noq
                     layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
                      max_stage_params, state_bytes, transient_activation_bytes)
-from .context_parallel import RingTimes, gemm_shards, ring_exchange, step_attention_flops
+from .context_parallel import gemm_shards, ring_exchange, step_attention_flops
+from .links import Exposed
+from .tp_overlap import overlaps as tp_overlaps, tp_overlap_exposed
 
 BYTES_PER_ELEMENT = 2  # bf16 activations and gradients (the default precision)
 OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 param + grad, fp32 master + Adam m, v
@@ -110,16 +112,22 @@ def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
     return gemms + eff.memory_s(layer_activation_bytes(s, "none")) + eff.module_overhead_s
 
 
-def layer_ring_exchange(s: Scenario, eff: Efficiency) -> RingTimes:
+def layer_ring_exchange(s: Scenario, eff: Efficiency) -> Exposed:
     """Context parallelism's K/V ring, what the attention does not hide (per layer)."""
     return ring_exchange(s, eff.gemm_s(step_attention_flops(s)), eff.backward_ratio)
+
+
+def layer_tp_overlap(s: Scenario, eff: Efficiency) -> Exposed:
+    """tp_comm_overlap's collectives, what their GEMMs do not hide (per layer)."""
+    shards = gemm_shards(s)
+    return tp_overlap_exposed(s, {n: eff.gemm_s(f / shards) for n, f in layer_gemms(s).items()})
 
 
 def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
     recompute = s.training.recompute
     ring = layer_ring_exchange(s, eff).forward_s  # both repeat the attention's ring
     if recompute == "full":
-        return layer_forward_s(s, eff) + ring
+        return layer_forward_s(s, eff) + ring + layer_tp_overlap(s, eff).forward_s
     if recompute == "selective":
         g = dict(layer_gemms(s).items())
         return (sum(eff.gemm_s(g[n] / gemm_shards(s)) for n in ATTENTION_CORE)
@@ -156,7 +164,7 @@ def bucket_params(s: Scenario) -> int:
 
 
 def _tp_plan(s: Scenario) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    if s.parallel.tp == 1:
+    if s.parallel.tp == 1 or tp_overlaps(s):  # overlapped: priced inside the layers
         return (), ()
     if s.sequence_parallel:
         return SP_FORWARD, SP_BACKWARD
@@ -171,15 +179,15 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
     layers_per_chunk = (max_chunk_layers(p, m.layers) if pp_rank is None
                         else chunk_layers(p, m.layers, pp_rank, chunk))
     act_element = BYTES[t.precision]
-    ring = layer_ring_exchange(s, eff)
+    exposed = layer_ring_exchange(s, eff) + layer_tp_overlap(s, eff)
     fwd_layer = layer_forward_s(s, eff)
-    fwd_chunk = layers_per_chunk * (fwd_layer + ring.forward_s)
+    fwd_chunk = layers_per_chunk * (fwd_layer + exposed.forward_s)
     recompute = recomputed_layers_per_chunk(s, layers_per_chunk) * layer_recompute_s(s, eff)
     logits = output_layer_s(s, eff)
     tokens = m.micro_batch_size * local_seq_len(s)
     embedding = eff.memory_s(tokens * m.hidden * BYTES[t.precision]) + eff.module_overhead_s
     bwd_chunk = (eff.backward_ratio * (layers_per_chunk * fwd_layer)
-                 + layers_per_chunk * (scores_rebuild_s(s, eff) + ring.backward_s))
+                 + layers_per_chunk * (scores_rebuild_s(s, eff) + exposed.backward_s))
     logits_bwd = eff.backward_ratio * logits
     if c.forward_s is not None:
         fwd_chunk, logits, recompute, logits_bwd = c.forward_s / p.vpp, 0.0, 0.0, 0.0

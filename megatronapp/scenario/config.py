@@ -134,7 +134,10 @@ class Parallel(_OmitsUnset):
     # Context parallelism (megatron-core's context_parallel_size): each of cp ranks
     # holds 1/cp of every sequence; ranks are ordered tp, cp, dp, pp as Megatron's.
     context_parallel_size: PositiveInt = 1
-    OMIT_WHEN_UNSET = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    # Megatron's tp_comm_overlap: sequence-parallel collectives under the GEMMs
+    # (costs/tp_overlap.py); Megatron-LM accepts it with sequence parallelism only.
+    tp_comm_overlap: bool = False
+    OMIT_WHEN_UNSET = ("tp_comm_overlap", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                        "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split", "context_parallel_size")
 
@@ -497,6 +500,9 @@ def _check_megatron_options(s: Scenario) -> None:
         raise ScenarioError("model.seq_len", f"{m.seq_len} is not divisible by tp = {p.tp} "
                             "(sequence parallelism splits the sequence)")
     _check_context_parallel(s)
+    if p.tp_comm_overlap and not s.sequence_parallel:
+        raise ScenarioError("parallel.tp_comm_overlap", "needs parallel.sequence_parallel and "
+                            "tp > 1 (Megatron-LM rejects it too)")
     if t.overlap_param_gather and not t.distributed_optimizer:
         raise ScenarioError("training.overlap_param_gather",
                             "needs training.distributed_optimizer (Megatron-LM rejects it too)")
