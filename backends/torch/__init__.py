@@ -88,6 +88,9 @@ def check_supported(s: Scenario) -> None:
         if getattr(s.training, key):
             raise ScenarioError(f"training.{key}", "the torch backend reduces gradients after "
                                 "the last backward; simulate overlap with --backend sim")
+    if s.model.position_embedding_params == 0:
+        raise ScenarioError("model.position_embedding_type", "the torch backend's stages learn "
+                            "absolute positions; simulate rope or none with --backend sim")
     if s.parallel.tp_comm_overlap:
         raise ScenarioError("parallel.tp_comm_overlap", "the torch backend's stages run their "
                             "collectives after the GEMMs; simulate the overlap with --backend sim")

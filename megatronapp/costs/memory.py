@@ -169,7 +169,7 @@ def stage_params(s: Scenario, pp_rank: int) -> int:
     embedding = m.vocab * m.hidden // p.tp
     first, last = pp_rank == 0, pp_rank == p.pp - 1
     if first:
-        params += embedding + m.seq_len * m.hidden  # word and position embeddings
+        params += embedding + m.position_embedding_params  # word and position embeddings
     if last:
         params += 2 * m.hidden  # final layer norm
         if m.untie_embeddings or not first:

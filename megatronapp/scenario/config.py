@@ -178,11 +178,19 @@ class Model(_OmitsUnset):
     # stores the a·s² scores; flash and fused (TEDotProductAttention) keep only the
     # softmax statistics and rebuild the scores in backward. Unset: unfused.
     attention_backend: Literal["unfused", "flash", "fused"] | None = None
-    OMIT_WHEN_UNSET = ("attention_backend",)
+    # megatron-core's position_embedding_type: only learned_absolute has weights
+    # (seq_len·hidden on the first stage); rope and none have none. Unset: learned_absolute.
+    position_embedding_type: Literal["learned_absolute", "rope", "none"] | None = None
+    OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type")
 
     @property
     def stores_scores(self) -> bool:
         return self.attention_backend in (None, "unfused")
+
+    @property
+    def position_embedding_params(self) -> int:
+        learned = self.position_embedding_type in (None, "learned_absolute")
+        return self.seq_len * self.hidden if learned else 0
 
     @property
     def ffn(self) -> int:
