@@ -14,7 +14,7 @@ Gradients are reduced over the dp·cp ranks (the topology's data-parallel groups
 from __future__ import annotations
 
 from ..scenario.config import Scenario
-from .flops import layer_gemms
+from .flops import computed_core_share, layer_gemms
 from .links import Exposed, beyond, span_link
 from .memory import BYTES, local_seq_len
 
@@ -44,6 +44,7 @@ def ring_exchange(s: Scenario, step_attention_s: float, backward_ratio: float) -
 
 
 def step_attention_flops(s: Scenario) -> float:
-    """One rank's queries against one chunk of keys and values, per tp rank."""
+    """One rank's queries against one chunk of keys and values, per tp rank: of
+    a causal step (the chunks balanced as above) half is computed."""
     g = layer_gemms(s)
-    return (g.scores + g.attend) / (gemm_shards(s) * s.parallel.cp)
+    return (g.scores + g.attend) / (gemm_shards(s) * s.parallel.cp) * computed_core_share(s)

@@ -51,6 +51,15 @@ def layer_gemms(s: Scenario) -> LayerGemms:
         fc2=2 * tokens * f * h)
 
 
+def computed_core_share(s: Scenario) -> float:
+    """Of the attention core's counted FLOPs (QKᵀ and attention·V over the full
+    s×s square, as Narayanan et al. count them), the share a causal kernel
+    computes: flash and fused attention skip the blocks above the diagonal
+    (FlashAttention-2, Dao 2023, §3.1.1), unfused attention computes them all
+    and masks them."""
+    return 1.0 if s.model.stores_scores else 0.5
+
+
 def layer_forward_flops(s: Scenario) -> float:
     """One layer, one microbatch, forward (24·b·s·h² + 4·b·s²·h for a 4h GELU MLP)."""
     return layer_gemms(s).total

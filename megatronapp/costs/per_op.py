@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from ..scenario.config import Scenario
 from ..scenario.pipeline_split import chunk_layers, first_layer, max_chunk_layers
-from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
-                    layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
+from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, computed_core_share,  # noqa: F401
+                    layer_forward_flops, layer_gemms, logits_forward_flops,
+                    recomputed_layers_per_chunk)
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
                      max_stage_params, state_bytes, transient_activation_bytes)
 from .context_parallel import gemm_shards, ring_exchange, step_attention_flops
@@ -105,10 +106,17 @@ class Efficiency:
         return self.elementwise_traffic * nbytes / self.hbm_bytes_per_s
 
 
+def rank_gemm_flops(s: Scenario) -> dict[str, float]:
+    """FLOPs each of a layer's GEMMs runs on one rank: split over tp·cp, and
+    the attention core as much of it as its kernel computes."""
+    shards, core = gemm_shards(s), computed_core_share(s)
+    return {n: f / shards * (core if n in ATTENTION_CORE else 1.0)
+            for n, f in layer_gemms(s).items()}
+
+
 def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
     """One layer, one microbatch, on one rank: GEMMs split over tp + elementwise work."""
-    shards = gemm_shards(s)
-    gemms = sum(eff.gemm_s(f / shards) for _, f in layer_gemms(s).items())
+    gemms = sum(eff.gemm_s(f) for f in rank_gemm_flops(s).values())
     return gemms + eff.memory_s(layer_activation_bytes(s, "none")) + eff.module_overhead_s
 
 
@@ -119,8 +127,7 @@ def layer_ring_exchange(s: Scenario, eff: Efficiency) -> Exposed:
 
 def layer_tp_overlap(s: Scenario, eff: Efficiency) -> Exposed:
     """tp_comm_overlap's collectives, what their GEMMs do not hide (per layer)."""
-    shards = gemm_shards(s)
-    return tp_overlap_exposed(s, {n: eff.gemm_s(f / shards) for n, f in layer_gemms(s).items()})
+    return tp_overlap_exposed(s, {n: eff.gemm_s(f) for n, f in rank_gemm_flops(s).items()})
 
 
 def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
@@ -129,8 +136,8 @@ def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
     if recompute == "full":
         return layer_forward_s(s, eff) + ring + layer_tp_overlap(s, eff).forward_s
     if recompute == "selective":
-        g = dict(layer_gemms(s).items())
-        return (sum(eff.gemm_s(g[n] / gemm_shards(s)) for n in ATTENTION_CORE)
+        g = rank_gemm_flops(s)
+        return (sum(eff.gemm_s(g[n]) for n in ATTENTION_CORE)
                 + eff.memory_s(transient_activation_bytes(s)) + ring)
     return 0.0
 
@@ -140,7 +147,7 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
     softmax statistics (one more scores GEMM per layer); unfused keeps them."""
     if s.model.stores_scores:
         return 0.0
-    return eff.gemm_s(layer_gemms(s).scores / gemm_shards(s))
+    return eff.gemm_s(rank_gemm_flops(s)["scores"])
 
 
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
@@ -153,7 +160,7 @@ def output_layer_s(s: Scenario, eff: Efficiency) -> float:
 
 def attention_share(s: Scenario, eff: Efficiency) -> float:
     """The attention block's share of a layer's GEMM time (the MLP has the rest)."""
-    times = {n: eff.gemm_s(f / gemm_shards(s)) for n, f in layer_gemms(s).items()}
+    times = {n: eff.gemm_s(f) for n, f in rank_gemm_flops(s).items()}
     total = sum(times.values())
     return sum(times[n] for n in ATTENTION_BLOCK) / total if total > 0 else 0.5
 
