@@ -107,3 +107,17 @@ def test_the_torch_backend_refuses_context_parallelism() -> None:
         check_supported(scenario(2))
     assert err.value.field == "parallel.context_parallel_size"
 
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_gathering_k_and_v_first_exposes_the_whole_gather(cp: int) -> None:
+    """cp_comm_type all_gather: one all-gather of every rank's K and V before
+    attention, again in backward with the gradients' reduce-scatter."""
+    s = scenario(cp, parallel={"cp_comm_type": "all_gather"},
+                 cluster={**SLOW_RING, "gpu": QUIET})
+    kv_bytes = 2 * B * (S // cp) * (G // T) * (H // A) * 2  # one rank's K and V, bf16
+    gather = (cp - 1) / cp * cp * kv_bytes / (1e9 / 8) + (cp - 1) * 50e-6
+    c, eff = stage_costs(s), Efficiency.of(s)
+    layer = layer_forward_s(s, eff)
+    assert c.forward_chunk_s == pytest.approx(LAYERS * (layer + gather), rel=1e-9)
+    assert c.backward_chunk_s == pytest.approx(
+        LAYERS * (2 * layer + scores_rebuild_s(s, eff) + 2 * gather), rel=1e-9)

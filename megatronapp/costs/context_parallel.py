@@ -9,13 +9,14 @@ cp ranks in a ring, cp − 1 steps per layer, each step's transfer overlapped
 with the attention on the chunk already there; backward passes K, V and their
 gradients (twice the bytes) while it computes. What a step's transfer takes
 beyond the step's attention is exposed, and added to the layer's time.
+``cp_comm_type: all_gather`` gathers all of K and V first instead (below).
 Gradients are reduced over the dp·cp ranks (the topology's data-parallel groups).
 """
 from __future__ import annotations
 
 from ..scenario.config import Scenario
 from .flops import computed_core_share, layer_gemms
-from .links import Exposed, beyond, span_link
+from .links import Exposed, beyond, ring_pass_s, span_link
 from .memory import BYTES, local_seq_len
 
 
@@ -31,12 +32,29 @@ def kv_step_bytes(s: Scenario) -> int:
     return 2 * m.micro_batch_size * local_seq_len(s) * kv_width * BYTES[s.training.precision]
 
 
+def kv_exchange(s: Scenario, step_attention_s: float, backward_ratio: float) -> Exposed:
+    """What exchanging K and V between the cp ranks leaves exposed per layer."""
+    if s.parallel.cp == 1:
+        return Exposed()
+    if s.parallel.cp_comm_type == "all_gather":
+        return all_gather_exchange(s)
+    return ring_exchange(s, step_attention_s, backward_ratio)
+
+
+def all_gather_exchange(s: Scenario) -> Exposed:
+    """cp_comm_type all_gather (Transformer Engine's AttnFuncWithCPAndKVAllGather,
+    Llama 3's form): every rank gathers all of K and V before its attention, so
+    nothing hides the gather; backward gathers them again and reduce-scatters
+    their gradients."""
+    cp = s.parallel.cp
+    gather = ring_pass_s(cp * kv_step_bytes(s), cp, span_link(s, s.parallel.tp * cp))
+    return Exposed(gather, 2 * gather)
+
+
 def ring_exchange(s: Scenario, step_attention_s: float, backward_ratio: float) -> Exposed:
     """``step_attention_s``: one step's attention (queries against one chunk of keys).
     The ring spans tp·cp consecutive ranks."""
     cp = s.parallel.cp
-    if cp == 1:
-        return Exposed()
     rate, latency = span_link(s, s.parallel.tp * cp)
     transfer = kv_step_bytes(s) / rate + latency
     return Exposed((cp - 1) * beyond(transfer, step_attention_s),

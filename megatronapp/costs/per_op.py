@@ -23,7 +23,7 @@ from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, computed_core_share,  # noq
                     recomputed_layers_per_chunk)
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
                      max_stage_params, state_bytes, transient_activation_bytes)
-from .context_parallel import gemm_shards, ring_exchange, step_attention_flops
+from .context_parallel import gemm_shards, kv_exchange, step_attention_flops
 from .links import Exposed
 from .tp_overlap import overlaps as tp_overlaps, tp_overlap_exposed
 
@@ -121,8 +121,8 @@ def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
 
 
 def layer_ring_exchange(s: Scenario, eff: Efficiency) -> Exposed:
-    """Context parallelism's K/V ring, what the attention does not hide (per layer)."""
-    return ring_exchange(s, eff.gemm_s(step_attention_flops(s)), eff.backward_ratio)
+    """Context parallelism's K/V exchange, what the attention does not hide (per layer)."""
+    return kv_exchange(s, eff.gemm_s(step_attention_flops(s)), eff.backward_ratio)
 
 
 def layer_tp_overlap(s: Scenario, eff: Efficiency) -> Exposed:

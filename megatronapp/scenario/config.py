@@ -134,12 +134,16 @@ class Parallel(_OmitsUnset):
     # Context parallelism (megatron-core's context_parallel_size): each of cp ranks
     # holds 1/cp of every sequence; ranks are ordered tp, cp, dp, pp as Megatron's.
     context_parallel_size: PositiveInt = 1
+    # megatron-core's cp_comm_type: p2p passes K and V round a ring under the
+    # attention; all_gather gathers them all first. Unset: p2p.
+    cp_comm_type: Literal["p2p", "all_gather"] | None = None
     # Megatron's tp_comm_overlap: sequence-parallel collectives under the GEMMs
     # (costs/tp_overlap.py); Megatron-LM accepts it with sequence parallelism only.
     tp_comm_overlap: bool = False
     OMIT_WHEN_UNSET = ("tp_comm_overlap", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                        "account_for_embedding_in_pipeline_split",
-                       "account_for_loss_in_pipeline_split", "context_parallel_size")
+                       "account_for_loss_in_pipeline_split", "context_parallel_size",
+                       "cp_comm_type")
 
     @property
     def cp(self) -> int:
