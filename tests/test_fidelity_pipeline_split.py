@@ -155,3 +155,15 @@ def test_the_torch_backend_refuses_an_uneven_split() -> None:
     with pytest.raises(ScenarioError) as err:
         check_supported(scenario(**UNEVEN))
     assert err.value.field == "parallel"
+
+
+@pytest.mark.parametrize("section, field", [
+    ({"fbd": {}}, "fbd"),
+    ({"scope": {"observe": [{"site": "logits"}]}}, "scope"),
+])
+def test_features_that_assume_an_even_split_refuse_an_uneven_one(section: dict[str, Any],
+                                                                 field: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario({"parallel": {"pp": PP, **UNEVEN},
+                        "model": {"layers": LAYERS, "hidden": 512, "heads": 8}, **section})
+    assert err.value.field == field

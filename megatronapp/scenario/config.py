@@ -19,7 +19,7 @@ from ..io.text import TextError, check_depth, load_yaml, read_text
 from .devices import DEVICES, expand_device
 from ..parallel.schedules import SCHEDULES
 from ..io.suggest import did_you_mean, hint, quoted_names
-from .pipeline_split import max_chunk_layers, split_error
+from .pipeline_split import is_default, max_chunk_layers, split_error
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 
@@ -463,6 +463,9 @@ def _check_scope(s: Scenario) -> None:
         return
     if s.fbd is not None:
         raise ScenarioError("scope", "MegaScope does not run together with an fbd section")
+    if not is_default(s.parallel):
+        raise ScenarioError("scope", "MegaScope maps layers to stages evenly: it does not run "
+                            "with an uneven pipeline split")
     p, m = s.parallel, s.model
     bad = check_against_model(s.scope, ModelShape(
         layers=m.layers, heads=m.heads, hidden=m.hidden, ffn=m.ffn, vocab=m.vocab,
@@ -574,6 +577,8 @@ def _check_fbd(s: Scenario) -> None:
     names = [c.name for c in s.cluster.device_classes]
     if len(set(names)) != len(names):
         raise ScenarioError("cluster.device_classes", "device class names must be unique")
+    if s.fbd is not None and not is_default(s.parallel):
+        raise ScenarioError("fbd", "MegaFBD runs an even pipeline split only")
     f = s.fbd or Fbd()
     if f.forward_tp is not None and s.parallel.tp % f.forward_tp:
         raise ScenarioError("fbd.forward_tp",
