@@ -8,7 +8,11 @@ plus ``module_overhead_us`` per module call (a layer, the embedding, the
 output layer with its loss).
 Backward takes ``backward_ratio`` times its forward. Tensor-parallel traffic
 is not folded in: the rank programs issue each layer's collectives as
-operations (``tp_layer_forward`` / ``tp_layer_backward``). ``costs:`` in a
+operations (``tp_layer_forward`` / ``tp_layer_backward``), unless
+``tp_comm_overlap`` runs them under GEMMs (``tp_overlap.py``: their exposed
+part is folded in, as is context parallelism's K/V exchange,
+``context_parallel.py``). Each chunk holds the layers its pipeline split gives
+it (``scenario/pipeline_split.py``). ``costs:`` in a
 scenario replaces compute durations with fixed numbers. Memory follows
 ``memory.py``.
 """
@@ -115,7 +119,7 @@ def rank_gemm_flops(s: Scenario) -> dict[str, float]:
 
 
 def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
-    """One layer, one microbatch, on one rank: GEMMs split over tp + elementwise work."""
+    """One layer, one microbatch, on one rank: GEMMs split over tp·cp + elementwise work."""
     gemms = sum(eff.gemm_s(f) for f in rank_gemm_flops(s).values())
     return gemms + eff.memory_s(layer_activation_bytes(s, "none")) + eff.module_overhead_s
 
