@@ -82,19 +82,22 @@ SCENARIO = {"parallel": {"tp": 1}, "model": {"layers": 4, "hidden": 1024, "heads
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([8, 16]), st.sampled_from(["gelu", "swiglu"]),
-       st.integers(1, 4))
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([8, 16]),
+       st.sampled_from(["gelu", "swiglu"]), st.integers(1, 4))
 def test_a_ranks_gemm_shapes_hold_its_share_of_the_layers_flops(
-        tp: int, groups: int, activation: str, mb: int) -> None:
-    s = parse_scenario({"parallel": {"tp": tp},
+        tp: int, cp: int, groups: int, activation: str, mb: int) -> None:
+    """Over tp (weights) and cp (tokens): each GEMM's per-rank shape holds
+    1/(tp·cp) of the layer's FLOPs."""
+    s = parse_scenario({"parallel": {"tp": tp, "context_parallel_size": cp},
                         "model": {**SCENARIO["model"], "num_query_groups": groups,
                                   "activation": activation, "micro_batch_size": mb,
-                                  "ffn_hidden_size": 3072}})
+                                  "ffn_hidden_size": 3072, "attention_backend": "flash"}})
     shapes = rank_layer_shapes(s)
     whole = dict(layer_gemms(s).items())
     for name, shape in shapes.items():
-        assert shape.flops * tp == pytest.approx(whole[name], rel=1e-12), name
-    assert rank_logits_shape(s).flops * tp == pytest.approx(logits_forward_flops(s), rel=1e-12)
+        assert shape.flops * tp * cp == pytest.approx(whole[name], rel=1e-12), name
+    assert rank_logits_shape(s).flops * tp * cp == pytest.approx(logits_forward_flops(s),
+                                                                 rel=1e-12)
 
 
 def test_a_named_device_prices_a_layer_by_its_gemm_shapes() -> None:

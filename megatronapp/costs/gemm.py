@@ -15,7 +15,9 @@ than HBM delivers its operands and result (the roofline). Without
 The per-rank shapes of a GPT layer follow Megatron's tensor parallelism:
 column-parallel GEMMs (QKV, the first MLP projection, the logits) split n
 over tp, row-parallel ones (the attention output projection, the second MLP
-projection) split k, and the attention core is one GEMM per local head.
+projection) split k, and the attention core is one GEMM per local head;
+context parallelism gives each rank 1/cp of the tokens (m), its queries
+meeting every key.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario
+from .memory import local_seq_len
 
 BF16_BYTES = 2
 
@@ -85,18 +88,18 @@ class GemmDevice:
 
 
 def rank_layer_shapes(s: Scenario) -> dict[str, GemmShape]:
-    """One layer's GEMMs on one tensor-parallel rank, one microbatch, forward
-    (names as ``flops.GEMM_NAMES``; FLOPs sum to the layer's over tp)."""
-    m, tp = s.model, s.parallel.tp
-    tokens, h, f = m.micro_batch_size * m.seq_len, m.hidden, m.ffn
+    """One layer's GEMMs on one rank, one microbatch, forward (names as
+    ``flops.GEMM_NAMES``; each holds the layer's FLOPs over tp·cp)."""
+    m, tp, seq = s.model, s.parallel.tp, local_seq_len(s)
+    tokens, h, f = m.micro_batch_size * seq, m.hidden, m.ffn
     head = h // m.heads
     kv_width = m.query_groups * head
     fc1_width = 2 * f if m.activation == "swiglu" else f
     heads = m.micro_batch_size * m.heads // tp
     return {
         "qkv": GemmShape(tokens, (h + 2 * kv_width) // tp, h),
-        "scores": GemmShape(m.seq_len, m.seq_len, head, heads),
-        "attend": GemmShape(m.seq_len, head, m.seq_len, heads),
+        "scores": GemmShape(seq, m.seq_len, head, heads),
+        "attend": GemmShape(seq, head, m.seq_len, heads),
         "proj": GemmShape(tokens, h, h // tp),
         "fc1": GemmShape(tokens, fc1_width // tp, h),
         "fc2": GemmShape(tokens, h, f // tp),
@@ -106,7 +109,7 @@ def rank_layer_shapes(s: Scenario) -> dict[str, GemmShape]:
 def rank_logits_shape(s: Scenario) -> GemmShape:
     """The output layer's GEMM on one rank: the vocabulary split over tp."""
     m = s.model
-    return GemmShape(m.micro_batch_size * m.seq_len, m.vocab // s.parallel.tp, m.hidden)
+    return GemmShape(m.micro_batch_size * local_seq_len(s), m.vocab // s.parallel.tp, m.hidden)
 
 
 # The attention core's scores never go to HBM as a GEMM result: unfused

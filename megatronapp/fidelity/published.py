@@ -1,8 +1,8 @@
 """Published measurements the simulator is checked against.
 
 The rows are listed in ``scenarios/published/runs.yaml``: Narayanan et al.
-2021 Table 1, Korthikanti et al. 2022 Table 5 and MT-NLG 530B (A100), and the
-Megatron-LM README's Megatron-Core table (H100), each with its scenario file
+2021 Table 1, Korthikanti et al. 2022 Table 5, MT-NLG 530B and BLOOM-176B (A100), the
+Megatron-LM README's Megatron-Core table and Llama 3 405B (H100), each with its scenario file
 (where every field comes from, and which are assumed, is written there), its
 published figure and its role. Every row is either fitted (its device's
 efficiency constants are chosen on it) or held out (predicted with those
@@ -95,15 +95,6 @@ LEFT_OUT = (
             "128 heads, tp 8, pp 8, and §6.1 vpp 6, sequence 2048, vocabulary 64,000; the "
             "3,072 and 12,288-GPU rows are predicted with those assumptions written out "
             "(scenarios/published/megascale2024/) by paper_figs/megascale_scaling.py"),
-    LeftOut("BigScience 2022 (BLOOM-176B, A100; tr11-176B-ml README and slurm script)",
-            "configuration given in full (384 GPUs, tp 4, pp 12, dp 8, micro-batch 2, global "
-            "batch 2048, 70 layers, hidden 14336, 112 heads, vocabulary 250,880, full "
-            "recomputation; 104.70 s, 149.77 TFLOP/s per GPU), but its pipeline is uneven "
-            "(embedding and 5 layers on the first and last stages, 6 on the others), which "
-            "the simulator cannot express yet (one layer count for every stage)"),
-    LeftOut("Llama 3 (Dubey et al. 2024), Table 4 (405B, 8,192 and 16,384 H100 GPUs)",
-            "126 layers over 16 pipeline stages is an uneven split (and the 131k-token row "
-            "needs context parallelism); neither is expressible in the simulator yet"),
 )
 
 
