@@ -72,5 +72,6 @@ def build_cluster(s: Scenario, env: simpy.Environment | None = None) -> Cluster:
                       _latency_s(links.intra_node_latency_us, links.latency_us), link_faults(s), s.cluster.jitter.link_sigma,
                       s.seed, s.costs.p2p_s, s.costs.allreduce_s,
                       _latency_s(links.inter_node_latency_us, links.latency_us),
-                      links.nics_per_node)
+                      links.nics_per_node, s.cluster.network.pod_nodes,
+                      s.cluster.network.oversubscription)
     return Cluster(env, topo, _devices(s), network, clocks_of(s))

@@ -4,10 +4,15 @@ Point-to-point transfers are fluid flows: each flow crosses its sender's
 egress port and its receiver's ingress port (NVLink within a node, the NIC
 between nodes) and gets an equal share of the most crowded port it crosses.
 A flow's rate is recomputed whenever a flow sharing one of its ports starts
-or ends. Collectives cost the α-β ring formula over the group's slowest edge.
+or ends. Collectives cost the α-β ring formula over the group's slowest edge,
+with NCCL's per-step latency taken hierarchically (the ring visits a node's
+members over NVLink, then crosses to the next node). Nodes may sit in pods:
+traffic between pods crosses uplinks oversubscribed ``oversubscription``:1,
+so a flow between pods gets that share of its NIC's bandwidth.
 """
 from __future__ import annotations
 
+from collections import Counter
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -151,8 +156,10 @@ class Ring:
     """A collective group's ring: the α-β cost over its slowest edge.
 
     A ring all-reduce is a reduce-scatter then an all-gather (``steps`` 2),
-    each (n-1)/n·S/B + (n-1)·α for a buffer of S bytes; B is the slowest edge's
-    bandwidth (NIC-shared between nodes), α the longest edge latency."""
+    each (n-1)/n·S/B + A for a buffer of S bytes; B is the slowest edge's
+    bandwidth (NIC-shared between nodes), A the latency of one pass: n-1 steps
+    of the edge latency within a node, (k-1)·α_intra + (N-1)·α_inter for k
+    members on each of N nodes."""
 
     __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s", "alike", "windows")
 
@@ -165,7 +172,7 @@ class Ring:
         self.edges = [(f, s, noise if s > 0 else None) for f, s in edges]
         # the timed slow-link windows of each edge (in ring order), if any edge has one
         self.windows = windows if windows and any(windows) else None
-        self.latency_s = latency_s
+        self.latency_s = latency_s  # one pass
         self.fixed_s = fixed_s
         # Every edge jittered alike (the usual background): f·exp(s·z) grows with z,
         # so the worst edge is the one with the largest draw, one exp in all.
@@ -195,7 +202,7 @@ class Ring:
         if self.fixed_s is not None:
             return self.fixed_s * worst
         bw = self.min_bandwidth / worst
-        return steps * ((n - 1) / n * nbytes / bw + (n - 1) * self.latency_s)
+        return steps * ((n - 1) / n * nbytes / bw + self.latency_s)
 
     @property
     def random(self) -> bool:
@@ -217,7 +224,8 @@ class Network:
                  inter_gbps: float, latency_s: float, faults: LinkFaults,
                  background_sigma: float, seed: int,
                  fixed_p2p_s: float | None = None, fixed_allreduce_s: float | None = None,
-                 inter_latency_s: float | None = None, nics_per_node: int | None = None):
+                 inter_latency_s: float | None = None, nics_per_node: int | None = None,
+                 pod_nodes: int | None = None, oversubscription: float = 1.0):
         self.env = env
         self.topo = topo
         self.intra_bw = gbps_to_bytes_per_s(intra_gbps)
@@ -225,6 +233,8 @@ class Network:
         self.latency_s = latency_s  # within a node
         self.inter_latency_s = latency_s if inter_latency_s is None else inter_latency_s
         self.nics_per_node = nics_per_node
+        self.pod_nodes = pod_nodes  # None: one pod, no uplinks crossed
+        self.oversubscription = oversubscription
         self.faults = faults
         self.background_sigma = background_sigma
         self.seed = seed
@@ -278,7 +288,20 @@ class Network:
         return link
 
     def bandwidth(self, a: int, b: int) -> float:
-        return self.intra_bw if self.topo.same_node(a, b) else self.inter_bw
+        if self.topo.same_node(a, b):
+            return self.intra_bw
+        return self.inter_bw / self.oversubscription if self.crosses_pods(a, b) else self.inter_bw
+
+    def crosses_pods(self, a: int, b: int) -> bool:
+        if self.pod_nodes is None:
+            return False
+        return self.topo.node(a) // self.pod_nodes != self.topo.node(b) // self.pod_nodes
+
+    def pass_latency(self, group: tuple[int, ...]) -> float:
+        """One ring pass's latency: (k-1) NVLink steps and (N-1) node-to-node steps."""
+        per_node = Counter(self.topo.node(r) for r in group)
+        members = max(per_node.values(), default=1)
+        return (members - 1) * self.latency_s + (len(per_node) - 1) * self.inter_latency_s
 
     def latency(self, a: int, b: int) -> float:
         return self.latency_s if self.topo.same_node(a, b) else self.inter_latency_s
@@ -343,7 +366,7 @@ class Network:
             ring = self._rings[group] = Ring(
                 n, min((self._ring_bandwidth(group, a, b) for a, b in edges), default=math.inf),
                 fs, self.stream((n, *group)) if noisy else None,
-                max((self.latency(a, b) for a, b in edges), default=0.0), self.fixed_allreduce_s,
+                self.pass_latency(group), self.fixed_allreduce_s,
                 [self.windows(a, b) for a, b in edges])
         return ring
 
@@ -361,4 +384,4 @@ class Network:
         per_node: dict[int, int] = {}
         for r in group:
             per_node[self.topo.node(r)] = per_node.get(self.topo.node(r), 0) + 1
-        return self.inter_bw * min(min(per_node.values()), self.nics_per_node)
+        return self.bandwidth(a, b) * min(min(per_node.values()), self.nics_per_node)

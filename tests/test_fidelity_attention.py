@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from megatronapp.scenario.config import ScenarioError, parse_scenario
-from megatronapp.costs.per_op import Efficiency, stage_costs
+from megatronapp.costs.per_op import Efficiency, layer_forward_s, stage_costs
 from megatronapp.costs.flops import layer_gemms
 from megatronapp.costs.memory import layer_activation_bytes, transient_activation_bytes
 
@@ -51,10 +51,26 @@ def test_unset_is_unfused() -> None:
 def test_flash_backward_rebuilds_the_scores_and_its_forward_moves_fewer_bytes() -> None:
     flash, unfused = stage_costs(scenario("flash")), stage_costs(scenario("unfused"))
     s = scenario("flash")
-    rebuild = Efficiency.of(s).gemm_s(layer_gemms(s).scores / T)
+    rebuild = Efficiency.of(s).gemm_s(layer_gemms(s).scores / T / 2)  # causal: half computed
     assert flash.backward_chunk_s == pytest.approx(
         2.0 * flash.forward_chunk_s + LAYERS_PER_CHUNK * rebuild, rel=1e-12)
     assert flash.forward_chunk_s < unfused.forward_chunk_s
+
+
+@pytest.mark.parametrize("backend", ["flash", "fused"])
+def test_a_causal_kernel_computes_half_the_attention_core(backend: str) -> None:
+    """Flash and fused attention skip the blocks above the diagonal; with no
+    elementwise work or per-GEMM overhead, only that half differs."""
+    quiet = {"elementwise_traffic": 0.0, "gemm_overhead_us": 0.0, "module_overhead_us": 0.0}
+    times = {}
+    for name in (backend, "unfused"):
+        s = scenario(name)
+        s = s.model_copy(update={"cluster": s.cluster.model_copy(
+            update={"gpu": s.cluster.gpu.model_copy(update=quiet)})})
+        times[name] = layer_forward_s(s, Efficiency.of(s))
+    g = layer_gemms(scenario(None))
+    core_s = (g.scores + g.attend) / T / Efficiency.of(scenario(None)).flops_per_s
+    assert times["unfused"] - times[backend] == pytest.approx(core_s / 2, rel=1e-9)
 
 
 def test_an_unknown_backend_is_refused_naming_the_field() -> None:

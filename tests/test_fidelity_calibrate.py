@@ -54,6 +54,18 @@ def test_fit_recovers_efficiency_and_elementwise_traffic_from_two_runs() -> None
         assert fit.values[key] == pytest.approx(value, rel=1e-3)
 
 
+def test_a_gauss_newton_step_that_overshoots_is_halved_until_the_fit_improves() -> None:
+    """Time ∝ 1/efficiency, fitted from 0.7 to 0.3: the full first step lands
+    below the lower bound (error +500%); halved, every step improves."""
+    s = parse_scenario({})
+    reported: list[str] = []
+    fit = fit_constants([(s, 1 / 0.3)], [Knob("cluster.gpu.efficiency", 0.7, 0.05, 1.0)],
+                        lambda q: 1 / q.cluster.gpu.efficiency, steps=8, progress=reported.append)
+    max_errors = [float(m.rsplit(" ", 1)[1].rstrip("%")) for m in reported]
+    assert max_errors == sorted(max_errors, reverse=True)
+    assert fit.values["cluster.gpu.efficiency"] == pytest.approx(0.3, rel=1e-3)
+
+
 def test_predict_reports_a_closed_form_iteration_and_the_model_flops(tmp_path: Path) -> None:
     p, m, b, seq, h, layers, v = 4, 8, 1, 512, 256, 8, 1000
     data = {"name": "closed", "schedule": "1f1b", "parallel": {"pp": p, "microbatches": m},

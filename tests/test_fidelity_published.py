@@ -115,6 +115,28 @@ def test_korthikanti_table5_times_give_the_megatron_readme_mfu_of_the_same_runs(
         assert mfu == pytest.approx(readme_mfu[size], abs=0.005), size
 
 
+def runs_from(source: str) -> list[PublishedRun]:
+    return [r for r in published_runs(ROOT) if r.source.startswith(source)]
+
+
+def test_blooms_published_time_and_throughput_agree_with_its_configuration() -> None:
+    """BLOOM's log gives both 104.70 s per iteration and 149.77 TFLOP/s per GPU
+    (recomputation counted): the scenario's layers, batch and full recomputation
+    turn the one into the other."""
+    (bloom,) = runs_from("BigScience")
+    assert bloom.iteration_s == pytest.approx(
+        published_iteration_s(bloom.scenario, "tflops_per_gpu", 149.77), rel=1e-3)
+
+
+def test_llama3_rows_hold_table_4s_16m_tokens_per_batch_on_its_gpus() -> None:
+    rows = runs_from("Llama 3")
+    assert [r.scenario.world_size for r in rows] == [8192, 16384, 16384]
+    for r in rows:
+        s = r.scenario
+        tokens = s.parallel.dp * s.parallel.microbatches * s.model.micro_batch_size * s.model.seq_len
+        assert tokens == 16 * 2**20, r.source
+
+
 def test_a_published_throughput_becomes_the_time_its_flops_take() -> None:
     """TFLOP/s with recomputation counted divide the hardware FLOPs, model
     TFLOP/s the model's alone; a published time is kept as it is."""

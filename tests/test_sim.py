@@ -72,7 +72,9 @@ def test_ring_allreduce_alpha_beta(n: int, gpus_per_node: int, nbytes: int) -> N
         "links": {"intra_node_gbps": 1000, "inter_node_gbps": 200, "latency_us": 7}}})
     bw = gbps_to_bytes_per_s(1000 if gpus_per_node >= n else 200)
     alpha = 7e-6
-    expected = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
+    per_node, nodes = min(n, gpus_per_node), -(-n // gpus_per_node)
+    steps = (per_node - 1) + (nodes - 1)  # NVLink steps, then one per further node
+    expected = 2 * (n - 1) / n * nbytes / bw + 2 * steps * alpha
     assert _allreduce_time(s, tuple(range(n)), nbytes) == pytest.approx(expected, rel=1e-12)
 
 

@@ -15,6 +15,7 @@ from megatronapp.costs.run_size import RunSize
 from megatronapp.program.backend import (PROFILE, REAL, SCOPE_MODEL, STALL_TIMEOUT, RunHooks,
                                          RunOptions, ScopeModel)
 from megatronapp.scenario.config import Scenario, ScenarioError
+from megatronapp.scenario.pipeline_split import is_default as even_split
 from megatronapp.errors import UserError
 from megatronapp.trace.events import RunResult
 
@@ -92,10 +93,22 @@ def check_supported(s: Scenario) -> None:
         if getattr(s.training, key):
             raise ScenarioError(f"training.{key}", "the torch backend reduces gradients after "
                                 "the last backward; simulate overlap with --backend sim")
+    if s.model.position_embedding_params == 0:
+        raise ScenarioError("model.position_embedding_type", "the torch backend's stages learn "
+                            "absolute positions; simulate rope or none with --backend sim")
+    if s.parallel.tp_comm_overlap:
+        raise ScenarioError("parallel.tp_comm_overlap", "the torch backend's stages run their "
+                            "collectives after the GEMMs; simulate the overlap with --backend sim")
+    if s.parallel.cp > 1:
+        raise ScenarioError("parallel.context_parallel_size", "the torch backend's stages run "
+                            "without context parallelism; simulate it with --backend sim")
     if not s.model.stores_scores:
         raise ScenarioError("model.attention_backend", "the torch backend's stages run "
                             "megatron-core's unfused attention; simulate flash or fused "
                             "attention with --backend sim")
+    if not even_split(s.parallel):
+        raise ScenarioError("parallel", "the torch backend's stages split the layers evenly; "
+                            "simulate an uneven pipeline split with --backend sim")
     if s.sequence_parallel and not torch.cuda.is_available():
         raise ScenarioError("parallel.sequence_parallel", "needs NCCL (gloo has no "
                             "reduce-scatter for megatron-core's sequence-parallel layers)")

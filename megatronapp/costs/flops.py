@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario
+from ..scenario.pipeline_split import max_chunk_layers, rank_chunk_layers
 
 GEMM_NAMES = ("qkv", "scores", "attend", "proj", "fc1", "fc2")
 ATTENTION_CORE = ("scores", "attend")  # what selective recomputation repeats
@@ -50,6 +51,15 @@ def layer_gemms(s: Scenario) -> LayerGemms:
         fc2=2 * tokens * f * h)
 
 
+def computed_core_share(s: Scenario) -> float:
+    """Of the attention core's counted FLOPs (QKᵀ and attention·V over the full
+    s×s square, as Narayanan et al. count them), the share a causal kernel
+    computes: flash and fused attention skip the blocks above the diagonal
+    (FlashAttention-2, Dao 2023, §3.1.1), unfused attention computes them all
+    and masks them."""
+    return 1.0 if s.model.stores_scores else 0.5
+
+
 def layer_forward_flops(s: Scenario) -> float:
     """One layer, one microbatch, forward (24·b·s·h² + 4·b·s²·h for a 4h GELU MLP)."""
     return layer_gemms(s).total
@@ -66,20 +76,25 @@ def recompute_forward_flops(s: Scenario) -> float:
     return {"none": 0.0, "selective": g.scores + g.attend, "full": g.total}[s.training.recompute]
 
 
-def recomputed_layers_per_chunk(s: Scenario) -> int:
-    """Layers of one model chunk recomputed before its backward: all of them
-    unless ``recompute_method: block`` limits them to the first few."""
+def recomputed_layers_per_chunk(s: Scenario, layers: int | None = None) -> int:
+    """Layers of a model chunk of ``layers`` layers (default: the largest chunk)
+    recomputed before its backward: all of them unless ``recompute_method: block``
+    limits them to the first few."""
     if s.training.recompute == "none":
         return 0
+    if layers is None:
+        layers = max_chunk_layers(s.parallel, s.model.layers)
     if s.training.recompute_method == "block" and s.training.recompute_num_layers:
-        return s.training.recompute_num_layers
-    return s.model.layers // (s.parallel.pp * s.parallel.vpp)
+        return min(s.training.recompute_num_layers, layers)
+    return layers
 
 
 def recomputed_layers(s: Scenario) -> int:
     """Layers recomputed per microbatch over the whole model."""
     if s.training.recompute_method == "block":
-        return recomputed_layers_per_chunk(s) * s.parallel.pp * s.parallel.vpp
+        p = s.parallel
+        return sum(recomputed_layers_per_chunk(s, n) for r in range(p.pp)
+                   for n in rank_chunk_layers(p, s.model.layers, r))
     return s.model.layers
 
 

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario, Training
+from ..scenario.pipeline_split import max_chunk_layers, rank_chunk_layers
 from .flops import recomputed_layers_per_chunk
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -56,9 +57,15 @@ def state_bytes(t: Training, dp: int) -> StateBytes:
 
 
 # ------------------------------------------------------------ activations
+def local_seq_len(s: Scenario) -> int:
+    """Tokens of each sequence one rank holds: 1/cp of them under context
+    parallelism (costs/context_parallel.py), so every activation below is ÷ cp."""
+    return s.model.seq_len // s.parallel.cp
+
+
 def _sbh(s: Scenario) -> float:
     m = s.model
-    return m.seq_len * m.micro_batch_size * m.hidden
+    return local_seq_len(s) * m.micro_batch_size * m.hidden
 
 
 def replicated_bytes(s: Scenario) -> float:
@@ -71,7 +78,7 @@ def split_bytes(s: Scenario) -> float:
     Q and K (2·sbh + 2·sb·kv), V (2·sb·kv), the output projection's input
     (2·sbh), and the MLP's activation and second-projection inputs."""
     m = s.model
-    sb = m.seq_len * m.micro_batch_size
+    sb = local_seq_len(s) * m.micro_batch_size
     kv = m.query_groups * (m.hidden // m.heads)
     mlp = (4 if m.activation == "swiglu" else 2) * m.ffn + 2 * m.ffn
     return 4 * _sbh(s) + 4 * sb * kv + sb * mlp
@@ -80,7 +87,7 @@ def split_bytes(s: Scenario) -> float:
 def scores_bytes(s: Scenario) -> float:
     """5·a·s²·b: softmax output, its dropout mask and dropout output."""
     m = s.model
-    return 5 * m.heads * m.seq_len * m.seq_len * m.micro_batch_size
+    return 5 * m.heads * local_seq_len(s) * m.seq_len * m.micro_batch_size
 
 
 def stored_scores_bytes(s: Scenario) -> float:
@@ -92,7 +99,7 @@ def stored_scores_bytes(s: Scenario) -> float:
     m = s.model
     if m.stores_scores:
         return scores_bytes(s)
-    return 4 * m.heads * m.seq_len * m.micro_batch_size / (BYTES[s.training.precision] / 2)
+    return 4 * m.heads * local_seq_len(s) * m.micro_batch_size / (BYTES[s.training.precision] / 2)
 
 
 def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
@@ -107,18 +114,26 @@ def layer_activation_bytes(s: Scenario, recompute: str | None = None) -> float:
     return (replicated_bytes(s) / sp + split_bytes(s) / t + scores) * scale
 
 
-def chunk_activation_bytes(s: Scenario) -> float:
-    """Bytes one model chunk keeps for its backward, per microbatch, on one rank.
+def chunk_activation_bytes(s: Scenario, layers: int | None = None) -> float:
+    """Bytes a model chunk of ``layers`` layers (default: the largest chunk) keeps
+    for its backward, per microbatch, on one rank.
     Partial recomputation (megatron-core TransformerBlock._checkpointed_forward):
     block stores the first k layers' inputs only and the rest whole; uniform
     stores the input of each group of k layers."""
     t = s.training
-    layers = s.model.layers // (s.parallel.pp * s.parallel.vpp)
+    if layers is None:
+        layers = max_chunk_layers(s.parallel, s.model.layers)
     if t.recompute_method == "uniform" and t.recompute_num_layers:
         return math.ceil(layers / t.recompute_num_layers) * layer_activation_bytes(s)
-    recomputed = recomputed_layers_per_chunk(s) if t.recompute == "full" else layers
+    recomputed = recomputed_layers_per_chunk(s, layers) if t.recompute == "full" else layers
     return (recomputed * layer_activation_bytes(s)
             + (layers - recomputed) * layer_activation_bytes(s, "none"))
+
+
+def rank_chunk_activation_bytes(s: Scenario, pp_rank: int) -> float:
+    """The largest of stage ``pp_rank``'s chunks: what one slot of its schedule holds."""
+    return max(chunk_activation_bytes(s, n)
+               for n in rank_chunk_layers(s.parallel, s.model.layers, pp_rank))
 
 
 def transient_activation_bytes(s: Scenario) -> float:
@@ -149,12 +164,12 @@ def stage_params(s: Scenario, pp_rank: int) -> int:
     """Parameters held by one rank of pipeline stage ``pp_rank``."""
     m, p = s.model, s.parallel
     split, replicated = layer_params(s)
-    layers = m.layers // p.pp
+    layers = sum(rank_chunk_layers(p, m.layers, pp_rank))
     params = layers * (split // p.tp + replicated)
     embedding = m.vocab * m.hidden // p.tp
     first, last = pp_rank == 0, pp_rank == p.pp - 1
     if first:
-        params += embedding + m.seq_len * m.hidden  # word and position embeddings
+        params += embedding + m.position_embedding_params  # word and position embeddings
     if last:
         params += 2 * m.hidden  # final layer norm
         if m.untie_embeddings or not first:
@@ -193,10 +208,10 @@ class RankMemory:
 def rank_memory(s: Scenario, pp_rank: int, peak_chunks: int, buffers: float) -> RankMemory:
     """``peak_chunks``: microbatch-chunks whose activations are alive at once at
     the schedule's peak on this stage (p for 1F1B's first stage)."""
-    per = state_bytes(s.training, s.parallel.dp)
+    per = state_bytes(s.training, s.parallel.dp_cp)
     params = stage_params(s, pp_rank)
     return RankMemory(
         pp_rank=pp_rank, weights=params * per.weights, grads=params * per.grads,
         optimizer=params * per.optimizer,
-        activations=peak_chunks * chunk_activation_bytes(s),
+        activations=peak_chunks * rank_chunk_activation_bytes(s, pp_rank),
         transient=transient_activation_bytes(s), buffers=buffers)

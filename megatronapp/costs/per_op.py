@@ -8,7 +8,11 @@ plus ``module_overhead_us`` per module call (a layer, the embedding, the
 output layer with its loss).
 Backward takes ``backward_ratio`` times its forward. Tensor-parallel traffic
 is not folded in: the rank programs issue each layer's collectives as
-operations (``tp_layer_forward`` / ``tp_layer_backward``). ``costs:`` in a
+operations (``tp_layer_forward`` / ``tp_layer_backward``), unless
+``tp_comm_overlap`` runs them under GEMMs (``tp_overlap.py``: their exposed
+part is folded in, as is context parallelism's K/V exchange,
+``context_parallel.py``). Each chunk holds the layers its pipeline split gives
+it (``scenario/pipeline_split.py``). ``costs:`` in a
 scenario replaces compute durations with fixed numbers. Memory follows
 ``memory.py``.
 """
@@ -17,10 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario
-from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, layer_forward_flops,  # noqa: F401
-                    layer_gemms, logits_forward_flops, recomputed_layers_per_chunk)
-from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, max_stage_params,
-                     state_bytes, transient_activation_bytes)
+from ..scenario.pipeline_split import chunk_layers, first_layer, max_chunk_layers
+from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, computed_core_share,  # noqa: F401
+                    layer_forward_flops, layer_gemms, logits_forward_flops,
+                    recomputed_layers_per_chunk)
+from .gemm import ROOFLINE, GemmDevice, rank_layer_shapes, rank_logits_shape
+from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
+                     max_stage_params, state_bytes, transient_activation_bytes)
+from .context_parallel import kv_exchange, step_attention_flops
+from .links import Exposed
+from .tp_overlap import overlaps as tp_overlaps, tp_overlap_exposed
 
 BYTES_PER_ELEMENT = 2  # bf16 activations and gradients (the default precision)
 OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 param + grad, fp32 master + Adam m, v
@@ -54,6 +64,7 @@ class StageCosts:
     embedding_backward_s: float = 0.0
     recompute_chunk_s: float = 0.0  # recomputation before a chunk's backward
     layers_per_chunk: int = 0
+    first_layer: int = 0  # the chunk's first layer's global number
     tp_layer_forward: tuple[str, ...] = ()  # collective kinds per layer (empty at tp 1)
     tp_layer_backward: tuple[str, ...] = ()
     tp_recompute: bool = False  # full recomputation repeats the forward's collectives
@@ -85,12 +96,16 @@ class Efficiency:
     hbm_bytes_per_s: float
     elementwise_traffic: float
     backward_ratio: float
+    gemm: GemmDevice  # GEMMs by shape
 
     @classmethod
     def of(cls, s: Scenario) -> "Efficiency":
         g = s.cluster.gpu
+        gemm = GemmDevice(g.tflops * 1e12, g.efficiency, g.gemm_half_gflops * 1e9,
+                          g.gemm_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.sm_count, g.gemm_tiles)
         return cls(g.tflops * 1e12 * g.efficiency, g.gemm_overhead_us * 1e-6,
-                   g.module_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.elementwise_traffic, g.backward_ratio)
+                   g.module_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.elementwise_traffic,
+                   g.backward_ratio, gemm)
 
     def gemm_s(self, flops: float) -> float:
         """rate(F) = R·F/(F + R·overhead): the size-dependent falloff."""
@@ -100,21 +115,39 @@ class Efficiency:
         return self.elementwise_traffic * nbytes / self.hbm_bytes_per_s
 
 
+def rank_gemm_s(s: Scenario, eff: Efficiency) -> dict[str, float]:
+    """Each of a layer's GEMMs on one rank, by its shape (``gemm.py``), the
+    attention core as much of it as its kernel computes."""
+    core = computed_core_share(s)
+    return {n: eff.gemm.seconds(shape, ROOFLINE[n]) * (core if n in ATTENTION_CORE else 1.0)
+            for n, shape in rank_layer_shapes(s).items()}
+
+
 def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
-    """One layer, one microbatch, on one rank: GEMMs split over tp + elementwise work."""
-    tp = s.parallel.tp
-    gemms = sum(eff.gemm_s(f / tp) for _, f in layer_gemms(s).items())
+    """One layer, one microbatch, on one rank: GEMMs split over tp·cp + elementwise work."""
+    gemms = sum(rank_gemm_s(s, eff).values())
     return gemms + eff.memory_s(layer_activation_bytes(s, "none")) + eff.module_overhead_s
+
+
+def layer_ring_exchange(s: Scenario, eff: Efficiency) -> Exposed:
+    """Context parallelism's K/V exchange, what the attention does not hide (per layer)."""
+    return kv_exchange(s, eff.gemm_s(step_attention_flops(s)), eff.backward_ratio)
+
+
+def layer_tp_overlap(s: Scenario, eff: Efficiency) -> Exposed:
+    """tp_comm_overlap's collectives, what their GEMMs do not hide (per layer)."""
+    return tp_overlap_exposed(s, rank_gemm_s(s, eff))
 
 
 def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
     recompute = s.training.recompute
+    ring = layer_ring_exchange(s, eff).forward_s  # both repeat the attention's ring
     if recompute == "full":
-        return layer_forward_s(s, eff)
+        return layer_forward_s(s, eff) + ring + layer_tp_overlap(s, eff).forward_s
     if recompute == "selective":
-        g = dict(layer_gemms(s).items())
-        return (sum(eff.gemm_s(g[n] / s.parallel.tp) for n in ATTENTION_CORE)
-                + eff.memory_s(transient_activation_bytes(s)))
+        g = rank_gemm_s(s, eff)
+        return (sum(g[n] for n in ATTENTION_CORE)
+                + eff.memory_s(transient_activation_bytes(s)) + ring)
     return 0.0
 
 
@@ -123,47 +156,54 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
     softmax statistics (one more scores GEMM per layer); unfused keeps them."""
     if s.model.stores_scores:
         return 0.0
-    return eff.gemm_s(layer_gemms(s).scores / s.parallel.tp)
+    return rank_gemm_s(s, eff)["scores"]
 
 
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
-    logits_bytes = m.micro_batch_size * m.seq_len * m.vocab // s.parallel.tp * 4
-    return (eff.gemm_s(logits_forward_flops(s) / s.parallel.tp) + eff.memory_s(logits_bytes)
+    logits_bytes = m.micro_batch_size * local_seq_len(s) * m.vocab // s.parallel.tp * 4
+    return (eff.gemm.seconds(rank_logits_shape(s)) + eff.memory_s(logits_bytes)
             + eff.module_overhead_s)
 
 
 def attention_share(s: Scenario, eff: Efficiency) -> float:
     """The attention block's share of a layer's GEMM time (the MLP has the rest)."""
-    times = {n: eff.gemm_s(f / s.parallel.tp) for n, f in layer_gemms(s).items()}
+    times = rank_gemm_s(s, eff)
     total = sum(times.values())
     return sum(times[n] for n in ATTENTION_BLOCK) / total if total > 0 else 0.5
 
 
 def bucket_params(s: Scenario) -> int:
-    return s.training.bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS, 1_000_000 * s.parallel.dp)
+    return s.training.bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS,
+                                           1_000_000 * s.parallel.dp_cp)
 
 
 def _tp_plan(s: Scenario) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    if s.parallel.tp == 1:
+    if s.parallel.tp == 1 or tp_overlaps(s):  # overlapped: priced inside the layers
         return (), ()
     if s.sequence_parallel:
         return SP_FORWARD, SP_BACKWARD
     return TP_FORWARD, TP_BACKWARD
 
 
-def stage_costs(s: Scenario) -> StageCosts:
+def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> StageCosts:
+    """Model chunk ``chunk`` of pipeline stage ``pp_rank``; without a stage, the
+    largest chunk (the same everywhere on an even split)."""
     p, m, c, t = s.parallel, s.model, s.costs, s.training
     eff = Efficiency.of(s)
-    layers_per_chunk = m.layers // (p.pp * p.vpp)
+    layers_per_chunk = (max_chunk_layers(p, m.layers) if pp_rank is None
+                        else chunk_layers(p, m.layers, pp_rank, chunk))
     act_element = BYTES[t.precision]
-    fwd_chunk = layers_per_chunk * layer_forward_s(s, eff)
-    recompute = recomputed_layers_per_chunk(s) * layer_recompute_s(s, eff)
+    exposed = layer_ring_exchange(s, eff) + layer_tp_overlap(s, eff)
+    fwd_layer = layer_forward_s(s, eff)
+    fwd_chunk = layers_per_chunk * (fwd_layer + exposed.forward_s)
+    recompute = recomputed_layers_per_chunk(s, layers_per_chunk) * layer_recompute_s(s, eff)
     logits = output_layer_s(s, eff)
-    embedding = (eff.memory_s(m.micro_batch_size * m.seq_len * m.hidden * BYTES[t.precision])
-                 + eff.module_overhead_s)
-    bwd_chunk = eff.backward_ratio * fwd_chunk + layers_per_chunk * scores_rebuild_s(s, eff)
+    tokens = m.micro_batch_size * local_seq_len(s)
+    embedding = eff.memory_s(tokens * m.hidden * BYTES[t.precision]) + eff.module_overhead_s
+    bwd_chunk = (eff.backward_ratio * (layers_per_chunk * fwd_layer)
+                 + layers_per_chunk * (scores_rebuild_s(s, eff) + exposed.backward_s))
     logits_bwd = eff.backward_ratio * logits
     if c.forward_s is not None:
         fwd_chunk, logits, recompute, logits_bwd = c.forward_s / p.vpp, 0.0, 0.0, 0.0
@@ -171,10 +211,10 @@ def stage_costs(s: Scenario) -> StageCosts:
     if c.backward_s is not None:
         bwd_chunk, logits_bwd = c.backward_s / p.vpp, 0.0
     params = max_stage_params(s)
-    per_param = state_bytes(t, p.dp)
-    act = m.micro_batch_size * m.seq_len * m.hidden * act_element
+    per_param = state_bytes(t, p.dp_cp)
+    act = tokens * m.hidden * act_element
     # Adam is memory-bound: read and write every state byte of the shard it updates.
-    shard = params / p.dp if t.distributed_optimizer else params
+    shard = params / p.dp_cp if t.distributed_optimizer else params
     full_state = per_param.weights + per_param.grads + state_bytes(t, 1).optimizer
     optimizer = 0.0 if c.forward_s is not None else 2 * shard * full_state / eff.hbm_bytes_per_s
     if c.optimizer_s is not None:
@@ -191,15 +231,16 @@ def stage_costs(s: Scenario) -> StageCosts:
         grad_bytes=int(params * per_param.grads),
         tp_allreduce_bytes=2 * layers_per_chunk * act if p.tp > 1 else 0,
         params_per_rank=params,
-        activation_mem_bytes_per_chunk=int(chunk_activation_bytes(s)),
+        activation_mem_bytes_per_chunk=int(chunk_activation_bytes(s, layers_per_chunk)),
         fixed_p2p_s=c.p2p_s,
         fixed_allreduce_s=c.allreduce_s,
         logits_backward_s=logits_bwd,
         embedding_forward_s=embedding,
         embedding_backward_s=eff.backward_ratio * embedding,
         recompute_chunk_s=recompute,
-        recompute_layers=recomputed_layers_per_chunk(s),
+        recompute_layers=recomputed_layers_per_chunk(s, layers_per_chunk),
         layers_per_chunk=layers_per_chunk,
+        first_layer=0 if pp_rank is None else first_layer(p, m.layers, pp_rank, chunk),
         tp_layer_forward=tp_fwd,
         tp_layer_backward=tp_bwd,
         tp_recompute=t.recompute == "full",

@@ -236,8 +236,8 @@ def fit_memory_bound(s: Scenario, events: Events, cal: Calibration) -> None:
     from ..costs.memory import max_stage_params
 
     t = s.training
-    per = state_bytes(t, s.parallel.dp)
-    shard = max_stage_params(s) / (s.parallel.dp if t.distributed_optimizer else 1)
+    per = state_bytes(t, s.parallel.dp_cp)
+    shard = max_stage_params(s) / (s.parallel.dp_cp if t.distributed_optimizer else 1)
     moved = 2 * shard * (per.weights + per.grads + state_bytes(t, 1).optimizer)
     hbm = moved / median(steps)
     cal.settings["cluster.gpu.hbm_tbps"] = hbm / 1e12

@@ -41,6 +41,23 @@ class FitResult:
     steps: int
 
 
+BACKTRACKS = 4  # halvings of a Gauss-Newton step that made the fit worse
+
+
+def _backtracked(x: np.ndarray, err: np.ndarray, delta: np.ndarray, knobs: Sequence[Knob],
+                 errors: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The step, halved while it raises the squared error (wave quantisation and
+    the schedule's max-plus make the times only piecewise linear in the constants)."""
+    low, high = [k.low for k in knobs], [k.high for k in knobs]
+    for _ in range(BACKTRACKS):
+        x_new = np.clip(x + delta, low, high)
+        err_new = errors(x_new)
+        if np.sum(err_new ** 2) <= np.sum(err ** 2):
+            break
+        delta = delta / 2
+    return x_new, err_new
+
+
 def fit_constants(targets: Sequence[tuple[Scenario, float]], knobs: Sequence[Knob],
                   simulate: SimulateTime, steps: int = 6, tol: float = 1e-4,
                   progress: Callable[[str], None] | None = None) -> FitResult:
@@ -67,8 +84,7 @@ def fit_constants(targets: Sequence[tuple[Scenario, float]], knobs: Sequence[Kno
             probe[j] += h
             jac[:, j] = (errors(probe) - err) / h
         delta = np.linalg.lstsq(jac, -err, rcond=None)[0]
-        x_new = np.clip(x + delta, [k.low for k in knobs], [k.high for k in knobs])
-        err_new = errors(x_new)
+        x_new, err_new = _backtracked(x, err, delta, knobs, errors)
         converged = np.max(np.abs(x_new - x) / np.maximum(np.abs(x), 1e-12)) < tol
         x, err = x_new, err_new
         if converged or np.max(np.abs(err)) < tol:

@@ -1,8 +1,8 @@
 """Published measurements the simulator is checked against.
 
 The rows are listed in ``scenarios/published/runs.yaml``: Narayanan et al.
-2021 Table 1, Korthikanti et al. 2022 Table 5 and MT-NLG 530B (A100), and the
-Megatron-LM README's Megatron-Core table (H100), each with its scenario file
+2021 Table 1, Korthikanti et al. 2022 Table 5, MT-NLG 530B and BLOOM-176B (A100), the
+Megatron-LM README's Megatron-Core table and Llama 3 405B (H100), each with its scenario file
 (where every field comes from, and which are assumed, is written there), its
 published figure and its role. Every row is either fitted (its device's
 efficiency constants are chosen on it) or held out (predicted with those
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,7 +26,7 @@ from ..scenario.config import Scenario, load_scenario
 from ..scenario.devices import DEVICES
 from ..costs.flops import (hardware_flops_per_iteration, microbatches_per_iteration,
                            model_flops_per_iteration)
-from .fit import FitResult, Knob, SimulateTime, fit_constants
+from .fit import FitResult, Knob, SimulateTime, fit_constants, with_settings
 
 # The efficiency model's two constants: the GEMMs' share of peak, and HBM
 # bytes moved per stored activation byte (elementwise work). On A100 both are
@@ -34,13 +34,18 @@ from .fit import FitResult, Knob, SimulateTime, fit_constants
 # pipeline idle time.
 TABLE1_KNOBS = (Knob("cluster.gpu.efficiency", 0.6, 0.05, 1.0),
                 Knob("cluster.gpu.elementwise_traffic", 1.0, 0.0, 20.0))
-# H100: the efficiency alone. Its three fitted rows (one sequence length,
-# fused attention, sequence parallelism) do not tell the two constants apart:
+# H100: the efficiency and the GEMM size at half of it (megatronapp/costs/gemm.py).
+# Its three fitted rows (one sequence length, fused attention, sequence
+# parallelism) do not tell the efficiency and the elementwise traffic apart:
 # fitted together from the A100 values, the second Gauss-Newton step was 86%
 # off. Bytes moved per stored activation byte belong to the kernels, so the
-# A100 value is kept (megatronapp/scenario/devices.py).
+# A100 value is kept (KEPT_FROM); the rows' GEMMs differ in size (hidden 7168
+# to 16384), which the size constant needs.
+GEMM_HALF_KNOB = Knob("cluster.gpu.gemm_half_gflops", 10.0, 0.0, 1000.0)
 DEVICE_KNOBS: dict[str, tuple[Knob, ...]] = {"a100-80gb": TABLE1_KNOBS,
-                                             "h100-sxm": TABLE1_KNOBS[:1]}
+                                             "h100-sxm": (TABLE1_KNOBS[0], GEMM_HALF_KNOB)}
+# Constants a device takes from another device's fit: (device, constant).
+KEPT_FROM: dict[str, tuple[str, str]] = {"h100-sxm": ("a100-80gb", "elementwise_traffic")}
 
 RUNS_FILE = Path("scenarios") / "published" / "runs.yaml"
 Metric = Literal["tflops_per_gpu", "model_tflops_per_gpu", "iteration_s"]
@@ -87,16 +92,9 @@ LEFT_OUT = (
     LeftOut("Jiang et al. 2024 (MegaScale), Table 2, Megatron-LM rows (175B, 256-12,288 GPUs)",
             "micro-batch size, recomputation, sequence parallelism, optimizer sharding and GPU "
             "model (only 'Ampere') are not given; Table 1 gives 96 layers, hidden 12288, "
-            "128 heads, tp 8, pp 8, and §6.1 vpp 6, sequence 2048, vocabulary 64,000"),
-    LeftOut("BigScience 2022 (BLOOM-176B, A100; tr11-176B-ml README and slurm script)",
-            "configuration given in full (384 GPUs, tp 4, pp 12, dp 8, micro-batch 2, global "
-            "batch 2048, 70 layers, hidden 14336, 112 heads, vocabulary 250,880, full "
-            "recomputation; 104.70 s, 149.77 TFLOP/s per GPU), but its pipeline is uneven "
-            "(embedding and 5 layers on the first and last stages, 6 on the others), which "
-            "the simulator cannot express yet (one layer count for every stage)"),
-    LeftOut("Llama 3 (Dubey et al. 2024), Table 4 (405B, 8,192 and 16,384 H100 GPUs)",
-            "126 layers over 16 pipeline stages is an uneven split (and the 131k-token row "
-            "needs context parallelism); neither is expressible in the simulator yet"),
+            "128 heads, tp 8, pp 8, and §6.1 vpp 6, sequence 2048, vocabulary 64,000; the "
+            "3,072 and 12,288-GPU rows are predicted with those assumptions written out "
+            "(scenarios/published/megascale2024/) by paper_figs/megascale_scaling.py"),
 )
 
 
@@ -171,6 +169,22 @@ def throughput_error(published_s: float, predicted_s: float) -> float:
 def held_out_errors(errors: Sequence[float]) -> tuple[float, float]:
     """Mean |error| and the worst error (signed) of held-out rows."""
     return fmean(abs(e) for e in errors), max(errors, key=abs)
+
+
+def fit_device(runs: Sequence[PublishedRun], device: str, simulate: SimulateTime,
+               fitted: Mapping[str, Mapping[str, float]],
+               progress: Callable[[str], None] | None = None) -> tuple[dict[str, float], FitResult]:
+    """A device's constants fitted on its fitted rows: its knobs fitted, what it
+    keeps from another device's constants (``fitted``: by device) set first."""
+    kept: dict[str, float] = {}
+    if device in KEPT_FROM:
+        other, name = KEPT_FROM[device]
+        kept[name] = fitted[other][name]
+    settings = {f"cluster.gpu.{k}": v for k, v in kept.items()}
+    rows = [PublishedRun(r.source, with_settings(r.scenario, settings), r.metric, r.value,
+                         r.fitted, r.device) for r in runs if r.fitted and r.device == device]
+    fit = fit_simulator(rows, simulate, progress, DEVICE_KNOBS[device])
+    return {**kept, **{k.split(".")[-1]: v for k, v in fit.values.items()}}, fit
 
 
 def fit_simulator(runs: Sequence[PublishedRun], simulate: SimulateTime,

@@ -191,7 +191,7 @@ def _per_rank_iteration(s: Scenario) -> tuple[int, int, int]:
 
     p, c = s.parallel, stage_costs(s)
     tasks = 2 * p.microbatches * p.vpp
-    tp, pp, dp = p.tp, p.pp, p.dp
+    tp, pp, dp = p.tp, p.pp, p.dp_cp
     plans = (forward_plan(c, 0, 0.0, 0.0, tp > 1), backward_plan(c, 0, 0.0, 0.0, tp > 1, []))
     steps = max(len(plan) for plan in plans)
     tp_ops = max(sum(isinstance(st, TpCollective) for st in plan) for plan in plans)

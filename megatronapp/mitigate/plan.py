@@ -28,7 +28,7 @@ def shrunk_parallel(p: Parallel, gpus: int) -> Parallel | None:
     """The largest data parallelism that fits ``gpus`` and divides the global
     batch's microbatches (and keeps interleaved groups whole); None if none."""
     samples = p.dp * p.microbatches
-    for dp in range(min(p.dp, gpus // (p.tp * p.pp)), 0, -1):
+    for dp in range(min(p.dp, gpus // (p.tp * p.cp * p.pp)), 0, -1):
         microbatches = samples // dp
         if samples % dp == 0 and (p.vpp == 1 or microbatches % p.group_size == 0):
             return p.model_copy(update={"dp": dp, "microbatches": microbatches})

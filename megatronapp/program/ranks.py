@@ -100,6 +100,10 @@ class PipelineContext:
     order_for: OrderFor
     stages: StageModel = field(default_factory=NullStages)
     capture: CapturePricing | None = None  # MegaScope observations (priced, or run for real)
+    chunk_costs: tuple[StageCosts, ...] = ()  # per model chunk (uneven splits); default costs
+
+    def costs_of(self, chunk: int) -> StageCosts:
+        return self.chunk_costs[chunk] if self.chunk_costs else self.costs
 
     @property
     def pp_rank(self) -> int:
@@ -120,10 +124,12 @@ def pipeline_contexts(s: Scenario, order_for_stage: Callable[[int], OrderFor],
                       capture: CapturePricing | None = None) -> dict[int, PipelineContext]:
     """One context per global rank; ``order_for_stage(pp_rank)`` orders its tasks;
     ``capture``: MegaScope's pricing for the scenario, if it observes."""
-    topo, shape, costs = topology_of(s), pipe_shape(s), stage_costs(s)
+    topo, shape = topology_of(s), pipe_shape(s)
     orders = {pp: order_for_stage(pp) for pp in range(shape.pp)}
+    chunks = {pp: tuple(stage_costs(s, pp, c) for c in range(shape.vpp)) for pp in range(shape.pp)}
     return {rank: PipelineContext(
-        rank=rank, topo=topo, shape=shape, costs=costs, iterations=s.iterations,
+        rank=rank, topo=topo, shape=shape, costs=chunks[topo.coord(rank).pp][0],
+        chunk_costs=chunks[topo.coord(rank).pp], iterations=s.iterations,
         order_for=orders[topo.coord(rank).pp],
         stages=stages_for(rank) if stages_for else NullStages(), capture=capture)
         for rank in range(topo.world_size)}
@@ -165,12 +171,11 @@ def _grad_buckets(ctx: PipelineContext, task: Task) -> list[int]:
 
 
 def task_plan(ctx: PipelineContext, task: Task) -> list[Step]:
-    c = ctx.costs
-    first_layer = ctx.shape.virtual_stage(ctx.pp_rank, task.chunk) * c.layers_per_chunk
+    c = ctx.costs_of(task.chunk)
     before, after = _extras(ctx, task)
     if task.phase == "F":
-        return forward_plan(c, first_layer, before, after, _issues_tp_ops(ctx))
-    return backward_plan(c, first_layer, before, after, _issues_tp_ops(ctx),
+        return forward_plan(c, c.first_layer, before, after, _issues_tp_ops(ctx))
+    return backward_plan(c, c.first_layer, before, after, _issues_tp_ops(ctx),
                          _grad_buckets(ctx, task))
 
 

@@ -19,6 +19,7 @@ from ..io.text import TextError, check_depth, load_yaml, read_text
 from .devices import DEVICES, expand_device
 from ..parallel.schedules import SCHEDULES
 from ..io.suggest import did_you_mean, hint, quoted_names
+from .pipeline_split import is_default, max_chunk_layers, split_error
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 
@@ -108,12 +109,12 @@ class _OmitsUnset(_Strict):
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         for key in self.OMIT_WHEN_UNSET:
-            if isinstance(data, dict) and data.get(key) is None:
+            if isinstance(data, dict) and data.get(key) == type(self).model_fields[key].default:
                 data.pop(key, None)
         return data
 
 
-class Parallel(_Strict):
+class Parallel(_OmitsUnset):
     tp: PositiveInt = 1
     pp: PositiveInt = 1
     dp: PositiveInt = 1
@@ -124,10 +125,39 @@ class Parallel(_Strict):
     # Megatron-LM 2021's scatter/gather of pipeline messages: each tp rank sends
     # 1/tp of the activation, the receiver all-gathers it over the tp group.
     scatter_gather_p2p: bool = False
+    # Uneven pipeline splits (megatron-core's num_layers_in_first/last_pipeline_stage;
+    # scenario/pipeline_split.py): the first / last stage's layers, the rest even.
+    decoder_first_pipeline_num_layers: PositiveInt | None = None
+    decoder_last_pipeline_num_layers: PositiveInt | None = None
+    account_for_embedding_in_pipeline_split: bool = False  # the embedding counts as a layer
+    account_for_loss_in_pipeline_split: bool = False  # the output layer and loss count as one
+    # Context parallelism (megatron-core's context_parallel_size): each of cp ranks
+    # holds 1/cp of every sequence; ranks are ordered tp, cp, dp, pp as Megatron's.
+    context_parallel_size: PositiveInt = 1
+    # megatron-core's cp_comm_type: p2p passes K and V round a ring under the
+    # attention; all_gather gathers them all first. Unset: p2p.
+    cp_comm_type: Literal["p2p", "all_gather"] | None = None
+    # Megatron's tp_comm_overlap: sequence-parallel collectives under the GEMMs
+    # (costs/tp_overlap.py); Megatron-LM accepts it with sequence parallelism only.
+    tp_comm_overlap: bool = False
+    OMIT_WHEN_UNSET = ("tp_comm_overlap", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                       "account_for_embedding_in_pipeline_split",
+                       "account_for_loss_in_pipeline_split", "context_parallel_size",
+                       "cp_comm_type")
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def dp_cp(self) -> int:
+        """Megatron's data-parallel group with context parallelism: gradients are
+        reduced (and a distributed optimizer sharded) over dp·cp ranks."""
+        return self.dp * self.cp
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def group_size(self) -> int:
@@ -152,11 +182,19 @@ class Model(_OmitsUnset):
     # stores the a·s² scores; flash and fused (TEDotProductAttention) keep only the
     # softmax statistics and rebuild the scores in backward. Unset: unfused.
     attention_backend: Literal["unfused", "flash", "fused"] | None = None
-    OMIT_WHEN_UNSET = ("attention_backend",)
+    # megatron-core's position_embedding_type: only learned_absolute has weights
+    # (seq_len·hidden on the first stage); rope and none have none. Unset: learned_absolute.
+    position_embedding_type: Literal["learned_absolute", "rope", "none"] | None = None
+    OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type")
 
     @property
     def stores_scores(self) -> bool:
         return self.attention_backend in (None, "unfused")
+
+    @property
+    def position_embedding_params(self) -> int:
+        learned = self.position_embedding_type in (None, "learned_absolute")
+        return self.seq_len * self.hidden if learned else 0
 
     @property
     def ffn(self) -> int:
@@ -182,6 +220,11 @@ class Gpu(_Strict):
     elementwise_traffic: float = Field(0.0, ge=0, le=MAX_FACTOR)  # HBM bytes per activation byte
     backward_ratio: Factor = 2.0  # backward time / forward time (FLOPs: 2)
     op_overhead_us: Seconds = 0.0  # host time to issue each operation
+    # GEMMs by shape (megatronapp/costs/gemm.py): SMs and output tiles give wave
+    # quantisation and the roofline; unset (no geometry) every GEMM runs at ``efficiency``.
+    sm_count: PositiveInt | None = None
+    gemm_tiles: tuple[tuple[PositiveInt, PositiveInt], ...] = ((256, 128), (128, 256), (128, 128))
+    gemm_half_gflops: float = Field(0.0, ge=0, le=MAX_RATE)  # GEMM size at half the efficiency
 
 
 class Links(_Strict):
@@ -193,6 +236,15 @@ class Links(_Strict):
     # A collective spanning nodes with k members on each node drives min(k, nics)
     # NICs at once (NCCL's rings); None: one NIC's bandwidth, as a single ring.
     nics_per_node: PositiveInt | None = None
+
+
+class NetworkTopology(_Strict):
+    """Nodes in pods (rail-optimised within: each GPU's NIC on its rail's leaf
+    switch); traffic between pods crosses spine uplinks oversubscribed
+    ``oversubscription``:1 (Llama 3's cluster: 7 between pods)."""
+
+    pod_nodes: PositiveInt | None = None  # None: one pod (no uplinks crossed)
+    oversubscription: Factor = 1.0
 
 
 class Jitter(_Strict):
@@ -228,6 +280,7 @@ class Cluster(_Strict):
     nodes: PositiveInt | None = None  # if given, must hold exactly tp·pp·dp GPUs
     gpu: Gpu = Gpu()
     links: Links = Links()
+    network: NetworkTopology = NetworkTopology()
     jitter: Jitter = Jitter()
     device_classes: tuple[DeviceClass, ...] = ()  # MegaFBD heterogeneous clusters
 
@@ -388,11 +441,11 @@ def check_consistency(s: Scenario) -> None:
     world = device_count(s)  # fault ranks are physical devices
     if s.cluster.nodes is not None and s.cluster.nodes * s.cluster.gpus_per_node != world:
         raise ScenarioError(
-            "parallel", f"{'MegaFBD needs' if s.fbd else 'tp*pp*dp ='} {world} devices but "
+            "parallel", f"{'MegaFBD needs' if s.fbd else _world_formula(p)} {world} devices but "
             f"cluster has {s.cluster.nodes}*{s.cluster.gpus_per_node} GPUs")
-    if m.layers % (p.pp * p.vpp):
-        raise ScenarioError(
-            "model.layers", f"{m.layers} is not divisible by pp*vpp = {p.pp * p.vpp}")
+    split = split_error(p, m.layers)
+    if split is not None:
+        raise ScenarioError(*split)
     if m.heads % p.tp:
         raise ScenarioError("model.heads", f"{m.heads} is not divisible by tp = {p.tp}")
     if m.hidden % m.heads:
@@ -418,11 +471,18 @@ def check_consistency(s: Scenario) -> None:
         raise ScenarioError("mitigation", "the closed loop does not run with an fbd section")
 
 
+def _world_formula(p: Parallel) -> str:
+    return "tp*cp*pp*dp =" if p.cp > 1 else "tp*pp*dp ="
+
+
 def _check_scope(s: Scenario) -> None:
     if s.scope is None:
         return
     if s.fbd is not None:
         raise ScenarioError("scope", "MegaScope does not run together with an fbd section")
+    if not is_default(s.parallel):
+        raise ScenarioError("scope", "MegaScope maps layers to stages evenly: it does not run "
+                            "with an uneven pipeline split")
     p, m = s.parallel, s.model
     bad = check_against_model(s.scope, ModelShape(
         layers=m.layers, heads=m.heads, hidden=m.hidden, ffn=m.ffn, vocab=m.vocab,
@@ -471,6 +531,10 @@ def _check_megatron_options(s: Scenario) -> None:
     if s.sequence_parallel and m.seq_len % p.tp:
         raise ScenarioError("model.seq_len", f"{m.seq_len} is not divisible by tp = {p.tp} "
                             "(sequence parallelism splits the sequence)")
+    _check_context_parallel(s)
+    if p.tp_comm_overlap and not s.sequence_parallel:
+        raise ScenarioError("parallel.tp_comm_overlap", "needs parallel.sequence_parallel and "
+                            "tp > 1 (Megatron-LM rejects it too)")
     if t.overlap_param_gather and not t.distributed_optimizer:
         raise ScenarioError("training.overlap_param_gather",
                             "needs training.distributed_optimizer (Megatron-LM rejects it too)")
@@ -481,6 +545,23 @@ def _check_megatron_options(s: Scenario) -> None:
     if t.grad_reduce_in_fp32 and t.precision == "fp32":
         raise ScenarioError("training.grad_reduce_in_fp32",
                             "only applies to bf16/fp16 training (precision is fp32)")
+
+
+def _check_context_parallel(s: Scenario) -> None:
+    """megatron-core splits each sequence into 2·cp chunks (utils.get_batch_on_this_cp_rank),
+    runs context parallelism in TEDotProductAttention only (dot_product_attention.py
+    asserts cp == 1), and sequence parallelism then splits each rank's part over tp."""
+    p, m = s.parallel, s.model
+    if p.cp == 1:
+        return
+    if m.stores_scores:
+        raise ScenarioError("parallel.context_parallel_size", "needs model.attention_backend: "
+                            "flash or fused (megatron-core runs it in TEDotProductAttention only)")
+    if m.seq_len % (2 * p.cp) or (s.sequence_parallel and m.seq_len // p.cp % p.tp):
+        raise ScenarioError("model.seq_len", f"{m.seq_len} is not divisible by 2·cp = {2 * p.cp}"
+                            + (f" and then by tp = {p.tp}" if s.sequence_parallel else ""))
+    if s.fbd is not None:
+        raise ScenarioError("parallel.context_parallel_size", "MegaFBD runs without it")
 
 
 def _check_recompute_method(s: Scenario) -> None:
@@ -494,7 +575,7 @@ def _check_recompute_method(s: Scenario) -> None:
     if t.recompute_method is None:
         raise ScenarioError("training.recompute_method",
                             "uniform or block is needed with training.recompute_num_layers")
-    per_chunk = s.model.layers // (p.pp * p.vpp)
+    per_chunk = max_chunk_layers(p, s.model.layers)
     if t.recompute_num_layers is None or t.recompute_num_layers > per_chunk:
         raise ScenarioError("training.recompute_num_layers",
                             f"must be between 1 and the layers per model chunk, {per_chunk}")
@@ -513,6 +594,8 @@ def _check_fbd(s: Scenario) -> None:
     names = [c.name for c in s.cluster.device_classes]
     if len(set(names)) != len(names):
         raise ScenarioError("cluster.device_classes", "device class names must be unique")
+    if s.fbd is not None and not is_default(s.parallel):
+        raise ScenarioError("fbd", "MegaFBD runs an even pipeline split only")
     f = s.fbd or Fbd()
     if f.forward_tp is not None and s.parallel.tp % f.forward_tp:
         raise ScenarioError("fbd.forward_tp",
@@ -528,7 +611,7 @@ def device_count(s: Scenario) -> int:
     """Physical devices of the job: tp*pp*dp, or with an ``fbd`` section the
     forward instance (physical tp ``forward_tp``) plus the backward instance."""
     p = s.parallel
-    if s.fbd is None:
+    if s.fbd is None or p.cp > 1:  # cp > 1 with fbd: reported as parallel.context_parallel_size
         return p.world_size
     forward_tp = s.fbd.forward_tp or p.tp
     if p.tp % forward_tp:

@@ -4,12 +4,20 @@
 the GPU's peak, memory and HBM bandwidth and the node's NVLink and
 InfiniBand bandwidths from the profile below; keys the scenario gives
 itself win. Rates are dense bf16 TFLOP/s, GB, TB/s, and Gbit/s per direction
-per GPU (the unit of ``cluster.links``).
+per GPU (the unit of ``cluster.links``); ``sm_count`` is the GPU's streaming
+multiprocessors (GEMM waves, megatronapp/costs/gemm.py). The efficiency
+constants fitted for a device are data, ``device_fits.yaml`` beside this
+file, written by ``paper_figs/fit_devices.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from ..io.text import load_yaml, read_text
+
+FITS_FILE = Path(__file__).with_name("device_fits.yaml")
 
 
 @dataclass(frozen=True)
@@ -17,36 +25,49 @@ class DeviceProfile:
     gpu: dict[str, float]  # cluster.gpu keys
     links: dict[str, float | int]  # cluster.links keys
     # Efficiency-model constants fitted on published runs (docs/fidelity.md,
-    # paper_figs/published_runs.py); empty where no published row was fitted.
+    # paper_figs/fit_devices.py); empty where no published row was fitted.
     fitted: dict[str, float] = field(default_factory=dict)
     fitted_on: str = ""
 
 
-DEVICES: dict[str, DeviceProfile] = {
+SPECS: dict[str, DeviceProfile] = {
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense,
     # 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 per direction);
     # DGX A100 datasheet: eight 200 Gb/s HDR InfiniBand compute NICs.
+    # 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper).
     "a100-80gb": DeviceProfile(
-        gpu={"tflops": 312.0, "memory_gb": 80.0, "hbm_tbps": 2.039},
-        links={"intra_node_gbps": 2400.0, "inter_node_gbps": 200.0, "nics_per_node": 8},
-        fitted={"efficiency": 0.6541, "elementwise_traffic": 2.1653},
-        fitted_on="Narayanan et al. 2021, Table 1, rows 1 and 7"),
+        gpu={"tflops": 312.0, "memory_gb": 80.0, "hbm_tbps": 2.039, "sm_count": 108},
+        links={"intra_node_gbps": 2400.0, "inter_node_gbps": 200.0, "nics_per_node": 8}),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s bf16 dense,
     # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction);
     # DGX H100 datasheet: eight 400 Gb/s NDR InfiniBand (ConnectX-7) NICs.
-    # Efficiency fitted on the Megatron-LM README's H100 rows 32B, 119B and 314B;
-    # elementwise traffic (bytes per stored activation byte: the kernels') is the A100's.
+    # 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5).
     "h100-sxm": DeviceProfile(
-        gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35},
-        links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8},
-        fitted={"efficiency": 0.6667, "elementwise_traffic": 2.1653},
-        fitted_on="Megatron-LM README, Megatron-Core r0.8.0 on H100, 32B, 119B and 314B"),
+        gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35, "sm_count": 132},
+        links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOP/s bf16 dense,
     # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: eight 400 Gb/s NDR NICs.
     "h200": DeviceProfile(
-        gpu={"tflops": 989.0, "memory_gb": 141.0, "hbm_tbps": 4.8},
+        gpu={"tflops": 989.0, "memory_gb": 141.0, "hbm_tbps": 4.8, "sm_count": 132},
         links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
 }
+
+
+def load_fits(path: Path = FITS_FILE) -> dict[str, dict[str, Any]]:
+    """Each device's fitted constants and the rows they were fitted on."""
+    fits = load_yaml(read_text(path, str(path)), str(path))
+    return fits if isinstance(fits, dict) else {}
+
+
+def with_fits(specs: dict[str, DeviceProfile],
+              fits: dict[str, dict[str, Any]]) -> dict[str, DeviceProfile]:
+    """The profiles with their fitted constants (a device without a fit keeps none)."""
+    return {name: DeviceProfile(p.gpu, p.links, dict(fits.get(name, {}).get("constants", {})),
+                                str(fits.get(name, {}).get("fitted_on", "")))
+            for name, p in specs.items()}
+
+
+DEVICES = with_fits(SPECS, load_fits())
 
 
 def expand_device(cluster: dict[str, Any], profile: DeviceProfile) -> dict[str, Any]:

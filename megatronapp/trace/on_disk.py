@@ -23,7 +23,7 @@ def store_meta(s: Scenario, result: RunResult, source: EventSource) -> StoreMeta
               if r >= result.topo.world_size or result.label(r) != result.topo.label(r)}
     p = s.parallel
     return StoreMeta(len(source.ranks()), tuple(source.groups), dict(result.clocks),
-                     {"topology": {"tp": p.tp, "pp": p.pp, "dp": p.dp,
+                     {"topology": {"tp": p.tp, "pp": p.pp, "dp": p.dp_cp,  # cp folds into dp
                                    "gpus_per_node": s.cluster.gpus_per_node},
                       "labels": labels})
 
