@@ -11,7 +11,8 @@ from megatronapp.costs.flops import layer_gemms, logits_forward_flops
 from megatronapp.costs.gemm import GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
 from megatronapp.costs.per_op import Efficiency, layer_forward_s
 from megatronapp.fidelity.fit import with_settings
-from megatronapp.fidelity.published import PublishedRun, fit_device, published_runs
+from megatronapp.fidelity.published import (GEMM_HALF_KNOB, TABLE1_KNOBS, PublishedRun, fit_device,
+                                             published_runs)
 from megatronapp.scenario.config import Scenario, parse_scenario
 from sim import simulate_iteration_times
 
@@ -124,6 +125,7 @@ def test_the_device_fit_recovers_the_constants_its_rows_were_made_with() -> None
                          replica_time(with_settings(r.scenario, truth)), True, "h100-sxm")
             for r in small]
     constants, fit = fit_device(rows, "h100-sxm", replica_time,
-                                {"a100-80gb": {"elementwise_traffic": 3.0}})
+                                {"a100-80gb": {"elementwise_traffic": 3.0}},
+                                knobs=(TABLE1_KNOBS[0], GEMM_HALF_KNOB))
     assert constants == pytest.approx({k.split(".")[-1]: v for k, v in truth.items()}, rel=1e-2)
     assert fit.residuals == pytest.approx([0.0, 0.0], abs=1e-3)

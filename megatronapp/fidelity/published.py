@@ -34,16 +34,17 @@ from .fit import FitResult, Knob, SimulateTime, fit_constants, with_settings
 # pipeline idle time.
 TABLE1_KNOBS = (Knob("cluster.gpu.efficiency", 0.6, 0.05, 1.0),
                 Knob("cluster.gpu.elementwise_traffic", 1.0, 0.0, 20.0))
-# H100: the efficiency and the GEMM size at half of it (megatronapp/costs/gemm.py).
-# Its three fitted rows (one sequence length, fused attention, sequence
-# parallelism) do not tell the efficiency and the elementwise traffic apart:
-# fitted together from the A100 values, the second Gauss-Newton step was 86%
-# off. Bytes moved per stored activation byte belong to the kernels, so the
-# A100 value is kept (KEPT_FROM); the rows' GEMMs differ in size (hidden 7168
-# to 16384), which the size constant needs.
+# H100: the efficiency only. Its three fitted rows (one sequence length, fused
+# attention, sequence parallelism) do not tell the efficiency and the
+# elementwise traffic apart (fitted together from the A100 values, the second
+# Gauss-Newton step was 86% off), nor the efficiency and the GEMM size at half
+# of it (megatronapp/costs/gemm.py): fitted together, four steps left the
+# rows' worst error at 35%, no better than the first. Bytes moved per stored
+# activation byte belong to the kernels, so the A100 value is kept
+# (KEPT_FROM); the size constant stays 0 (waves and the roofline only).
 GEMM_HALF_KNOB = Knob("cluster.gpu.gemm_half_gflops", 10.0, 0.0, 1000.0)
 DEVICE_KNOBS: dict[str, tuple[Knob, ...]] = {"a100-80gb": TABLE1_KNOBS,
-                                             "h100-sxm": (TABLE1_KNOBS[0], GEMM_HALF_KNOB)}
+                                             "h100-sxm": (TABLE1_KNOBS[0],)}
 # Constants a device takes from another device's fit: (device, constant).
 KEPT_FROM: dict[str, tuple[str, str]] = {"h100-sxm": ("a100-80gb", "elementwise_traffic")}
 
@@ -173,9 +174,11 @@ def held_out_errors(errors: Sequence[float]) -> tuple[float, float]:
 
 def fit_device(runs: Sequence[PublishedRun], device: str, simulate: SimulateTime,
                fitted: Mapping[str, Mapping[str, float]],
-               progress: Callable[[str], None] | None = None) -> tuple[dict[str, float], FitResult]:
-    """A device's constants fitted on its fitted rows: its knobs fitted, what it
-    keeps from another device's constants (``fitted``: by device) set first."""
+               progress: Callable[[str], None] | None = None,
+               knobs: Sequence[Knob] | None = None) -> tuple[dict[str, float], FitResult]:
+    """A device's constants fitted on its fitted rows: its knobs (``DEVICE_KNOBS``
+    unless given) fitted, what it keeps from another device's constants
+    (``fitted``: by device) set first."""
     kept: dict[str, float] = {}
     if device in KEPT_FROM:
         other, name = KEPT_FROM[device]
@@ -183,7 +186,7 @@ def fit_device(runs: Sequence[PublishedRun], device: str, simulate: SimulateTime
     settings = {f"cluster.gpu.{k}": v for k, v in kept.items()}
     rows = [PublishedRun(r.source, with_settings(r.scenario, settings), r.metric, r.value,
                          r.fitted, r.device) for r in runs if r.fitted and r.device == device]
-    fit = fit_simulator(rows, simulate, progress, DEVICE_KNOBS[device])
+    fit = fit_simulator(rows, simulate, progress, knobs or DEVICE_KNOBS[device])
     return {**kept, **{k.split(".")[-1]: v for k, v in fit.values.items()}}, fit
 
 
