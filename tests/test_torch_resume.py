@@ -12,6 +12,7 @@ from backends.torch.launch import spawn_run
 from backends.torch.resume import CHECKPOINTS, shard_path
 from backends.torch.stages import TrainOptions
 from megatronapp.errors import UserError
+from megatronapp.io.outdirs import own_folder
 from megatronapp.scenario.config import Scenario, parse_scenario
 
 from .support import TINY_MODEL
@@ -41,7 +42,8 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], Path
     """The uninterrupted job's losses, and a run directory holding the
     checkpoint of a job stopped after K iterations."""
     whole = losses(job(N), tmp_path_factory.mktemp("whole"))
-    workdir = tmp_path_factory.mktemp("stopped")
+    # a run's own folder, marked as `run` stages it: older shards are discarded there
+    workdir = own_folder(tmp_path_factory.mktemp("stopped"))
     first = losses(job(K), workdir, checkpoint_every=1)  # each older one is dropped
     np.testing.assert_array_equal(first, whole[:K])  # the same job, so far
     return whole, workdir

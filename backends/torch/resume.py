@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from megatronapp.errors import UserError
+from megatronapp.io.outdirs import discard, rename_fresh
 
 CHECKPOINTS = "checkpoints"
 
@@ -35,15 +36,17 @@ def save_shard(path: Path, state: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     torch.save(state, partial)
-    os.replace(partial, path)
+    rename_fresh(partial, path)  # each iteration's shard has a name of its own
 
 
 def drop_shard(path: Path) -> None:
     """Remove an older shard (a restart needs only the latest); the last stage
-    to drop its shard removes the iteration's folder."""
-    path.unlink(missing_ok=True)
-    with suppress(OSError):  # another stage's shard is still there
-        path.parent.rmdir()
+    to drop its shard removes the iteration's folder. Through the writer's
+    ``discard``: only inside the run's own (marked) folder."""
+    discard(path)
+    with suppress(OSError):  # another stage dropped the folder first
+        if not any(path.parent.iterdir()):  # another stage's shard is still there
+            discard(path.parent)
 
 
 def load_shard(path: Path, iteration: int) -> dict[str, Any]:
