@@ -12,15 +12,28 @@ from pathlib import Path
 MATMULS = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
 
 
-def compute_seconds(out: Path) -> dict[int, float]:
-    """Each rank's summed matmul time (s), from its trace file in ``out``."""
-    seconds = {}
+def matmul_durations(out: Path) -> dict[int, list[float]]:
+    """Each rank's matmul durations (µs), from its trace file in ``out``."""
+    durations = {}
     for path in out.glob("*.pt.trace.json"):
         trace = json.loads(path.read_text())
-        rank = int(trace["distributedInfo"]["rank"])
-        seconds[rank] = sum(e["dur"] for e in trace["traceEvents"]
-                            if e.get("cat") == "cpu_op" and e.get("name") in MATMULS) / 1e6
-    return seconds
+        durations[int(trace["distributedInfo"]["rank"])] = [
+            e["dur"] for e in trace["traceEvents"]
+            if e.get("cat") == "cpu_op" and e.get("name") in MATMULS]
+    return durations
+
+
+def compute_seconds(out: Path) -> dict[int, float]:
+    """Each rank's summed matmul time (s), from its trace file in ``out``."""
+    return {rank: sum(d) / 1e6 for rank, d in matmul_durations(out).items()}
+
+
+def fastest_matmul_us(out: Path) -> dict[int, float]:
+    """Each rank's shortest matmul (µs): its speed when it had a core to
+    itself. Sums are wall time: with four ranks on two cores, the peers'
+    matmuls share the cores while the slowed rank often runs alone (they wait
+    for it), which can hide even a 3x slowdown in the sums."""
+    return {rank: min(d) for rank, d in matmul_durations(out).items()}
 
 
 def realized_slowdown(seconds: dict[int, float], slow_rank: int | None) -> float:
