@@ -137,6 +137,21 @@ def test_llama3_rows_hold_table_4s_16m_tokens_per_batch_on_its_gpus() -> None:
         assert tokens == 16 * 2**20, r.source
 
 
+def test_llama3_rows_sit_in_its_pods_of_3072_gpus_oversubscribed_1_to_7() -> None:
+    """Section 3.3.1's network: in Megatron's rank order (tp, cp, dp, pp) some
+    pipeline neighbours sit in different pods, so the oversubscription reaches
+    the row's traffic."""
+    for r in runs_from("Llama 3"):
+        s, q = r.scenario, r.scenario.parallel
+        net = s.cluster.network
+        assert net.pod_nodes is not None and net.oversubscription == 7, r.source
+        pod_gpus = net.pod_nodes * s.cluster.gpus_per_node
+        assert pod_gpus == 3072, r.source
+        stage_gpus = q.tp * q.cp * q.dp
+        pods_of_stages = [stage * stage_gpus // pod_gpus for stage in range(q.pp)]
+        assert len(set(pods_of_stages)) > 1, r.source
+
+
 def test_a_published_throughput_becomes_the_time_its_flops_take() -> None:
     """TFLOP/s with recomputation counted divide the hardware FLOPs, model
     TFLOP/s the model's alone; a published time is kept as it is."""
