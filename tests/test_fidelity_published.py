@@ -137,6 +137,14 @@ def test_llama3_rows_hold_table_4s_16m_tokens_per_batch_on_its_gpus() -> None:
         assert tokens == 16 * 2**20, r.source
 
 
+def test_the_readme_h100_rows_overlap_their_tp_collectives_as_its_text_says() -> None:
+    """The README ran with --tp-comm-overlap: every row with tensor parallelism
+    runs its sequence-parallel collectives under the GEMMs (the 1.7B row has none)."""
+    for r in runs_from("Megatron-LM README"):
+        q = r.scenario.parallel
+        assert q.tp_comm_overlap == (q.tp > 1), r.source
+
+
 def test_llama3_rows_sit_in_its_pods_of_3072_gpus_oversubscribed_1_to_7() -> None:
     """Section 3.3.1's network: in Megatron's rank order (tp, cp, dp, pp) some
     pipeline neighbours sit in different pods, so the oversubscription reaches
