@@ -85,3 +85,41 @@ def test_the_torch_backend_refuses_flash_in_one_line() -> None:
     with pytest.raises(ScenarioError) as err:
         check_supported(scenario("flash"))
     assert err.value.field == "model.attention_backend"
+
+
+def with_gpu(s: Any, **gpu: Any) -> Any:
+    return s.model_copy(update={"cluster": s.cluster.model_copy(
+        update={"gpu": s.cluster.gpu.model_copy(update=gpu)})})
+
+
+@pytest.mark.parametrize("efficiency", [0.35, 0.8])
+def test_flash_attention_runs_its_core_at_the_devices_flash_rate(efficiency: float) -> None:
+    """With ``flash_attention_efficiency`` the causal half of the core runs at
+    that share of peak instead of as GEMMs; only the core's time changes."""
+    quiet = {"elementwise_traffic": 0.0, "gemm_overhead_us": 0.0, "module_overhead_us": 0.0}
+    gemm_priced = with_gpu(scenario("flash"), **quiet)
+    own_rate = with_gpu(gemm_priced, flash_attention_efficiency=efficiency)
+    g = layer_gemms(gemm_priced)
+    core_flops = (g.scores + g.attend) / T / 2  # per rank, causal half
+    gpu = gemm_priced.cluster.gpu
+    expected = (core_flops / (gpu.tflops * 1e12 * efficiency)
+                - core_flops / (gpu.tflops * 1e12 * gpu.efficiency))
+    assert (layer_forward_s(own_rate, Efficiency.of(own_rate))
+            - layer_forward_s(gemm_priced, Efficiency.of(gemm_priced))) == pytest.approx(
+        expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["fused", "unfused"])
+def test_a_flash_rate_leaves_other_attention_kernels_priced_as_gemms(backend: str) -> None:
+    s = scenario(backend)
+    assert stage_costs(with_gpu(s, flash_attention_efficiency=0.35)) == stage_costs(s)
+
+
+def test_hopper_devices_share_one_flash_rate_and_the_a100_prices_flash_as_gemms() -> None:
+    base = json.loads(json.dumps(BASE))
+    rates = {}
+    for device in ("h100-sxm", "h200", "a100-80gb"):
+        base["cluster"] = {"gpu": {"device": device}}
+        rates[device] = parse_scenario(base).cluster.gpu.flash_attention_efficiency
+    assert rates["h100-sxm"] is not None and rates["h200"] == rates["h100-sxm"]
+    assert rates["a100-80gb"] is None

@@ -25,7 +25,7 @@ from ..scenario.pipeline_split import chunk_layers, first_layer, max_chunk_layer
 from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, computed_core_share,  # noqa: F401
                     layer_forward_flops, layer_gemms, logits_forward_flops,
                     recomputed_layers_per_chunk)
-from .gemm import ROOFLINE, GemmDevice, rank_layer_shapes, rank_logits_shape
+from .gemm import ROOFLINE, GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
                      max_stage_params, state_bytes, transient_activation_bytes)
 from .context_parallel import kv_exchange, step_attention_flops
@@ -97,15 +97,18 @@ class Efficiency:
     elementwise_traffic: float
     backward_ratio: float
     gemm: GemmDevice  # GEMMs by shape
+    flash_attention_flops_per_s: float | None = None  # None: the core priced as GEMMs
 
     @classmethod
     def of(cls, s: Scenario) -> "Efficiency":
         g = s.cluster.gpu
         gemm = GemmDevice(g.tflops * 1e12, g.efficiency, g.gemm_half_gflops * 1e9,
                           g.gemm_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.sm_count, g.gemm_tiles)
+        flash = (None if g.flash_attention_efficiency is None
+                 else g.tflops * 1e12 * g.flash_attention_efficiency)
         return cls(g.tflops * 1e12 * g.efficiency, g.gemm_overhead_us * 1e-6,
                    g.module_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.elementwise_traffic,
-                   g.backward_ratio, gemm)
+                   g.backward_ratio, gemm, flash)
 
     def gemm_s(self, flops: float) -> float:
         """rate(F) = R·F/(F + R·overhead): the size-dependent falloff."""
@@ -118,9 +121,19 @@ class Efficiency:
 def rank_gemm_s(s: Scenario, eff: Efficiency) -> dict[str, float]:
     """Each of a layer's GEMMs on one rank, by its shape (``gemm.py``), the
     attention core as much of it as its kernel computes."""
-    core = computed_core_share(s)
-    return {n: eff.gemm.seconds(shape, ROOFLINE[n]) * (core if n in ATTENTION_CORE else 1.0)
+    return {n: attention_core_s(s, eff, n, shape) if n in ATTENTION_CORE
+            else eff.gemm.seconds(shape, ROOFLINE[n])
             for n, shape in rank_layer_shapes(s).items()}
+
+
+def attention_core_s(s: Scenario, eff: Efficiency, name: str, shape: GemmShape) -> float:
+    """One of the attention core's two products, the share its kernel computes:
+    flash attention at its own rate where the device has one (FlashAttention-2
+    reaches less of Hopper's peak than its GEMMs do), else as a GEMM."""
+    core = computed_core_share(s)
+    if s.model.attention_backend == "flash" and eff.flash_attention_flops_per_s is not None:
+        return shape.flops * core / eff.flash_attention_flops_per_s
+    return eff.gemm.seconds(shape, ROOFLINE[name]) * core
 
 
 def layer_forward_s(s: Scenario, eff: Efficiency) -> float:

@@ -225,6 +225,9 @@ class Gpu(_Strict):
     sm_count: PositiveInt | None = None
     gemm_tiles: tuple[tuple[PositiveInt, PositiveInt], ...] = ((256, 128), (128, 256), (128, 128))
     gemm_half_gflops: float = Field(0.0, ge=0, le=MAX_RATE)  # GEMM size at half the efficiency
+    # Share of peak flash attention's core reaches where it is not a GEMM's (FlashAttention-2
+    # on Hopper); None: priced as GEMMs of its shape, as unfused and fused attention are.
+    flash_attention_efficiency: float | None = Field(None, gt=0, le=1)
 
 
 class Links(_Strict):

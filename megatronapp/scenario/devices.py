@@ -30,6 +30,8 @@ class DeviceProfile:
     fitted_on: str = ""
 
 
+HOPPER_FLASH_ATTENTION_EFFICIENCY = 0.35
+
 SPECS: dict[str, DeviceProfile] = {
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense,
     # 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 per direction);
@@ -42,13 +44,18 @@ SPECS: dict[str, DeviceProfile] = {
     # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction);
     # DGX H100 datasheet: eight 400 Gb/s NDR InfiniBand (ConnectX-7) NICs.
     # 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5).
+    # FlashAttention-2 reaches 35% of an H100's peak (Shah et al. 2024, FlashAttention-3,
+    # section 1); fused attention (cuDNN, Transformer Engine) is priced as GEMMs.
     "h100-sxm": DeviceProfile(
-        gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35, "sm_count": 132},
+        gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35, "sm_count": 132,
+             "flash_attention_efficiency": HOPPER_FLASH_ATTENTION_EFFICIENCY},
         links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOP/s bf16 dense,
     # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: eight 400 Gb/s NDR NICs.
+    # The H100's SMs (Hopper), so FlashAttention-2's share of peak too.
     "h200": DeviceProfile(
-        gpu={"tflops": 989.0, "memory_gb": 141.0, "hbm_tbps": 4.8, "sm_count": 132},
+        gpu={"tflops": 989.0, "memory_gb": 141.0, "hbm_tbps": 4.8, "sm_count": 132,
+             "flash_attention_efficiency": HOPPER_FLASH_ATTENTION_EFFICIENCY},
         links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
 }
 
