@@ -123,3 +123,12 @@ def test_hopper_devices_share_one_flash_rate_and_the_a100_prices_flash_as_gemms(
         rates[device] = parse_scenario(base).cluster.gpu.flash_attention_efficiency
     assert rates["h100-sxm"] is not None and rates["h200"] == rates["h100-sxm"]
     assert rates["a100-80gb"] is None
+
+
+@pytest.mark.parametrize("rate", [0, 1.5, "fast"])
+def test_a_flash_rate_outside_0_to_1_is_refused_naming_the_field(rate: Any) -> None:
+    data = json.loads(json.dumps(BASE))
+    data["cluster"]["gpu"]["flash_attention_efficiency"] = rate
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(data)
+    assert err.value.field == "cluster.gpu.flash_attention_efficiency"
