@@ -126,9 +126,12 @@ def test_hopper_devices_share_one_flash_rate_and_the_a100_prices_flash_as_gemms(
 
 
 @pytest.mark.parametrize("rate", [0, 1.5, "fast"])
-def test_a_flash_rate_outside_0_to_1_is_refused_naming_the_field(rate: Any) -> None:
+def test_a_flash_rate_outside_0_to_1_is_refused_naming_the_field_and_1_is_kept(
+        rate: Any) -> None:
     data = json.loads(json.dumps(BASE))
     data["cluster"]["gpu"]["flash_attention_efficiency"] = rate
     with pytest.raises(ScenarioError) as err:
         parse_scenario(data)
     assert err.value.field == "cluster.gpu.flash_attention_efficiency"
+    data["cluster"]["gpu"]["flash_attention_efficiency"] = 1
+    assert parse_scenario(data).cluster.gpu.flash_attention_efficiency == 1
