@@ -54,7 +54,7 @@ from megatronapp.mitigate.loop import close_loop  # noqa: E402
 from megatronapp.mitigate.plan import global_batch  # noqa: E402
 from megatronapp.run.write import write_run  # noqa: E402
 from megatronapp.scan.live import scan_for  # noqa: E402
-from megatronapp.scan.online import OnlineConfig, OnlineScan, iterations_of  # noqa: E402
+from megatronapp.scan.online import SIMULATED, OnlineConfig, OnlineScan, iterations_of  # noqa: E402
 from megatronapp.scan.trials import REAL_P2P_S  # noqa: E402
 from megatronapp.scan.watch import run_iterations  # noqa: E402
 from megatronapp.scan.work import scenario_of_run  # noqa: E402
@@ -131,7 +131,7 @@ def trial(job: Job, kind: str, factor: float, seed: int, period_s: float
     s = scenario(job, seed, job.iterations, fault(job, kind, factor, start_s))
     parts = list(iterations_of(source_of(simulate(s)), compact=True))
     onset = onset_of(parts, job, kind, start_s)
-    scan = OnlineScan(gpus_per_node=s.cluster.gpus_per_node, scenario=s)
+    scan = OnlineScan(SIMULATED, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
     latency, false = None, 0
     for i, cols in parts:
         for d in scan.feed(i, cols):
@@ -147,7 +147,7 @@ def trial(job: Job, kind: str, factor: float, seed: int, period_s: float
 def healthy_verdicts(job: Job, seed: int, iterations: int) -> int:
     """The verdicts of one healthy run (each a false alarm)."""
     s = scenario(job, seed, iterations, "[]")
-    scan = OnlineScan(gpus_per_node=s.cluster.gpus_per_node, scenario=s)
+    scan = OnlineScan(SIMULATED, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
     return sum(d.event == "named" for i, cols in iterations_of(source_of(simulate(s)))
                for d in scan.feed(i, cols))
 

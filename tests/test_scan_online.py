@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from megatronapp.scan.live import scan_for
-from megatronapp.scan.online import Detection, OnlineConfig, OnlineScan, iterations_of
+from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
+                                     iterations_of)
 from megatronapp.scenario.config import Scenario, load_scenario
 from megatronapp.trace.columns import EventColumns, source_of
 from megatronapp.trace.summary import run_iteration_times
@@ -52,8 +53,32 @@ def test_a_throttle_that_starts_mid_run_is_named_soon_after_its_onset_and_not_be
     assert named[0].evidence["window"][1] == named[0].iteration
 
 
-def test_a_healthy_job_gets_no_verdict() -> None:
-    scan, iterations = fed(throttle_job(12, "[]"))
+@pytest.mark.parametrize("into_iteration", [0.6, 0.8])
+def test_without_jitter_a_throttle_late_in_its_onset_iteration_is_named_within_3(
+        into_iteration: float) -> None:
+    """A window of two holding the onset iteration's healthy part finds
+    nothing (every healthy run of the op is exactly as fast as its peers'),
+    so that window costs an iteration; the simulated default looks at one."""
+    def job(iterations: int, faults: str) -> Scenario:
+        return load_scenario(ROOT / "scenarios/throttle.yaml", [
+            f"iterations={iterations}", f"faults={faults}",
+            "cluster.jitter={compute_sigma: 0, link_sigma: 0}"])
+    period = statistics.mean(run_iteration_times(simulate(job(2, "[]"))))
+    start_s = (2 + into_iteration) * period
+    s = job(8, f"[{{kind: throttle, rank: {THROTTLED}, factor: 1.2, start_s: {start_s}}}]")
+    latencies = {}
+    for window, config in (("two", OnlineConfig(window=2)), ("simulated", SIMULATED)):
+        scan, iterations = fed(s, config)
+        onset = first_iteration_after(iterations, THROTTLED, start_s)
+        named = [d for d in scan.records if d.event == "named"]
+        assert [d.key for d in named] == [("compute", THROTTLED, None)]
+        latencies[window] = named[0].iteration - onset + 1
+    assert latencies["simulated"] <= 3 < latencies["two"]
+
+
+@pytest.mark.parametrize("config", [OnlineConfig(), SIMULATED])
+def test_a_healthy_job_gets_no_verdict(config: OnlineConfig) -> None:
+    scan, iterations = fed(throttle_job(12, "[]"), config)
     assert len(iterations) == 12 and scan.records == []
 
 

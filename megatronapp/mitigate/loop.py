@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 from megatronapp.errors import UserError
-from megatronapp.scan.online import Detection, OnlineConfig, OnlineScan, iterations_of
+from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
+                                     iterations_of)
 from megatronapp.scenario.config import LinkJitter, Mitigation, Scenario, SlowLink
 from megatronapp.trace.columns import (EventColumns, RankEventsView, TableSource, concat_same,
                                        source_of)
@@ -140,7 +141,7 @@ class Watch:
 
 def close_loop(s: Scenario, first: RunResult, run: RunFn,
                report: Callable[[list[Detection]], None],
-               config: OnlineConfig = OnlineConfig(), live: LiveStop | None = None) -> LoopRun:
+               config: OnlineConfig = SIMULATED, live: LiveStop | None = None) -> LoopRun:
     """Run the loop over ``first`` (``s`` as simulated without it); ``run``
     simulates each re-planned job; ``report`` gets detections as they are made.
     ``live``: the jobs ran on real ranks that stopped where it says (their

@@ -22,9 +22,9 @@ from megatronapp.trace.columns import EventColumns, EventSource, concat_same
 from .detect import Thresholds, megascan
 from .diagnosis import RootCause
 from .inputs import DEFAULT_GPUS_PER_NODE, prepare_columns
-from .online_config import OnlineConfig
+from .online_config import SIMULATED, OnlineConfig
 
-__all__ = ["Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
+__all__ = ["SIMULATED", "Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
 
 SuspectKey = tuple[str, int, int | None]  # (kind, rank, peer): what a verdict names
 
