@@ -8,7 +8,7 @@ iteration times with the loop's accounting (``--estimate-gpus``,
 
     .venv/bin/python paper_figs/online_table.py [--gpus 16,1024] [--seeds 20]
         [--healthy-seeds 50] [--healthy-iterations 40] [--goodput-gpus 16]
-        [--kinds throttle,slow_link] [--healthy-only] [--healthy-first-seed 0]
+        [--kinds throttle,slow_link] [--factors 1.5] [--healthy-only] [--healthy-first-seed 0]
         [--estimate-gpus 1024,12288]
 
 Jobs: 16 GPUs (scenarios/throttle.yaml: tp 2, pp 4, dp 2), 1,024 GPUs
@@ -216,17 +216,26 @@ def false_alarm_row(gpus: int, verdicts: int, iterations: int) -> str:
     per = 10_000
     return (f"| {gpus:,} | healthy | | | | {verdicts} in {iterations:,} iterations: "
             f"{per * verdicts / iterations:.2f} per {per:,} (95% upper bound "
-            f"{per * poisson_upper(verdicts, iterations):.2f}) | | |")
+            f"{per * poisson_upper(verdicts, iterations):.2f}) | | | |")
 
 
-def goodput(job: Job, kind: str, factor: float, period_s: float) -> tuple[float, float]:
-    """tokens/s with the loop off and on (seed 0)."""
+def goodput(job: Job, kind: str, factor: float, period_s: float
+            ) -> tuple[float, float, float | None]:
+    """tokens/s with the loop off and on (seed 0), simulated end to end, and
+    the restart cost at which the loop breaks even (None: it did not act)."""
     start_s = GOODPUT_ONSET * period_s
     s = scenario(job, 0, GOODPUT_ITERATIONS, fixed(job).fault(kind, factor, start_s),
                  f"mitigation={{action: exclude, spares: 1, checkpoint_every: 10, "
                  f"restart_s: {20 * period_s}}}")
     loop = close_loop(s, simulate(s), simulate, lambda _: None).to_json()
-    return loop["tokens_per_s_without_loop"], loop["tokens_per_s"]
+    print(f"{s.world_size} {kind} {factor:g}x loop: " + "; ".join(
+        f"iterations {g['first_iteration']}-{g['first_iteration'] + g['iterations'] - 1} "
+        f"in {g['seconds']:.2f} s on dp {g['dp']}" for g in loop["segments"]),
+        file=sys.stderr, flush=True)
+    restarts = loop["restarts"]
+    working_s = loop["seconds"] - restarts * loop["restart_s"]
+    even = (loop["seconds_without_loop"] - working_s) / restarts if restarts else None
+    return loop["tokens_per_s_without_loop"], loop["tokens_per_s"], even
 
 
 @dataclass(frozen=True)
@@ -436,6 +445,7 @@ def main() -> None:
     ap.add_argument("--goodput-gpus", default="16")
     ap.add_argument("--healthy-only", action="store_true", help="only the false-alarm rows")
     ap.add_argument("--kinds", default="throttle,slow_link", help="fault kinds to run")
+    ap.add_argument("--factors", default="", help="only these severities (e.g. 1.5)")
     ap.add_argument("--estimate-gpus", default="", help="sizes whose goodput is estimated "
                     "from measured iteration times (LoopEstimate) after the table")
     args = ap.parse_args()
@@ -445,13 +455,14 @@ def main() -> None:
                     config)
         return
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
-          "| goodput off (tokens/s) | goodput on |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| goodput off (tokens/s) | goodput on | break-even restart s |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     estimates: list[tuple[int, str, float, LoopEstimate]] = []
     for gpus in [int(g) for g in args.gpus.split(",")]:
         job = JOBS[gpus]
         period = iteration_s(job)
-        cases = [(k, f) for k, f in CASES if k in args.kinds.split(",")]
+        cases = [(k, f) for k, f in CASES if k in args.kinds.split(",")
+                 and (not args.factors or f in [float(x) for x in args.factors.split(",")])]
         for kind, factor in () if args.healthy_only else cases:
             seeds = range(args.seeds)
             results = [trial(job, kind, factor, seed, period) for seed in seeds]
@@ -459,14 +470,15 @@ def main() -> None:
             if named and str(gpus) in args.estimate_gpus.split(","):
                 estimates.append((gpus, kind, factor, loop_estimate(
                     job, kind, factor, int(statistics.median(named)))))
-            off, on = goodput(job, kind, factor, period) \
-                if str(gpus) in args.goodput_gpus.split(",") else (None, None)
+            off, on, even = goodput(job, kind, factor, period) \
+                if str(gpus) in args.goodput_gpus.split(",") else (None, None, None)
             print(f"| {gpus:,} | {kind} {factor:g}x "
                   f"| {statistics.median(named) if named else '-'} "
                   f"| {max(named) if len(named) == len(results) else 'missed'} "
                   f"| {len(named)}/{len(results)} | {sum(r[1] for r in results)} "
                   f"| {'-' if off is None else f'{off:,.0f}'} "
-                  f"| {'-' if on is None else f'{on:,.0f}'} |", flush=True)
+                  f"| {'-' if on is None else f'{on:,.0f}'} "
+                  f"| {'-' if even is None else f'{even:.2f}'} |", flush=True)
         if not job.jitter or args.healthy_seeds == 0:
             continue  # identical pipelines: nothing to tell a false alarm from
         verdicts, iterations = healthy_false_alarms(job, args.healthy_seeds,

@@ -178,6 +178,18 @@ def test_iterations_of_splits_a_run_by_iteration_keeping_every_event() -> None:
     assert all(bool(np.all(c.iteration == i)) for i, c in parts)
 
 
+def test_a_long_run_read_in_blocks_of_iterations_gives_every_iteration_as_read_whole() -> None:
+    source = source_of(simulate(throttle_job(7, "[]")))
+    whole = list(iterations_of(source))
+    per_iteration = len(whole[0][1])
+    for max_rows in (per_iteration, 3 * per_iteration):  # 1 and 3 iterations a pass
+        blocks = list(iterations_of(source, max_rows=max_rows))
+        assert [i for i, _ in blocks] == [i for i, _ in whole]
+        for (_, a), (_, b) in zip(blocks, whole):
+            assert sorted(zip(a.rank.tolist(), a.start_s.tolist(), a.dur_s.tolist())) == \
+                sorted(zip(b.rank.tolist(), b.start_s.tolist(), b.dur_s.tolist()))
+
+
 def test_a_detection_says_what_it_names_in_json_and_in_one_line() -> None:
     d = Detection("named", "link", 5, 9, 0.9, 3, 4, {"window": [3, 4]})
     assert d.to_json()["rank"] == 5 and d.to_json()["peer"] == 9
