@@ -221,7 +221,7 @@ def _baseline_s(first: RunResult, iterations: int, notes: list[str]) -> float:
     if len(spans.of) >= iterations:
         return _span_s(spans.of, 0, iterations - 1)
     notes.append(f"without the loop: {iterations} iterations at the pace of the first "
-                 f"{len(spans)}, which were not stopped")
+                 f"{len(spans.of)}, which were not stopped")
     return _span_s(spans.of, 0, len(spans.of) - 1) / len(spans.of) * iterations
 
 
