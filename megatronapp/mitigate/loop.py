@@ -193,8 +193,9 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
             stop = _stop(scenario, _shifted(stopped[0], done, len(segments)), stopped[1],
                          spans.of, policy, done, notes)
         ran = len(spans.of)
-        if stop is None:
-            segments.append(Segment(scenario, _truncated(result, ran), done, ran,
+        if stop is None:  # a simulated segment that ran to its end is kept as it is
+            kept = result if live is None else _truncated(result, ran)
+            segments.append(Segment(scenario, kept, done, ran,
                                     _span_s(spans.of, 0, ran - 1)))
             break
         verdict, plan, checkpoint = stop
