@@ -8,7 +8,7 @@ iteration times with the loop's accounting (``--estimate-gpus``,
 
     .venv/bin/python paper_figs/online_table.py [--gpus 16,1024] [--seeds 20]
         [--healthy-seeds 50] [--healthy-iterations 40] [--goodput-gpus 16]
-        [--kinds throttle,slow_link] [--healthy-only] [--healthy-first-seed 0]
+        [--kinds throttle,slow_link] [--factors 1.5] [--healthy-only] [--healthy-first-seed 0]
         [--estimate-gpus 1024,12288]
 
 Jobs: 16 GPUs (scenarios/throttle.yaml: tp 2, pp 4, dp 2), 1,024 GPUs
@@ -16,12 +16,13 @@ Jobs: 16 GPUs (scenarios/throttle.yaml: tp 2, pp 4, dp 2), 1,024 GPUs
 GPUs (scenarios/megascale_12288.yaml), each with one fault; the 16- and
 1,024-GPU jobs with their background jitter, the 12,288-GPU job without (so
 its identical pipelines are simulated and scanned once per class: the scan is
-fed the stored rows, ``iterations_of(compact=True)``; every seed is the same
-run there, so it runs one). A fault starts half-way through iteration
-``ONSET`` (``start_s``); its onset is the first iteration the throttled rank
-computes in, or the link carries a transfer in, after it. Latency counts the
-iterations completed from the onset's to the verdict's: 1 = named at the end
-of the onset iteration. A false alarm is a verdict naming anything else.
+fed the stored rows, ``iterations_of(compact=True)``). Each seed places its
+fault (``placed``): any rank, or any pipeline link between consecutive
+stages, starting anywhere in iteration ``ONSET`` (``start_s``), so seeds are
+different runs even without jitter. Its onset is the first iteration the
+throttled rank computes in, or the link carries a transfer in, after it.
+Latency counts the iterations completed from the onset's to the verdict's:
+1 = named at the end of the onset iteration. A false alarm is a verdict naming anything else.
 Goodput: a job of ``GOODPUT_ITERATIONS`` with the fault from iteration 40,
 ``mitigation: {action: exclude, spares: 1, checkpoint_every: 10}`` and a
 restart costing 20 iterations' time, against the same job with the loop off.
@@ -54,7 +55,7 @@ from megatronapp.mitigate.loop import close_loop  # noqa: E402
 from megatronapp.mitigate.plan import global_batch  # noqa: E402
 from megatronapp.run.write import write_run  # noqa: E402
 from megatronapp.scan.live import scan_for  # noqa: E402
-from megatronapp.scan.online import OnlineConfig, OnlineScan, iterations_of  # noqa: E402
+from megatronapp.scan.online import SIMULATED, OnlineConfig, OnlineScan, iterations_of  # noqa: E402
 from megatronapp.scan.trials import REAL_P2P_S  # noqa: E402
 from megatronapp.scan.watch import run_iterations  # noqa: E402
 from megatronapp.scan.work import scenario_of_run  # noqa: E402
@@ -71,7 +72,7 @@ class Job:
     throttled: int
     link: tuple[int, int]  # a pipeline link between two nodes
     iterations: int  # per latency trial
-    jitter: bool = True  # False: every seed is the same run
+    jitter: bool = True  # False: its healthy pipelines are identical (no false alarm to measure)
 
 
 JOBS = {
@@ -90,11 +91,41 @@ def scenario(job: Job, seed: int, iterations: int, faults: str, *extra: str) -> 
                           f"faults={faults}", *extra])
 
 
-def fault(job: Job, kind: str, factor: float, start_s: float) -> str:
-    if kind == "throttle":
-        return f"[{{kind: throttle, rank: {job.throttled}, factor: {factor}, start_s: {start_s}}}]"
-    return (f"[{{kind: slow_link, ranks: [{job.link[0]}, {job.link[1]}], factor: {factor}, "
-            f"start_s: {start_s}}}]")
+@dataclass(frozen=True)
+class Placement:
+    """Which rank a throttle slows or which pipeline link a slow link slows,
+    and how far into iteration ``ONSET`` (0 to 1) the fault starts."""
+
+    rank: int
+    link: tuple[int, int]  # a stage's rank and its next stage's (a link between two nodes)
+    into: float = 0.5
+
+    def fault(self, kind: str, factor: float, start_s: float) -> str:
+        if kind == "throttle":
+            return (f"[{{kind: throttle, rank: {self.rank}, factor: {factor}, "
+                    f"start_s: {start_s}}}]")
+        return (f"[{{kind: slow_link, ranks: [{self.link[0]}, {self.link[1]}], "
+                f"factor: {factor}, start_s: {start_s}}}]")
+
+    def target(self, kind: str) -> tuple[str, int, int | None]:
+        return ("compute", self.rank, None) if kind == "throttle" else ("link", *self.link)
+
+
+def fixed(job: Job) -> Placement:
+    """The job's own fault, half-way through the iteration (goodput, estimates)."""
+    return Placement(job.throttled, job.link)
+
+
+def placed(s: Scenario, seed: int) -> Placement:
+    """A fault placed by ``seed``: any rank of the job, any pipeline link
+    between consecutive stages (tp fastest, then dp, then pp: the next stage's
+    rank is ``tp * dp`` on), anywhere in the onset iteration."""
+    p = s.parallel
+    rng = np.random.default_rng(seed)
+    stride = p.tp * p.dp
+    sender = int(rng.integers(stride * (p.pp - 1)))
+    return Placement(int(rng.integers(s.world_size)), (sender, sender + stride),
+                     float(rng.uniform(0.0, 1.0)))
 
 
 def iteration_s(job: Job) -> float:
@@ -103,13 +134,14 @@ def iteration_s(job: Job) -> float:
     return statistics.mean(times)
 
 
-def onset_of(parts: list[tuple[int, EventColumns]], job: Job, kind: str, start_s: float) -> int:
+def onset_of(parts: list[tuple[int, EventColumns]], place: Placement, kind: str,
+             start_s: float) -> int:
     """The first iteration the fault acts in: the throttled rank computes, or
     the link carries a transfer, at or after ``start_s``."""
     def acts(c: EventColumns) -> np.ndarray:
         if kind == "throttle":
-            return c.rank == job.throttled
-        a, b = job.link
+            return c.rank == place.rank
+        a, b = place.link
         return ((c.rank == a) & (c.peer == b)) | ((c.rank == b) & (c.peer == a))
     return first_acting(parts, acts, start_s)
 
@@ -120,34 +152,35 @@ def first_acting(parts: list[tuple[int, EventColumns]],
     return min(i for i, c in parts if bool((acts(c) & (c.start_s >= start_s)).any()))
 
 
-def target(job: Job, kind: str) -> tuple[str, int, int | None]:
-    return ("compute", job.throttled, None) if kind == "throttle" else ("link", *job.link)
-
-
 def trial(job: Job, kind: str, factor: float, seed: int, period_s: float
           ) -> tuple[int | None, int]:
-    """(latency in iterations or None if never named, false alarms) of one run."""
-    start_s = (ONSET + 0.5) * period_s
-    s = scenario(job, seed, job.iterations, fault(job, kind, factor, start_s))
+    """(latency in iterations or None if never named, false alarms) of one run,
+    its fault placed by ``seed``."""
+    place = placed(scenario(job, seed, 1, "[]"), seed)
+    start_s = (ONSET + place.into) * period_s
+    s = scenario(job, seed, job.iterations, place.fault(kind, factor, start_s))
     parts = list(iterations_of(source_of(simulate(s)), compact=True))
-    onset = onset_of(parts, job, kind, start_s)
-    scan = OnlineScan(gpus_per_node=s.cluster.gpus_per_node, scenario=s)
+    onset = onset_of(parts, place, kind, start_s)
+    scan = OnlineScan(SIMULATED, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
     latency, false = None, 0
     for i, cols in parts:
         for d in scan.feed(i, cols):
             if d.event != "named":
                 continue
-            if d.key == target(job, kind) and latency is None:
+            if d.key == place.target(kind) and latency is None:
                 latency = d.iteration - onset + 1
-            elif d.key != target(job, kind):
+            elif d.key != place.target(kind):
                 false += 1
+    print(f"{s.world_size} {kind} {factor:g}x seed {seed}: {place.target(kind)} from "
+          f"{place.into:.2f} into iteration {ONSET}, onset {onset}: latency {latency}, "
+          f"{false} false alarms", file=sys.stderr, flush=True)
     return latency, false
 
 
 def healthy_verdicts(job: Job, seed: int, iterations: int) -> int:
     """The verdicts of one healthy run (each a false alarm)."""
     s = scenario(job, seed, iterations, "[]")
-    scan = OnlineScan(gpus_per_node=s.cluster.gpus_per_node, scenario=s)
+    scan = OnlineScan(SIMULATED, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
     return sum(d.event == "named" for i, cols in iterations_of(source_of(simulate(s)))
                for d in scan.feed(i, cols))
 
@@ -183,17 +216,26 @@ def false_alarm_row(gpus: int, verdicts: int, iterations: int) -> str:
     per = 10_000
     return (f"| {gpus:,} | healthy | | | | {verdicts} in {iterations:,} iterations: "
             f"{per * verdicts / iterations:.2f} per {per:,} (95% upper bound "
-            f"{per * poisson_upper(verdicts, iterations):.2f}) | | |")
+            f"{per * poisson_upper(verdicts, iterations):.2f}) | | | |")
 
 
-def goodput(job: Job, kind: str, factor: float, period_s: float) -> tuple[float, float]:
-    """tokens/s with the loop off and on (seed 0)."""
+def goodput(job: Job, kind: str, factor: float, period_s: float
+            ) -> tuple[float, float, float | None]:
+    """tokens/s with the loop off and on (seed 0), simulated end to end, and
+    the restart cost at which the loop breaks even (None: it did not act)."""
     start_s = GOODPUT_ONSET * period_s
-    s = scenario(job, 0, GOODPUT_ITERATIONS, fault(job, kind, factor, start_s),
+    s = scenario(job, 0, GOODPUT_ITERATIONS, fixed(job).fault(kind, factor, start_s),
                  f"mitigation={{action: exclude, spares: 1, checkpoint_every: 10, "
                  f"restart_s: {20 * period_s}}}")
     loop = close_loop(s, simulate(s), simulate, lambda _: None).to_json()
-    return loop["tokens_per_s_without_loop"], loop["tokens_per_s"]
+    print(f"{s.world_size} {kind} {factor:g}x loop: " + "; ".join(
+        f"iterations {g['first_iteration']}-{g['first_iteration'] + g['iterations'] - 1} "
+        f"in {g['seconds']:.2f} s on dp {g['dp']}" for g in loop["segments"]),
+        file=sys.stderr, flush=True)
+    restarts = loop["restarts"]
+    working_s = loop["seconds"] - restarts * loop["restart_s"]
+    even = (loop["seconds_without_loop"] - working_s) / restarts if restarts else None
+    return loop["tokens_per_s_without_loop"], loop["tokens_per_s"], even
 
 
 @dataclass(frozen=True)
@@ -239,7 +281,7 @@ def mean_iteration_s(s: Scenario) -> float:
 def loop_estimate(job: Job, kind: str, factor: float, latency: int) -> LoopEstimate:
     """``LoopEstimate`` from 3-iteration runs (seed 0), the fault from the start."""
     healthy = scenario(job, 0, 3, "[]")
-    faulty = scenario(job, 0, 3, fault(job, kind, factor, 0.0))
+    faulty = scenario(job, 0, 3, fixed(job).fault(kind, factor, 0.0))
     tokens = (GOODPUT_ITERATIONS * global_batch(healthy.parallel, healthy.model.micro_batch_size)
               * healthy.model.seq_len)
     return LoopEstimate(mean_iteration_s(healthy), mean_iteration_s(faulty),
@@ -403,6 +445,7 @@ def main() -> None:
     ap.add_argument("--goodput-gpus", default="16")
     ap.add_argument("--healthy-only", action="store_true", help="only the false-alarm rows")
     ap.add_argument("--kinds", default="throttle,slow_link", help="fault kinds to run")
+    ap.add_argument("--factors", default="", help="only these severities (e.g. 1.5)")
     ap.add_argument("--estimate-gpus", default="", help="sizes whose goodput is estimated "
                     "from measured iteration times (LoopEstimate) after the table")
     args = ap.parse_args()
@@ -412,28 +455,30 @@ def main() -> None:
                     config)
         return
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
-          "| goodput off (tokens/s) | goodput on |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| goodput off (tokens/s) | goodput on | break-even restart s |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     estimates: list[tuple[int, str, float, LoopEstimate]] = []
     for gpus in [int(g) for g in args.gpus.split(",")]:
         job = JOBS[gpus]
         period = iteration_s(job)
-        cases = [(k, f) for k, f in CASES if k in args.kinds.split(",")]
+        cases = [(k, f) for k, f in CASES if k in args.kinds.split(",")
+                 and (not args.factors or f in [float(x) for x in args.factors.split(",")])]
         for kind, factor in () if args.healthy_only else cases:
-            seeds = range(args.seeds if job.jitter else 1)
+            seeds = range(args.seeds)
             results = [trial(job, kind, factor, seed, period) for seed in seeds]
             named = [r[0] for r in results if r[0] is not None]
             if named and str(gpus) in args.estimate_gpus.split(","):
                 estimates.append((gpus, kind, factor, loop_estimate(
                     job, kind, factor, int(statistics.median(named)))))
-            off, on = goodput(job, kind, factor, period) \
-                if str(gpus) in args.goodput_gpus.split(",") else (None, None)
+            off, on, even = goodput(job, kind, factor, period) \
+                if str(gpus) in args.goodput_gpus.split(",") else (None, None, None)
             print(f"| {gpus:,} | {kind} {factor:g}x "
                   f"| {statistics.median(named) if named else '-'} "
                   f"| {max(named) if len(named) == len(results) else 'missed'} "
                   f"| {len(named)}/{len(results)} | {sum(r[1] for r in results)} "
                   f"| {'-' if off is None else f'{off:,.0f}'} "
-                  f"| {'-' if on is None else f'{on:,.0f}'} |", flush=True)
+                  f"| {'-' if on is None else f'{on:,.0f}'} "
+                  f"| {'-' if even is None else f'{even:.2f}'} |", flush=True)
         if not job.jitter or args.healthy_seeds == 0:
             continue  # identical pipelines: nothing to tell a false alarm from
         verdicts, iterations = healthy_false_alarms(job, args.healthy_seeds,

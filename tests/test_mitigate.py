@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from megatronapp.mitigate.loop import close_loop
+from megatronapp.mitigate.loop import Spans, close_loop
 from megatronapp.mitigate.plan import global_batch, replan, shrunk_parallel
 from megatronapp.scenario.config import Parallel, ScenarioError, load_scenario, parse_scenario
+from megatronapp.trace.columns import source_of
+from megatronapp.trace.metrics import iteration_spans
 from sim import simulate
 
 from .support import ROOT, run_cli
@@ -119,3 +121,12 @@ def test_the_run_directory_holds_each_segment_and_the_restart(tmp_path: Path) ->
 def test_a_mitigation_beside_an_fbd_section_is_refused() -> None:
     with pytest.raises(ScenarioError, match="mitigation"):
         load_scenario(ROOT / "scenarios/fbd_hetero.yaml", ["mitigation={action: exclude}"])
+
+
+@pytest.mark.parametrize("max_rows", [1000, 7777])
+def test_spans_gathered_batch_by_batch_are_the_whole_tables(max_rows: int) -> None:
+    source = source_of(simulate(load_scenario(THROTTLE, ["iterations=5"])))
+    spans = Spans()
+    for batch in reversed(list(source.batches(max_rows))):  # any order, any cut
+        spans.add(batch)
+    assert spans.of == iteration_spans(source.compact()[0])

@@ -64,3 +64,23 @@ def test_at_the_bound_seeing_as_few_events_has_probability_one_in_twenty(
     at_most = sum(mean ** k / math.factorial(k) for k in range(count + 1)) * math.exp(-mean)
     assert at_most == pytest.approx(0.05, abs=1e-9)
     assert poisson_upper(count + 1, exposure) > poisson_upper(count, exposure) > count / exposure
+
+
+def test_seeds_place_the_fault_on_different_ranks_links_and_times() -> None:
+    s = table.scenario(table.JOBS[1024], 0, 1, "[]")
+    places = [table.placed(s, seed) for seed in range(20)]
+    assert len({p.rank for p in places}) > 1 and len({p.link for p in places}) > 1
+    assert len({p.into for p in places}) == 20  # 20 different runs
+    node, stride = s.cluster.gpus_per_node, s.parallel.tp * s.parallel.dp
+    for p in places:
+        a, b = p.link
+        assert 0 <= p.rank < s.world_size and 0 <= a < b < s.world_size
+        assert b - a == stride and a // node != b // node  # consecutive stages, two nodes
+        assert 0.0 <= p.into < 1.0
+
+
+@pytest.mark.parametrize("kind", ["throttle", "slow_link"])
+def test_a_seed_placed_fault_is_timed_from_its_own_onset(kind: str) -> None:
+    job = table.JOBS[16]
+    latency, false = table.trial(job, kind, 3.0, 1, table.iteration_s(job))
+    assert latency is not None and 1 <= latency <= 3 and false == 0

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from megatronapp.scan.live import scan_for
-from megatronapp.scan.online import Detection, OnlineConfig, OnlineScan, iterations_of
+from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
+                                     iterations_of)
 from megatronapp.scenario.config import Scenario, load_scenario
 from megatronapp.trace.columns import EventColumns, source_of
 from megatronapp.trace.summary import run_iteration_times
@@ -52,8 +53,32 @@ def test_a_throttle_that_starts_mid_run_is_named_soon_after_its_onset_and_not_be
     assert named[0].evidence["window"][1] == named[0].iteration
 
 
-def test_a_healthy_job_gets_no_verdict() -> None:
-    scan, iterations = fed(throttle_job(12, "[]"))
+@pytest.mark.parametrize("into_iteration", [0.6, 0.8])
+def test_without_jitter_a_throttle_late_in_its_onset_iteration_is_named_within_3(
+        into_iteration: float) -> None:
+    """A window of two holding the onset iteration's healthy part finds
+    nothing (every healthy run of the op is exactly as fast as its peers'),
+    so that window costs an iteration; the simulated default looks at one."""
+    def job(iterations: int, faults: str) -> Scenario:
+        return load_scenario(ROOT / "scenarios/throttle.yaml", [
+            f"iterations={iterations}", f"faults={faults}",
+            "cluster.jitter={compute_sigma: 0, link_sigma: 0}"])
+    period = statistics.mean(run_iteration_times(simulate(job(2, "[]"))))
+    start_s = (2 + into_iteration) * period
+    s = job(8, f"[{{kind: throttle, rank: {THROTTLED}, factor: 1.2, start_s: {start_s}}}]")
+    latencies = {}
+    for window, config in (("two", OnlineConfig(window=2)), ("simulated", SIMULATED)):
+        scan, iterations = fed(s, config)
+        onset = first_iteration_after(iterations, THROTTLED, start_s)
+        named = [d for d in scan.records if d.event == "named"]
+        assert [d.key for d in named] == [("compute", THROTTLED, None)]
+        latencies[window] = named[0].iteration - onset + 1
+    assert latencies["simulated"] <= 3 < latencies["two"]
+
+
+@pytest.mark.parametrize("config", [OnlineConfig(), SIMULATED])
+def test_a_healthy_job_gets_no_verdict(config: OnlineConfig) -> None:
+    scan, iterations = fed(throttle_job(12, "[]"), config)
     assert len(iterations) == 12 and scan.records == []
 
 
@@ -151,6 +176,18 @@ def test_iterations_of_splits_a_run_by_iteration_keeping_every_event() -> None:
     assert [i for i, _ in parts] == [0, 1, 2]
     assert sum(len(c) for _, c in parts) == source_of(result).events
     assert all(bool(np.all(c.iteration == i)) for i, c in parts)
+
+
+def test_a_long_run_read_in_blocks_of_iterations_gives_every_iteration_as_read_whole() -> None:
+    source = source_of(simulate(throttle_job(7, "[]")))
+    whole = list(iterations_of(source))
+    per_iteration = len(whole[0][1])
+    for max_rows in (per_iteration, 3 * per_iteration):  # 1 and 3 iterations a pass
+        blocks = list(iterations_of(source, max_rows=max_rows))
+        assert [i for i, _ in blocks] == [i for i, _ in whole]
+        for (_, a), (_, b) in zip(blocks, whole):
+            assert sorted(zip(a.rank.tolist(), a.start_s.tolist(), a.dur_s.tolist())) == \
+                sorted(zip(b.rank.tolist(), b.start_s.tolist(), b.dur_s.tolist()))
 
 
 def test_a_detection_says_what_it_names_in_json_and_in_one_line() -> None:

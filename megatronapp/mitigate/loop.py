@@ -10,16 +10,18 @@ checkpoint at iteration C numbers its own iteration 0 as C.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
 
 from megatronapp.errors import UserError
-from megatronapp.scan.online import Detection, OnlineConfig, OnlineScan, iterations_of
+from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
+                                     iterations_of)
 from megatronapp.scenario.config import LinkJitter, Mitigation, Scenario, SlowLink
 from megatronapp.trace.columns import (EventColumns, RankEventsView, TableSource, concat_same,
                                        source_of)
 from megatronapp.trace.events import RunResult
-from megatronapp.trace.metrics import iteration_spans
 
 from .plan import Replan, global_batch, replan
 
@@ -99,9 +101,33 @@ def _shifted(d: Detection, offset: int, segment: int) -> Detection:
                    evidence={**d.evidence, "window": window, "segment": segment})
 
 
-def _truncated(result: RunResult, parts: list[EventColumns]) -> RunResult:
-    source = TableSource(concat_same(parts).sorted_by_rank_and_start())
+def _truncated(result: RunResult, iterations: int) -> RunResult:
+    """``result`` cut to its first ``iterations`` (one pass over its batches)."""
+    kept = [b.take(np.flatnonzero((b.iteration >= 0) & (b.iteration < iterations)))
+            for b in source_of(result).batches()]
+    source = TableSource(concat_same(kept).sorted_by_rank_and_start())
     return replace(result, events=RankEventsView(source), source=source)
+
+
+@dataclass
+class Spans:
+    """Each iteration's (first start, last end) over every rank, gathered from
+    batches of rows in any order (``of``), so that no iteration's rows are kept."""
+
+    of: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def add(self, cols: EventColumns) -> None:
+        has = cols.iteration >= 0
+        if not has.any():
+            return
+        its, inverse = np.unique(cols.iteration[has], return_inverse=True)
+        first = np.full(len(its), np.inf)
+        last = np.full(len(its), -np.inf)
+        np.minimum.at(first, inverse, cols.start_s[has])
+        np.maximum.at(last, inverse, cols.end_s[has])
+        for it, a, b in zip(its.tolist(), first.tolist(), last.tolist()):
+            lo, hi = self.of.get(it, (a, b))
+            self.of[it] = (min(lo, a), max(hi, b))
 
 
 def _span_s(spans: dict[int, tuple[float, float]], first: int, last: int) -> float:
@@ -140,7 +166,7 @@ class Watch:
 
 def close_loop(s: Scenario, first: RunResult, run: RunFn,
                report: Callable[[list[Detection]], None],
-               config: OnlineConfig = OnlineConfig(), live: LiveStop | None = None) -> LoopRun:
+               config: OnlineConfig = SIMULATED, live: LiveStop | None = None) -> LoopRun:
     """Run the loop over ``first`` (``s`` as simulated without it); ``run``
     simulates each re-planned job; ``report`` gets detections as they are made.
     ``live``: the jobs ran on real ranks that stopped where it says (their
@@ -152,30 +178,30 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
     truth, scenario, result, done, false_s = faulty_keys(s), s, first, 0, 0.0
     while True:
         scan = OnlineScan(config, gpus_per_node=scenario.cluster.gpus_per_node, scenario=scenario)
-        watch, parts, stop = Watch(scan, policy), [], None
+        watch, spans, stop = Watch(scan, policy), Spans(), None
         for i, cols in iterations_of(source_of(result)):
-            parts.append(cols)
+            spans.add(cols)  # the iteration's time is all the loop keeps of it
             decided = [_shifted(d, done, len(segments)) for d in scan.feed(i, cols)]
             detections += decided
             report(decided)
             if live is None and (verdict := watch.acts(i, decided, len(segments), done,
                                                        s.iterations)) is not None:
-                stop = _stop(scenario, verdict, i, parts, policy, done, notes)
+                stop = _stop(scenario, verdict, i, spans.of, policy, done, notes)
                 if stop is not None:
                     break
         if live is not None and (stopped := live()) is not None:
-            stop = _stop(scenario, _shifted(stopped[0], done, len(segments)), stopped[1], parts,
-                         policy, done, notes)
-        spans = iteration_spans(concat_same(parts))
-        ran = len(parts)
-        if stop is None:
-            segments.append(Segment(scenario, _truncated(result, parts), done, ran,
-                                    _span_s(spans, 0, ran - 1)))
+            stop = _stop(scenario, _shifted(stopped[0], done, len(segments)), stopped[1],
+                         spans.of, policy, done, notes)
+        ran = len(spans.of)
+        if stop is None:  # a simulated segment that ran to its end is kept as it is
+            kept = result if live is None else _truncated(result, ran)
+            segments.append(Segment(scenario, kept, done, ran,
+                                    _span_s(spans.of, 0, ran - 1)))
             break
         verdict, plan, checkpoint = stop
-        redone = _span_s(spans, checkpoint - done, ran - 1)
-        segments.append(Segment(scenario, _truncated(result, parts), done, ran,
-                                _span_s(spans, 0, ran - 1), redone, verdict, plan))
+        redone = _span_s(spans.of, checkpoint - done, ran - 1)
+        segments.append(Segment(scenario, _truncated(result, ran), done, ran,
+                                _span_s(spans.of, 0, ran - 1), redone, verdict, plan))
         if (verdict.rank, verdict.peer) not in truth:
             false_s += policy.restart_s + redone
         done = checkpoint
@@ -190,21 +216,23 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
 def _baseline_s(first: RunResult, iterations: int, notes: list[str]) -> float:
     """The job's time without the loop: its first run, start to end (a job
     stopped on real ranks has only its first iterations: their pace, and a note)."""
-    spans = iteration_spans(concat_same([c for _, c in iterations_of(source_of(first))]))
-    if len(spans) >= iterations:
-        return _span_s(spans, 0, iterations - 1)
+    spans = Spans()
+    for batch in source_of(first).batches():
+        spans.add(batch)
+    if len(spans.of) >= iterations:
+        return _span_s(spans.of, 0, iterations - 1)
     notes.append(f"without the loop: {iterations} iterations at the pace of the first "
-                 f"{len(spans)}, which were not stopped")
-    return _span_s(spans, 0, len(spans) - 1) / len(spans) * iterations
+                 f"{len(spans.of)}, which were not stopped")
+    return _span_s(spans.of, 0, len(spans.of) - 1) / len(spans.of) * iterations
 
 
-def _stop(s: Scenario, verdict: Detection, iteration: int, parts: Iterable[EventColumns],
-          policy: Mitigation, done: int, notes: list[str]
+def _stop(s: Scenario, verdict: Detection, iteration: int,
+          spans: dict[int, tuple[float, float]], policy: Mitigation, done: int, notes: list[str]
           ) -> tuple[Detection, Replan, int] | None:
     """The stop a verdict causes at the end of ``iteration`` (the segment's own
     numbering): the re-plan and the checkpoint it restarts from; None (and a
     note) when no plan fits what is left."""
-    elapsed = _span_s(iteration_spans(concat_same(list(parts))), 0, iteration)
+    elapsed = _span_s(spans, 0, iteration)
     try:
         plan = replan(s, verdict.rank, elapsed)
     except UserError as err:

@@ -12,7 +12,7 @@ from megatronapp.errors import UserError
 from megatronapp.program.backend import RunOptions, StopRequest
 from megatronapp.scan.live import (DETECTIONS_FILE, DetectionLog, LiveFeed, detect_iterations,
                                    reporter, scan_for)
-from megatronapp.scan.online import Detection, iterations_of
+from megatronapp.scan.online import SIMULATED, Detection, iterations_of
 from megatronapp.scenario.config import Mitigation, Scenario
 from megatronapp.trace.columns import source_of
 from megatronapp.trace.events import Event, RunResult
@@ -132,11 +132,12 @@ class OnlineRun:
         if self.feed is not None:
             self.feed.finish()
         elif not loops(self.scenario):
-            detect_iterations(scan_for(self.scenario), iterations_of(source_of(result)),
-                              self.report)
+            detect_iterations(scan_for(self.scenario, SIMULATED),
+                              iterations_of(source_of(result)), self.report)
         else:  # real ranks stopped themselves: their iterations scanned again for the record
             loop = close_loop(self.scenario, result, run, self.report,
-                              scan_for(self.scenario, live=self.live).config,
+                              scan_for(self.scenario, None if self.live else SIMULATED,
+                                       live=self.live).config,
                               live=(lambda: self.watches[-1].stopped()) if self.live else None)
             loop.segments[0].result.mitigation = loop.to_json()
             self.segments = list(loop.segments)

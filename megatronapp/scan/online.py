@@ -22,9 +22,9 @@ from megatronapp.trace.columns import EventColumns, EventSource, concat_same
 from .detect import Thresholds, megascan
 from .diagnosis import RootCause
 from .inputs import DEFAULT_GPUS_PER_NODE, prepare_columns
-from .online_config import OnlineConfig
+from .online_config import SIMULATED, OnlineConfig
 
-__all__ = ["Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
+__all__ = ["SIMULATED", "Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
 
 SuspectKey = tuple[str, int, int | None]  # (kind, rank, peer): what a verdict names
 
@@ -157,18 +157,43 @@ class OnlineScan:
                          iteration, evidence)
 
 
-def iterations_of(source: EventSource, compact: bool = False
+def iterations_of(source: EventSource, compact: bool = False, max_rows: int = 1 << 23
                   ) -> Iterator[tuple[int, EventColumns]]:
     """A run's events one iteration at a time, in iteration order (events
     without an iteration are left out: they belong to none). ``compact``: only
     the rows the source holds, never expanded to every rank: in a reduced
     simulated run, one pipeline per class of identical pipelines (its other
     members' rows would repeat the same evidence; a faulty rank's pipeline is
-    a class of its own)."""
-    cols = concat_same([source.compact()[0]] if compact else list(source.batches()))
+    a class of its own). A source of more than ``max_rows`` events is read in
+    passes over its batches, each keeping a block of iterations of about
+    ``max_rows`` rows, so that a long run is never held whole."""
+    if compact:
+        yield from _by_iteration(concat_same([source.compact()[0]]))
+    elif source.events <= max_rows:
+        yield from _by_iteration(concat_same(list(source.batches())))
+    else:
+        yield from _in_blocks(source, max_rows)
+
+
+def _by_iteration(cols: EventColumns) -> Iterator[tuple[int, EventColumns]]:
     order = np.argsort(cols.iteration, kind="stable")  # rows stay grouped by rank
     it = cols.iteration[order]
     cuts = np.r_[0, np.flatnonzero(np.diff(it)) + 1, len(it)]
     for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         if hi > lo and it[lo] >= 0:
             yield int(it[lo]), cols.take(order[lo:hi])
+
+
+def _in_blocks(source: EventSource, max_rows: int) -> Iterator[tuple[int, EventColumns]]:
+    """The first pass keeps iteration 0 and finds the last iteration; each
+    later pass keeps as many iterations as fit in ``max_rows`` rows."""
+    lo, hi, last = 0, 1, 0
+    while lo <= last:
+        kept = []
+        for batch in source.batches():
+            last = max(last, int(batch.iteration.max(initial=-1)))
+            kept.append(batch.take(np.flatnonzero((batch.iteration >= lo)
+                                                  & (batch.iteration < hi))))
+        yield from _by_iteration(concat_same(kept))
+        per_pass = max(1, max_rows * (last + 1) // max(source.events, 1))
+        lo, hi = hi, hi + per_pass
