@@ -136,22 +136,40 @@ def phantom_links(kind: Kind, answer: dict[str, Any]) -> list[list[int]]:
             if c["kind"] == "link" and frozenset((c["rank"], c["peer"])) not in kind.p2p]
 
 
-def one_run(name: str, kind: Kind, fault: Fault, methods: list[str]) -> dict[str, Any]:
+def one_run(name: str, kind: Kind, fault: Fault, methods: list[str],
+            keep: Path | None = None) -> dict[str, Any]:
+    """One job run and every method's verdict on its traces; with ``keep``
+    the traces stay in a fresh folder under it (``--rescore`` reads them)."""
+    if keep:
+        return run_in(Path(tempfile.mkdtemp(prefix="zoo-", dir=keep)), name, kind, fault,
+                      methods, kept=True)
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
-        out = Path(tmp)
-        run_job(kind, fault, out)
-        slow = fault.expected[1] if fault.expected and fault.expected[0] == "compute" else None
-        record: dict[str, Any] = {
-            "kind": name, "fault": fault.label,
-            "realized": realized_slowdown(compute_seconds(out), slow), "methods": {}}
-        for method in methods:
-            answer = detect(out, method)
-            record["methods"][method] = {
-                "verdict": verdict(fault.expected, answer),
-                "phantom": phantom_links(kind, answer),
-                "root_causes": [(c["kind"], c["rank"], c["peer"])
-                                for c in answer.get("root_causes", ())]}
+        return run_in(Path(tmp), name, kind, fault, methods)
+
+
+def run_in(out: Path, name: str, kind: Kind, fault: Fault, methods: list[str],
+           kept: bool = False) -> dict[str, Any]:
+    run_job(kind, fault, out)
+    slow = fault.expected[1] if fault.expected and fault.expected[0] == "compute" else None
+    record: dict[str, Any] = {
+        "kind": name, "fault": fault.label,
+        "realized": realized_slowdown(compute_seconds(out), slow), "methods": {}}
+    if kept:
+        record["trace"] = str(out)
+    score(record, methods, out)
     return record
+
+
+def score(record: dict[str, Any], methods: list[str], out: Path) -> None:
+    """Every method's verdict on the traces in ``out``, into ``record``."""
+    fault = next(f for f in FAULTS if f.label == record["fault"])
+    for method in methods:
+        answer = detect(out, method)
+        record["methods"][method] = {
+            "verdict": verdict(fault.expected, answer),
+            "phantom": phantom_links(KINDS[record["kind"]], answer),
+            "root_causes": [(c["kind"], c["rank"], c["peer"])
+                            for c in answer.get("root_causes", ())]}
 
 
 # ------------------------------------------------------------- the table
@@ -206,6 +224,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", choices=sorted(DETECTORS), default=list(DETECTORS))
     parser.add_argument("--out", type=Path, help="every run's record as JSON")
     parser.add_argument("--table-from", type=Path, help="print the table of an --out file")
+    parser.add_argument("--keep", type=Path,
+                        help="keep each run's traces in a folder under this one")
+    parser.add_argument("--rescore", type=Path,
+                        help="score an --out file's kept traces again (into --out, if given)")
     return parser.parse_args(argv)
 
 
@@ -215,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         records = json.loads(args.table_from.read_text())
         print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
         return 0
+    if args.rescore:
+        return rescore(args)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     cases = [(name, fault) for name in args.kinds for fault in FAULTS
              if KINDS[name].slow_link or not fault.needs_link]
     records: list[dict[str, Any]] = []
@@ -222,9 +248,22 @@ def main(argv: list[str] | None = None) -> int:
         for i, (name, fault) in enumerate(cases, 1):
             print(f"run {run + 1}/{args.runs}, case {i}/{len(cases)}: {name}, {fault.label}",
                   file=sys.stderr, flush=True)
-            records.append(one_run(name, KINDS[name], fault, args.methods))
+            records.append(one_run(name, KINDS[name], fault, args.methods, args.keep))
             if args.out:
                 args.out.write_text(json.dumps(records, indent=1))
+    print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
+    return 0
+
+
+def rescore(args: argparse.Namespace) -> int:
+    """The ``--methods``' verdicts again on the kept traces of ``--rescore``'s
+    records (the same runs judged by this version's detector; other methods'
+    verdicts are kept)."""
+    records = json.loads(args.rescore.read_text())
+    for record in records:
+        score(record, args.methods, Path(record["trace"]))
+    if args.out:
+        args.out.write_text(json.dumps(records, indent=1))
     print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
     return 0
 
