@@ -140,6 +140,13 @@ def test_a_slowed_middle_stage_is_judged_against_the_middle_stages_only(tmp_path
                               shapes=shapes)) == [2]
 
 
+def test_a_middle_stage_slowed_in_two_microbatches_of_three_is_held(tmp_path):
+    # every third microbatch runs at the others' speed (the machine gave it
+    # a core of its own now and then): its fastest tenth is theirs, its
+    # lower quartile and median are slow
+    assert held_ranks(scan_of(tmp_path, slow={2: 2.0}, descheduled={2: 0.5})) == [2]
+
+
 def test_a_stage_slow_only_now_and_then_is_not_named(tmp_path):
     # every third matmul of rank 1 is 3x (a process the machine deschedules):
     # the others wait for it, but its typical and fastest runs are theirs
