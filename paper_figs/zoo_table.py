@@ -22,7 +22,11 @@ Realized slowdown, read from the trace, not from the option
 forward and backward; nothing else in these jobs computes much); the slowed
 rank's compute over the median of its peers'. For a run without a slowed rank the column shows the largest
 such ratio over the ranks (what the machine's own noise makes of a healthy
-job). Runs go round the whole grid once per ``--runs``, so a cut-short run
+job). The ``megatron-core-profile`` job (Megatron-core through this
+project's torch backend with ``--profile``, see ``MEGATRON``) has its
+faults from the scenario; its compute is its ``forward`` / ``backward``
+ranges (which hold the throttle's sleep), compared among the middle stages
+only (the end stages also hold the embedding and the output layer). Runs go round the whole grid once per ``--runs``, so a cut-short run
 of the script still covers every case alike (``--out`` is rewritten after
 every run; ``--table-from`` prints the table of such a file).
 
@@ -37,6 +41,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+import yaml
 from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -45,7 +51,7 @@ from typing import Any
 
 from megatronapp.cli import main as cli_main
 from megatronapp.scan.methods import DETECTORS
-from tests.zoo.measure import compute_seconds, realized_slowdown
+from tests.zoo.measure import compute_seconds, realized_slowdown, work_range_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "tests" / "zoo"
@@ -56,10 +62,11 @@ VERDICTS = ("right", "wrong", "missed", "false alarm", "error")
 
 @dataclass(frozen=True)
 class Kind:
-    script: str
+    script: str  # a job of tests/zoo, or MEGATRON
     flags: tuple[str, ...] = ()
     p2p: frozenset[frozenset[int]] = frozenset()  # rank pairs with point-to-point
     slow_link: bool = False  # the job's own receives can be slowed
+    alike: tuple[int, ...] | None = None  # the ranks doing the same work (None: all)
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,25 @@ class Fault:
     flags: tuple[str, ...]
     expected: tuple[str, int, int | None] | None  # (kind, rank, peer) of the root cause
     needs_link: bool = False
+    factor: float = 1.0  # the slowed rank's
+
+
+# Megatron-core through this project's torch backend, profiled: ``megatronapp
+# run SCENARIO --backend torch --profile``, a tiny GPT in 4 pipeline stages
+# (one layer each; the first also holds the embedding, the last the output
+# layer and the loss) on gloo; ``detect`` reads its torch.profiler directory
+# (``RUN/profile``), not the run's own trace. Faults come from the scenario:
+# a throttle (the rank sleeps (F-1)x each compute op's work inside the op's
+# range) and a slow link (its receiver sleeps once the receive is done:
+# factor 1 + D / the scenario's fixed point-to-point time).
+MEGATRON = "megatronapp-run"
+MEGATRON_P2P_S = 1e-3
+MEGATRON_SCENARIO: dict[str, Any] = {
+    "name": "zoo-megatron", "seed": 1, "iterations": 6, "schedule": "1f1b",
+    "parallel": {"tp": 1, "pp": WORLD, "dp": 1, "microbatches": 8},
+    "model": {"layers": WORLD, "hidden": 128, "heads": 4, "seq_len": 64, "vocab": 256,
+              "micro_batch_size": 4},
+    "training": {"precision": "fp32"}, "costs": {"p2p_s": MEGATRON_P2P_S}}
 
 
 KINDS = {
@@ -82,11 +108,13 @@ KINDS = {
     "pipeline-1f1b+shapes": Kind("pipeline_1f1b.py", ("--record-shapes",), PIPELINE_LINKS, True),
     "fsdp2+shapes": Kind("fsdp2_mlp.py", ("--record-shapes",)),
     "ddp-annotated-no-steps": Kind("ddp_mlp.py", ("--annotate", "--no-profiler-steps")),
+    "megatron-core-profile": Kind(MEGATRON, p2p=PIPELINE_LINKS, slow_link=True,
+                                  alike=tuple(range(1, WORLD - 1))),
 }
 FAULTS = (
     Fault("healthy", (), None),
     *(Fault(f"rank {SLOW_RANK} x{f}", ("--slow-rank", str(SLOW_RANK), "--factor", str(f)),
-            ("compute", SLOW_RANK, None)) for f in (1.5, 2.0)),
+            ("compute", SLOW_RANK, None), factor=f) for f in (1.5, 2.0)),
     Fault(f"link {SLOW_LINK[0]}-{SLOW_LINK[1]} +{DELAY_MS:g} ms",
           ("--slow-link", *map(str, SLOW_LINK), "--delay-ms", str(DELAY_MS)),
           ("link", *SLOW_LINK), needs_link=True),
@@ -94,10 +122,34 @@ FAULTS = (
 
 
 # ------------------------------------------------------------- one run
-def run_job(kind: Kind, fault: Fault, out: Path) -> None:
+def run_job(kind: Kind, fault: Fault, out: Path) -> Path:
+    """Run the job with the fault; the folder of its torch.profiler traces."""
+    if kind.script == MEGATRON:
+        return run_megatron(fault, out)
     command = [sys.executable, str(ZOO / kind.script), "--out", str(out),
                "--world", str(WORLD), *kind.flags, *fault.flags]
     subprocess.run(command, check=True, capture_output=True, timeout=900)
+    return out
+
+
+def run_megatron(fault: Fault, out: Path) -> Path:
+    scenario = out / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({**MEGATRON_SCENARIO, "faults": scenario_faults(fault)}))
+    command = [sys.executable, "-m", "megatronapp.cli", "run", str(scenario), "--backend", "torch",
+               "--profile", "--quiet", "--out", str(out / "run")]
+    subprocess.run(command, check=True, capture_output=True, timeout=900, cwd=ROOT)
+    return out / "run" / "profile"
+
+
+def scenario_faults(fault: Fault) -> list[dict[str, Any]]:
+    """The fault as the scenario's ``faults``."""
+    if fault.expected is None:
+        return []
+    kind, rank, peer = fault.expected
+    if kind == "compute":
+        return [{"kind": "throttle", "rank": rank, "factor": fault.factor}]
+    return [{"kind": "slow_link", "ranks": [rank, peer],
+             "factor": 1.0 + DELAY_MS / 1e3 / MEGATRON_P2P_S}]
 
 
 def detect(out: Path, method: str) -> dict[str, Any]:
@@ -136,22 +188,41 @@ def phantom_links(kind: Kind, answer: dict[str, Any]) -> list[list[int]]:
             if c["kind"] == "link" and frozenset((c["rank"], c["peer"])) not in kind.p2p]
 
 
-def one_run(name: str, kind: Kind, fault: Fault, methods: list[str]) -> dict[str, Any]:
+def one_run(name: str, kind: Kind, fault: Fault, methods: list[str],
+            keep: Path | None = None) -> dict[str, Any]:
+    """One job run and every method's verdict on its traces; with ``keep``
+    the traces stay in a fresh folder under it (``--rescore`` reads them)."""
+    if keep:
+        return run_in(Path(tempfile.mkdtemp(prefix="zoo-", dir=keep)), name, kind, fault,
+                      methods, kept=True)
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
-        out = Path(tmp)
-        run_job(kind, fault, out)
-        slow = fault.expected[1] if fault.expected and fault.expected[0] == "compute" else None
-        record: dict[str, Any] = {
-            "kind": name, "fault": fault.label,
-            "realized": realized_slowdown(compute_seconds(out), slow), "methods": {}}
-        for method in methods:
-            answer = detect(out, method)
-            record["methods"][method] = {
-                "verdict": verdict(fault.expected, answer),
-                "phantom": phantom_links(kind, answer),
-                "root_causes": [(c["kind"], c["rank"], c["peer"])
-                                for c in answer.get("root_causes", ())]}
+        return run_in(Path(tmp), name, kind, fault, methods)
+
+
+def run_in(out: Path, name: str, kind: Kind, fault: Fault, methods: list[str],
+           kept: bool = False) -> dict[str, Any]:
+    traces = run_job(kind, fault, out)
+    slow = fault.expected[1] if fault.expected and fault.expected[0] == "compute" else None
+    seconds = work_range_seconds(traces) if kind.script == MEGATRON else compute_seconds(traces)
+    record: dict[str, Any] = {
+        "kind": name, "fault": fault.label,
+        "realized": realized_slowdown(seconds, slow, kind.alike), "methods": {}}
+    if kept:
+        record["trace"] = str(traces)
+    score(record, methods, traces)
     return record
+
+
+def score(record: dict[str, Any], methods: list[str], out: Path) -> None:
+    """Every method's verdict on the traces in ``out``, into ``record``."""
+    fault = next(f for f in FAULTS if f.label == record["fault"])
+    for method in methods:
+        answer = detect(out, method)
+        record["methods"][method] = {
+            "verdict": verdict(fault.expected, answer),
+            "phantom": phantom_links(KINDS[record["kind"]], answer),
+            "root_causes": [(c["kind"], c["rank"], c["peer"])
+                            for c in answer.get("root_causes", ())]}
 
 
 # ------------------------------------------------------------- the table
@@ -203,9 +274,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=list(KINDS))
+    parser.add_argument("--faults", nargs="+", choices=[f.label for f in FAULTS],
+                        default=[f.label for f in FAULTS])
     parser.add_argument("--methods", nargs="+", choices=sorted(DETECTORS), default=list(DETECTORS))
     parser.add_argument("--out", type=Path, help="every run's record as JSON")
     parser.add_argument("--table-from", type=Path, help="print the table of an --out file")
+    parser.add_argument("--keep", type=Path,
+                        help="keep each run's traces in a folder under this one")
+    parser.add_argument("--rescore", type=Path,
+                        help="score an --out file's kept traces again (into --out, if given)")
     return parser.parse_args(argv)
 
 
@@ -215,16 +292,33 @@ def main(argv: list[str] | None = None) -> int:
         records = json.loads(args.table_from.read_text())
         print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
         return 0
+    if args.rescore:
+        return rescore(args)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     cases = [(name, fault) for name in args.kinds for fault in FAULTS
-             if KINDS[name].slow_link or not fault.needs_link]
+             if (KINDS[name].slow_link or not fault.needs_link) and fault.label in args.faults]
     records: list[dict[str, Any]] = []
     for run in range(args.runs):
         for i, (name, fault) in enumerate(cases, 1):
             print(f"run {run + 1}/{args.runs}, case {i}/{len(cases)}: {name}, {fault.label}",
                   file=sys.stderr, flush=True)
-            records.append(one_run(name, KINDS[name], fault, args.methods))
+            records.append(one_run(name, KINDS[name], fault, args.methods, args.keep))
             if args.out:
                 args.out.write_text(json.dumps(records, indent=1))
+    print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
+    return 0
+
+
+def rescore(args: argparse.Namespace) -> int:
+    """The ``--methods``' verdicts again on the kept traces of ``--rescore``'s
+    records (the same runs judged by this version's detector; other methods'
+    verdicts are kept)."""
+    records = json.loads(args.rescore.read_text())
+    for record in records:
+        score(record, args.methods, Path(record["trace"]))
+    if args.out:
+        args.out.write_text(json.dumps(records, indent=1))
     print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
     return 0
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.detect import megascan, wait_members
-from megatronapp.scan.held import held_links
+from megatronapp.scan.detect import durations_of, megascan, wait_members
+from megatronapp.scan.held import held_links, holding_stages
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.waits import WaitAccumulator
 
@@ -118,6 +118,35 @@ def test_a_healthy_pipeline_names_nobody(tmp_path, shapes):
     assert causes(scan_of(tmp_path, shapes=shapes)) == []
 
 
+def held_ranks(scan) -> list[int]:
+    return [h.rank for h in holding_stages(waits_of(scan), durations_of(scan),
+                                           {r: (r,) for r in range(STAGES)})]
+
+
+@pytest.mark.parametrize("end", [0, STAGES - 1])
+def test_an_end_stage_with_more_work_of_its_own_is_not_judged_against_the_middle_ones(
+        tmp_path, end):
+    # the first and last stages receive from one side only and do work of
+    # their own (the loss, an embedding, an output layer): 1.5x the middle
+    # stages' matmuls there is how the job is built, not a fault
+    assert held_ranks(scan_of(tmp_path, slow={end: 1.5})) == []
+
+
+@pytest.mark.parametrize("shapes", [False, True])
+def test_a_slowed_middle_stage_is_judged_against_the_middle_stages_only(tmp_path, shapes):
+    # Megatron's end stages hold the embedding and the output layer: twice
+    # a middle stage's work; rank 2 slowed 1.5x is still the one held
+    assert held_ranks(scan_of(tmp_path, slow={0: 2.0, 2: 1.5, STAGES - 1: 2.0},
+                              shapes=shapes)) == [2]
+
+
+def test_a_middle_stage_slowed_in_two_microbatches_of_three_is_held(tmp_path):
+    # every third microbatch runs at the others' speed (the machine gave it
+    # a core of its own now and then): its fastest tenth is theirs, its
+    # lower quartile and median are slow
+    assert held_ranks(scan_of(tmp_path, slow={2: 2.0}, descheduled={2: 0.5})) == [2]
+
+
 def test_a_stage_slow_only_now_and_then_is_not_named(tmp_path):
     # every third matmul of rank 1 is 3x (a process the machine deschedules):
     # the others wait for it, but its typical and fastest runs are theirs
@@ -170,6 +199,7 @@ def test_receive_times_and_fastest_receives_are_the_same_however_the_input_is_cu
     scan = scan_of(tmp_path, slow={1: 1.5}, shapes=True)
     whole, cut = waits_of(scan), waits_of(scan, cuts)
     assert cut.receiving == pytest.approx(whole.receiving)
+    assert cut.receives == whole.receives
     assert [c.fastest_receive_s for c in cut.channels] == [
         c.fastest_receive_s for c in whole.channels]
 

@@ -115,3 +115,27 @@ def test_the_goal_counts_only_slowed_ranks_the_trace_shows_slow_enough():
     assert goal(records, ["megascan"]) == (
         "megascan: slowed ranks (realized >= 1.5x) named first 1 of 2; slow links named first "
         "1 of 1; false alarms 1 of 2 healthy; phantom links in 1 of 6 runs")
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # a throttled stage judged on real timing
+def test_megatron_core_profiled_by_the_torch_backend_names_its_throttled_stage(tmp_path):
+    """The zoo's Megatron-core job: ``megatronapp run --backend torch
+    --profile`` with the scenario's throttle on a middle stage; ``detect``
+    on its torch.profiler folder (not the run's own trace) names that stage."""
+    from paper_figs import zoo_table
+
+    fault = next(f for f in zoo_table.FAULTS if f.expected and f.factor == 2.0)
+    traces = zoo_table.run_megatron(fault, tmp_path)
+    assert sorted(p.name for p in traces.iterdir()) == [
+        f"rank{r}.pt.trace.json.gz" for r in range(zoo_table.WORLD)]
+    causes = zoo_table.detect(traces, "megascan")["root_causes"]
+    assert (causes[0]["kind"], causes[0]["rank"]) == ("compute", zoo_table.SLOW_RANK)
+
+
+def test_a_realized_slowdown_compares_only_the_ranks_doing_the_same_work():
+    # Megatron's end stages hold the embedding and the output layer too
+    seconds = {0: 5.0, 1: 2.0, 2: 1.0, 3: 4.0}
+    assert realized_slowdown(seconds, 1, alike=(1, 2)) == seconds[1] / seconds[2]
+    assert realized_slowdown(seconds, None, alike=(1, 2)) == seconds[1] / seconds[2]
+    assert realized_slowdown(seconds, 1) == seconds[1] / seconds[3]  # the median of 5, 1, 4

@@ -5,10 +5,14 @@ A slowed stage of a pipeline is the one the others wait for: its
 neighbours sit in their receives for its activations (downstream) and
 gradients (upstream), and it rarely waits for anyone. So a stage is named
 when it spent far less time in its receives than the other stages did
-and its main op is slower than theirs even at its fastest (a stage that is
-only descheduled now and then is not). No peer is needed: a trace without
+and its main op is slower than theirs in its fast runs (its lower quartile)
+and its typical ones (a stage that is only descheduled now and then is not). No peer is needed: a trace without
 ``record_shapes`` says how long each rank sat in its receives, not whom
-from.
+from. Like is compared with like: the first and the last stage receive
+from one side only (half a middle stage's receives) and do work the middle
+stages do not (the loss; in Megatron the embedding and the output layer),
+so neither their receive time nor their main op says anything against the
+middle stages'. Only middle stages are judged, each against the others.
 
 A slow link delays every message over it, both ways: even the fastest
 receive from posting to done takes long, where on a healthy link some
@@ -35,10 +39,13 @@ Pair = tuple[int, int]
 
 @dataclass(frozen=True)
 class HeldThresholds:
-    min_stages: int = 3  # ranks with receives to compare
+    min_stages: int = 2  # middle stages to compare
+    middle_share: float = 0.75  # a middle stage posts at least this share of the most receives
     held_share: float = 0.9  # its receive time at most this share of the others' median
-    # its main op's fastest runs and typical run, each this many times the others'
-    best_quantiles: tuple[float, ...] = (10.0, 50.0)
+    # its main op's fast runs (the lower quartile: with two middle stages one
+    # other's 10th percentile is too thin a tail to judge by) and typical
+    # run, each this many times the others'
+    best_quantiles: tuple[float, ...] = (25.0, 50.0)
     best_ratio: float = 1.2
     min_transfers: int = 4  # receives per direction to judge a link
     hold_ratio: float = 3.0  # a link's fastest receive this many times its class's
@@ -55,14 +62,13 @@ class StageHold:
 
 def holding_stages(scores: WaitScores, compute: Compute, peers: Mapping[int, Sequence[int]],
                    th: HeldThresholds = HeldThresholds()) -> list[StageHold]:
-    """Ranks the other receiving ranks waited for (see the module's
+    """Middle stages the other middle stages waited for (see the module's
     docstring), among the stages alone in their stage (``peers``: rank ->
     the ranks doing its work; a rank with such peers is compared with them)."""
-    receiving = {r: s for r, s in scores.receiving.items()
-                 if s > 0 and len(peers.get(r, (r,))) == 1}
-    if len(receiving) < th.min_stages:
+    stages = middle_stages(scores, peers, th)
+    if len(stages) < th.min_stages:
         return []
-    stages = sorted(receiving)
+    receiving = scores.receiving
     out = []
     for r in stages:
         others = float(np.median([receiving[o] for o in stages if o != r]))
@@ -70,6 +76,15 @@ def holding_stages(scores: WaitScores, compute: Compute, peers: Mapping[int, Seq
         if receiving[r] <= th.held_share * others and ratio >= th.best_ratio:
             out.append(StageHold(r, receiving[r], others, ratio))
     return out
+
+
+def middle_stages(scores: WaitScores, peers: Mapping[int, Sequence[int]],
+                  th: HeldThresholds = HeldThresholds()) -> list[int]:
+    """Stages alone in their stage that receive from both sides: they post
+    nearly as many receives as any stage (an end stage, about half)."""
+    alone = [r for r, s in scores.receiving.items() if s > 0 and len(peers.get(r, (r,))) == 1]
+    most = max((scores.receives.get(r, 0) for r in alone), default=0)
+    return sorted(r for r in alone if scores.receives.get(r, 0) >= th.middle_share * most)
 
 
 def held_links(scores: WaitScores, gpus_per_node: int,

@@ -80,6 +80,7 @@ class WaitScores:
     ranks: tuple[RankWaits, ...]
     channels: tuple[ChannelWaits, ...]
     receiving: Mapping[int, float] = field(default_factory=dict)  # rank -> s in its receives
+    receives: Mapping[int, int] = field(default_factory=dict)  # rank -> its receives
 
     def imposed_by_sender(self) -> dict[int, float]:
         """rank -> its receivers' summed wait for its sends."""
@@ -121,6 +122,7 @@ class WaitAccumulator:
             lambda: defaultdict(float))
         self.channels: dict[Channel, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, math.inf])
         self.receiving: dict[int, float] = defaultdict(float)
+        self.receives: dict[int, int] = defaultdict(int)
         self.pending: _Members | None = None
 
     def feed(self, cols: EventColumns, op: np.ndarray) -> None:
@@ -170,10 +172,12 @@ class WaitAccumulator:
 
     def feed_receives(self, cols: EventColumns) -> None:
         """Every receive of a batch (``cols``: its rows), its peer recorded
-        or not: the time each rank spent in them."""
+        or not: the time each rank spent in them, and how many it posted."""
         rows = receive_rows(cols)
         for rank, seconds in zip(*_summed_by(cols.rank[rows], cols.dur_s[rows])):
             self.receiving[rank] += seconds
+        for rank, count in zip(*np.unique(cols.rank[rows].astype(np.int64), return_counts=True)):
+            self.receives[int(rank)] += int(count)
 
     def scores(self) -> WaitScores:
         totals: dict[Group, float] = defaultdict(float)
@@ -186,7 +190,7 @@ class WaitAccumulator:
                       for (group, rank), n in sorted(self.joined.items()))
         channels = tuple(ChannelWaits(s, r, int(n), w, d, fastest)
                          for (s, r), (n, w, d, fastest) in sorted(self.channels.items()))
-        return WaitScores(ranks, channels, dict(self.receiving))
+        return WaitScores(ranks, channels, dict(self.receiving), dict(self.receives))
 
     def _iterations_led(self) -> tuple[dict[Group, int], dict[tuple[Group, int], int]]:
         """Per group, its iterations with a wait; per (group, rank), those it led."""
