@@ -425,7 +425,7 @@ class Detector:
                             self._waits, node, self.th)
         waited = self._waited.scores()
         causes = with_held(with_waits(compute + links, waited, durations), waited, durations,
-                           peers, node)
+                           peers, node, name_stages=not self._work_of(peers))
         return diagnosis_of(causes, victims_of(causes, self._met, self._pairs))
 
     def state_entries(self) -> int:
