@@ -54,8 +54,11 @@ class ComputeScore:
     peers: tuple[int, ...]
 
 
-def relative_to_peers(logd: np.ndarray) -> np.ndarray:
-    """Each row (a rank's log durations per op) minus its peers' median per op."""
+def relative_to_peers(logd: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """Each row (a rank's log durations per op) minus its peers' median per op;
+    row i counted ``weight[i]`` times (ranks it stands for; default once)."""
+    if weight is not None and (weight != 1).any():
+        return _relative_to_weighted_peers(logd, weight)
     if len(logd) >= 5:
         return logd - np.nanmedian(logd, axis=0)
     out = np.empty_like(logd)
@@ -63,6 +66,29 @@ def relative_to_peers(logd: np.ndarray) -> np.ndarray:
         others = np.delete(logd, i, axis=0)
         out[i] = logd[i] - np.nanmedian(others, axis=0)
     return out
+
+
+def _relative_to_weighted_peers(logd: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``relative_to_peers`` of the rows repeated by ``weight``, read off each
+    row's first copy (without repeating them, but where so few that each
+    leaves itself out)."""
+    if weight.sum() < 5:
+        first = np.cumsum(weight) - weight
+        return relative_to_peers(np.repeat(logd, weight, axis=0))[first]
+    return logd - weighted_nanmedian(logd, weight)
+
+
+def weighted_nanmedian(values: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per column, ``np.nanmedian`` of the rows repeated by ``weight``, as numpy
+    computes it (the two middle values' sum halved)."""
+    order = np.argsort(values, axis=0, kind="stable")  # NaNs last
+    v = np.take_along_axis(values, order, axis=0)
+    counted = np.cumsum(np.where(np.isnan(v), 0, weight[order]), axis=0)
+    n = counted[-1] if len(v) else np.zeros(values.shape[1], np.int64)
+    column = np.arange(values.shape[1])
+    low = v[np.argmax(counted > (n - 1) // 2, axis=0), column]
+    high = v[np.argmax(counted > n // 2, axis=0), column]
+    return np.where(n > 0, (low + high) / 2, np.nan)
 
 
 def row_scores(ranks: Sequence[int], rows: Sequence[np.ndarray], th: Thresholds
