@@ -266,12 +266,15 @@ def _groups_of(*keys: np.ndarray) -> list[np.ndarray]:
 def pair_stats(samples: Mapping[tuple[int, int], np.ndarray], th: Thresholds) -> list[PairStats]:
     """Per rank pair with ``min_transfers`` or more, the median and spread of its samples."""
     out = []
+    known: dict[int, tuple[float, float]] = {}  # twin pairs share their samples' array
     for pair in sorted(samples):
         v = samples[pair]
         if len(v) < th.min_transfers:
             continue
-        med = float(np.median(v))
-        out.append(PairStats(pair, med, MAD_TO_SIGMA * float(np.median(np.abs(v - med))), len(v)))
+        if id(v) not in known:
+            med = float(np.median(v))
+            known[id(v)] = (med, MAD_TO_SIGMA * float(np.median(np.abs(v - med))))
+        out.append(PairStats(pair, *known[id(v)], len(v)))
     return out
 
 

@@ -255,10 +255,9 @@ def twin_batch(pieces: Pieces, cut: Sequence[tuple[int, int]], facts: StoredColu
     (``ScanInput.twins``): the present replicas' rows, and the collectives
     that join replicas for every rank."""
     stored = pieces.stored(cut)
-    spans = np.array([twins.spans_replicas(g) for g in stored.groups] + [False])
-    joins = (stored.kind == COLLECTIVE_KIND) & spans[stored.group]
-    own = Expansion(stored.take(~joins), twins.stand_ins).rows(twins.present)
-    joining = Expansion(stored.take(joins), twins.stand_ins)
+    joins = (stored.kind == COLLECTIVE_KIND) & np.r_[twins.joining, False][stored.group]
+    own = Expansion(stored.take(~joins), twins.stand_ins, twins.group_table).rows(twins.present)
+    joining = Expansion(stored.take(joins), twins.stand_ins, twins.group_table)
     across = (prepare_columns(joining.rows(joining.ranks()), True, facts.gpus_per_node)
               if joins.any() else None)
     return replace(prepare_columns(own, True, facts.gpus_per_node), scenario=facts.scenario,

@@ -12,13 +12,13 @@ arrives last there depends on ranks the present replicas do not hold.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
-from megatronapp.trace.classes import StandIns
+from megatronapp.trace.classes import StandIns, rank_groups
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,17 @@ class Twins:
     pp: int
     stands_for: dict[int, tuple[int, ...]]
     stand_ins: StandIns  # the store's classes, to expand the present replicas' rows
+    groups: tuple[tuple[int, ...], ...] = field(default=(), compare=False)  # the store's
+
+    @cached_property
+    def joining(self) -> np.ndarray:
+        """Per group of the store, whether it joins replicas."""
+        return self.spanning(self.groups)
+
+    @cached_property
+    def group_table(self) -> np.ndarray:
+        """Each rank's groups (``classes.rank_groups``), built once for every batch."""
+        return rank_groups(self.groups, self.world)
 
     @property
     def world(self) -> int:
@@ -68,6 +79,16 @@ class Twins:
     def spans_replicas(self, group: Sequence[int]) -> bool:
         return len({self.replica(r) for r in group}) > 1
 
+    def spanning(self, groups: Sequence[Sequence[int]]) -> np.ndarray:
+        """Per group, whether it joins replicas (one pass over every member)."""
+        sizes = np.array([len(g) for g in groups], np.int64)
+        if not sizes.all():
+            return np.array([self.spans_replicas(g) for g in groups], bool)
+        replica = (np.fromiter((r for g in groups for r in g), np.int64, int(sizes.sum()))
+                   // self.tp) % self.dp
+        cuts = np.r_[0, np.cumsum(sizes)[:-1]]
+        return np.minimum.reduceat(replica, cuts) != np.maximum.reduceat(replica, cuts)
+
 
 def twins_in(stand_ins: StandIns, tp: int, dp: int, pp: int,
              groups: Sequence[Sequence[int]]) -> Twins | None:
@@ -83,16 +104,23 @@ def twins_in(stand_ins: StandIns, tp: int, dp: int, pp: int,
     if len(first) == dp:
         return None
     twins = Twins(tp, dp, pp, {int(first[k]): tuple(np.flatnonzero(kind == k).tolist())
-                               for k in np.argsort(first)}, stand_ins)
-    return twins if all(_whole(twins, g) for g in groups) else None
+                               for k in np.argsort(first)}, stand_ins,
+                  tuple(tuple(g) for g in groups))
+    spanning = [g for g, joins in zip(groups, twins.joining) if joins]
+    return twins if _whole(twins, kind, spanning) else None
 
 
-def _whole(twins: Twins, group: Sequence[int]) -> bool:
-    """A group inside one replica, or one that holds every twin of its ranks
-    (a DP group holds a stage's tp index of every replica)."""
-    if not twins.spans_replicas(group):
+def _whole(twins: Twins, kind: np.ndarray, groups: Sequence[Sequence[int]]) -> bool:
+    """Each group holds every twin of each of its ranks (a DP group holds a
+    stage's tp index of every replica): at each place in a replica, as many
+    members of each kind of replica as there are replicas of that kind."""
+    if not groups:
         return True
-    members = set(group)
-    rep = {d: first for first, replicas in twins.stands_for.items() for d in replicas}
-    return all(r + (d - twins.replica(r)) * twins.tp in members
-               for r in group for d in twins.stands_for[rep[twins.replica(r)]])
+    sizes = [len(g) for g in groups]
+    rank = np.array([r for g in groups for r in g], np.int64)
+    group = np.repeat(np.arange(len(groups)), sizes)
+    replica = (rank // twins.tp) % twins.dp
+    place = rank - replica * twins.tp  # the rank in replica 0 at the same place
+    keys, counts = np.unique(np.stack([group, place, kind[replica]], axis=1), axis=0,
+                             return_counts=True)
+    return bool((counts == np.bincount(kind)[keys[:, 2]]).all())
