@@ -295,7 +295,9 @@ def batching(store: Path) -> Batching:
     """What ``stored_batches`` will hold at most, from the footer's row count,
     the classes and the run's scenario (no row is read): its largest batch (a
     long iteration's first microbatch with the events of none: twice a
-    microbatch's share, a safe side) and the detector's bounded state."""
+    microbatch's share, a safe side) and the detector's bounded state; a
+    store read by twin replicas: their share of both, and every rank's
+    share of the state at the verdict."""
     events = stored_events(store)
     groups = iteration_batches(store)
     scenario = scenario_of_run(store.parent if store.name == TRACE_FILE else None)
@@ -304,10 +306,16 @@ def batching(store: Path) -> Batching:
     if largest > BATCH_ROWS and scenario is not None:
         largest = min(largest, 2 * largest // max(scenario.parallel.microbatches, 1))
     try:
-        world = read_meta(store).world_size
+        meta = read_meta(store)
     except StoreError as err:
         raise _trace_error(store, err) from None
-    return Batching(largest, min(events, world * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY))
+    twins = twins_of(meta, scenario)
+    if twins is None:
+        return Batching(largest, min(events, meta.world_size * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY))
+    present = len(twins.present)  # read by replicas: their share of every batch and the state
+    return Batching(largest * present // twins.world,
+                    min(events, present * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY),
+                    events * present // twins.world, twins.world)
 
 
 def stored_events(store: Path) -> int:
