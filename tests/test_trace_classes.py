@@ -175,3 +175,43 @@ def test_detect_expands_a_symmetric_store_one_batch_at_a_time_with_the_full_stor
     assert largest < len(every) and max(expanded) <= largest  # never the whole run at once
     assert megascan_stored(run / "trace.parquet").to_json() == whole
     assert megascan_stored(full / "trace.parquet").to_json() == whole
+
+
+ALIKE = ("parallel: {tp: 1, pp: 2, dp: 12, microbatches: 8}\n"
+         "model: {layers: 8, hidden: 64, heads: 4, seq_len: 64, vocab: 128}\n")
+
+
+@pytest.mark.parametrize("job, faults", [
+    (JOB, "[]"),
+    (JOB, "[{kind: throttle, rank: 9, factor: 1.5}]"),
+    (JOB, "[{kind: slow_link, ranks: [1, 17], factor: 2.0}]"),
+    (JOB, "[{kind: throttle, rank: 9, factor: 1.5}, {kind: slow_link, ranks: [3, 19], "
+          "factor: 2.0}]"),
+    # two replicas throttled alike (one class of two pipelines, judged from
+    # one), two others each its own way, eight healthy (one class judged
+    # from one): counted once each, the slowed ranks would be half of the
+    # stage and their peers' median one of them
+    (ALIKE, "[{kind: throttle, rank: 1, factor: 1.5}, {kind: throttle, rank: 2, factor: 1.5}, "
+            "{kind: throttle, rank: 3, factor: 1.3}, {kind: throttle, rank: 4, factor: 1.2}]"),
+])
+def test_detect_judges_twin_replicas_from_one_with_the_verdict_of_every_rank(
+        tmp_path, job, faults):
+    from megatronapp.scan import inputs
+    from megatronapp.scan.detect import megascan_stored
+
+    path = tmp_path / "job.yaml"
+    path.write_text(job)
+    run = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(run), "--quiet", "--set", f"faults={faults}"]) == 0
+    full = _full_copy(run, tmp_path)
+    batches = list(inputs.stored_batches(run / "trace.parquet"))
+    twins = batches[0].twins
+    assert twins is not None and all(b.twins == twins for b in batches)
+    assert set(np.unique(np.concatenate([b.cols.rank for b in batches])).tolist()) == \
+        set(twins.present) and len(twins.present) < twins.world  # the present replicas only
+    assert sum(b.job_events for b in batches) == trace_size(locate_trace(run)).stored_events
+    verdict = megascan_stored(run / "trace.parquet")
+    assert verdict.to_json() == megascan_stored(full / "trace.parquet").to_json()
+    if "rank: 4," in faults:  # each slowed rank named, by how much it was slowed
+        assert {c.rank: c.evidence["slowdown"] for c in verdict.root_causes} == {
+            1: 1.5, 2: 1.5, 3: 1.3, 4: 1.2}

@@ -262,3 +262,21 @@ def test_detect_is_priced_by_its_largest_batch_and_state_not_by_every_event(
     monkeypatch.setattr(limits, "available_memory", lambda: (by_batch + every_event) / 2)
     code, err = _main(capsys, ["detect", str(run)])
     assert code == 0, err  # the streaming detector fits: not refused
+
+
+TWINS = ("name: twins\nparallel: {tp: 2, pp: 4, dp: 16, microbatches: 8}\n"
+         "model: {layers: 8, hidden: 64, heads: 4, seq_len: 64, vocab: 128}\n"
+         "faults: [{kind: throttle, rank: 9, factor: 1.5}]\n")  # 15 replicas of 16 alike
+
+
+def test_detect_on_twin_replicas_is_priced_by_the_replicas_it_reads_and_every_rank_it_judges(
+        tmp_path):
+    import megatronapp.scan.inputs as inputs
+
+    run, events = _ran(tmp_path, TWINS)
+    fed = inputs.batching(run / "trace.parquet")
+    assert fed.twin_ranks == 128 and fed.read_events is not None and fed.read_events < events
+    assert fed.batch_events < events  # two replicas of sixteen, not every rank
+    estimate = limits.estimate_trace(events, 0, limits.COSTS.detect_columns, fed)
+    peak = peak_memory_of(["detect", str(run)])
+    assert estimate.memory_bytes / 3 <= peak <= 3 * estimate.memory_bytes

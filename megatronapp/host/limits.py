@@ -99,6 +99,12 @@ class CostModel:
     # and counts, per value kept (a float in a reservoir, the dicts and
     # objects around it)
     bytes_per_state_value: float = 40.0
+    # A symmetric store read by twin replicas: the verdict holds each rank's
+    # share of the state (dict entries, scores, waits) and works through it,
+    # measured at 12,288-98,304 GPUs (``paper_figs/scale_table.py``):
+    # 10 kB and 0.3-0.4 ms a rank of the job
+    bytes_per_twin_rank: float = 10e3
+    seconds_per_twin_rank: float = 0.35e-3
     detect_events: TraceCost = TraceCost(1500.0, 20e-6)
     analyze: TraceCost = TraceCost(4000.0, 50e-6)
     align: TraceCost = TraceCost(2200.0, 35e-6)
@@ -290,6 +296,8 @@ class Batching:
 
     batch_events: int
     state_values: int
+    read_events: int | None = None  # events the command works on (None: every one)
+    twin_ranks: int = 0  # ranks whose state a present twin's stands in for at the verdict
 
 
 def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost,
@@ -300,14 +308,18 @@ def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost,
     store's ``batching`` holds one batch and its state, not every event."""
     c = COSTS
     events = stored_events + math.ceil(text_bytes / c.json_bytes_per_event)
-    held, state = min(events, cost.held_events), 0.0
+    held, state, worked, twins = min(events, cost.held_events), 0.0, events, 0
     if cost.batched and batching is not None:
         held = min(events, batching.batch_events)
         state = min(events, batching.state_values) * c.bytes_per_state_value
+        worked = events if batching.read_events is None else batching.read_events
+        twins = batching.twin_ranks
     return Estimate(ranks=0, events=events, group_entries=0, faults=0,
                     memory_bytes=(c.base_bytes + held * cost.bytes_per_event + state
+                                  + twins * c.bytes_per_twin_rank
                                   + text_bytes * c.json_memory_per_byte),
-                    disk_bytes=0.0, seconds=c.base_seconds + events * cost.seconds_per_event)
+                    disk_bytes=0.0, seconds=(c.base_seconds + worked * cost.seconds_per_event
+                                             + twins * c.seconds_per_twin_rank))
 
 
 def estimate_topology(world: int) -> Estimate:

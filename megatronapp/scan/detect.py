@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
                     durations_per_work, finite_rows, flow_of, judge_bandwidth, judge_compute,
                     judge_links, lonely_work, relative_to_peers, row_scores)
 from .sketch import DEFAULT_CAPACITY, Reservoirs
+from .twins import Twins
 from .table import COLLECTIVE, COMPUTE_KIND, P2P
 from .waits import COLLECTIVE_KIND, P2P_KIND, RECEIVE, WaitAccumulator, with_waits
 from .work import Work
@@ -101,21 +102,24 @@ def _compute_keys(scan: ScanInput) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _log_ratios(ranks: list[int], rank_of_row: np.ndarray, key: np.ndarray,
-                logdur: np.ndarray) -> np.ndarray:
-    """Rows = ranks, columns = keys on 2+ of them."""
+                logdur: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """Rows = ranks, columns = keys on 2+ of them (``weight``: per rank of the
+    job, the ranks it stands for; default each itself)."""
     sorted_ranks = np.array(ranks, np.int64)
     position = np.argsort(sorted_ranks)
     mine = np.isin(rank_of_row, sorted_ranks)
     r_idx = position[np.searchsorted(sorted_ranks[position], rank_of_row[mine])]
     k = key[mine]
-    counts = np.bincount(k) if len(k) else np.zeros(0, np.int64)
+    times = None if weight is None else weight[sorted_ranks]
+    counts = (np.bincount(k, None if times is None else times[r_idx]).astype(np.int64)
+              if len(k) else np.zeros(0, np.int64))
     shared = np.flatnonzero(counts >= 2)
     col_of = np.full(len(counts), -1, np.int64)
     col_of[shared] = np.arange(len(shared))
     logd = np.full((len(ranks), len(shared)), np.nan)
     ok = col_of[k] >= 0
     logd[r_idx[ok], col_of[k][ok]] = logdur[mine][ok]
-    return relative_to_peers(logd)
+    return relative_to_peers(logd, times)
 
 
 NO_RATIOS = np.zeros(0)  # a rank that ran none of the ops its peers ran
@@ -127,7 +131,9 @@ def log_ratio_rows(scan: ScanInput, peers: Mapping[int, tuple[int, ...]], work: 
                    ) -> tuple[LogRatios, CrossRatios]:
     """Each rank's log ratios of its compute ops to the same ops on its stage
     ``peers``; ranks without stage peers are compared across stages op name by
-    op name, each op's duration per unit of the ``work`` it models."""
+    op name, each op's duration per unit of the ``work`` it models. A batch
+    read by replicas counts each present rank once per twin."""
+    weight = scan.twins.weight if scan.twins is not None else None
     rows, key = _compute_keys(scan)
     rank_of_row = scan.cols.rank[rows].astype(np.int64)
     logdur = np.log(scan.cols.dur_s[rows]) - _log_work(scan, rows, work)
@@ -141,7 +147,7 @@ def log_ratio_rows(scan: ScanInput, peers: Mapping[int, tuple[int, ...]], work: 
     ratios: LogRatios = {}
     for i, cls in enumerate(classes):
         mine = order[cuts[i]:cuts[i + 1]]
-        lr = _log_ratios(list(cls), rank_of_row[mine], key[mine], logdur[mine])
+        lr = _log_ratios(list(cls), rank_of_row[mine], key[mine], logdur[mine], weight)
         ratios.update(zip(cls, finite_rows(lr)))
     cross: CrossRatios = {}
     if len(lonely) >= 2:
@@ -260,12 +266,15 @@ def _groups_of(*keys: np.ndarray) -> list[np.ndarray]:
 def pair_stats(samples: Mapping[tuple[int, int], np.ndarray], th: Thresholds) -> list[PairStats]:
     """Per rank pair with ``min_transfers`` or more, the median and spread of its samples."""
     out = []
+    known: dict[int, tuple[float, float]] = {}  # twin pairs share their samples' array
     for pair in sorted(samples):
         v = samples[pair]
         if len(v) < th.min_transfers:
             continue
-        med = float(np.median(v))
-        out.append(PairStats(pair, med, MAD_TO_SIGMA * float(np.median(np.abs(v - med))), len(v)))
+        if id(v) not in known:
+            med = float(np.median(v))
+            known[id(v)] = (med, MAD_TO_SIGMA * float(np.median(np.abs(v - med))))
+        out.append(PairStats(pair, *known[id(v)], len(v)))
     return out
 
 
@@ -361,9 +370,16 @@ class Detector:
         self._peers_of = (0, 0)  # (ranks, ties) the stage peers were found from
         self._waited = WaitAccumulator()  # who waited for whom (``waits``)
         self._ops_fed = 0
+        self._twins: Twins | None = None  # batches read by replicas: the state is theirs
+        self._late_across: dict[int, list[int]] = {}  # ... and every rank's at their DP ops
 
     def feed(self, batch: ScanInput) -> None:
-        """Take in one batch of whole sync ops, aligned and linked."""
+        """Take in one batch of whole sync ops, aligned and linked (a batch
+        read by replicas: the present replicas' state, and every rank's at
+        the collectives that join replicas)."""
+        self._twins = self._twins or batch.twins
+        if batch.across is not None:
+            self._feed_across(batch.across)
         ranks = np.unique(batch.cols.rank).tolist()
         self._ranks.update(ranks)
         a, b = peer_edges(batch)
@@ -376,18 +392,26 @@ class Detector:
         for r, by_name in durations_of(batch).items():
             scaled = durations_per_work(by_name, work.get(r))
             self._durations.add_all({(r, n): np.asarray(v) for n, v in scaled.items()})
-        for r, (last, joined) in late_arrivals(batch).items():
-            counts = self._late.setdefault(r, [0, 0])
-            counts[0] += last
-            counts[1] += joined
+        _count_late(self._late, batch)
         self._transfers.add_all(transfer_samples(batch))
         self._waits.add_all(delivery_waits(batch))
+        self._feed_members(batch)
+        self._waited.feed_receives(batch.cols)
+
+    def _feed_across(self, across: ScanInput) -> None:
+        """Every rank's collectives that join replicas: their ties, last
+        arrivals, members and waits."""
+        a, b = peer_edges(across)
+        self._edges.update(zip(a.tolist(), b.tolist()))
+        _count_late(self._late_across, across)
+        self._feed_members(across)
+
+    def _feed_members(self, batch: ScanInput) -> None:
         met, pairs = op_members(batch)
         for group, members in met.items():
             self._met.setdefault(group, set()).update(members)
         self._pairs |= pairs
         self._waited.feed(*wait_members(batch, self._ops_fed))
-        self._waited.feed_receives(batch.cols)
         self._ops_fed += batch.sync.ops
 
     def _stage_peers(self, ranks: Iterable[int]) -> dict[int, tuple[int, ...]]:
@@ -412,6 +436,8 @@ class Detector:
 
     def verdict(self) -> Diagnosis:
         """The diagnosis of everything fed so far."""
+        if self._twins is not None:
+            return self._every_twin(self._twins).verdict()
         ranks = sorted(self._ranks)
         peers = self._stage_peers(ranks)
         durations: dict[int, dict[str, np.ndarray]] = {}
@@ -428,11 +454,70 @@ class Detector:
                            peers, node, name_stages=not self._work_of(peers))
         return diagnosis_of(causes, victims_of(causes, self._met, self._pairs))
 
+    def _every_twin(self, twins: Twins) -> "Detector":
+        """A detector holding, for every rank of the job, what its present
+        twin's batches gave (shared, not copied), its own last arrivals at
+        the ops that join replicas, and stage peers of every rank."""
+        def keyed(key: int) -> tuple[int, ...]:
+            return twins.twins_of(key)
+
+        def paired(pair: tuple[int, int]) -> list[tuple[int, int]]:
+            return [(pair[0] + off, pair[1] + off) for off in twins.offsets(pair[0])]
+
+        def named(key: tuple[int, str]) -> list[tuple[int, str]]:
+            return [(t, key[1]) for t in twins.twins_of(key[0])]
+
+        def channel(key: Channel) -> list[Channel]:
+            return [(p, key[1]) for p in paired(key[0])]
+
+        out = Detector(self.gpus_per_node, self.scenario, self.th)
+        out._ranks = {t for r in self._ranks for t in twins.twins_of(r)}
+        out._peers = {}
+        for cls in {id(c): c for c in self._stage_peers(sorted(self._ranks)).values()}.values():
+            every = tuple(sorted(t for r in cls for t in twins.twins_of(r)))
+            out._peers.update((t, every) for t in every)
+        out._peers_of = (len(out._ranks), len(out._edges))
+        out._work = self._work
+        out._ratios, out._cross = self._ratios.aliased(keyed), self._cross.aliased(named)
+        out._durations = self._durations.aliased(named)
+        out._transfers, out._waits = self._transfers.aliased(paired), self._waits.aliased(channel)
+        for r, (last, joined) in self._late.items():
+            out._late.update((t, [last, joined]) for t in twins.twins_of(r))
+        for t, (last, joined) in self._late_across.items():
+            counts = out._late.setdefault(t, [0, 0])
+            counts[0] += last
+            counts[1] += joined
+        inside = _inside(twins)
+        for group, members in self._met.items():
+            for off in twins.offsets(group[0]) if inside(group) else (0,):
+                out._met[tuple(r + off for r in group)] = {r + off for r in members}
+        out._pairs = {p for pair in self._pairs for p in paired(pair)}
+        out._waited = self._waited.mirrored(twins.offsets, inside)
+        return out
+
     def state_entries(self) -> int:
         """Keys and values held: ranks, ties, samples, counts, group members, pairs."""
         samples = (self._ratios, self._cross, self._durations, self._transfers, self._waits)
         return (len(self._ranks) + len(self._edges) + sum(len(s) + s.entries() for s in samples)
                 + 2 * len(self._late) + sum(len(m) for m in self._met.values()) + len(self._pairs))
+
+
+def _count_late(into: dict[int, list[int]], scan: ScanInput) -> None:
+    for r, (last, joined) in late_arrivals(scan).items():
+        counts = into.setdefault(r, [0, 0])
+        counts[0] += last
+        counts[1] += joined
+
+
+def _inside(twins: Twins) -> Callable[[tuple[int, ...]], bool]:
+    """Whether a group stays inside one replica (remembered per group)."""
+    known: dict[tuple[int, ...], bool] = {}
+
+    def inside(group: tuple[int, ...]) -> bool:
+        if group not in known:
+            known[group] = not twins.spans_replicas(group)
+        return known[group]
+    return inside
 
 
 def wait_members(scan: ScanInput, first_op: int = 0) -> tuple[EventColumns, np.ndarray]:
@@ -468,7 +553,7 @@ def megascan_stored(store: Path, scenario: Scenario | None = None,
     for batch in stored_batches(store):
         detector = detector or Detector(batch.gpus_per_node, scenario or batch.scenario, th)
         detector.feed(batch)
-        fed += len(batch.cols)
+        fed += batch.job_events
     if detector is None or fed != stored_events(store):
         whole = load_table_scan(store)
         return megascan(replace(whole, scenario=scenario or whole.scenario), th)

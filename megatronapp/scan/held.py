@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .diagnosis import RootCause
-from .judge import link_class
+from .judge import link_class, medians_without_each
 from .waits import Compute, WaitScores, best_ratio
 
 Pair = tuple[int, int]
@@ -92,19 +92,33 @@ def held_links(scores: WaitScores, gpus_per_node: int,
     """Links whose fastest receive, in the faster direction, is slow against
     the other links of its class (see the module's docstring)."""
     floors = _pair_floors(scores, th)
+    centres = _class_centres(floors, gpus_per_node)
     causes = []
     for pair, (floor, transfers) in sorted(floors.items()):
-        same = [f for p, (f, _) in floors.items()
-                if p != pair and link_class(p, gpus_per_node) == link_class(pair, gpus_per_node)]
-        if len(same) < 2:
+        if pair not in centres:
             continue  # a class needs others to judge against
-        centre = float(np.median(same))
+        centre = centres[pair]
         if floor >= th.min_hold_s and floor >= th.hold_ratio * centre:
             ratio = floor / max(centre, 1e-9)
             causes.append(RootCause(pair[0], "link", pair[1], ratio / (ratio + th.hold_ratio), {
                 "problem": "slow", "transfers": transfers, "receive_floor_s": round(floor, 6),
                 "class_receive_floor_s": round(centre, 6)}))
     return causes
+
+
+def _class_centres(floors: Mapping[Pair, tuple[float, int]], gpus_per_node: int
+                   ) -> dict[Pair, float]:
+    """Per pair of a link class with two others or more, the median of the
+    others' floors (one sort per class, not one pass over every pair per pair)."""
+    classes: dict[bool, list[Pair]] = {}
+    for pair in floors:
+        classes.setdefault(link_class(pair, gpus_per_node), []).append(pair)
+    out: dict[Pair, float] = {}
+    for pairs in classes.values():
+        if len(pairs) > 2:
+            others = medians_without_each(np.array([floors[p][0] for p in pairs]))
+            out.update(zip(pairs, others.tolist()))
+    return out
 
 
 def _pair_floors(scores: WaitScores, th: HeldThresholds) -> dict[Pair, tuple[float, int]]:

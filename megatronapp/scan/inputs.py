@@ -23,7 +23,8 @@ from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import (EventColumns, RankEventsView, TableSource, columns_from_events,
                                        empty_columns)
 from megatronapp.trace.events import Event
-from megatronapp.trace.store import (TRACE_FILE, StoreError, StoreMeta, local_clock_view,
+from megatronapp.trace.classes import Expansion
+from megatronapp.trace.store import (TRACE_FILE, Pieces, StoreError, StoreMeta, local_clock_view,
                                      read_columns, read_meta, read_pieces)
 
 from .align import ClockFit
@@ -31,7 +32,8 @@ from .deps import SyncOp, reconstruct
 from .load import (LoadedTrace, RankEvents, TraceError, dig, load_trace, locate_trace,
                    read_object, trace_size)
 from .sketch import DEFAULT_CAPACITY
-from .table import SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
+from .table import COLLECTIVE_KIND, SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
+from .twins import Twins, twins_in
 from .work import scenario_of_run
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -47,10 +49,24 @@ class ScanInput:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     clocks: dict[int, ClockFit] = field(default_factory=dict)
     scenario: Scenario | None = None  # what the run ran, when known: the work each op models
+    # A symmetric run read by replicas (``twins``): ``cols`` holds the present
+    # replicas' ranks without the collectives that join replicas, ``across``
+    # those collectives of every rank (None: the batch has none).
+    twins: Twins | None = None
+    across: "ScanInput | None" = None
 
     @property
     def ranks(self) -> list[int]:
         return np.unique(self.cols.rank).astype(int).tolist()
+
+    @property
+    def job_events(self) -> int:
+        """The job's events this input stands for (its rows, each present
+        rank's once per twin, with the collectives across replicas)."""
+        if self.twins is None:
+            return len(self.cols)
+        across = len(self.across.cols) if self.across is not None else 0
+        return int(self.twins.weight[self.cols.rank].sum()) + across
 
     @cached_property
     def events(self) -> RankEvents:
@@ -207,16 +223,45 @@ def stored_batches(store: Path) -> Iterator[ScanInput]:
     except StoreError as err:
         raise _trace_error(store, err) from None
     facts = _run_facts(store, pieces.meta)  # read once, not per batch
+    twins = twins_of(pieces.meta, facts.scenario)
     for iterations in iteration_batches(store):
         keys = [k for k in sorted(pieces.streams) if iterations is None or k[0] in iterations]
         cuts = [keys] if sum(pieces.events[k] for k in keys) <= BATCH_ROWS else \
             microbatch_cuts(keys)
         first: ScanInput | None = None
         for cut in cuts:
+            if twins is not None:
+                yield twin_batch(pieces, cut, facts, twins)
+                continue
             stored = _on_clocks(facts, pieces.columns(cut), pieces.meta)
             batch = stored.prepared(clocks=first.clocks if first else None)
             first = first or batch
             yield batch
+
+
+def twins_of(meta: StoreMeta, scenario: Scenario | None) -> Twins | None:
+    """The twin replicas of a symmetric store whose clocks are all the
+    reference clock (a skewed rank is not its twin's copy), else None."""
+    stand_ins = meta.stand_ins
+    if stand_ins is None or meta.clocks or scenario is None:
+        return None
+    p = scenario.parallel
+    return twins_in(stand_ins, p.tp, p.dp, p.pp, meta.groups)
+
+
+def twin_batch(pieces: Pieces, cut: Sequence[tuple[int, int]], facts: StoredColumns,
+               twins: Twins) -> ScanInput:
+    """The pieces ``cut`` of a symmetric store as one batch read by replicas
+    (``ScanInput.twins``): the present replicas' rows, and the collectives
+    that join replicas for every rank."""
+    stored = pieces.stored(cut)
+    joins = (stored.kind == COLLECTIVE_KIND) & np.r_[twins.joining, False][stored.group]
+    own = Expansion(stored.take(~joins), twins.stand_ins, twins.group_table).rows(twins.present)
+    joining = Expansion(stored.take(joins), twins.stand_ins, twins.group_table)
+    across = (prepare_columns(joining.rows(joining.ranks()), True, facts.gpus_per_node)
+              if joins.any() else None)
+    return replace(prepare_columns(own, True, facts.gpus_per_node), scenario=facts.scenario,
+                   twins=twins, across=across)
 
 
 def microbatch_cuts(keys: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
@@ -250,7 +295,9 @@ def batching(store: Path) -> Batching:
     """What ``stored_batches`` will hold at most, from the footer's row count,
     the classes and the run's scenario (no row is read): its largest batch (a
     long iteration's first microbatch with the events of none: twice a
-    microbatch's share, a safe side) and the detector's bounded state."""
+    microbatch's share, a safe side) and the detector's bounded state; a
+    store read by twin replicas: their share of both, and every rank's
+    share of the state at the verdict."""
     events = stored_events(store)
     groups = iteration_batches(store)
     scenario = scenario_of_run(store.parent if store.name == TRACE_FILE else None)
@@ -259,10 +306,16 @@ def batching(store: Path) -> Batching:
     if largest > BATCH_ROWS and scenario is not None:
         largest = min(largest, 2 * largest // max(scenario.parallel.microbatches, 1))
     try:
-        world = read_meta(store).world_size
+        meta = read_meta(store)
     except StoreError as err:
         raise _trace_error(store, err) from None
-    return Batching(largest, min(events, world * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY))
+    twins = twins_of(meta, scenario)
+    if twins is None:
+        return Batching(largest, min(events, meta.world_size * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY))
+    present = len(twins.present)  # read by replicas: their share of every batch and the state
+    return Batching(largest * present // twins.world,
+                    min(events, present * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY),
+                    events * present // twins.world, twins.world)
 
 
 def stored_events(store: Path) -> int:

@@ -54,8 +54,11 @@ class ComputeScore:
     peers: tuple[int, ...]
 
 
-def relative_to_peers(logd: np.ndarray) -> np.ndarray:
-    """Each row (a rank's log durations per op) minus its peers' median per op."""
+def relative_to_peers(logd: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """Each row (a rank's log durations per op) minus its peers' median per op;
+    row i counted ``weight[i]`` times (ranks it stands for; default once)."""
+    if weight is not None and (weight != 1).any():
+        return _relative_to_weighted_peers(logd, weight)
     if len(logd) >= 5:
         return logd - np.nanmedian(logd, axis=0)
     out = np.empty_like(logd)
@@ -63,6 +66,29 @@ def relative_to_peers(logd: np.ndarray) -> np.ndarray:
         others = np.delete(logd, i, axis=0)
         out[i] = logd[i] - np.nanmedian(others, axis=0)
     return out
+
+
+def _relative_to_weighted_peers(logd: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``relative_to_peers`` of the rows repeated by ``weight``, read off each
+    row's first copy (without repeating them, but where so few that each
+    leaves itself out)."""
+    if weight.sum() < 5:
+        first = np.cumsum(weight) - weight
+        return relative_to_peers(np.repeat(logd, weight, axis=0))[first]
+    return logd - weighted_nanmedian(logd, weight)
+
+
+def weighted_nanmedian(values: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per column, ``np.nanmedian`` of the rows repeated by ``weight``, as numpy
+    computes it (the two middle values' sum halved)."""
+    order = np.argsort(values, axis=0, kind="stable")  # NaNs last
+    v = np.take_along_axis(values, order, axis=0)
+    counted = np.cumsum(np.where(np.isnan(v), 0, weight[order]), axis=0)
+    n = counted[-1] if len(v) else np.zeros(values.shape[1], np.int64)
+    column = np.arange(values.shape[1])
+    low = v[np.argmax(counted > (n - 1) // 2, axis=0), column]
+    high = v[np.argmax(counted > n // 2, axis=0), column]
+    return np.where(n > 0, (low + high) / 2, np.nan)
 
 
 def row_scores(ranks: Sequence[int], rows: Sequence[np.ndarray], th: Thresholds
@@ -94,20 +120,31 @@ def finite_rows(lr: np.ndarray) -> list[np.ndarray]:
     return list(lr) if finite.all() else [row[ok] for row, ok in zip(lr, finite)]
 
 
+def distinct(samples: Sequence[Any]) -> tuple[list[int], np.ndarray]:
+    """The index of the first of each distinct object in ``samples`` and, per
+    sample, which of those it is: twin ranks share their samples' arrays
+    (``Reservoirs.aliased``), reduced once each."""
+    first: dict[int, int] = {}
+    which = np.array([first.setdefault(id(v), i) for i, v in enumerate(samples)], np.int64)
+    firsts = sorted(first.values())
+    return firsts, np.searchsorted(np.array(firsts, np.int64), which)
+
+
 def row_medians(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Each row's median and median absolute deviation (NaN for an empty row);
     rows of one length are stacked and reduced in one call (a simulated job's
-    thousands of ranks run the same ops)."""
-    medians, spreads = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+    thousands of ranks run the same ops), each distinct row once."""
+    firsts, which = distinct(rows)
+    medians, spreads = np.full(len(firsts), np.nan), np.full(len(firsts), np.nan)
     by_length: dict[int, list[int]] = defaultdict(list)
-    for i, v in enumerate(rows):
-        if len(v):
-            by_length[len(v)].append(i)
+    for i, first in enumerate(firsts):
+        if len(rows[first]):
+            by_length[len(rows[first])].append(i)
     for members in by_length.values():
-        stacked = np.stack([rows[i] for i in members])
+        stacked = np.stack([rows[firsts[i]] for i in members])
         m = np.median(stacked, axis=1)
         medians[members], spreads[members] = m, np.median(np.abs(stacked - m[:, None]), axis=1)
-    return medians, spreads
+    return medians[which], spreads[which]
 
 
 def lonely_work(scenario: Any, peers: Mapping[int, tuple[int, ...]]) -> dict[int, dict[str, float]]:
@@ -145,7 +182,7 @@ def quantile_ratios(durations: Durations, peers: Mapping[int, tuple[int, ...]], 
                 of_name[n].append((r, q))
         for n, members in of_name.items():
             if len(members) > 1:  # each against the others (a stage holds thousands)
-                others = _medians_without_each(np.array([q for _, q in members]))
+                others = medians_without_each(np.array([q for _, q in members]))
                 theirs.update(((r, n), float(m)) for (r, _q), m in zip(members, others))
     return {r: {n: (math.log(q / theirs[(r, n)]), count) for n, (q, count) in mine.items()
                 if (r, n) in theirs} for r, mine in quantiles.items()}
@@ -163,8 +200,9 @@ def per_run_quantiles(durations: Durations, quantile: float, min_ops: int
             if len(v) >= min_ops:
                 by_length[len(v)].append((r, n, v))
     for length, runs in by_length.items():
-        values = np.percentile(np.array([np.asarray(v, float) for _, _, v in runs]), quantile,
-                               axis=1)
+        firsts, which = distinct([v for _, _, v in runs])
+        values = np.percentile(np.array([np.asarray(runs[i][2], float) for i in firsts]),
+                               quantile, axis=1)[which]
         for (r, n, _), value in zip(runs, values.tolist()):
             out[r][n] = (value, length)
     return out
@@ -298,9 +336,12 @@ def rank_sum_z(sample: np.ndarray, reference: np.ndarray) -> float:
     return _rank_sum_to_z(float(ranks[:len(sample)].sum()), len(sample), len(reference))
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
+def _average_ranks(values: np.ndarray, times: np.ndarray | None = None) -> np.ndarray:
+    """Each value's rank among ``values``, each counted ``times`` over (default once)."""
     # tied waits share their average rank (equal waits favour neither side)
     _, which, counts = np.unique(values, return_inverse=True, return_counts=True)
+    if times is not None:
+        counts = np.bincount(which, times, minlength=len(counts)).astype(np.int64)
     return (np.cumsum(counts) - (counts - 1) / 2)[which]
 
 
@@ -334,7 +375,7 @@ def _deliveries(all_waits: Mapping[Channel, Samples], node: int,
         if len(members) < 2:
             continue
         floors, medians = _floors_and_medians([w for _, w in members], th.floor_quantile)
-        class_floor, class_median = _medians_without_each(floors), _medians_without_each(medians)
+        class_floor, class_median = medians_without_each(floors), medians_without_each(medians)
         for i, ((pair, mine), z) in enumerate(zip(members, _rank_sum_zs([w for _, w in members]))):
             out[pair].append(Delivery(
                 floors[i] / max(class_floor[i], MIN_DELIVERY_S),
@@ -345,18 +386,19 @@ def _deliveries(all_waits: Mapping[Channel, Samples], node: int,
 def _floors_and_medians(samples: list[np.ndarray], q: float) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's ``q``-th percentile and median: one call over a matrix per
     sample length (channels of one class mostly carry as many transfers)."""
-    floors, medians = np.empty(len(samples)), np.empty(len(samples))
+    firsts, which = distinct(samples)
+    floors, medians = np.empty(len(firsts)), np.empty(len(firsts))
     by_length: dict[int, list[int]] = defaultdict(list)
-    for i, w in enumerate(samples):
-        by_length[len(w)].append(i)
+    for i, first in enumerate(firsts):
+        by_length[len(samples[first])].append(i)
     for members in by_length.values():
-        stacked = np.stack([samples[i] for i in members])
+        stacked = np.stack([samples[firsts[i]] for i in members])
         floors[members] = np.percentile(stacked, q, axis=1)
         medians[members] = np.median(stacked, axis=1)
-    return floors, medians
+    return floors[which], medians[which]
 
 
-def _medians_without_each(values: np.ndarray) -> np.ndarray:
+def medians_without_each(values: np.ndarray) -> np.ndarray:
     """For each i, the median of ``values`` without its i-th (at least 2 values)."""
     order = np.argsort(values, kind="stable")
     v = values[order]
@@ -374,11 +416,17 @@ def _medians_without_each(values: np.ndarray) -> np.ndarray:
 
 def _rank_sum_zs(samples: list[np.ndarray]) -> list[float]:
     """``rank_sum_z`` of each sample against all the others together: the
-    others and the sample make the whole class, so one ranking serves all."""
-    ranks = _average_ranks(np.concatenate(samples))
-    cuts = np.cumsum([0] + [len(w) for w in samples])
-    return [_rank_sum_to_z(float(ranks[lo:hi].sum()), int(hi - lo), int(len(ranks) - (hi - lo)))
-            for lo, hi in zip(cuts[:-1], cuts[1:])]
+    others and the sample make the whole class, so one ranking serves all
+    (each distinct sample ranked once, counted as often as it is given)."""
+    firsts, which = distinct(samples)
+    times = np.bincount(which, minlength=len(firsts))
+    kept = [samples[i] for i in firsts]
+    ranks = _average_ranks(np.concatenate(kept), np.repeat(times, [len(w) for w in kept]))
+    cuts = np.cumsum([0] + [len(w) for w in kept])
+    total = int(np.dot(times, np.diff(cuts)))
+    zs = [_rank_sum_to_z(float(ranks[lo:hi].sum()), int(hi - lo), total - int(hi - lo))
+          for lo, hi in zip(cuts[:-1], cuts[1:])]
+    return [zs[i] for i in which]
 
 
 def _delivery_causes(waits: Mapping[Channel, Samples], gpus_per_node: int,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence, Union
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -179,6 +179,32 @@ class WaitAccumulator:
         for rank, count in zip(*np.unique(cols.rank[rows].astype(np.int64), return_counts=True)):
             self.receives[int(rank)] += int(count)
 
+    def mirrored(self, offsets: Callable[[int], Sequence[int]],
+                 inside: Callable[[Group], bool]) -> "WaitAccumulator":
+        """What every rank's twin would have added: each entry of a group
+        that ``inside`` says stays in one replica, and each channel and
+        rank, once per twin, moved by its offset (``offsets(rank)``, 0
+        first); the entries of groups that join replicas are every rank's
+        already and stay as they are."""
+        out = WaitAccumulator()
+        for tally in ("joined", "last", "imposed"):
+            into = getattr(out, tally)
+            for (group, rank), value in getattr(self, tally).items():
+                for off in offsets(rank) if inside(group) else (0,):
+                    into[(_moved(group, off), rank + off)] = value
+        for (group, it), by_rank in self.by_iteration.items():
+            for off in offsets(group[0]) if inside(group) else (0,):
+                out.by_iteration[(_moved(group, off), it)].update(
+                    (r + off, w) for r, w in by_rank.items())
+        for (sender, receiver), acc in self.channels.items():
+            for off in offsets(sender):
+                out.channels[(sender + off, receiver + off)] = list(acc)
+        for rank, seconds in self.receiving.items():
+            for off in offsets(rank):
+                out.receiving[rank + off] = seconds
+        out.pending = self.pending
+        return out
+
     def scores(self) -> WaitScores:
         totals: dict[Group, float] = defaultdict(float)
         for (group, _), imposed in self.imposed.items():
@@ -203,6 +229,10 @@ class WaitAccumulator:
             leader = max(sorted(by_rank), key=lambda r: by_rank[r])
             topped[(group, leader)] += 1
         return iterations, topped
+
+
+def _moved(group: Group, offset: int) -> Group:
+    return tuple(r + offset for r in group) if offset else group
 
 
 def receive_rows(cols: EventColumns) -> np.ndarray:

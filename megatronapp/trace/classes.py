@@ -12,7 +12,7 @@ ordered by id, are one per kind in the same order, as runs number them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -91,6 +91,7 @@ class Expansion:
 
     stored: EventColumns  # the representatives' rows, grouped by rank
     classes: StandIns
+    groups_of_ranks: np.ndarray | None = field(default=None, compare=False)  # ``rank_groups``, built
 
     @property
     def events(self) -> int:
@@ -147,6 +148,8 @@ class Expansion:
 
     @cached_property
     def _group_table(self) -> np.ndarray:
+        if self.groups_of_ranks is not None:
+            return self.groups_of_ranks
         return rank_groups(self.stored.groups, self.classes.world)
 
     @cached_property

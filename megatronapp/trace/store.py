@@ -327,12 +327,17 @@ class Pieces:
     streams: Mapping[tuple[int, int], pa.Buffer]
     events: Mapping[tuple[int, int], int]
 
-    def columns(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
-        """The rows of the pieces ``keys``, in the file's order (every rank's)."""
+    def stored(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
+        """The stored rows of the pieces ``keys``, in the file's order (a
+        symmetric store's representatives' only)."""
         tables = [pa.ipc.open_stream(self.streams[k]).read_all() for k in keys]
         table = pa.concat_tables(tables) if tables else _empty_table(self.path)
         order = np.argsort(table.column(_ROW).to_numpy(), kind="stable")
-        cols = _columns(table.drop_columns([_ROW]).take(order), self.meta)
+        return _columns(table.drop_columns([_ROW]).take(order), self.meta)
+
+    def columns(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
+        """The rows of the pieces ``keys``, in the file's order (every rank's)."""
+        cols = self.stored(keys)
         stand_ins = self.meta.stand_ins
         if stand_ins is None:
             return cols
