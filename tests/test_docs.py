@@ -67,6 +67,11 @@ NOT_RUN: dict[str, str] = {
     "python -m megatronapp.cli validate-detector --replay runs/trials/seed2 runs/trials/seed3 "
     "runs/trials/seed0 --csv runs/trials/replay.csv":
         "scores kept torch trials (runs/trials) that are not in the repository",
+    "python -m megatronapp.cli validate-detector --backend torch --trials 64 --seed 100 "
+    "--save-runs runs/trials/seed100": TORCH,
+    "python -m megatronapp.cli validate-detector --replay runs/trials/seed2 runs/trials/seed3 "
+    "runs/trials/seed0 runs/trials/seed100 --csv runs/trials/replay.csv":
+        "scores kept torch trials (runs/trials) that are not in the repository",
     ".venv/bin/megatronapp run scenarios/scan_1024.yaml --out runs/scan_1024":
         "1024 ranks, 1.17 M events: too long for the test suite",
     "taskset -c 1 /usr/bin/time .venv/bin/megatronapp detect runs/scan_1024":
