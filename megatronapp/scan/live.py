@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from statistics import NormalDist
 from typing import Callable, Iterable
 
 import numpy as np
@@ -120,25 +121,40 @@ class SlowdownTest:
     """Per rank, the CUSUM of per-iteration log-likelihood ratios (slowed by
     ``slowdown`` against as fast as its peers, Gaussian spread ``noise_sd``)
     of its ``fastest_log_ratios``; capped at twice the threshold, so that a
-    rank that recovers is cleared within a few iterations."""
+    rank that recovers is cleared within a few iterations. A finding's
+    confidence: how sure the ratios since the CUSUM last left 0 make it that
+    the rank is at least ``slowdown`` slower (a host that slows a rank a
+    little for long is named, with a low confidence a policy can ignore)."""
 
     slowdown: float = LIVE_SLOWDOWN
     threshold: float = LIVE_THRESHOLD
     noise_sd: float = LIVE_NOISE_SD
     cusum: dict[int, float] = field(default_factory=dict)
     latest: dict[int, float] = field(default_factory=dict)
+    since: dict[int, tuple[float, int]] = field(default_factory=dict)  # (sum, count) since 0
 
     def update(self, ratios: dict[int, float]) -> None:
         shift = math.log(self.slowdown)
         for r, x in ratios.items():
             llr = shift * (x - shift / 2) / self.noise_sd ** 2
             self.cusum[r] = min(2 * self.threshold, max(0.0, self.cusum.get(r, 0.0) + llr))
+            total, count = self.since.get(r, (0.0, 0))
+            self.since[r] = (total + x, count + 1) if self.cusum[r] > 0 else (0.0, 0)
         self.latest.update(ratios)
+
+    def confidence(self, rank: int) -> float:
+        total, count = self.since.get(rank, (0.0, 0))
+        if not count:
+            return 0.0
+        mean = total / count
+        return NormalDist().cdf((mean - math.log(self.slowdown)) * math.sqrt(count)
+                                / self.noise_sd)
 
     def slow(self) -> dict[int, RootCause]:
         """The ranks whose evidence stands at the threshold, as findings."""
-        return {r: RootCause(r, "compute", None, 1 / (1 + math.exp(-s)), {
-            "cusum_llr": round(s, 3), "log_ratio_to_peers": round(self.latest[r], 4)})
+        return {r: RootCause(r, "compute", None, self.confidence(r), {
+            "cusum_llr": round(s, 3), "log_ratio_to_peers": round(self.latest[r], 4),
+            "iterations_summed": self.since[r][1]})
             for r, s in sorted(self.cusum.items()) if s >= self.threshold}
 
 
