@@ -8,28 +8,19 @@ the run, whole, or not at all (docs/robustness.md).
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from statistics import NormalDist
 from typing import Callable, Iterable
-
-import numpy as np
 
 from megatronapp.errors import UserError
 from megatronapp.scenario.config import Scenario
-from megatronapp.trace.columns import KINDS, EventColumns, columns_from_events
+from megatronapp.trace.columns import EventColumns, columns_from_events
 from megatronapp.trace.events import Event
 
-from .components import classes_of
-from .detect import STAGE_PEER_WORDS
-from .diagnosis import RootCause
-from .inputs import DEFAULT_GPUS_PER_NODE
-from .online import Detection, OnlineConfig, OnlineScan, SuspectKey
+from .online import Detection, OnlineConfig, OnlineScan
 
-__all__ = ["DETECTIONS_FILE", "LIVE_CONFIRM", "DetectionLog", "LiveFeed", "LiveScan", "Report",
-           "SlowdownTest", "detect_iterations", "fastest_log_ratios", "reporter", "scan_for",
-           "stage_classes"]
+__all__ = ["DETECTIONS_FILE", "LIVE_CONFIRM", "DetectionLog", "LiveFeed", "Report",
+           "detect_iterations", "reporter", "scan_for"]
 
 DETECTIONS_FILE = "detections.jsonl"
 
@@ -59,148 +50,21 @@ class DetectionLog:
 
 
 # Real ranks on a shared machine: a rank descheduled for a couple of
-# iterations looks throttled to two windows in a row; a third window tells
-# them apart (links, and ranks without stage peers: those with peers are
-# judged by ``SlowdownTest``).
+# iterations looks throttled to two windows in a row (most of the false alarms
+# of kept torch runs, docs/megascan.md); a third window tells them apart.
 LIVE_CONFIRM = 3
-
-COMPUTE, COLLECTIVE = KINDS.index("compute"), KINDS.index("collective")
-
-
-def stage_classes(cols: EventColumns) -> dict[int, tuple[int, ...]]:
-    """rank -> the ranks that run its compute (those its TP and DP collectives join)."""
-    words = np.array([n.lower().split("_")[0] in STAGE_PEER_WORDS for n in cols.names] + [False])
-    rows = np.flatnonzero((cols.kind == COLLECTIVE) & words[cols.name.astype(np.int64)])
-    members = [cols.groups[g] for g in np.unique(cols.group[rows]).tolist() if g >= 0]
-    a = [m[i] for m in members for i in range(len(m) - 1)]
-    b = [m[i + 1] for m in members for i in range(len(m) - 1)]
-    ranks = np.unique(np.r_[cols.rank, np.array(a + b, np.int64)].astype(np.int64))
-    return classes_of(ranks, np.array(a, np.int64), np.array(b, np.int64))
-
-
-def fastest_log_ratios(cols: EventColumns, peers: dict[int, tuple[int, ...]]
-                       ) -> dict[int, float]:
-    """Each rank's compute in one iteration against its stage peers': per op
-    name it ran more than once, the log of its fastest op over the median of
-    its peers' fastest, averaged over the names all of them ran so. On a
-    shared machine time spent descheduled stretches an op now and then; the
-    fastest of the repeated ops is the one least stretched, and a slow device
-    stretches every one."""
-    compute = cols.kind == COMPUTE
-    out: dict[int, float] = {}
-    for cls in {c for c in peers.values() if len(c) > 1}:
-        fastest: dict[int, dict[int, float]] = {}
-        for r in cls:
-            mine = compute & (cols.rank == r) & (cols.dur_s > 0)
-            names, dur = cols.name[mine], cols.dur_s[mine]
-            codes, counts = np.unique(names, return_counts=True)
-            fastest[r] = {int(n): float(dur[names == n].min())
-                          for n in codes[counts > 1]}  # one op is no fastest of several
-        shared = set.intersection(*(set(f) for f in fastest.values()))
-        if not shared:
-            continue
-        for r in cls:
-            out[r] = float(np.mean([math.log(fastest[r][n] / float(np.median(
-                [fastest[p][n] for p in cls if p != r]))) for n in sorted(shared)]))
-    return out
-
-
-# The sequential test: a rank is named once the log-likelihood ratio, summed
-# over iterations (a CUSUM, restarting at 0), that its compute is
-# LIVE_SLOWDOWN times its stage peers' rather than as fast reaches
-# LIVE_THRESHOLD: a steady 1.5x slowdown (0.91 a iteration) is named in its
-# fifth iteration. LIVE_NOISE_SD: about the spread of healthy ranks'
-# ``fastest_log_ratios`` on kept torch runs of 4 ranks on 2 loaded cores.
-LIVE_SLOWDOWN = 1.5
-LIVE_THRESHOLD = 4.0
-LIVE_NOISE_SD = 0.3
-
-
-@dataclass
-class SlowdownTest:
-    """Per rank, the CUSUM of per-iteration log-likelihood ratios (slowed by
-    ``slowdown`` against as fast as its peers, Gaussian spread ``noise_sd``)
-    of its ``fastest_log_ratios``; capped at twice the threshold, so that a
-    rank that recovers is cleared within a few iterations. A finding's
-    confidence: how sure the ratios since the CUSUM last left 0 make it that
-    the rank is at least ``slowdown`` slower (a host that slows a rank a
-    little for long is named, with a low confidence a policy can ignore)."""
-
-    slowdown: float = LIVE_SLOWDOWN
-    threshold: float = LIVE_THRESHOLD
-    noise_sd: float = LIVE_NOISE_SD
-    cusum: dict[int, float] = field(default_factory=dict)
-    latest: dict[int, float] = field(default_factory=dict)
-    since: dict[int, tuple[float, int]] = field(default_factory=dict)  # (sum, count) since 0
-
-    def update(self, ratios: dict[int, float]) -> None:
-        shift = math.log(self.slowdown)
-        for r, x in ratios.items():
-            llr = shift * (x - shift / 2) / self.noise_sd ** 2
-            self.cusum[r] = min(2 * self.threshold, max(0.0, self.cusum.get(r, 0.0) + llr))
-            total, count = self.since.get(r, (0.0, 0))
-            self.since[r] = (total + x, count + 1) if self.cusum[r] > 0 else (0.0, 0)
-        self.latest.update(ratios)
-
-    def confidence(self, rank: int) -> float:
-        total, count = self.since.get(rank, (0.0, 0))
-        if not count:
-            return 0.0
-        mean = total / count
-        return NormalDist().cdf((mean - math.log(self.slowdown)) * math.sqrt(count)
-                                / self.noise_sd)
-
-    def slow(self) -> dict[int, RootCause]:
-        """The ranks whose evidence stands at the threshold, as findings."""
-        return {r: RootCause(r, "compute", None, self.confidence(r), {
-            "cusum_llr": round(s, 3), "log_ratio_to_peers": round(self.latest[r], 4),
-            "iterations_summed": self.since[r][1]})
-            for r, s in sorted(self.cusum.items()) if s >= self.threshold}
-
-
-class LiveScan(OnlineScan):
-    """On-line MegaScan for real ranks: a rank with stage peers is named by
-    its ``SlowdownTest`` (evidence summed across iterations, so a lasting
-    slowdown is named as soon as it adds up and a rank stretched for an
-    iteration or two is not); links and ranks without peers as ``OnlineScan``
-    names them (``confirm`` windows in a row)."""
-
-    def __init__(self, config: OnlineConfig, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-                 scenario: Scenario | None = None, test: SlowdownTest | None = None):
-        super().__init__(config, gpus_per_node=gpus_per_node, scenario=scenario)
-        self.test = test if test is not None else SlowdownTest()
-        self._judged: set[int] = set()  # ranks the test speaks for
-
-    def feed(self, iteration: int, cols: EventColumns) -> list[Detection]:
-        ratios = fastest_log_ratios(cols, stage_classes(cols))
-        self.test.update(ratios)
-        self._judged |= set(ratios)
-        return super().feed(iteration, cols)
-
-    def _findings(self) -> dict[SuspectKey, RootCause]:
-        found = {k: c for k, c in super()._findings().items()
-                 if not (k[0] == "compute" and k[1] in self._judged)}
-        found.update((("compute", r, None), c) for r, c in self.test.slow().items()
-                     if c.confidence >= self.config.min_confidence)
-        return found
-
-    def _confirmed(self, key: SuspectKey, hits: int) -> bool:
-        """The test's findings are verdicts at once: they sum every iteration's evidence."""
-        return (key[0] == "compute" and key[1] in self._judged) or super()._confirmed(key, hits)
 
 
 def scan_for(s: Scenario, config: OnlineConfig | None = None, live: bool = False
              ) -> OnlineScan:
     """The on-line detector for a run of ``s`` (its node size, its model for the work of
     ranks without stage peers). ``live``: events as real ranks record them, each
-    on its own clock, aligned in each window when the scenario skews a clock;
-    ranks with stage peers judged by ``SlowdownTest``, other verdicts need
-    ``LIVE_CONFIRM`` windows in a row unless ``config`` says."""
+    on its own clock, aligned in each window when the scenario skews a clock; a
+    verdict then needs ``LIVE_CONFIRM`` windows in a row unless ``config`` says."""
     if config is None:
         config = OnlineConfig(confirm=LIVE_CONFIRM) if live else OnlineConfig()
     if live:
         config = replace(config, aligned=not any(f.kind == "clock_skew" for f in s.faults))
-        return LiveScan(config, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
     return OnlineScan(config, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
 
 

@@ -133,7 +133,7 @@ class OnlineScan:
             self.found[key] = self.found.get(key, 0) + 1
             suspect = self._suspects.setdefault(key, _Suspect(iteration, cause))
             suspect.cause, suspect.hits, suspect.misses = cause, suspect.hits + 1, 0
-            if not suspect.named and self._confirmed(key, suspect.hits):
+            if not suspect.named and suspect.hits >= self.config.confirm:
                 suspect.named = True
                 out.append(self._detection("named", suspect, iteration))
         for key in [k for k in self._suspects if k not in causes]:
@@ -145,11 +145,6 @@ class OnlineScan:
                 del self._suspects[key]
                 out.append(self._detection("withdrawn", suspect, iteration))
         return out
-
-    def _confirmed(self, key: SuspectKey, hits: int) -> bool:
-        """Whether a suspect found ``hits`` windows in a row has evidence enough
-        for a verdict."""
-        return hits >= self.config.confirm
 
     def _detection(self, event: Literal["named", "withdrawn"], suspect: _Suspect,
                    iteration: int) -> Detection:
