@@ -64,3 +64,26 @@ def test_at_the_bound_seeing_as_few_events_has_probability_one_in_twenty(
     at_most = sum(mean ** k / math.factorial(k) for k in range(count + 1)) * math.exp(-mean)
     assert at_most == pytest.approx(0.05, abs=1e-9)
     assert poisson_upper(count + 1, exposure) > poisson_upper(count, exposure) > count / exposure
+
+
+def test_cases_picks_the_rows_a_replay_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(table, "TORCH_OUT", tmp_path)
+    for kind, severity in (("throttle", 1.5), ("healthy", 0.0)):
+        s = table.torch_scenario(4, kind, severity, 0)
+        kept(table.torch_run_dir(4, kind, severity, 0).parent, s)
+    monkeypatch.setattr("sys.argv", ["online_table.py", "--backend", "torch", "--replay",
+                                     "--seeds", "1", "--cases", "healthy-0"])
+    table.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4 ")]
+    assert [r.split(" | ")[1] for r in rows] == ["healthy"]
+
+
+def test_an_unknown_case_is_one_line_and_status_2(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.argv", ["online_table.py", "--backend", "torch", "--replay",
+                                     "--cases", "throttle-9"])
+    with pytest.raises(SystemExit) as stop:
+        table.main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == ["online_table.py: --cases: no case throttle-9"]
