@@ -33,7 +33,7 @@ Torch rows (``--backend torch``): real runs on this machine, see
 with ``--replay``.
 
     .venv/bin/python paper_figs/online_table.py --backend torch [--ranks 4]
-        [--seeds 20] [--first-seed 0] [--replay]
+        [--seeds 20] [--first-seed 0] [--cases throttle-1.5,healthy-0] [--replay]
 """
 from __future__ import annotations
 
@@ -330,7 +330,7 @@ def torch_link(ranks: int) -> tuple[int, int]:
 
 
 def torch_run_dir(ranks: int, kind: str, severity: float, seed: int) -> Path:
-    return TORCH_OUT / f"ranks{ranks}" / f"{kind}-{severity:g}" / f"seed{seed}" / "run"
+    return TORCH_OUT / f"ranks{ranks}" / torch_case_key(kind, severity) / f"seed{seed}" / "run"
 
 
 def keep_torch_run(s: Scenario, out: Path) -> None:
@@ -408,12 +408,18 @@ def torch_row(ranks: int, kind: str, severity: float, trials: list[TorchTrial]) 
             f"| {min(loads):.1f}-{max(loads):.1f} |")
 
 
-def torch_table(ranks: int, seeds: range, replay: bool, config: OnlineConfig | None) -> None:
-    """Run (unless ``replay``) and score every case's seeds, round-robin over the
+def torch_case_key(kind: str, severity: float) -> str:
+    """A case as ``--cases`` names it (and its folder): throttle-1.5, healthy-0."""
+    return f"{kind}-{severity:g}"
+
+
+def torch_table(ranks: int, seeds: range, replay: bool, config: OnlineConfig | None,
+                cases: tuple[tuple[str, float], ...] = TORCH_CASES) -> None:
+    """Run (unless ``replay``) and score ``cases``' seeds, round-robin over the
     cases so that load drifts hit them alike; then print the table of kept runs."""
     if not replay:
         for seed in seeds:
-            for kind, severity in TORCH_CASES:
+            for kind, severity in cases:
                 out = torch_run_dir(ranks, kind, severity, seed)
                 if not out.is_dir():
                     keep_torch_run(torch_scenario(ranks, kind, severity, seed), out)
@@ -421,7 +427,7 @@ def torch_table(ranks: int, seeds: range, replay: bool, config: OnlineConfig | N
     print("| ranks | fault | runs | latency median | latency worst | named within 5 | named "
           "| wrong names | right after 20 iterations | load (1-min) |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for kind, severity in TORCH_CASES:
+    for kind, severity in cases:
         kept = [torch_run_dir(ranks, kind, severity, seed) for seed in seeds]
         trials = [score_torch_run(d, kind, ranks, config) for d in kept if d.is_dir()]
         if trials:
@@ -435,6 +441,8 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--replay", action="store_true",
                     help="torch: score the kept runs only, run nothing")
+    ap.add_argument("--cases", default=",".join(torch_case_key(*c) for c in TORCH_CASES),
+                    help="torch: the cases to run and score, e.g. throttle-1.5,healthy-0")
     ap.add_argument("--confirm", type=int, default=None,
                     help="torch: windows in a row a verdict needs (default: run --detect's)")
     ap.add_argument("--gpus", default="16,1024")
@@ -451,8 +459,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.backend == "torch":
         config = None if args.confirm is None else OnlineConfig(confirm=args.confirm)
+        keys = args.cases.split(",")
+        unknown = set(keys) - {torch_case_key(*c) for c in TORCH_CASES}
+        if unknown:
+            print(f"online_table.py: --cases: no case {sorted(unknown)[0]}", file=sys.stderr)
+            raise SystemExit(2)
         torch_table(args.ranks, range(args.first_seed, args.first_seed + args.seeds), args.replay,
-                    config)
+                    config, tuple(c for c in TORCH_CASES if torch_case_key(*c) in keys))
         return
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
           "| goodput off (tokens/s) | goodput on | break-even restart s |")

@@ -84,3 +84,26 @@ def test_a_seed_placed_fault_is_timed_from_its_own_onset(kind: str) -> None:
     job = table.JOBS[16]
     latency, false = table.trial(job, kind, 3.0, 1, table.iteration_s(job))
     assert latency is not None and 1 <= latency <= 3 and false == 0
+
+
+def test_cases_picks_the_rows_a_replay_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(table, "TORCH_OUT", tmp_path)
+    for kind, severity in (("throttle", 1.5), ("healthy", 0.0)):
+        s = table.torch_scenario(4, kind, severity, 0)
+        kept(table.torch_run_dir(4, kind, severity, 0).parent, s)
+    monkeypatch.setattr("sys.argv", ["online_table.py", "--backend", "torch", "--replay",
+                                     "--seeds", "1", "--cases", "healthy-0"])
+    table.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4 ")]
+    assert [r.split(" | ")[1] for r in rows] == ["healthy"]
+
+
+def test_an_unknown_case_is_one_line_and_status_2(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.argv", ["online_table.py", "--backend", "torch", "--replay",
+                                     "--cases", "throttle-9"])
+    with pytest.raises(SystemExit) as stop:
+        table.main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == ["online_table.py: --cases: no case throttle-9"]
