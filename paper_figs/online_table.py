@@ -54,13 +54,13 @@ from megatronapp.io.outdirs import staged_dir  # noqa: E402
 from megatronapp.mitigate.loop import close_loop  # noqa: E402
 from megatronapp.mitigate.plan import global_batch  # noqa: E402
 from megatronapp.run.write import write_run  # noqa: E402
-from megatronapp.scan.live import scan_for  # noqa: E402
+from megatronapp.scan.live import on_device, scan_for  # noqa: E402
 from megatronapp.scan.online import SIMULATED, OnlineConfig, OnlineScan, iterations_of  # noqa: E402
 from megatronapp.scan.trials import REAL_P2P_S  # noqa: E402
-from megatronapp.scan.watch import run_iterations  # noqa: E402
 from megatronapp.scan.work import scenario_of_run  # noqa: E402
 from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario  # noqa: E402
-from megatronapp.trace.columns import EventColumns, source_of  # noqa: E402
+from megatronapp.trace.columns import EventColumns, TableSource, source_of  # noqa: E402
+from megatronapp.trace.store import TRACE_FILE, read_columns  # noqa: E402
 from megatronapp.trace.summary import run_iteration_times  # noqa: E402
 from sim import simulate  # noqa: E402
 
@@ -362,13 +362,20 @@ def torch_target(kind: str, ranks: int) -> set[tuple[str, int, int | None]]:
     return set()
 
 
+def kept_iterations(run_dir: Path) -> list[tuple[int, EventColumns]]:
+    """A kept run's iterations with their ops' args (the compute ops' ``queued_s``),
+    each compute op timed on its device (``on_device``), as ``run --detect`` sees it."""
+    cols, _ = read_columns(run_dir / TRACE_FILE, with_args=True)
+    return [(i, on_device(c)) for i, c in iterations_of(TableSource(cols))]
+
+
 def score_torch_run(run_dir: Path, kind: str, ranks: int,
                     config: OnlineConfig | None = None) -> TorchTrial:
     """Feed the kept run's iterations in order, as its ranks reported them
     (``config``: the on-line detector's, else what ``run --detect`` uses on torch)."""
     s = scenario_of_run(run_dir)
     assert s is not None, f"{run_dir}: no scenario"
-    parts, _ = run_iterations(run_dir)
+    parts = kept_iterations(run_dir)
     onset = first_acting(parts, lambda c: c.rank == TORCH_THROTTLED, TORCH_ONSET_S) if kind == "throttle" else 0
     scan = scan_for(s, config, live=True)
     target = torch_target(kind, ranks)

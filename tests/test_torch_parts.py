@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -201,3 +202,59 @@ def test_a_death_names_the_exit_code_or_the_signal():
 def test_process_state_reads_proc_and_is_unknown_for_no_process():
     assert process_state(os.getpid()) == "R"  # this process, reading its own stat
     assert process_state(None) == "?" and not is_stopped(None)
+
+
+@pytest.fixture
+def core_taken():
+    """This thread pinned to one core, and a busy process beside it on that core
+    (already running): the thread must wait its turn."""
+    import subprocess
+    import sys
+
+    mine = os.sched_getaffinity(0)
+    core = min(mine)
+    os.sched_setaffinity(0, {core})
+    busy = subprocess.Popen([sys.executable, "-c",
+                             f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    try:
+        while _cpu_ns(busy.pid) == 0:  # it has run: it competes from now on
+            os.sched_yield()
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
+        os.sched_setaffinity(0, mine)
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time ``pid`` has had so far (0 before it ran)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"),
+                    reason="the run queue is known on Linux only")
+def test_a_compute_op_on_a_shared_core_says_how_long_it_waited_to_run(
+        core_taken, monkeypatch: pytest.MonkeyPatch):
+    """Its wall time less that wait is the time it held the core, as a GPU
+    kernel's time is; a throttle stretches that time, not the wait."""
+    from backends.torch.interpreter import INJECTED, HostClock, Interpreter
+    from megatronapp.scan.live import QUEUED
+    from megatronapp.trace.events import Tracer
+
+    monkeypatch.setattr("backends.torch.interpreter.dist.get_backend", lambda: "gloo")
+    clock = HostClock(time.perf_counter_ns())
+    tracer = Tracer(1, now=clock.now_s)
+    faults = injected_faults(_scenario([{"kind": "throttle", "rank": 1, "factor": 2.0}]), 1)
+    interp = Interpreter(1, None, clock, tracer, faults, lambda: torch.zeros(1))  # type: ignore[arg-type]
+
+    def work() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.05:  # CPU seconds, however long it waits
+            pass
+
+    interp._compute(Compute("forward", 0.0, run=work))
+    interp.flush(final=True)
+    (event,) = tracer.events
+    assert event.args[QUEUED] > 0
+    assert event.args[INJECTED] < event.dur_s - event.args[QUEUED]

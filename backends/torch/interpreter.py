@@ -36,6 +36,7 @@ import torch.distributed as dist
 from megatronapp.parallel.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
                              ReduceScatter, Send, Wait, WaitAny, encode_tag, trace_args)
 from megatronapp.parallel.topology import Group, Topology
+from megatronapp.scan.live import QUEUED
 from megatronapp.trace.events import Tracer
 from sim import InjectedFaults
 
@@ -45,6 +46,10 @@ POLL_S = 20e-6  # WaitAny polling interval
 # Trace arg of an op on a rank with faults: the seconds the fault model added
 # (slept inside the op), so a trace says what was injected where.
 INJECTED = "injected_s"
+# ``QUEUED``: trace arg of a compute op on CPU, the seconds its thread sat
+# runnable but not running (a GPU kernel's time excludes them; on CPU
+# ``dur - queued_s`` is the op's time on the device).
+SCHEDSTAT = "/proc/thread-self/schedstat"  # ns on CPU, ns runnable-waiting, slices
 
 
 def sleep_s(seconds: float) -> float:
@@ -56,6 +61,15 @@ def sleep_s(seconds: float) -> float:
 
 
 # ------------------------------------------------------------------ clocks
+@dataclass(frozen=True)
+class Busy:
+    """A thread's accounts at a moment: wall, CPU and run-queue seconds."""
+
+    wall_s: float
+    work_s: float
+    queued_s: float | None
+
+
 class HostClock:
     """Monotonic host time in true seconds since ``origin_ns``."""
 
@@ -83,8 +97,35 @@ class HostClock:
 
     def work_s(self) -> float:
         """Process CPU seconds: counts compute done, not time spent descheduled
-        on a shared CPU (the throttle takes min(CPU, wall) of an op)."""
+        on a shared CPU (the throttle takes min(CPU, wall) of an op where the
+        run queue is not known)."""
         return time.process_time()
+
+    def queued_s(self) -> float | None:
+        """Seconds the calling thread has waited to run so far (Linux
+        schedstat; None where the kernel does not say)."""
+        try:
+            with open(SCHEDSTAT, "rb") as f:
+                return int(f.read().split()[1]) * 1e-9
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def busy(self, work: bool) -> Busy:
+        """Where the calling thread's accounts stand now (an op's start);
+        ``work``: the work done too (a throttle needs it; on GPU it syncs)."""
+        return Busy(self.now_s(), self.work_s() if work else 0.0, self.queued_s())
+
+    def queued_since(self, since: Busy) -> float | None:
+        """Seconds the thread waited to run since ``since`` (None: not known)."""
+        now = self.queued_s()
+        return None if since.queued_s is None or now is None else now - since.queued_s
+
+    def on_device_s(self, since: Busy) -> float:
+        """Seconds since ``since`` that the op held its device: wall time less
+        the wait to run, else min(CPU, wall); never the time other processes
+        had the cores."""
+        wall, queued = self.now_s() - since.wall_s, self.queued_since(since)
+        return wall - queued if queued is not None else min(self.work_s() - since.work_s, wall)
 
 
 class CudaClock(HostClock):
@@ -121,6 +162,10 @@ class CudaClock(HostClock):
         """Only a throttled rank asks (it must know how long its kernels took)."""
         self.settle()
         return self.now_s()
+
+    def queued_s(self) -> float | None:
+        """Kernel times do not include the host's scheduling."""
+        return None
 
 
 # ------------------------------------------------------------------ groups
@@ -279,25 +324,28 @@ class Interpreter:
 
     # ------------------------------------------------------------- compute
     def _compute(self, op: Compute) -> Any:
-        start = self.clock.mark()
-        injected: dict[str, float] = {}
-        if self.faults.device.windows:
-            result, injected[INJECTED] = self._throttled(op)
+        throttled = bool(self.faults.device.windows)
+        start, since = self.clock.mark(), self.clock.busy(work=throttled)
+        measured: dict[str, float] = {}
+        if throttled:
+            result, measured[INJECTED] = self._throttled(op, since)
         else:
             result = op.run() if op.run is not None else None
-        self._note(op.name, start, self.clock.mark(), {**trace_args(op, result=result), **injected})
+        end, queued = self.clock.mark(), self.clock.queued_since(since)
+        if queued is not None:
+            measured[QUEUED] = queued
+        self._note(op.name, start, end, {**trace_args(op, result=result), **measured})
         if op.name == "optimizer":
             self.flush()
         return result
 
-    def _throttled(self, op: Compute) -> tuple[Any, float]:
+    def _throttled(self, op: Compute, since: Busy) -> tuple[Any, float]:
         """Run ``op`` and sleep as long as the throttled device would have
-        taken longer (the work measured is min(CPU, wall) time of the op);
+        taken longer than the op held it (so the factor holds at any load);
         returns the result and the seconds slept."""
-        start_s, work_start = self.clock.now_s(), self.clock.work_s()
         result = op.run() if op.run is not None else None
-        done = min(self.clock.work_s() - work_start, self.clock.now_s() - start_s)
-        return result, sleep_s(self.faults.compute_extra_s(start_s, done))
+        extra = self.faults.compute_extra_s(since.wall_s, self.clock.on_device_s(since))
+        return result, sleep_s(extra)
 
     # ----------------------------------------------------------------- p2p
     def _isend(self, op: ISend | Send) -> Handle:

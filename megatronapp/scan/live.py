@@ -12,17 +12,39 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
+
 from megatronapp.errors import UserError
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns, columns_from_events
 from megatronapp.trace.events import Event
 
 from .online import Detection, OnlineConfig, OnlineScan
+from .table import COMPUTE_KIND
 
-__all__ = ["DETECTIONS_FILE", "LIVE_CONFIRM", "DetectionLog", "LiveFeed", "Report",
-           "detect_iterations", "reporter", "scan_for"]
+__all__ = ["DETECTIONS_FILE", "LIVE_CONFIRM", "QUEUED", "DetectionLog", "LiveFeed", "Report",
+           "detect_iterations", "on_device", "reporter", "scan_for"]
 
 DETECTIONS_FILE = "detections.jsonl"
+# The arg a CPU rank puts on each compute op: the seconds its thread waited to
+# run while the op ran (other processes had the cores).
+QUEUED = "queued_s"
+
+
+def on_device(cols: EventColumns) -> EventColumns:
+    """``cols`` with each compute op's duration less its ``QUEUED`` wait: the
+    time the op held the device, as a GPU kernel's time is. On a shared CPU a
+    healthy rank is descheduled at random moments and its ops' wall times say
+    more about the machine's load than about the rank."""
+    if cols.extra is None:
+        return cols
+    rows = np.flatnonzero((cols.kind == COMPUTE_KIND) & (cols.extra != None))  # noqa: E711
+    queued = np.array([float(json.loads(cols.extra[r]).get(QUEUED, 0.0)) for r in rows])
+    if not queued.any():
+        return cols
+    dur = cols.dur_s.copy()
+    dur[rows] = np.maximum(dur[rows] - queued, 0.0)
+    return replace(cols, dur_s=dur)
 
 
 class DetectionLog:
@@ -126,5 +148,5 @@ class LiveFeed:
     def _feed_before(self, end: int | None) -> None:
         for iteration in sorted(i for i in self._pending if end is None or i < end):
             events = self._pending.pop(iteration)
-            self.report(self.scan.feed(iteration, columns_from_events(events)))
+            self.report(self.scan.feed(iteration, on_device(columns_from_events(events))))
             self.fed.append(iteration)
