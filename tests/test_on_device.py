@@ -98,3 +98,16 @@ def test_a_healthy_rank_descheduled_for_iterations_on_end_is_named_by_nobody_liv
     assert feed_live(s, result, drop_queue=False) == []
     # the same run judged on wall times names the rank the machine slowed
     assert ("named", DESCHEDULED) in feed_live(s, result, drop_queue=True)
+
+
+def test_the_loops_record_of_a_live_job_judges_ops_on_their_device_too() -> None:
+    """Real ranks that never stopped: the record the loop scans again after the
+    run says what the live scan said (nothing), not what wall times say."""
+    from megatronapp.mitigate.loop import close_loop
+    from megatronapp.scenario.config import Mitigation
+
+    s = job("healthy").model_copy(update={"mitigation": Mitigation(action="exclude")})
+    result = descheduled(s, bursts(s))
+    loop = close_loop(s, result, simulate, lambda _: None, scan_for(s, live=True).config,
+                      live=lambda: None)
+    assert loop.detections == () and len(loop.segments) == 1

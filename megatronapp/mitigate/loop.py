@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from megatronapp.errors import UserError
+from megatronapp.scan.live import on_device
 from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
                                      iterations_of)
 from megatronapp.scenario.config import LinkJitter, Mitigation, Scenario, SlowLink
@@ -181,6 +182,7 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
         watch, spans, stop = Watch(scan, policy), Spans(), None
         for i, cols in iterations_of(source_of(result)):
             spans.add(cols)  # the iteration's time is all the loop keeps of it
+            cols = cols if live is None else on_device(cols)  # as the live scan saw them
             decided = [_shifted(d, done, len(segments)) for d in scan.feed(i, cols)]
             detections += decided
             report(decided)
