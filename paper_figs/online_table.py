@@ -30,10 +30,13 @@ Every run is the compiled engine (static schedules).
 
 Torch rows (``--backend torch``): real runs on this machine, see
 ``torch_table``; kept under paper_figs/out/online_torch/ and scored again
-with ``--replay``.
+with ``--replay``; each compute op judged by its time on the device (wall
+time less its wait to run). ``--realized``: the factor the throttle realized,
+on device and wall time (``realized_line``).
 
     .venv/bin/python paper_figs/online_table.py --backend torch [--ranks 4]
         [--seeds 20] [--first-seed 0] [--cases throttle-1.5,healthy-0] [--replay]
+        [--realized]
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ from megatronapp.mitigate.plan import global_batch  # noqa: E402
 from megatronapp.run.write import write_run  # noqa: E402
 from megatronapp.scan.live import on_device, scan_for  # noqa: E402
 from megatronapp.scan.online import SIMULATED, OnlineConfig, OnlineScan, iterations_of  # noqa: E402
+from megatronapp.scan.table import COMPUTE_KIND  # noqa: E402
 from megatronapp.scan.trials import REAL_P2P_S  # noqa: E402
 from megatronapp.scan.work import scenario_of_run  # noqa: E402
 from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario  # noqa: E402
@@ -362,11 +366,12 @@ def torch_target(kind: str, ranks: int) -> set[tuple[str, int, int | None]]:
     return set()
 
 
-def kept_iterations(run_dir: Path) -> list[tuple[int, EventColumns]]:
+def kept_iterations(run_dir: Path, device: bool = True) -> list[tuple[int, EventColumns]]:
     """A kept run's iterations with their ops' args (the compute ops' ``queued_s``),
-    each compute op timed on its device (``on_device``), as ``run --detect`` sees it."""
+    each compute op timed on its device (``on_device``) as ``run --detect`` sees
+    it (``device=False``: wall times)."""
     cols, _ = read_columns(run_dir / TRACE_FILE, with_args=True)
-    return [(i, on_device(c)) for i, c in iterations_of(TableSource(cols))]
+    return [(i, on_device(c) if device else c) for i, c in iterations_of(TableSource(cols))]
 
 
 def score_torch_run(run_dir: Path, kind: str, ranks: int,
@@ -420,6 +425,44 @@ def torch_case_key(kind: str, severity: float) -> str:
     return f"{kind}-{severity:g}"
 
 
+# ------------------------------------------------------ realized factor
+def op_ratio(cols: EventColumns, rank: int, peer: int) -> float:
+    """Median over the compute ops both ranks ran of ``rank``'s time over ``peer``'s."""
+    def times(r: int) -> dict[tuple[int, int, int], float]:
+        rows = np.flatnonzero((cols.kind == COMPUTE_KIND) & (cols.rank == r))
+        return {(int(cols.name[i]), int(cols.microbatch[i]), int(cols.chunk[i])):
+                float(cols.dur_s[i]) for i in rows}
+    mine, theirs = times(rank), times(peer)
+    shared = [k for k in mine if theirs.get(k, 0.0) > 0]
+    return float(np.median([mine[k] / theirs[k] for k in shared])) if shared else math.nan
+
+
+def realized_line(ranks: int, kind: str, severity: float, seeds: range) -> str:
+    """How much slower the throttled rank's ops are than its dp peer's in each
+    iteration after the onset (healthy runs: a stage-1 pair, every iteration),
+    on device time and on wall time, over the kept runs."""
+    rank, peer = ((TORCH_THROTTLED, TORCH_THROTTLED - 1) if kind == "throttle"
+                  else (ranks // 2 + 1, ranks // 2))
+    ratios: dict[bool, list[float]] = {True: [], False: []}
+    for seed in seeds:
+        run_dir = torch_run_dir(ranks, kind, severity, seed)
+        if not run_dir.is_dir():
+            continue
+        for device in ratios:
+            parts = kept_iterations(run_dir, device)
+            onset = first_acting(parts, lambda c: c.rank == TORCH_THROTTLED,
+                                 TORCH_ONSET_S) if kind == "throttle" else -1
+            ratios[device] += [op_ratio(c, rank, peer) for i, c in parts if i > onset]
+
+    def spread(v: list[float]) -> str:
+        a = np.array([x for x in v if math.isfinite(x)])  # ">= 1.5" as printed
+        return (f"median {np.median(a):.2f} (5-95% {np.percentile(a, 5):.2f}-"
+                f"{np.percentile(a, 95):.2f}), >= 1.5x in {np.mean(a.round(2) >= 1.5):.0%}")
+    return (f"{torch_case_name(kind, severity)}: rank {rank} / rank {peer}, "
+            f"{len(ratios[True])} iterations: on device {spread(ratios[True])}; "
+            f"wall {spread(ratios[False])}")
+
+
 def torch_table(ranks: int, seeds: range, replay: bool, config: OnlineConfig | None,
                 cases: tuple[tuple[str, float], ...] = TORCH_CASES) -> None:
     """Run (unless ``replay``) and score ``cases``' seeds, round-robin over the
@@ -450,6 +493,8 @@ def main() -> None:
                     help="torch: score the kept runs only, run nothing")
     ap.add_argument("--cases", default=",".join(torch_case_key(*c) for c in TORCH_CASES),
                     help="torch: the cases to run and score, e.g. throttle-1.5,healthy-0")
+    ap.add_argument("--realized", action="store_true", help="torch: after the table, how "
+                    "much slower the throttled rank's ops were, on device and wall time")
     ap.add_argument("--confirm", type=int, default=None,
                     help="torch: windows in a row a verdict needs (default: run --detect's)")
     ap.add_argument("--gpus", default="16,1024")
@@ -471,8 +516,12 @@ def main() -> None:
         if unknown:
             print(f"online_table.py: --cases: no case {sorted(unknown)[0]}", file=sys.stderr)
             raise SystemExit(2)
-        torch_table(args.ranks, range(args.first_seed, args.first_seed + args.seeds), args.replay,
-                    config, tuple(c for c in TORCH_CASES if torch_case_key(*c) in keys))
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        cases = tuple(c for c in TORCH_CASES if torch_case_key(*c) in keys)
+        torch_table(args.ranks, seeds, args.replay, config, cases)
+        if args.realized:
+            for kind, severity in cases:
+                print(realized_line(args.ranks, kind, severity, seeds))
         return
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
           "| goodput off (tokens/s) | goodput on | break-even restart s |")

@@ -8,6 +8,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from paper_figs import online_table as table
 from megatronapp.scan.live import QUEUED, LiveFeed, scan_for
 from megatronapp.scenario.config import Scenario, parse_scenario
@@ -111,3 +113,18 @@ def test_the_loops_record_of_a_live_job_judges_ops_on_their_device_too() -> None
     loop = close_loop(s, result, simulate, lambda _: None, scan_for(s, live=True).config,
                       live=lambda: None)
     assert loop.detections == () and len(loop.segments) == 1
+
+
+def test_the_realized_factor_is_the_throttles_on_device_time_and_hidden_on_wall_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run kept like the table's: the throttled rank's ops take 1.5x its
+    peer's on device time in every iteration after the onset; on wall time the
+    peer's waits to run hide it in some."""
+    monkeypatch.setattr(table, "TORCH_OUT", tmp_path)
+    s = job("throttle")
+    run_dir = table.torch_run_dir(4, "throttle", 1.5, 0)
+    run_dir.mkdir(parents=True)
+    table.write_run(s, descheduled(s, bursts(s)), run_dir)
+    device, wall = table.realized_line(4, "throttle", 1.5, range(1)).split("; wall ")
+    assert "on device median 1.50 (5-95% 1.50-1.50), >= 1.5x in 100%" in device
+    assert ">= 1.5x in 100%" not in wall
