@@ -163,20 +163,21 @@ def without_crowded_links(scan: ScanInput, causes: Sequence[RootCause], th: Thre
                           ) -> list[RootCause]:
     """``causes`` less the links a compute cause among them explains. A slow
     rank shifts its pipeline's schedule, so transfers that ran apart now
-    cross a port together and share it: a link slow at its median transfer,
-    fast at its best. A slow link is slow in every transfer; so while a
-    compute cause is found, a link named slow by its bandwidth stays only if
-    its fastest transfers (``floor_quantile``) are slow too, as the compute
-    rule judges a rank delayed by contention."""
+    cross a port together or wait on each other: links slow or erratic at
+    their median transfer, fast at their best. A slow link is slow in every
+    transfer; so while a compute cause is found, a link stays only if its
+    fastest transfers (``floor_quantile``) are slow too, as the compute rule
+    judges a rank delayed by contention: by time per byte (``link_excess``
+    over its class's) or by delivery (``wait_ratio`` times its class's)."""
     if not any(c.kind == "compute" for c in causes):
         return list(causes)
     floor_excess = link_floor_excess(scan, th.floor_quantile)
 
-    def crowded(c: RootCause) -> bool:
-        return (c.kind == "link" and c.peer is not None and c.evidence.get("problem") == "slow"
-                and "bandwidth_ratio" in c.evidence
-                and floor_excess(c.rank, c.peer) <= np.log1p(th.link_excess))
-    return [c for c in causes if not crowded(c)]
+    def slow_at_best(c: RootCause) -> bool:
+        if "delivery_floor_ratio" in c.evidence:
+            return float(c.evidence["delivery_floor_ratio"]) > th.wait_ratio
+        return c.peer is None or floor_excess(c.rank, c.peer) > np.log1p(th.link_excess)
+    return [c for c in causes if c.kind != "link" or slow_at_best(c)]
 
 
 def link_floor_excess(scan: ScanInput, quantile: float) -> Callable[[int, int], float]:
