@@ -5,15 +5,18 @@ leaves the job running."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, strategies as st
 
-from megatronapp.mitigate.loop import Spans, close_loop
+from megatronapp.mitigate.loop import LoopRun, Spans, close_loop
 from megatronapp.mitigate.plan import global_batch, replan, shrunk_parallel
 from megatronapp.scenario.config import Parallel, ScenarioError, load_scenario, parse_scenario
-from megatronapp.trace.columns import source_of
+from megatronapp.trace.columns import RankEventsView, TableSource, concat_same, source_of
+from megatronapp.trace.events import RunResult
 from megatronapp.trace.metrics import iteration_spans
 from sim import simulate
 
@@ -130,3 +133,35 @@ def test_spans_gathered_batch_by_batch_are_the_whole_tables(max_rows: int) -> No
     for batch in reversed(list(source.batches(max_rows))):  # any order, any cut
         spans.add(batch)
     assert spans.of == iteration_spans(source.compact()[0])
+
+
+def expanded(result: RunResult) -> RunResult:
+    """A reduced run with every rank's rows held as a table (as read whole)."""
+    source = TableSource(concat_same(list(source_of(result).batches())).sorted_by_rank_and_start())
+    return replace(result, events=RankEventsView(source), source=source)
+
+
+def outcome(loop: LoopRun) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The loop's account and its verdicts' iterations (not their evidence,
+    which counts the rows fed)."""
+    report = loop.to_json()
+    for segment in report["segments"]:
+        segment.pop("stopped_by", None)
+    return report, [(d.event, d.key, d.first_seen, d.iteration) for d in loop.detections]
+
+
+def test_a_reduced_run_is_looped_on_its_stored_rows_with_the_answer_of_every_rank() -> None:
+    """A 128-GPU cut of the 12,288-GPU job (no jitter: one pipeline per class
+    stored): the loop reads only the stored rows, keeps a stopped segment
+    reduced, and decides and times what it decides and times on every rank's."""
+    s = load_scenario(ROOT / "scenarios/megascale_12288.yaml", [
+        "parallel.dp=2", "parallel.microbatches=8", "model.layers=48", "iterations=6",
+        "faults=[{kind: throttle, rank: 90, factor: 1.5, start_s: 1}]",
+        "mitigation={action: exclude, spares: 1, checkpoint_every: 2, restart_s: 5}"])
+    reduced = close_loop(s, simulate(s), simulate, lambda _: None)
+    whole = close_loop(s, expanded(simulate(s)), lambda x: expanded(simulate(x)), lambda _: None)
+    assert [(d.event, d.key) for d in reduced.detections] == [("named", ("compute", 90, None))]
+    assert len(reduced.segments) == 2 and outcome(reduced) == outcome(whole)
+    stopped = source_of(reduced.segments[0].result)
+    assert len(stopped.compact()[0]) < stopped.events  # stored rows only, every rank's counted
+    assert stopped.events == source_of(whole.segments[0].result).events

@@ -142,6 +142,36 @@ def test_a_slow_link_that_starts_mid_run_is_named_soon_after_its_onset_and_not_b
     assert onset <= named[0].first_seen <= named[0].iteration <= onset + 3
 
 
+def megascale_cut(faults: str, *shape: str) -> list[tuple[str, int, int | None]]:
+    """What on-line MegaScan names, as the simulator runs it, on a 128-GPU cut
+    of the 12,288-GPU job (tp 8, pp 8, dp 2, interleaved; no jitter)."""
+    s = load_scenario(ROOT / "scenarios/megascale_12288.yaml",
+                      ["parallel.dp=2", "iterations=2", *shape, f"faults={faults}"])
+    scan = OnlineScan(SIMULATED, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
+    for i, cols in iterations_of(source_of(simulate(s)), compact=True):
+        scan.feed(i, cols)
+    return sorted(d.key for d in scan.named)
+
+
+@pytest.mark.parametrize("shape", [(), ("parallel.microbatches=8", "model.layers=48")])
+def test_a_throttle_names_its_rank_not_the_links_its_pipeline_crowds(shape: tuple[str, ...]
+                                                                      ) -> None:
+    """A 1.5x throttle shifts its replica's schedule: with 32 microbatches
+    later stages' transfers cross their ports together (median time per byte
+    ~1.28x the class's, their fastest as fast), with 8 its links' deliveries
+    wait (median 200x the class's, fastest as fast). Only the rank is named."""
+    assert megascale_cut("[{kind: throttle, rank: 90, factor: 1.5}]", *shape) == [
+        ("compute", 90, None)]
+
+
+@pytest.mark.parametrize("link", [(104, 120), (8, 120)])
+def test_a_slow_link_in_a_throttled_pipeline_is_still_named(link: tuple[int, int]) -> None:
+    """Links the throttle crowds, slow 2x besides: slow at their best too."""
+    faults = (f"[{{kind: throttle, rank: 90, factor: 1.5}}, "
+              f"{{kind: slow_link, ranks: [{link[0]}, {link[1]}], factor: 2}}]")
+    assert megascale_cut(faults) == [("compute", 90, None), ("link", *link)]
+
+
 def test_a_reduced_run_fed_compact_gets_the_verdicts_of_every_rank_expanded() -> None:
     """Classes of identical pipelines (no jitter): fed only the stored rows, the
     detector decides what it decides fed every rank."""

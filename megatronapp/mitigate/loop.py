@@ -11,7 +11,7 @@ checkpoint at iteration C numbers its own iteration 0 as C.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -20,8 +20,9 @@ from megatronapp.scan.live import on_device
 from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
                                      iterations_of)
 from megatronapp.scenario.config import LinkJitter, Mitigation, Scenario, SlowLink
-from megatronapp.trace.columns import (EventColumns, RankEventsView, TableSource, concat_same,
-                                       source_of)
+from megatronapp.trace.classes import Expansion, StandIns
+from megatronapp.trace.columns import (EventColumns, EventSource, RankEventsView, TableSource,
+                                       concat_same, source_of)
 from megatronapp.trace.events import RunResult
 
 from .plan import Replan, global_batch, replan
@@ -102,12 +103,28 @@ def _shifted(d: Detection, offset: int, segment: int) -> Detection:
                    evidence={**d.evidence, "window": window, "segment": segment})
 
 
-def _truncated(result: RunResult, iterations: int) -> RunResult:
-    """``result`` cut to its first ``iterations`` (one pass over its batches)."""
+def _truncated(result: RunResult, iterations: int, world: int) -> RunResult:
+    """``result`` cut to its first ``iterations`` (one pass over its batches;
+    a reduced run's stored rows only, and it stays reduced)."""
+    whole = source_of(result)
+    stand_ins = _stand_ins(whole, world)
     kept = [b.take(np.flatnonzero((b.iteration >= 0) & (b.iteration < iterations)))
-            for b in source_of(result).batches()]
-    source = TableSource(concat_same(kept).sorted_by_rank_and_start())
+            for b in _rows_of(whole, stand_ins)]
+    rows = concat_same(kept).sorted_by_rank_and_start()
+    source: EventSource = Expansion(rows, stand_ins) if stand_ins.reduced else TableSource(rows)
     return replace(result, events=RankEventsView(source), source=source)
+
+
+def _stand_ins(source: EventSource, world: int) -> StandIns:
+    """The run's classes of identical pipelines (none unless it was reduced)."""
+    return StandIns.of(source.stand_ins(), world)
+
+
+def _rows_of(source: EventSource, stand_ins: StandIns) -> Iterable[EventColumns]:
+    """Rows that hold every iteration's times: a reduced run's stored rows
+    (a member's are its representative's, moved to its ranks, at the same
+    times), else every rank's, batch by batch."""
+    return [source.compact()[0]] if stand_ins.reduced else source.batches()
 
 
 @dataclass
@@ -180,7 +197,8 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
     while True:
         scan = OnlineScan(config, gpus_per_node=scenario.cluster.gpus_per_node, scenario=scenario)
         watch, spans, stop = Watch(scan, policy), Spans(), None
-        for i, cols in iterations_of(source_of(result)):
+        reduced = _stand_ins(source_of(result), scenario.world_size).reduced
+        for i, cols in iterations_of(source_of(result), compact=reduced):
             spans.add(cols)  # the iteration's time is all the loop keeps of it
             cols = cols if live is None else on_device(cols)  # as the live scan saw them
             decided = [_shifted(d, done, len(segments)) for d in scan.feed(i, cols)]
@@ -196,13 +214,13 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
                          spans.of, policy, done, notes)
         ran = len(spans.of)
         if stop is None:  # a simulated segment that ran to its end is kept as it is
-            kept = result if live is None else _truncated(result, ran)
+            kept = result if live is None else _truncated(result, ran, scenario.world_size)
             segments.append(Segment(scenario, kept, done, ran,
                                     _span_s(spans.of, 0, ran - 1)))
             break
         verdict, plan, checkpoint = stop
         redone = _span_s(spans.of, checkpoint - done, ran - 1)
-        segments.append(Segment(scenario, _truncated(result, ran), done, ran,
+        segments.append(Segment(scenario, _truncated(result, ran, scenario.world_size), done, ran,
                                 _span_s(spans.of, 0, ran - 1), redone, verdict, plan))
         if (verdict.rank, verdict.peer) not in truth:
             false_s += policy.restart_s + redone
@@ -212,14 +230,15 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
     tokens = float(s.iterations * global_batch(s.parallel, s.model.micro_batch_size)
                    * s.model.seq_len)
     return LoopRun(tuple(segments), tuple(detections), policy.restart_s,
-                   _baseline_s(first, s.iterations, notes), tokens, false_s, tuple(notes))
+                   _baseline_s(first, s, notes), tokens, false_s, tuple(notes))
 
 
-def _baseline_s(first: RunResult, iterations: int, notes: list[str]) -> float:
+def _baseline_s(first: RunResult, s: Scenario, notes: list[str]) -> float:
     """The job's time without the loop: its first run, start to end (a job
     stopped on real ranks has only its first iterations: their pace, and a note)."""
-    spans = Spans()
-    for batch in source_of(first).batches():
+    spans, iterations = Spans(), s.iterations
+    source = source_of(first)
+    for batch in _rows_of(source, _stand_ins(source, s.world_size)):
         spans.add(batch)
     if len(spans.of) >= iterations:
         return _span_s(spans.of, 0, iterations - 1)

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns, EventSource, concat_same
 
-from .detect import Thresholds, megascan
+from .detect import Thresholds, megascan, transfer_samples
 from .diagnosis import RootCause
-from .inputs import DEFAULT_GPUS_PER_NODE, prepare_columns
+from .inputs import DEFAULT_GPUS_PER_NODE, ScanInput, prepare_columns
+from .judge import link_class
 from .online_config import SIMULATED, OnlineConfig
 
 __all__ = ["SIMULATED", "Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
@@ -124,7 +125,8 @@ class OnlineScan:
         if self.scenario is not None:
             scan = replace(scan, scenario=self.scenario)
         diagnosis = megascan(scan, self.thresholds)
-        return {_key(c): c for c in diagnosis.root_causes
+        return {_key(c): c for c in without_crowded_links(scan, diagnosis.root_causes,
+                                                          self.thresholds)
                 if c.confidence >= self.config.min_confidence}
 
     def _step(self, iteration: int, causes: dict[SuspectKey, RootCause]) -> list[Detection]:
@@ -155,6 +157,46 @@ class OnlineScan:
                     "found_in_windows": self.found.get(_key(c), 0)}
         return Detection(event, c.kind, c.rank, c.peer, c.confidence, suspect.first_seen,
                          iteration, evidence)
+
+
+def without_crowded_links(scan: ScanInput, causes: Sequence[RootCause], th: Thresholds
+                          ) -> list[RootCause]:
+    """``causes`` less the links a compute cause among them explains. A slow
+    rank shifts its pipeline's schedule, so transfers that ran apart now
+    cross a port together or wait on each other: links slow or erratic at
+    their median transfer, fast at their best. A slow link is slow in every
+    transfer; so while a compute cause is found, a link stays only if its
+    fastest transfers (``floor_quantile``) are slow too, as the compute rule
+    judges a rank delayed by contention: by time per byte (``link_excess``
+    over its class's) or by delivery (``wait_ratio`` times its class's)."""
+    if not any(c.kind == "compute" for c in causes):
+        return list(causes)
+    floor_excess = link_floor_excess(scan, th.floor_quantile)
+
+    def slow_at_best(c: RootCause) -> bool:
+        if "delivery_floor_ratio" in c.evidence:
+            return float(c.evidence["delivery_floor_ratio"]) > th.wait_ratio
+        return c.peer is None or floor_excess(c.rank, c.peer) > np.log1p(th.link_excess)
+    return [c for c in causes if c.kind != "link" or slow_at_best(c)]
+
+
+def link_floor_excess(scan: ScanInput, quantile: float) -> Callable[[int, int], float]:
+    """(rank, peer) -> how far the pair's fastest transfers' time per byte
+    (log, the ``quantile`` percentile) lies above its link class's median
+    pair's; inf for a pair without transfers (nothing to clear it with)."""
+    floors = {pair: float(np.percentile(v, quantile))
+              for pair, v in transfer_samples(scan).items() if len(v)}
+    by_class: dict[bool, list[float]] = {}
+    for pair, floor in floors.items():
+        by_class.setdefault(link_class(pair, scan.gpus_per_node), []).append(floor)
+    centre = {cls: float(np.median(v)) for cls, v in by_class.items()}
+
+    def excess(rank: int, peer: int) -> float:
+        pair = (min(rank, peer), max(rank, peer))
+        if pair not in floors:
+            return float("inf")
+        return floors[pair] - centre[link_class(pair, scan.gpus_per_node)]
+    return excess
 
 
 def iterations_of(source: EventSource, compact: bool = False, max_rows: int = 1 << 23
