@@ -3,7 +3,8 @@ paper_figs/kernel_bench.py lists are the ones the cost model prices, the
 table prices them as measured (GEMMs in Megatron's layout, fused attention
 as cuDNN's, flash as FlashAttention-2's, element-wise work at its measured
 bandwidth), interpolates between measured shapes in log space, and
-``kernel_time_factor`` scales every measured kernel."""
+``kernel_time_factor`` scales every measured kernel; kernel_bench.py's fit of
+the analytic GEMM model gives back the constants of GEMMs it timed itself."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from megatronapp.costs.gemm import GemmShape
+from megatronapp.costs.gemm import GemmDevice, GemmShape
 from megatronapp.costs.kernels import KernelTable, LogTable, attention_shape, load_kernel_table
 from megatronapp.costs.per_op import (Efficiency, layer_forward_s, rank_gemm_s, scores_rebuild_s,
                                       stage_costs)
@@ -20,7 +21,7 @@ from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.published import published_runs
 from megatronapp.scenario.config import Scenario, ScenarioError, parse_scenario
 from megatronapp.scenario.devices import DEVICES, KERNELS_DIR
-from paper_figs.kernel_bench import kernel_shapes
+from paper_figs.kernel_bench import MODEL_TILES, fit_gemm_model, kernel_shapes
 
 from .support import ROOT, run_cli
 
@@ -156,3 +157,16 @@ def test_a_bad_kernel_setting_is_refused_naming_the_field(key: str, value: Any,
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and f"cluster.gpu.{key}" in result.stderr
 
+
+
+@pytest.mark.parametrize("tiles", [None, MODEL_TILES])
+def test_the_gemm_model_fitted_on_kernels_it_timed_itself_gives_its_constants_back(
+        tiles: Any) -> None:
+    truth = GemmDevice(989e12, 0.68, 5e9, 0.0, 3.35e12, 132 if tiles else None,
+                       tiles or ((256, 128),))
+    timed = [{"m": g["m"], "n": g["n"], "k": g["k"],
+              "s_bT": truth.seconds(GemmShape(g["m"], g["n"], g["k"]))}
+             for g in MEASURED["gemms"][::5]]
+    fitted, residuals = fit_gemm_model(timed, 989e12, 3.35e12, 132, tiles)
+    assert (fitted.efficiency, fitted.half_flops) == pytest.approx((0.68, 5e9), rel=1e-9)
+    assert residuals == pytest.approx([0.0] * len(timed), abs=1e-9)
