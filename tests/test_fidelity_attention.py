@@ -115,16 +115,6 @@ def test_a_flash_rate_leaves_other_attention_kernels_priced_as_gemms(backend: st
     assert stage_costs(with_gpu(s, flash_attention_efficiency=0.35)) == stage_costs(s)
 
 
-def test_hopper_devices_share_one_flash_rate_and_the_a100_prices_flash_as_gemms() -> None:
-    base = json.loads(json.dumps(BASE))
-    rates = {}
-    for device in ("h100-sxm", "h200", "a100-80gb"):
-        base["cluster"] = {"gpu": {"device": device}}
-        rates[device] = parse_scenario(base).cluster.gpu.flash_attention_efficiency
-    assert rates["h100-sxm"] is not None and rates["h200"] == rates["h100-sxm"]
-    assert rates["a100-80gb"] is None
-
-
 @pytest.mark.parametrize("rate", [0, 1.5, "fast"])
 def test_a_flash_rate_outside_0_to_1_is_refused_naming_the_field_and_1_is_kept(
         rate: Any) -> None:

@@ -114,16 +114,24 @@ def test_a_named_device_prices_a_layer_by_its_gemm_shapes() -> None:
     assert layer_forward_s(s, Efficiency.of(s)) - elementwise > gemms * 1.01
 
 
+def modelled(s: Scenario) -> Scenario:
+    """``s`` on the analytic GEMM model: its device's measured kernels dropped."""
+    gpu = s.cluster.gpu.model_copy(update={"kernels": None})
+    return s.model_copy(update={"cluster": s.cluster.model_copy(update={"gpu": gpu})})
+
+
 def test_the_device_fit_recovers_the_constants_its_rows_were_made_with() -> None:
-    """Two H100 rows timed by the simulator at known constants (efficiency,
-    GEMM size at half of it, the A100's elementwise traffic): fitting them as
-    published rows gives the constants back and reproduces both rows."""
+    """Two H100 rows on the analytic GEMM model (no measured kernels) timed by
+    the simulator at known constants (efficiency, GEMM size at half of it, the
+    A100's elementwise traffic): fitting them as published rows gives the
+    constants back and reproduces both rows."""
     truth = {"cluster.gpu.efficiency": 0.62, "cluster.gpu.gemm_half_gflops": 25.0,
              "cluster.gpu.elementwise_traffic": 3.0}
-    small = [r for r in published_runs(ROOT) if r.source.endswith(("1.7B", "7.1B"))]
-    rows = [PublishedRun(r.source, r.scenario, "iteration_s",
-                         replica_time(with_settings(r.scenario, truth)), True, "h100-sxm")
-            for r in small]
+    small = [modelled(r.scenario)
+             for r in published_runs(ROOT) if r.source.endswith(("1.7B", "7.1B"))]
+    rows = [PublishedRun(f"row {i}", s, "iteration_s",
+                         replica_time(with_settings(s, truth)), True, "h100-sxm")
+            for i, s in enumerate(small)]
     constants, fit = fit_device(rows, "h100-sxm", replica_time,
                                 {"a100-80gb": {"elementwise_traffic": 3.0}},
                                 knobs=(TABLE1_KNOBS[0], GEMM_HALF_KNOB))

@@ -97,7 +97,8 @@ def test_every_row_runs_on_the_device_whose_constants_it_fits_or_checks() -> Non
     for r in published_runs(ROOT):
         profile = DEVICES[r.device]
         assert r.scenario.cluster.gpu.tflops == profile.gpu["tflops"], r.source
-        assert r.scenario.cluster.gpu.efficiency == profile.fitted["efficiency"], r.source
+        for key, value in profile.fitted.items():
+            assert getattr(r.scenario.cluster.gpu, key) == value, (r.source, key)
 
 
 def test_korthikanti_table5_times_give_the_megatron_readme_mfu_of_the_same_runs() -> None:

@@ -26,6 +26,7 @@ from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, computed_core_share,  # noq
                     layer_forward_flops, layer_gemms, logits_forward_flops,
                     recomputed_layers_per_chunk)
 from .gemm import ROOFLINE, GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
+from .kernels import KernelTable, attention_shape, load_kernel_table
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
                      max_stage_params, state_bytes, transient_activation_bytes)
 from .context_parallel import kv_exchange, step_attention_flops
@@ -98,6 +99,8 @@ class Efficiency:
     backward_ratio: float
     gemm: GemmDevice  # GEMMs by shape
     flash_attention_flops_per_s: float | None = None  # None: the core priced as GEMMs
+    kernels: KernelTable | None = None  # measured kernel rates (None: the model's)
+    kernel_time_factor: float = 1.0  # a training step's kernel time over the measured
 
     @classmethod
     def of(cls, s: Scenario) -> "Efficiency":
@@ -106,34 +109,62 @@ class Efficiency:
                           g.gemm_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.sm_count, g.gemm_tiles)
         flash = (None if g.flash_attention_efficiency is None
                  else g.tflops * 1e12 * g.flash_attention_efficiency)
+        kernels = None if g.kernels is None else load_kernel_table(g.kernels)
         return cls(g.tflops * 1e12 * g.efficiency, g.gemm_overhead_us * 1e-6,
                    g.module_overhead_us * 1e-6, g.hbm_tbps * 1e12, g.elementwise_traffic,
-                   g.backward_ratio, gemm, flash)
+                   g.backward_ratio, gemm, flash, kernels, g.kernel_time_factor)
 
     def gemm_s(self, flops: float) -> float:
         """rate(F) = R·F/(F + R·overhead): the size-dependent falloff."""
         return flops / self.flops_per_s + self.gemm_overhead_s
 
     def memory_s(self, nbytes: float) -> float:
+        """Element-wise work: at the bandwidth its kernels were measured to reach, else HBM's."""
+        if self.kernels is not None:
+            return (self.kernel_time_factor * self.elementwise_traffic * nbytes
+                    / self.kernels.elementwise_bytes_per_s)
         return self.elementwise_traffic * nbytes / self.hbm_bytes_per_s
+
+    def shape_s(self, shape: GemmShape, roofline: bool = True) -> float:
+        """One GEMM by its shape: as measured where the device has a table, else modelled."""
+        if self.kernels is not None:
+            return self.kernel_time_factor * self.kernels.gemm_s(shape)
+        return self.gemm.seconds(shape, roofline)
 
 
 def rank_gemm_s(s: Scenario, eff: Efficiency) -> dict[str, float]:
     """Each of a layer's GEMMs on one rank, by its shape (``gemm.py``), the
     attention core as much of it as its kernel computes."""
     return {n: attention_core_s(s, eff, n, shape) if n in ATTENTION_CORE
-            else eff.gemm.seconds(shape, ROOFLINE[n])
+            else eff.shape_s(shape, ROOFLINE[n])
             for n, shape in rank_layer_shapes(s).items()}
 
 
 def attention_core_s(s: Scenario, eff: Efficiency, name: str, shape: GemmShape) -> float:
     """One of the attention core's two products, the share its kernel computes:
-    flash attention at its own rate where the device has one (FlashAttention-2
-    reaches less of Hopper's peak than its GEMMs do), else as a GEMM."""
+    flash attention at its own rate where the scenario gives one, fused and
+    flash attention at the rate measured for their kernel where the device has
+    a table, else as a GEMM."""
     core = computed_core_share(s)
     if s.model.attention_backend == "flash" and eff.flash_attention_flops_per_s is not None:
         return shape.flops * core / eff.flash_attention_flops_per_s
+    measured = measured_attention_s(s, eff, shape.flops * core)
+    if measured is not None:
+        return measured[0]
     return eff.gemm.seconds(shape, ROOFLINE[name]) * core
+
+
+def measured_attention_s(s: Scenario, eff: Efficiency,
+                         flops: float) -> tuple[float, float] | None:
+    """Forward and backward seconds of ``flops`` of the attention core at the
+    rates measured for the scenario's kernel and shape; None where not measured
+    (or the scenario sets its own flash rate)."""
+    backend = s.model.attention_backend
+    if (backend is None or eff.kernels is None or not eff.kernels.covers_attention(backend)
+            or (backend == "flash" and eff.flash_attention_flops_per_s is not None)):
+        return None
+    fwd, bwd = eff.kernels.attention_s(backend, attention_shape(s), flops)
+    return eff.kernel_time_factor * fwd, eff.kernel_time_factor * bwd
 
 
 def layer_forward_s(s: Scenario, eff: Efficiency) -> float:
@@ -166,9 +197,15 @@ def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
 
 def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
     """Flash and fused attention's backward computes Q·Kᵀ again from the stored
-    softmax statistics (one more scores GEMM per layer); unfused keeps them."""
+    softmax statistics (one more scores GEMM per layer); unfused keeps them.
+    A measured kernel's backward is what it took beyond ``backward_ratio`` × its forward."""
     if s.model.stores_scores:
         return 0.0
+    shapes = rank_layer_shapes(s)
+    core_flops = sum(shapes[n].flops for n in ATTENTION_CORE) * computed_core_share(s)
+    measured = measured_attention_s(s, eff, core_flops)
+    if measured is not None:
+        return measured[1] - eff.backward_ratio * measured[0]
     return rank_gemm_s(s, eff)["scores"]
 
 
@@ -176,7 +213,7 @@ def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
     logits_bytes = m.micro_batch_size * local_seq_len(s) * m.vocab // s.parallel.tp * 4
-    return (eff.gemm.seconds(rank_logits_shape(s)) + eff.memory_s(logits_bytes)
+    return (eff.shape_s(rank_logits_shape(s)) + eff.memory_s(logits_bytes)
             + eff.module_overhead_s)
 
 

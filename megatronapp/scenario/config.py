@@ -228,6 +228,10 @@ class Gpu(_Strict):
     # Share of peak flash attention's core reaches where it is not a GEMM's (FlashAttention-2
     # on Hopper); None: priced as GEMMs of its shape, as unfused and fused attention are.
     flash_attention_efficiency: float | None = Field(None, gt=0, le=1)
+    # Kernel times measured on the device (megatronapp/costs/kernels.py): GEMMs, fused and
+    # flash attention and element-wise work at their measured rates; None: the model above.
+    kernels: Literal["h100-sxm"] | None = None
+    kernel_time_factor: Factor = 1.0  # a training step's kernel time over the measured
 
 
 class Links(_Strict):

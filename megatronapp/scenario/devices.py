@@ -18,11 +18,12 @@ from typing import Any
 from ..io.text import load_yaml, read_text
 
 FITS_FILE = Path(__file__).with_name("device_fits.yaml")
+KERNELS_DIR = Path(__file__).with_name("kernels")  # measured kernel times, by device
 
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    gpu: dict[str, float]  # cluster.gpu keys
+    gpu: dict[str, float | str]  # cluster.gpu keys
     links: dict[str, float | int]  # cluster.links keys
     # Efficiency-model constants fitted on published runs (docs/fidelity.md,
     # paper_figs/fit_devices.py); empty where no published row was fitted.
@@ -30,7 +31,9 @@ class DeviceProfile:
     fitted_on: str = ""
 
 
-HOPPER_FLASH_ATTENTION_EFFICIENCY = 0.35
+# The analytic GEMM model's constants fitted on the 369 GEMMs measured on an H100
+# (``paper_figs/kernel_bench.py compare``, with the model's tiles).
+HOPPER_GEMM_MODEL = {"efficiency": 0.71, "gemm_half_gflops": 1.0}
 
 SPECS: dict[str, DeviceProfile] = {
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense,
@@ -44,18 +47,20 @@ SPECS: dict[str, DeviceProfile] = {
     # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction);
     # DGX H100 datasheet: eight 400 Gb/s NDR InfiniBand (ConnectX-7) NICs.
     # 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5).
-    # FlashAttention-2 reaches 35% of an H100's peak (Shah et al. 2024, FlashAttention-3,
-    # section 1); fused attention (cuDNN, Transformer Engine) is priced as GEMMs.
+    # GEMMs, attention and element-wise kernels as measured on one H100 80GB HBM3
+    # (kernels/h100-sxm.json, paper_figs/kernel_bench.py); the analytic GEMM model,
+    # for what the table does not price, with its constants fitted on those GEMMs.
     "h100-sxm": DeviceProfile(
         gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35, "sm_count": 132,
-             "flash_attention_efficiency": HOPPER_FLASH_ATTENTION_EFFICIENCY},
+             "kernels": "h100-sxm", **HOPPER_GEMM_MODEL},
         links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOP/s bf16 dense,
     # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: eight 400 Gb/s NDR NICs.
-    # The H100's SMs (Hopper), so FlashAttention-2's share of peak too.
+    # The H100's SMs and clocks (Hopper), so the H100's measured kernels: compute-bound
+    # kernels run alike; memory-bound ones are faster on the H200 than priced here.
     "h200": DeviceProfile(
         gpu={"tflops": 989.0, "memory_gb": 141.0, "hbm_tbps": 4.8, "sm_count": 132,
-             "flash_attention_efficiency": HOPPER_FLASH_ATTENTION_EFFICIENCY},
+             "kernels": "h100-sxm", **HOPPER_GEMM_MODEL},
         links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
 }
 
