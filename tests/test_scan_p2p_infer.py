@@ -115,6 +115,17 @@ def test_a_receive_ending_before_one_send_began_takes_the_other():
     assert forced_peers(sends, recvs) == ([2, 3], [0, 1])
 
 
+def test_a_job_routed_otherwise_from_step_to_step_is_matched_op_by_op():
+    """Rank 0's first send goes to rank 1 in step 0 and to rank 2 in step 1
+    (each receive ends before the other send began): no routing fits both
+    steps, so each op is matched on its own."""
+    sends = [P2POp(0, 0.0, 1.0, 0), P2POp(0, 10.0, 11.0, 0),
+             P2POp(0, 1000.0, 1001.0, 1), P2POp(0, 1010.0, 1011.0, 1)]
+    recvs = [P2POp(1, 0.0, 5.0, 0), P2POp(2, 0.0, 15.0, 0),
+             P2POp(2, 1000.0, 1005.0, 1), P2POp(1, 1000.0, 1015.0, 1)]
+    assert forced_peers(sends, recvs) == ([1, 2, 2, 1], [0, 0, 0, 0])
+
+
 def test_a_trace_whose_counts_cannot_match_names_no_peer():
     sends = [P2POp(0, 0.0, 5.0), P2POp(0, 6.0, 7.0)]
     recvs = [P2POp(1, 0.0, 10.0)]

@@ -29,8 +29,8 @@ still balanced could be matched wrongly; none of the zoo's does):
   many sends (receives) in every step, its n-th send of each step goes to
   the same peer, so a peer that one step rules out is ruled out for that op
   in every step, until nothing changes. A step that then has no matching
-  left, or an op with no peer left, shows the job is not routed alike, and
-  no peer is named at all.
+  left, or an op with no peer left, shows the job is not routed alike:
+  then each op is matched on its own, in its step.
 
 Then, where some ops still have two peers or more, each is narrowed to
 the links that a forced peer proves the job used, if a matching within
@@ -110,13 +110,14 @@ def forced_peers(sends: Sequence[P2POp], recvs: Sequence[P2POp]) -> tuple[Peers,
     batches = _batches(sends, recvs)
     if not batches or sum(len(s) * len(r) for s, r in batches) > MAX_EDGES:
         return nothing
-    keys = {"s": _keys("s", sends), "r": _keys("r", recvs)}
     ranks = {op.rank for op in (*sends, *recvs)}
-    allowed = {k: ranks - {k[1]} for side in keys.values() for k in side}
-    if not _narrow(sends, recvs, batches, keys, allowed):
-        return nothing
-    _within_proven_links(sends, recvs, batches, keys, allowed)
-    return _named_messages(sends, recvs, batches, keys, allowed)
+    for alike in (True, False):  # routed alike in every step; else each op alone
+        keys = {"s": _keys("s", sends, alike), "r": _keys("r", recvs, alike)}
+        allowed = {k: ranks - {k[1]} for side in keys.values() for k in side}
+        if _narrow(sends, recvs, batches, keys, allowed):
+            _within_proven_links(sends, recvs, batches, keys, allowed)
+            return _named_messages(sends, recvs, batches, keys, allowed)
+    return nothing
 
 
 def _named_messages(sends: Sequence[P2POp], recvs: Sequence[P2POp],
@@ -160,14 +161,15 @@ def _batches(sends: Sequence[P2POp], recvs: Sequence[P2POp]) -> list[tuple[list[
     return [(list(range(len(sends))), list(range(len(recvs))))]
 
 
-def _keys(side: str, ops: Sequence[P2POp]) -> list[Key]:
-    """Ops routed alike share a key: the n-th op of a rank in each step,
-    where the rank makes as many in every step; else each op its own."""
+def _keys(side: str, ops: Sequence[P2POp], alike_steps: bool = True) -> list[Key]:
+    """Ops routed alike share a key (with ``alike_steps``): the n-th op of a
+    rank in each step, where the rank makes as many in every step; else
+    each op its own."""
     per_step: dict[int, Counter[int | None]] = defaultdict(Counter)
     for op in ops:
         per_step[op.rank][op.step] += 1
     alike = {r for r, counts in per_step.items()
-             if None not in counts and len(set(counts.values())) == 1}
+             if alike_steps and None not in counts and len(set(counts.values())) == 1}
     seen: Counter[tuple[int, int | None]] = Counter()
     keys: dict[int, Key] = {}
     for i in sorted(range(len(ops)), key=lambda i: (ops[i].rank, ops[i].start_us, i)):
