@@ -161,10 +161,10 @@ def test_a_link_whose_receivers_sleep_before_wait_is_named_slow_from_its_fastest
     assert evidence["receive_floor_s"] >= 3e-3 > 3 * evidence["class_receive_floor_s"]
 
 
-def test_without_peers_a_slow_link_names_no_link_and_no_stage(tmp_path):
-    # nothing says whom a receive was from: no link may be guessed, and
-    # the link's receivers wait more than the other stages, not less
-    assert causes(scan_of(tmp_path, link_delay_us=3000.0)) == []
+def test_without_peers_a_slow_link_is_named_from_the_peers_its_timing_forces(tmp_path):
+    # no receive says whom it was from; the peers that every matching of
+    # sends to receives gives them name the link, and no stage is named
+    assert causes(scan_of(tmp_path, link_delay_us=3000.0)) == [("link", 1, 2)]
 
 
 @pytest.mark.parametrize("fault", [{"slow": {1: 2.0}}, {"link_delay_us": 3000.0}, {}])

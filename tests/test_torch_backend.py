@@ -283,27 +283,32 @@ FAULTY_PAIR = (1, 3)  # pp=2, dp=2: pipeline pairs (0, 2) and (1, 3)
 
 @pytest.mark.parametrize("fault", [{"kind": "slow_link", "factor": 3.0},
                                    {"kind": "link_jitter", "sigma": 1.0}])
-def test_faulty_link_receives_sleep_what_the_link_model_prices(fault: dict[str, Any]):
-    """Every receive over the faulty pair sleeps, inside the op, what the
-    simulator's link model adds for it (replayed from the seed, per direction,
-    in the order the receiver drew it); healthy pairs sleep nothing."""
+def test_faulty_link_sends_leave_as_late_as_the_link_model_prices(fault: dict[str, Any]):
+    """Every send over the faulty pair leaves late by what the simulator's
+    link model adds for it (replayed from the seed, per direction, in the
+    order the sender drew it), and its receive ends no earlier: the delay
+    lies inside the receive, where a profiler sees it. Healthy pairs add
+    nothing."""
     s = torch_scenario({"pp": 2, "dp": 2, "microbatches": 4}, costs=LINK_COSTS,
                  faults=[{**fault, "ranks": list(FAULTY_PAIR)}])
     run, _ = spawn_run(s)
     injected = []
     for rank in FAULTY_PAIR:
         replay = injected_faults(s, rank)
-        received = _injected(run.events[rank], "p2p")
-        assert len(received) == 4
-        for e, slept in received:
-            assert e.args["role"] == "recv" and e.args["peer"] in FAULTY_PAIR
-            assert slept == pytest.approx(replay.transfer_extra_s(e.args["peer"], rank,
-                                                                  e.args["bytes"]), rel=1e-12)
-            assert e.dur_s >= slept
-            injected.append(slept)
+        sent = _injected(run.events[rank], "p2p")
+        assert len(sent) == 4
+        peer = FAULTY_PAIR[1 - FAULTY_PAIR.index(rank)]
+        received = [e for e in run.events[peer] if e.args["kind"] == "p2p"
+                    and e.args["role"] == "recv" and e.args["peer"] == rank]
+        for (e, late), recv in zip(sent, received, strict=True):
+            assert e.args["role"] == "send" and e.args["peer"] == peer
+            assert late == pytest.approx(replay.transfer_extra_s(rank, peer, e.args["bytes"]),
+                                         rel=1e-12)
+            assert recv.start_s + recv.dur_s >= e.start_s + late
+            injected.append(late)
     assert sum(injected) / len(injected) > LINK_COSTS["p2p_s"]  # the seed's draws matter
     for rank in (0, 2):
-        assert all(slept == 0.0 for _, slept in _injected(run.events[rank], "p2p"))
+        assert all(late == 0.0 for _, late in _injected(run.events[rank], "p2p"))
 
 
 def test_training_on_text_lowers_the_loss_and_random_tokens_do_not() -> None:

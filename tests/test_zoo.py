@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.kineto import kineto_files
+from megatronapp.scan.kineto import kineto_files, load_kineto, read_json_any
 from tests.zoo.measure import fastest_matmul_us, realized_slowdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +36,10 @@ def traces_by_rank(out: Path) -> dict[int, dict]:
     by_rank = {int(t["distributedInfo"]["rank"]): t for t in traces}
     assert len(by_rank) == len(traces)  # one file per rank
     return by_rank
+
+
+def load_gz(path: Path) -> dict:
+    return dict(read_json_any(path))
 
 
 def step_ranges(trace: dict) -> int:
@@ -131,6 +135,27 @@ def test_megatron_core_profiled_by_the_torch_backend_names_its_throttled_stage(t
         f"rank{r}.pt.trace.json.gz" for r in range(zoo_table.WORLD)]
     causes = zoo_table.detect(traces, "megascan")["root_causes"]
     assert (causes[0]["kind"], causes[0]["rank"]) == ("compute", zoo_table.SLOW_RANK)
+
+
+@pytest.mark.slow
+def test_megatron_core_profiled_with_a_slow_link_records_every_send_and_its_steps(tmp_path):
+    """The torch backend's slow link lets its sends leave late from a thread
+    of their own: the profile (every thread profiled) still holds every
+    send, one ``ProfilerStep`` per iteration, and the peers the sends and
+    receives' timing forces, on pipeline links only."""
+    from paper_figs import zoo_table
+
+    fault = next(f for f in zoo_table.FAULTS if f.needs_link)
+    traces = zoo_table.run_megatron(fault, tmp_path)
+    iterations = zoo_table.MEGATRON_SCENARIO["iterations"]
+    for trace in map(load_gz, kineto_files(traces)):
+        assert step_ranges(trace) >= iterations
+    ops = Counter(e.name for evs in load_kineto(kineto_files(traces)).events.values()
+                  for e in evs if e.name in ("send", "recv"))
+    assert ops["send"] == ops["recv"] > 0
+    linked = {frozenset((r, e.args["peer"])) for r, evs in
+              load_kineto(kineto_files(traces)).events.items() for e in evs if "peer" in e.args}
+    assert linked and linked <= zoo_table.PIPELINE_LINKS
 
 
 def test_a_realized_slowdown_compares_only_the_ranks_doing_the_same_work():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -195,6 +196,7 @@ class Handle:
     work: Any = None
     finished: bool = False
     watcher: "Watcher | None" = None
+    injected_s: float | None = None  # a send's: how late a slow link let it leave
 
     def completed(self) -> bool:
         if self.watcher is not None:
@@ -214,6 +216,28 @@ class Handle:
     def p2p_op(self) -> dist.P2POp:
         fn = dist.irecv if self.is_recv else dist.isend
         return dist.P2POp(fn, self.tensor, self.peer, tag=encode_tag(self.op.tag))
+
+
+class LateSend:
+    """A send over a slow link, posted by the link's own thread once the
+    link's extra time has passed: the data leaves (and arrives) that much
+    later, so the receive waiting for it lasts longer, as a profiler sees
+    it, while the sender's program goes on. One thread per link keeps its
+    messages in order."""
+
+    def __init__(self, post: Callable[[], Any], delay_s: float, link: ThreadPoolExecutor):
+        self._posted: Future[Any] = link.submit(_post_at, post, time.monotonic() + delay_s)
+
+    def wait(self) -> None:
+        self._posted.result().wait()
+
+    def is_completed(self) -> bool:
+        return self._posted.done() and bool(self._posted.result().is_completed())
+
+
+def _post_at(post: Callable[[], Any], due_s: float) -> Any:
+    time.sleep(max(0.0, due_s - time.monotonic()))
+    return post()
 
 
 class Watcher:
@@ -278,6 +302,7 @@ class Interpreter:
         self._enter = beacon.entered if beacon is not None else _ignore
         self._on_receive = on_receive  # MegaScope: (tag, meta, peer, tensor) of each arrival
         self._held: list[Handle] = []
+        self._links: dict[int, ThreadPoolExecutor] = {}  # peer -> its slow link's sender
         self.watch_completions = dist.get_backend() == "gloo"
         self._pending: list[Pending] = []
         self._scratch = torch.zeros(1, device=device)  # for an AllReduce without a tensor
@@ -299,6 +324,8 @@ class Interpreter:
                 self._post_held()  # before blocking on anything, or computing
             result = self._handlers[type(op)](op)
         self._post_held()
+        for link in self._links.values():
+            link.shutdown()
         self.flush(final=True)
 
     # --------------------------------------------------------------- trace
@@ -367,9 +394,25 @@ class Interpreter:
             self._held.append(handle)
             if handle.is_recv:
                 self._post_held()
+        elif handle.is_recv:
+            handle.work = dist.irecv(handle.tensor, handle.peer, tag=encode_tag(handle.op.tag))
         else:
-            post = dist.irecv if handle.is_recv else dist.isend
-            handle.work = post(handle.tensor, handle.peer, tag=encode_tag(handle.op.tag))
+            handle.work = self._post_send(handle)
+
+    def _post_send(self, handle: Handle) -> Any:
+        """``isend`` now, or, over a slow link, once the link lets it leave."""
+        def post() -> Any:
+            return dist.isend(handle.tensor, handle.peer, tag=encode_tag(handle.op.tag))
+
+        if not self.faults.links:
+            return post()
+        handle.injected_s = max(0.0, self.faults.transfer_extra_s(
+            self.rank, handle.peer, _nbytes(handle.tensor)))
+        if handle.injected_s == 0.0:
+            return post()
+        if handle.peer not in self._links:
+            self._links[handle.peer] = ThreadPoolExecutor(1, f"link-{self.rank}-{handle.peer}")
+        return LateSend(post, handle.injected_s, self._links[handle.peer])
 
     def _post_held(self) -> None:
         """Post held sends (and a trailing receive) as one batch."""
@@ -391,7 +434,7 @@ class Interpreter:
         if not handle.finished:
             handle.finished = True
             args = trace_args(handle.op, _nbytes(handle.tensor))
-            injected = self._delivered(handle) if handle.is_recv else None
+            injected = self._delivered(handle) if handle.is_recv else handle.injected_s
             if injected is not None:
                 args[INJECTED] = injected
             if handle.is_recv and self._on_receive is not None:
@@ -400,9 +443,11 @@ class Interpreter:
         return handle.tensor if handle.is_recv else None
 
     def _delivered(self, handle: Handle) -> float | None:
-        """A receive has completed: a slow link delivers later (returns the
-        seconds injected, None on a rank without link faults)."""
-        if not self.faults.links:
+        """A receive has completed. Where sends are coalesced (NCCL: a
+        batch cannot wait for one slow link) a slow link's receiver sleeps
+        now what the link adds (returns the seconds injected, None on a rank
+        without link faults); elsewhere the sender posted late (``LateSend``)."""
+        if not self.faults.links or not self.coalesce:
             return None
         return sleep_s(self.faults.transfer_extra_s(handle.peer, self.rank,
                                                    _nbytes(handle.tensor)))

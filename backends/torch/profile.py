@@ -3,7 +3,10 @@
 A small hook around a rank's program: the profiler runs for the whole
 program and every compute op is a ``record_function`` range named like the
 op (forward, backward, optimizer), as a profiled Megatron-LM job would
-annotate its work. Communication shows as torch's own ``c10d::``/``gloo:``
+annotate its work, and each iteration ends with ``prof.step()`` after its
+optimizer op (``ProfilerStep#N`` ranges, as Megatron-LM's ``--profile``
+writes them). Every thread is profiled: a slow link's sends leave from a
+thread of their own (``interpreter.LateSend``). Communication shows as torch's own ``c10d::``/``gloo:``
 (or NCCL) events. Each rank writes ``DIR/rank{r}.pt.trace.json.gz``.
 """
 from __future__ import annotations
@@ -16,13 +19,17 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch._C._profiler import _ExperimentalConfig
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, record_function
 
 from megatronapp.parallel.ops import Compute, RankProgram
 
+OPTIMIZER = "optimizer"  # the compute op that ends an iteration
 
-def annotated(program: RankProgram) -> RankProgram:
-    """The same program, each compute op inside a range named after it."""
+
+def annotated(program: RankProgram, step: Callable[[], None]) -> RankProgram:
+    """The same program, each compute op inside a range named after it and
+    ``step`` called after each optimizer op (the end of an iteration)."""
     result = None
     while True:
         try:
@@ -32,12 +39,19 @@ def annotated(program: RankProgram) -> RankProgram:
         if isinstance(op, Compute):
             with record_function(op.name):
                 result = yield op
+            if op.name == OPTIMIZER:
+                step()
         else:
             result = yield op
 
 
 def _unchanged(program: RankProgram) -> RankProgram:
     return program
+
+
+def _every_step(step: int) -> ProfilerAction:
+    """Record every step (a schedule makes ``step()`` write its ranges)."""
+    return ProfilerAction.RECORD
 
 
 @contextmanager
@@ -50,11 +64,12 @@ def kineto_profile(out_dir: str | None, rank: int
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    prof = profile(activities=activities)
+    prof = profile(activities=activities, schedule=_every_step,
+                   experimental_config=_ExperimentalConfig(profile_all_threads=True))
     with kineto_markers_dropped():
         prof.start()
     try:
-        yield annotated
+        yield lambda program: annotated(program, prof.step)
     finally:
         with kineto_markers_dropped():
             prof.stop()

@@ -33,9 +33,11 @@ taken as aligned; files from several hosts are aligned like raw per-rank
 traces. What a trace leaves out is inferred across the files of one job: a gloo
 collective without metadata belongs to the smallest of its rank's process
 groups whose members all made as many such calls; point-to-point ops
-without recorded peers are paired only where one assignment of each
-sending rank to one receiving rank fits their counts and order
-(``p2p_infer``; files of one host share its clock), else left unpeered. Ops that are the
+without recorded peers are paired by whole ranks where one assignment of
+each sending rank to one receiving rank fits their counts and order, else
+each gets the peer that every matching of sends to receives fitting their
+timing and the job's profiler steps gives it (``p2p_infer``; files of one
+host share its clock), else stays unpeered. Ops that are the
 same work on data-parallel peers are matched by name and occurrence (no
 microbatch index is recorded); a group whose members run the same compute
 and send nothing to each other is named as such a peer group (``dp_``).
@@ -59,7 +61,7 @@ from megatronapp.io.text import TextError, load_json_bytes
 from megatronapp.trace.events import Event
 
 from .errors import TraceError
-from .p2p_infer import forced_pairs
+from .p2p_infer import P2POp, forced_pairs, forced_peers
 
 RankEvents = dict[int, list[Event]]
 
@@ -630,7 +632,7 @@ def load_kineto(paths: Iterable[Path], max_bytes: float | None = None) -> Kineto
 def _resolve(ranks: Mapping[int, KinetoRank]) -> dict[int, list[Comm]]:
     comms = {r: [_with_role(c, k) for c in k.comms] for r, k in ranks.items()}
     comms = _infer_groups(comms, ranks)
-    comms = _pair_p2p(comms)
+    comms = _pair_p2p(comms, ranks)
     return _name_peer_groups(comms, ranks)
 
 
@@ -757,7 +759,29 @@ def _meet_in_order(sequences: list[list[Comm]]) -> bool:
     return 2 * meeting > len(sequences[0])
 
 
-MAX_INFERRED_P2P_RANKS = 64  # pairing unpeered p2p compares every rank pair
+def _pair_p2p(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
+              ) -> dict[int, list[Comm]]:
+    """Peers for point-to-point ops the trace did not record: by whole ranks
+    where that fits one way only, else op by op where every matching of
+    sends to receives that fits their timing and the job's profiler steps
+    gives the same one (``p2p_infer``); otherwise they stay unpeered."""
+    unpeered = {op: [(r, i) for r, cs in comms.items() for i, c in enumerate(cs)
+                     if c.op == op and c.peer is None] for op in P2P_OPS}
+    if not unpeered["send"]:
+        return comms
+    whole = _pair_whole_ranks(comms, unpeered)
+    if whole is not None:
+        return whole
+    found = forced_peers(*(_p2p_ops(unpeered[op], comms, ranks) for op in P2P_OPS))
+    out = {r: list(cs) for r, cs in comms.items()}
+    for op, peers in zip(P2P_OPS, found):
+        for (r, i), peer in zip(unpeered[op], peers):
+            if peer is not None:
+                out[r][i] = replace(comms[r][i], peer=peer)
+    return out
+
+
+MAX_INFERRED_P2P_RANKS = 64  # pairing whole ranks compares every rank pair
 
 
 def _fits(sends: list[Comm], recvs: list[Comm]) -> bool:
@@ -767,27 +791,38 @@ def _fits(sends: list[Comm], recvs: list[Comm]) -> bool:
         recv.end_us >= send.start_us for send, recv in zip(sends, recvs))
 
 
-def _pair_p2p(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
-    """Peers for point-to-point ops the trace did not record, where only one
+def _pair_whole_ranks(comms: dict[int, list[Comm]], unpeered: Mapping[str, list[tuple[int, int]]]
+                      ) -> dict[int, list[Comm]] | None:
+    """Every rank's unpeered sends to one receiver, where only one
     sender-to-receiver assignment of whole ranks fits (``forced_pairs``);
-    otherwise they stay unpeered."""
-    unpeered = {op: {r: [i for i, c in enumerate(cs) if c.op == op and c.peer is None]
-                     for r, cs in comms.items()} for op in P2P_OPS}
-    sends = {r: ids for r, ids in unpeered["send"].items() if ids}
-    recvs = {r: ids for r, ids in unpeered["recv"].items() if ids}
-    if not sends or len(sends) + len(recvs) > 2 * MAX_INFERRED_P2P_RANKS:
-        return comms
+    None where none or several do."""
+    sends: dict[int, list[int]] = defaultdict(list)
+    recvs: dict[int, list[int]] = defaultdict(list)
+    for side, op in ((sends, "send"), (recvs, "recv")):
+        for r, i in unpeered[op]:
+            side[r].append(i)
+    if len(sends) + len(recvs) > 2 * MAX_INFERRED_P2P_RANKS:
+        return None
     fitting = [(r, s) for r in sends for s in recvs if r != s and _fits(
         [comms[r][i] for i in sends[r]], [comms[s][j] for j in recvs[s]])]
     chosen = forced_pairs(fitting)
     if chosen is None or set(chosen) != set(sends) or set(chosen.values()) != set(recvs):
-        return comms
+        return None
     out = {r: list(cs) for r, cs in comms.items()}
     for r, s in chosen.items():
         for i, j in zip(sends[r], recvs[s]):
             out[r][i] = replace(comms[r][i], peer=s)
             out[s][j] = replace(comms[s][j], peer=r)
     return out
+
+
+def _p2p_ops(where: list[tuple[int, int]], comms: Mapping[int, list[Comm]],
+             ranks: Mapping[int, KinetoRank]) -> list[P2POp]:
+    """The ops at ``where`` ((rank, index) pairs), with their profiler step."""
+    starts = {r: [p.start_us for p in k.steps] for r, k in ranks.items()}
+    return [P2POp(r, comms[r][i].start_us, comms[r][i].end_us,
+                  _iteration_of(ranks[r].steps, starts[r], comms[r][i].start_us))
+            for r, i in where]
 
 
 def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]

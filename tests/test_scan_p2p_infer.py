@@ -1,0 +1,169 @@
+"""Peers for send/recv that a trace recorded without them (``p2p_infer``):
+named only where every matching of sends to receives that fits their timing
+and the job's profiler steps gives the same one."""
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megatronapp.scan.detect import megascan
+from megatronapp.scan.inputs import load_scan_input
+from megatronapp.scan.kineto import kineto_files, load_kineto
+from megatronapp.scan.p2p_infer import P2POp, forced_peers
+
+from .support import GLOO, MAIN, gloo_file, kineto_event, write_kineto
+
+STAGES, MICROBATCHES = 4, 6
+LINKS = {frozenset((s, s + 1)) for s in range(STAGES - 1)}
+
+
+def one_f_one_b(stage: int) -> list[tuple[str, int]]:
+    """A stage's ops in 1F1B order: warm-up forwards, then one forward and
+    one backward each, then the remaining backwards."""
+    warmup = min(STAGES - stage - 1, MICROBATCHES)
+    ops = [("F", m) for m in range(warmup)]
+    for m in range(MICROBATCHES - warmup):
+        ops += [("F", warmup + m), ("B", m)]
+    return ops + [("B", m) for m in range(MICROBATCHES - warmup, MICROBATCHES)]
+
+
+def pipeline_1f1b(steps: int = 3, link_delay_us: float = 0.0, seed: int = 0) -> dict[int, dict]:
+    """A 4-stage 1F1B pipeline on gloo without ``record_shapes``, ``steps``
+    profiler steps: each op waits in ``recv`` for its input (from the stage
+    before for a forward, after for a backward), computes, and sends its
+    output on; the receive of every message between stages 1 and 2 ends
+    ``link_delay_us`` late. Compute times vary at random by up to 30%."""
+    rng = random.Random(seed)
+    events: dict[int, list[dict]] = {r: [] for r in range(STAGES)}
+    start = 0.0
+    for step in range(steps):
+        free = {r: start for r in range(STAGES)}
+        sent: dict[tuple[str, int, int], float] = {}  # (phase, microbatch, from stage) -> sent
+        queue = {r: one_f_one_b(r) for r in range(STAGES)}
+        while any(queue.values()):
+            for r in range(STAGES):
+                while queue[r]:
+                    phase, m = queue[r][0]
+                    source = r - 1 if phase == "F" else r + 1
+                    if 0 <= source < STAGES and (phase, m, source) not in sent:
+                        break
+                    queue[r].pop(0)
+                    at = free[r]
+                    if 0 <= source < STAGES:
+                        delay = link_delay_us if {source, r} == {1, 2} else 0.0
+                        arrive = max(at + 20.0, sent[(phase, m, source)] + 50.0) + delay
+                        events[r] += [kineto_event("c10d::recv_", "cpu_op", r, MAIN, at, 10.0),
+                                      kineto_event("gloo:recv", "user_annotation", r, MAIN,
+                                                   at + 10.0, arrive - at - 10.0)]
+                        at = arrive
+                    work = (400.0 if phase == "F" else 800.0) * rng.uniform(1.0, 1.3)
+                    events[r].append(kineto_event("aten::mm", "cpu_op", r, MAIN, at, work))
+                    at += work
+                    target = r + 1 if phase == "F" else r - 1
+                    if 0 <= target < STAGES:
+                        events[r] += [kineto_event("c10d::send", "cpu_op", r, MAIN, at, 10.0),
+                                      kineto_event("gloo:send", "user_annotation", r, GLOO,
+                                                   at + 10.0, 30.0)]
+                        sent[(phase, m, r)] = at
+                        at += 10.0
+                    free[r] = at
+        end = max(free.values()) + 100.0
+        for r in range(STAGES):
+            events[r].append(kineto_event(f"ProfilerStep#{step}", "user_annotation", r, MAIN,
+                                          start, end - start))
+        start = end
+    return {r: gloo_file(r, STAGES, evs) for r, evs in events.items()}
+
+
+def named_links(target) -> dict[frozenset[int], int]:
+    """Rank pair -> how many ops name it as their peer."""
+    named: dict[frozenset[int], int] = defaultdict(int)
+    for rank, evs in load_kineto(kineto_files(target)).events.items():
+        for e in evs:
+            if "peer" in e.args:
+                named[frozenset((rank, e.args["peer"]))] += 1
+    return named
+
+
+def test_a_1f1b_pipeline_without_peers_names_each_link_it_used_and_no_other(tmp_path):
+    """A middle stage sends both ways, so no rank sends to one peer only:
+    matching op by op, step by step, names peers, only true ones (where
+    another matching fits as well, as for a late receive, none)."""
+    target = write_kineto(tmp_path, pipeline_1f1b())
+    assert set(named_links(target)) == LINKS
+
+
+def test_the_slow_link_of_a_pipeline_without_peers_is_named_first(tmp_path):
+    target = write_kineto(tmp_path, pipeline_1f1b(steps=4, link_delay_us=3000.0))
+    causes = megascan(load_scan_input(target)).root_causes
+    assert causes and (causes[0].kind, {causes[0].rank, causes[0].peer}) == ("link", {1, 2})
+
+
+def test_sends_any_receiver_could_have_taken_name_no_peer():
+    """Ranks 0 and 1 send before ranks 2 and 3 receive: either pairing fits."""
+    sends = [P2POp(0, 0.0, 5.0), P2POp(1, 0.0, 5.0)]
+    recvs = [P2POp(2, 0.0, 10.0), P2POp(3, 0.0, 10.0)]
+    assert forced_peers(sends, recvs) == ([None, None], [None, None])
+
+
+def test_a_receive_ending_before_one_send_began_takes_the_other():
+    sends = [P2POp(0, 0.0, 5.0), P2POp(1, 20.0, 25.0)]
+    recvs = [P2POp(2, 0.0, 10.0), P2POp(3, 0.0, 30.0)]
+    assert forced_peers(sends, recvs) == ([2, 3], [0, 1])
+
+
+def test_a_job_routed_otherwise_from_step_to_step_is_matched_op_by_op():
+    """Rank 0's first send goes to rank 1 in step 0 and to rank 2 in step 1
+    (each receive ends before the other send began): no routing fits both
+    steps, so each op is matched on its own."""
+    sends = [P2POp(0, 0.0, 1.0, 0), P2POp(0, 10.0, 11.0, 0),
+             P2POp(0, 1000.0, 1001.0, 1), P2POp(0, 1010.0, 1011.0, 1)]
+    recvs = [P2POp(1, 0.0, 5.0, 0), P2POp(2, 0.0, 15.0, 0),
+             P2POp(2, 1000.0, 1005.0, 1), P2POp(1, 1000.0, 1015.0, 1)]
+    assert forced_peers(sends, recvs) == ([1, 2, 2, 1], [0, 0, 0, 0])
+
+
+def test_a_trace_whose_counts_cannot_match_names_no_peer():
+    sends = [P2POp(0, 0.0, 5.0), P2POp(0, 6.0, 7.0)]
+    recvs = [P2POp(1, 0.0, 10.0)]
+    assert forced_peers(sends, recvs) == ([None, None], [None])
+
+
+@st.composite
+def routed_jobs(draw: st.DrawFn) -> tuple[list[P2POp], list[P2POp], list[int], list[int]]:
+    """A job routed alike in every step: the same messages (sender, receiver)
+    with the same timing shape, each received after it was sent and within
+    its step; returns the ops and each op's true peer."""
+    ranks = draw(st.integers(2, 5))
+    pairs = st.tuples(st.integers(0, ranks - 1), st.integers(0, ranks - 1)).filter(
+        lambda p: p[0] != p[1])
+    messages = draw(st.lists(pairs, min_size=1, max_size=8))
+    times = st.integers(0, 100).map(float)  # whole µs: every step orders its ops alike
+    shape = [(draw(times), draw(times), draw(times)) for _ in messages]
+    steps = draw(st.integers(1, 3))
+    sends, recvs, send_peers, recv_peers = [], [], [], []
+    for step in range(steps):
+        base = 1000.0 * step
+        for (src, dst), (sent, posted, lag) in zip(messages, shape):
+            sends.append(P2POp(src, base + sent, base + sent + 1.0, step))
+            recvs.append(P2POp(dst, base + posted, base + max(posted, sent) + lag, step))
+            send_peers.append(dst)
+            recv_peers.append(src)
+    return sends, recvs, send_peers, recv_peers
+
+
+@settings(max_examples=300, deadline=None)
+@given(routed_jobs())
+def test_a_named_peer_is_always_the_true_one(job):
+    """Whatever the job, a peer is only ever the true one: a link the job
+    never used can never be named."""
+    sends, recvs, send_peers, recv_peers = job
+    found_sends, found_recvs = forced_peers(sends, recvs)
+    assert all(f is None or f == t for f, t in zip(found_sends, send_peers))
+    assert all(f is None or f == t for f, t in zip(found_recvs, recv_peers))
+    # a reader pairs a channel's sends and receives in order: both sides name as many
+    named = Counter((op.rank, f) for op, f in zip(sends, found_sends) if f is not None)
+    assert named == Counter((f, op.rank) for op, f in zip(recvs, found_recvs) if f is not None)
