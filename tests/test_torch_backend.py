@@ -78,9 +78,10 @@ class LikeMegatronStages(NullStages):
 
 def recorded_args(events: Sequence[Event]) -> Counter[tuple[Any, ...]]:
     """Each event's name and trace args but its size (real tensors vs the cost
-    model) and what a real step reports (loss, gradient norm)."""
+    model) and what a real step measures (loss, gradient norm, the time its
+    thread waited for a core)."""
     return Counter((e.name, *sorted((k, repr(v)) for k, v in e.args.items()
-                                    if k not in ("bytes", "loss", "grad_norm")))
+                                    if k not in ("bytes", "loss", "grad_norm", "queued_s")))
                    for e in events)
 
 
