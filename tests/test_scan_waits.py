@@ -110,6 +110,33 @@ def test_detect_says_who_waited_for_the_rank_and_which_evidence_it_rests_on(tmp_
     assert lines[2] == "  evidence: waits"
 
 
+# rank 1's matmul is 2x in every step: the last by 500 µs in steps 0-3; in
+# steps 4 and 5 the machine holds rank 0, then rank 2, back by 1000 µs, so
+# rank 1 imposes 55% of all the waiting: more than any other member
+DESCHEDULED_TWICE = {(0, 4): 1000.0, (2, 5): 1000.0}
+
+
+def test_a_busier_rank_waited_for_more_than_any_other_is_named_though_others_added_waits(
+        tmp_path):
+    doubled = {(1, n): 1000.0 for n in range(STEPS)}
+    assert causes(job(tmp_path, doubled, idle_us=DESCHEDULED_TWICE)) == [
+        ("compute", 1, ("waits",))]
+
+
+def test_the_same_arrivals_made_of_idle_time_name_nobody(tmp_path):
+    idle = {**{(1, n): 500.0 for n in range(4)}, **DESCHEDULED_TWICE}
+    assert causes(job(tmp_path, {}, idle_us=idle)) == []
+
+
+def test_a_rank_slowed_in_one_step_only_is_not_named(tmp_path):
+    once = {(1, 0): 3000.0}
+    assert causes(job(tmp_path, once, idle_us=DESCHEDULED_TWICE)) == []
+
+
+def test_a_healthy_job_with_two_descheduled_steps_names_nobody(tmp_path):
+    assert causes(job(tmp_path, {}, idle_us=DESCHEDULED_TWICE)) == []
+
+
 @pytest.mark.parametrize("cuts", [1, 2, 7, 40])
 def test_the_waits_are_the_same_however_the_members_are_batched(tmp_path, cuts):
     scan = job(tmp_path, {(1, n): 1500.0 + 100 * n for n in range(STEPS)})
