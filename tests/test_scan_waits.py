@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.detect import megascan, wait_members
+from megatronapp.scan.detect import megascan, stage_peers, wait_members
 from megatronapp.scan.inputs import load_scan_input
 from megatronapp.scan.kineto import kineto_files, load_kineto
 from megatronapp.scan.waits import WaitAccumulator
@@ -47,9 +47,11 @@ def ddp_like_rank(rank: int, matmul_us: Steps, small_us: float = 20.0,
     return events
 
 
-def job(tmp_path, matmul_us, small_us=None, idle_us=None) -> object:
-    small = small_us or {}
-    files = {r: gloo_file(r, WORLD, ddp_like_rank(r, matmul_us, small.get(r, 20.0), idle_us))
+def job(tmp_path, matmul_us, small_us=None, idle_us=None, extra=None) -> object:
+    """``extra``: rank -> events it runs besides the others' (none by default)."""
+    small, more = small_us or {}, extra or {}
+    files = {r: gloo_file(r, WORLD, ddp_like_rank(r, matmul_us, small.get(r, 20.0), idle_us)
+                          + more.get(r, []))
              for r in range(WORLD)}
     return load_scan_input(write_kineto(tmp_path, files))
 
@@ -108,6 +110,52 @@ def test_detect_says_who_waited_for_the_rank_and_which_evidence_it_rests_on(tmp_
     assert "the others in group [0, 1, 2, 3] waited for it: 100% of their wait" in lines[1]
     assert "most in 6 of 6 iterations; last to arrive at 6 of 6" in lines[1]
     assert lines[2] == "  evidence: waits"
+
+
+# rank 1's matmul is 2x in every step: the last by 500 µs in steps 0-3; in
+# steps 4 and 5 the machine holds rank 0, then rank 2, back by 1000 µs, so
+# rank 1 imposes 55% of all the waiting: more than any other member
+DESCHEDULED_TWICE = {(0, 4): 1000.0, (2, 5): 1000.0}
+
+
+def test_a_busier_rank_waited_for_more_than_any_other_is_named_though_others_added_waits(
+        tmp_path):
+    doubled = {(1, n): 1000.0 for n in range(STEPS)}
+    assert causes(job(tmp_path, doubled, idle_us=DESCHEDULED_TWICE)) == [
+        ("compute", 1, ("waits",))]
+
+
+def test_the_same_arrivals_made_of_idle_time_name_nobody(tmp_path):
+    idle = {**{(1, n): 500.0 for n in range(4)}, **DESCHEDULED_TWICE}
+    assert causes(job(tmp_path, {}, idle_us=idle)) == []
+
+
+def test_a_rank_slowed_in_one_step_only_is_not_named(tmp_path):
+    once = {(1, 0): 3000.0}
+    assert causes(job(tmp_path, once, idle_us=DESCHEDULED_TWICE)) == []
+
+
+def test_a_healthy_job_with_two_descheduled_steps_names_nobody(tmp_path):
+    assert causes(job(tmp_path, {}, idle_us=DESCHEDULED_TWICE)) == []
+
+
+def extra_ops(rank: int, name: str, us: float) -> list[dict]:
+    """One more op of ``us`` µs in each step, once its all-reduce is done."""
+    return [kineto_event(name, "cpu_op", rank, MAIN, 1000.0 + n * STEP_US + 2000.0, us)
+            for n in range(STEPS)]
+
+
+def test_ranks_are_peers_though_one_runs_a_few_small_ops_more(tmp_path):
+    # rank 1 concatenates its batch each step (a bigger batch, or rank 0's
+    # logging): 10 µs of its ~1100 µs of compute a step
+    scan = job(tmp_path, {}, extra={1: extra_ops(1, "aten::cat", 10.0)})
+    assert set(stage_peers(scan).values()) == {(0, 1, 2, 3)}
+
+
+def test_ranks_are_not_peers_when_one_runs_much_work_the_others_do_not(tmp_path):
+    # rank 1's extra op is 600 µs a step: a third of its compute, not alike
+    scan = job(tmp_path, {}, extra={1: extra_ops(1, "aten::cat", 600.0)})
+    assert stage_peers(scan)[1] == (1,)
 
 
 @pytest.mark.parametrize("cuts", [1, 2, 7, 40])

@@ -40,7 +40,8 @@ timing and the job's profiler steps gives it (``p2p_infer``; files of one
 host share its clock), else stays unpeered. Ops that are the
 same work on data-parallel peers are matched by name and occurrence (no
 microbatch index is recorded); a group whose members run the same compute
-and send nothing to each other is named as such a peer group (``dp_``).
+(the ops they all run alike carry nearly all of each one's time) and send
+nothing to each other is named as such a peer group (``dp_``).
 """
 from __future__ import annotations
 
@@ -83,6 +84,10 @@ STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
 TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.")
 TORCH_ANNOTATIONS = (STEP_PREFIX, *TORCH_RANGES)
 SAME_WORK = "dp"  # the prefix ``stage_peers`` reads as "these ranks do identical work"
+# ranks do the same work when the ops they all run alike (same name, same
+# count) carry this share of each one's compute time: a rank's few extra ops
+# (rank 0's logging, a bigger batch's concatenation) leave them peers
+SAME_WORK_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -827,18 +832,28 @@ def _p2p_ops(where: list[tuple[int, int]], comms: Mapping[int, list[Comm]],
 
 def _name_peer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
                       ) -> dict[int, list[Comm]]:
-    """A group with no role whose members run the same compute and exchange no
-    point-to-point messages is a group of peers doing identical work."""
-    work = {r: Counter(s.name for s in k.compute) for r, k in ranks.items()}
+    """A group with no role whose members run the same compute (``_alike``)
+    and exchange no point-to-point messages is a group of peers doing
+    identical work."""
     talks = {frozenset((r, c.peer)) for r, cs in comms.items() for c in cs if c.peer is not None}
 
     def same_work(group: tuple[int, ...]) -> bool:
-        members = [m for m in group if m in work]
-        return (len(members) == len(group) and all(work[m] == work[members[0]] for m in members)
+        return (all(m in ranks for m in group) and _alike([ranks[m] for m in group])
                 and not any(frozenset((a, b)) in talks for a in group for b in group if a < b))
 
     return {r: [replace(c, role=SAME_WORK) if c.group and not c.role and same_work(c.group) else c
                 for c in cs] for r, cs in comms.items()}
+
+
+def _alike(members: Sequence[KinetoRank]) -> bool:
+    """The ops every member runs as often as the others carry
+    ``SAME_WORK_SHARE`` of each member's compute time (profiler steps, whole
+    iterations, aside)."""
+    ops = [[s for s in k.compute if not s.name.startswith(STEP_PREFIX)] for k in members]
+    counts = [Counter(s.name for s in mine) for mine in ops]
+    shared = {n for n, c in counts[0].items() if all(other[n] == c for other in counts[1:])}
+    return all(sum(s.dur_us for s in mine if s.name in shared)
+               >= SAME_WORK_SHARE * sum(s.dur_us for s in mine) for mine in ops)
 
 
 def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:

@@ -100,7 +100,9 @@ class WaitThresholds:
     min_iterations: int = 3  # iterations (or instances, without iterations) to judge from
     topped_share: float = 0.75  # iterations in which it imposed the most wait
     # ... or more than half of them, when it also computed this many times
-    # as long as the median of its group's others
+    # as long as the median of its group's others; then imposing more wait
+    # than any other member suffices (a peer the machine descheduled now and
+    # then adds waits of its own, diluting the share without being the cause)
     busy_topped_share: float = 0.5
     busy_ratio: float = 1.3
     # and its main op's 10th-percentile duration this many times its group's others'
@@ -317,20 +319,34 @@ Compute = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> its compute 
 def waited_for(scores: WaitScores, compute: Compute = {},
                th: WaitThresholds = WaitThresholds()) -> list[RankWaits]:
     """Ranks their peers waited for most in most iterations of a group, for
-    most of its waiting, or in more than half of them while it computed far
-    longer than the group's others (``compute``: rank -> op name -> its
-    compute durations); either way slow at its best in its main work (the
+    most of its waiting, or in more than half of them, for more of the
+    waiting than for any other member, while it computed far longer than
+    the group's others (``compute``: rank -> op name -> its compute
+    durations); either way slow at its best in its main work (the
     op it spends most time in, against the same op on the group's others): a
     process the machine only descheduled is late and busy, not slow at its
     fastest."""
+    most = _imposed_most(scores)
     return [w for w in scores.ranks
             if len(w.group) >= th.min_members
             and (w.iterations or w.joined) >= th.min_iterations
-            and w.imposed_share >= th.imposed_share
-            and (w.topped_share >= th.topped_share
-                 or (w.topped_share > th.busy_topped_share
+            and ((w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share)
+                 or (w.topped_share > th.busy_topped_share and (w.group, w.rank) in most
                      and _busy_ratio(w, compute) >= th.busy_ratio))
             and best_ratio(w.rank, w.group, compute, th.best_quantile) >= th.best_ratio]
+
+
+def _imposed_most(scores: WaitScores) -> set[tuple[Group, int]]:
+    """(group, rank) of each group's member that imposed more wait than any other."""
+    by_group: dict[Group, list[RankWaits]] = defaultdict(list)
+    for w in scores.ranks:
+        by_group[w.group].append(w)
+    out = set()
+    for group, members in by_group.items():
+        top = max(members, key=lambda w: w.imposed_s)
+        if top.imposed_s > 0 and all(w.imposed_s < top.imposed_s for w in members if w is not top):
+            out.add((group, top.rank))
+    return out
 
 
 def _busy_ratio(w: RankWaits, compute: Compute) -> float:
