@@ -13,9 +13,10 @@ from typing import Any, Callable, Generator, Protocol, Sequence
 
 from ..scenario.config import Scenario
 from ..costs.per_op import StageCosts, stage_costs
+from ..costs.deepspeed_pipe import train_schedule_order
 from .layout import pipe_shape, topology_of
 from ..parallel.ops import (AllGather, AllReduce, Compute, ISend, Op, Recv, RankProgram, ReduceScatter,
-                  Wait)
+                  Send, Wait)
 from ..parallel.schedules import Order, PipeShape, Task, static_order
 from ..costs.taskplan import Step, TpCollective, Work, backward_plan, bucket_sizes, forward_plan
 from ..parallel.topology import Topology
@@ -148,7 +149,10 @@ def _extras(ctx: PipelineContext, task: Task) -> tuple[float, float]:
     last = ctx.shape.is_last(ctx.pp_rank, task.chunk)
     if task.phase == "F":
         return (c.embedding_forward_s if first else 0.0), (c.logits_forward_s if last else 0.0)
-    return (c.logits_backward_s if last else 0.0), (c.embedding_backward_s if first else 0.0)
+    after = c.embedding_backward_s if first else 0.0
+    if c.deepspeed:  # it folds the microbatch's gradients into the accumulated ones
+        after += c.deepspeed.accumulate_s(task.microbatch)
+    return (c.logits_backward_s if last else 0.0), after
 
 
 TP_OPS = {"all_reduce": (AllReduce, "tp_allreduce"),
@@ -179,9 +183,16 @@ def task_plan(ctx: PipelineContext, task: Task) -> list[Step]:
                          _grad_buckets(ctx, task))
 
 
+def _reduce_scatters_grads(ctx: PipelineContext) -> bool:
+    """A distributed optimizer reduces each shard to its owner, except DeepSpeed's
+    bf16 engine, which all-reduces the whole gradient (deepspeed_pipe.py)."""
+    ds = ctx.costs.deepspeed
+    return ctx.costs.distributed_optimizer and not (ds is not None and ds.all_reduce_grads)
+
+
 def _grad_reduce_op(ctx: PipelineContext, nbytes: int, tensor: Any, name: str,
                     meta: dict[str, Any], async_op: bool = False) -> AllReduce:
-    op = ReduceScatter if ctx.costs.distributed_optimizer else AllReduce
+    op = ReduceScatter if _reduce_scatters_grads(ctx) else AllReduce
     return op(group=ctx.topo.dp_group(ctx.rank), nbytes=nbytes, tensor=tensor, name=name,
               meta=meta, async_op=async_op)
 
@@ -265,12 +276,14 @@ def compute_and_send(ctx: PipelineContext, iteration: int, task: Task, data: Any
     if ctx.capture is not None:
         yield from capture_handoff(ctx, meta, ctx.capture.cost_s(
             iteration, task.microbatch, vs, task.phase, ctx.topo.coord(ctx.rank).tp))
-    if 0 <= dst_vs < shape.num_virtual_stages:
-        handle = yield ISend(dst=ctx.peer_of(dst_vs), tag=(task.phase, task.microbatch, dst_vs),
-                             nbytes=ctx.costs.activation_bytes, tensor=out,
-                             name="send_forward" if forward else "send_backward", meta=meta)
-        return handle
-    return None
+    if not 0 <= dst_vs < shape.num_virtual_stages:
+        return None
+    blocking = ctx.costs.deepspeed is not None  # DeepSpeed's p2p.send returns once it is moved
+    handle = yield (Send if blocking else ISend)(
+        dst=ctx.peer_of(dst_vs), tag=(task.phase, task.microbatch, dst_vs),
+        nbytes=ctx.costs.activation_bytes, tensor=out,
+        name="send_forward" if forward else "send_backward", meta=meta)
+    return None if blocking else handle
 
 
 def embedding_group(ctx: PipelineContext) -> tuple[int, ...] | None:
@@ -284,7 +297,7 @@ def embedding_group(ctx: PipelineContext) -> tuple[int, ...] | None:
 
 def _reduce_grads(ctx: PipelineContext, meta: dict[str, Any], overlapped: bool) -> RankProgram:
     if ctx.topo.dp > 1 and not overlapped:
-        name = "dp_reduce_scatter" if ctx.costs.distributed_optimizer else "dp_allreduce"
+        name = "dp_reduce_scatter" if _reduce_scatters_grads(ctx) else "dp_allreduce"
         yield _grad_reduce_op(ctx, ctx.costs.grad_bytes, ctx.stages.grad_buffer(), name, meta)
     group = embedding_group(ctx)
     if group is not None:
@@ -361,6 +374,8 @@ def pipeline_rank(ctx: PipelineContext) -> RankProgram:
 def static_orders(s: Scenario) -> dict[int, Order]:
     """pp rank -> one iteration's task order for a static schedule."""
     shape = pipe_shape(s)
+    if s.parallel.pipeline_engine == "deepspeed":
+        return {r: train_schedule_order(r, shape) for r in range(shape.pp)}
     return {r: static_order(s.schedule, r, shape, s.parallel.group_size) for r in range(shape.pp)}
 
 

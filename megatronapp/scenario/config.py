@@ -140,7 +140,10 @@ class Parallel(_OmitsUnset):
     # Megatron's tp_comm_overlap: sequence-parallel collectives under the GEMMs
     # (costs/tp_overlap.py); Megatron-LM accepts it with sequence parallelism only.
     tp_comm_overlap: bool = False
-    OMIT_WHEN_UNSET = ("tp_comm_overlap", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    # Whose pipeline engine runs the schedule: Megatron's, or DeepSpeed's PipelineEngine
+    # (Megatron-DeepSpeed; costs/deepspeed_pipe.py prices what it does differently).
+    pipeline_engine: Literal["megatron", "deepspeed"] = "megatron"
+    OMIT_WHEN_UNSET = ("tp_comm_overlap", "pipeline_engine", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                        "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split", "context_parallel_size",
                        "cp_comm_type")
@@ -549,6 +552,7 @@ def _check_megatron_options(s: Scenario) -> None:
         raise ScenarioError("training.overlap_param_gather",
                             "needs training.overlap_grad_reduce (Megatron-LM rejects it too)")
     _check_recompute_method(s)
+    _check_pipeline_engine(s)
     if t.grad_reduce_in_fp32 and t.precision == "fp32":
         raise ScenarioError("training.grad_reduce_in_fp32",
                             "only applies to bf16/fp16 training (precision is fp32)")
@@ -569,6 +573,20 @@ def _check_context_parallel(s: Scenario) -> None:
                             + (f" and then by tp = {p.tp}" if s.sequence_parallel else ""))
     if s.fbd is not None:
         raise ScenarioError("parallel.context_parallel_size", "MegaFBD runs without it")
+
+
+def _check_pipeline_engine(s: Scenario) -> None:
+    """DeepSpeed's PipelineEngine runs one schedule (runtime/pipe/schedule.py's
+    TrainSchedule: 1F1B, one model chunk per stage) and reduces gradients after
+    the pipeline flush (engine.py's ReduceGrads step), never under the backward."""
+    if s.parallel.pipeline_engine != "deepspeed":
+        return
+    if s.schedule != "1f1b" or s.parallel.vpp > 1:
+        raise ScenarioError("parallel.pipeline_engine",
+                            "deepspeed runs schedule 1f1b with vpp 1 only (its TrainSchedule)")
+    if s.training.overlap_grad_reduce:
+        raise ScenarioError("parallel.pipeline_engine", "deepspeed reduces gradients after the "
+                            "pipeline flush (training.overlap_grad_reduce must be false)")
 
 
 def _check_recompute_method(s: Scenario) -> None:
