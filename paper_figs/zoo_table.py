@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from megatronapp.cli import main as cli_main
+from megatronapp.errors import UserError
+from megatronapp.io.outdirs import add_force_option, check_file, new_file
 from megatronapp.scan.methods import DETECTORS
 from tests.zoo.measure import compute_seconds, realized_slowdown, work_range_seconds
 
@@ -283,17 +285,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="keep each run's traces in a folder under this one")
     parser.add_argument("--rescore", type=Path,
                         help="score an --out file's kept traces again (into --out, if given)")
+    add_force_option(parser, "an existing --out file")
     return parser.parse_args(argv)
+
+
+def save_records(path: Path, records: list[dict[str, Any]], force: bool,
+                 inputs: list[Path]) -> None:
+    """``--out`` written whole or not at all; an existing file only with
+    ``--force`` (or the one this run wrote before), never one of the inputs."""
+    with new_file(path, "--out", force=force, inputs=inputs) as tmp:
+        tmp.write_text(json.dumps(records, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    inputs = [p for p in (args.rescore, args.table_from) if p is not None]
+    try:
+        if args.out:  # before any run: a refusal should not wait for the jobs
+            check_file(args.out, "--out", args.force, inputs)
+        return run_or_rescore(args, inputs)
+    except UserError as err:
+        print(f"zoo_table.py: {err}", file=sys.stderr)
+        return 2
+
+
+def run_or_rescore(args: argparse.Namespace, inputs: list[Path]) -> int:
     if args.table_from:
         records = json.loads(args.table_from.read_text())
         print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
         return 0
     if args.rescore:
-        return rescore(args)
+        return rescore(args, inputs)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     cases = [(name, fault) for name in args.kinds for fault in FAULTS
@@ -304,13 +326,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run + 1}/{args.runs}, case {i}/{len(cases)}: {name}, {fault.label}",
                   file=sys.stderr, flush=True)
             records.append(one_run(name, KINDS[name], fault, args.methods, args.keep))
-            if args.out:
-                args.out.write_text(json.dumps(records, indent=1))
+            if args.out:  # after the first run the file there is this run's own
+                save_records(args.out, records, args.force or len(records) > 1, inputs)
     print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
     return 0
 
 
-def rescore(args: argparse.Namespace) -> int:
+def rescore(args: argparse.Namespace, inputs: list[Path]) -> int:
     """The ``--methods``' verdicts again on the kept traces of ``--rescore``'s
     records (the same runs judged by this version's detector; other methods'
     verdicts are kept)."""
@@ -318,7 +340,7 @@ def rescore(args: argparse.Namespace) -> int:
     for record in records:
         score(record, args.methods, Path(record["trace"]))
     if args.out:
-        args.out.write_text(json.dumps(records, indent=1))
+        save_records(args.out, records, args.force, inputs)
     print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
     return 0
 

@@ -164,3 +164,19 @@ def test_a_realized_slowdown_compares_only_the_ranks_doing_the_same_work():
     assert realized_slowdown(seconds, 1, alike=(1, 2)) == seconds[1] / seconds[2]
     assert realized_slowdown(seconds, None, alike=(1, 2)) == seconds[1] / seconds[2]
     assert realized_slowdown(seconds, 1) == seconds[1] / seconds[3]  # the median of 5, 1, 4
+
+
+def test_an_existing_out_file_is_replaced_only_with_force_and_never_an_input(tmp_path, capsys):
+    from paper_figs import zoo_table
+    records, out = tmp_path / "records.json", tmp_path / "zoo.json"
+    records.write_text("[]")
+    out.write_text("a user's table")
+    assert zoo_table.main(["--rescore", str(records), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "Traceback" not in err
+    assert out.read_text() == "a user's table"
+    assert zoo_table.main(["--rescore", str(records), "--out", str(records), "--force"]) == 2
+    assert records.read_text() == "[]"
+    assert zoo_table.main(["--rescore", str(records), "--out", str(out), "--force"]) == 0
+    assert json.loads(out.read_text()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.json", "zoo.json"]
