@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +37,9 @@ from megatronapp.costs.gemm import GemmDevice, GemmShape, rank_layer_shapes, ran
 from megatronapp.costs.flops import ATTENTION_CORE  # noqa: E402
 from megatronapp.costs.kernels import attention_shape  # noqa: E402
 from megatronapp.fidelity.published import PublishedRun, published_runs  # noqa: E402
+from megatronapp.errors import UserError  # noqa: E402
+from megatronapp.io.outdirs import add_force_option, check_file, new_file  # noqa: E402
+from megatronapp.io.text import TextError, load_json_bytes, read_text  # noqa: E402
 from megatronapp.scenario.devices import KERNELS_DIR  # noqa: E402
 
 GRID_M = (512, 1024, 2048, 4096, 8192, 16384)
@@ -261,29 +263,37 @@ def main() -> int:
                                                 "measure: the table to write")
     parser.add_argument("--table", type=Path, default=KERNELS_DIR / "h100-sxm.json",
                         help="compare: the measured table")
+    add_force_option(parser, "an existing --out file")
     args = parser.parse_args()
+    if args.mode == "measure" and args.out is None:
+        parser.error("measure needs --out")
+    try:
+        return run_mode(args)
+    except (UserError, TextError) as err:
+        print(f"kernel_bench.py: {err}", file=sys.stderr)
+        return 2
+
+
+def run_mode(args: argparse.Namespace) -> int:
     if args.mode == "compare":
-        table = json.loads(args.table.read_text())
+        table = load_json_bytes(read_text(args.table, "--table").encode(), f"--table {args.table}")
         print_comparison(table, PEAK_BF16["h100-sxm"], 3.35e12)
         return 0
+    if args.out:  # before any work: a measurement should not end in a refusal
+        check_file(args.out, "--out", args.force)
     shapes = kernel_shapes(published_runs(ROOT))
     if args.mode == "shapes":
         text = json.dumps(shapes, indent=0)
-        if args.out:
-            args.out.write_text(text)
-        else:
-            print(text)
         print(f"{len(shapes['gemms'])} GEMM and {len(shapes['attention'])} attention shapes",
               file=sys.stderr)
-        return 0
-    if args.out is None:
-        parser.error("measure needs --out")
-    table = measure(shapes, args.out)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=0))
-    os.replace(tmp, args.out)
+        if not args.out:
+            print(text)
+    else:
+        text = json.dumps(measure(shapes, args.out), indent=0)
+    if args.out:
+        with new_file(args.out, "--out", force=args.force) as tmp:
+            tmp.write_text(text)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

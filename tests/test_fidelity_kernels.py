@@ -170,3 +170,25 @@ def test_the_gemm_model_fitted_on_kernels_it_timed_itself_gives_its_constants_ba
     fitted, residuals = fit_gemm_model(timed, 989e12, 3.35e12, 132, tiles)
     assert (fitted.efficiency, fitted.half_flops) == pytest.approx((0.68, 5e9), rel=1e-9)
     assert residuals == pytest.approx([0.0] * len(timed), abs=1e-9)
+
+
+def test_kernel_bench_replaces_an_existing_out_only_with_force_and_reads_tables_in_one_line(
+        tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    def bench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(ROOT / "paper_figs" / "kernel_bench.py"), *args],
+                              capture_output=True, text=True, cwd=tmp_path)
+
+    out = tmp_path / "shapes.json"
+    out.write_text("a user's file")
+    refused = bench("shapes", "--out", str(out))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "--out" in refused.stderr
+    assert out.read_text() == "a user's file"
+    assert bench("shapes", "--out", str(out), "--force").returncode == 0
+    assert len(json.loads(out.read_text())["gemms"]) == len(kernel_shapes(published_runs(ROOT))["gemms"])
+    (tmp_path / "bad.json").write_text("not json")
+    bad = bench("compare", "--table", str(tmp_path / "bad.json"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--table" in bad.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "shapes.json"]
