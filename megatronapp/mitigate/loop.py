@@ -197,8 +197,9 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
     while True:
         scan = OnlineScan(config, gpus_per_node=scenario.cluster.gpus_per_node, scenario=scenario)
         watch, spans, stop = Watch(scan, policy), Spans(), None
-        reduced = _stand_ins(source_of(result), scenario.world_size).reduced
-        for i, cols in iterations_of(source_of(result), compact=reduced):
+        source = source_of(result)
+        reduced = _stand_ins(source, scenario.world_size).reduced
+        for i, cols in iterations_of(source, compact=reduced):
             spans.add(cols)  # the iteration's time is all the loop keeps of it
             cols = cols if live is None else on_device(cols)  # as the live scan saw them
             decided = [_shifted(d, done, len(segments)) for d in scan.feed(i, cols)]
