@@ -71,6 +71,8 @@ def test_complete_begin_end_and_instant_events_read_the_same():
      "args.iteration must be a 32-bit integer"),
     ([{"ph": "X", "name": "k", "pid": 0, "ts": 1, "dur": 1, "args": {"group": [0, 2 ** 40]}}],
      "args.group must be a list of 32-bit integer ranks"),
+    ([{"ph": "X", "name": "k", "pid": 0, "ts": 1, "dur": 1, "args": {"bytes": 10 ** 30}}],
+     "args.bytes must be a finite number in [0, 2**63)"),
     ([{"ph": "X", "name": "k", "pid": 0, "ts": 1, "dur": -3}], "negative duration"),
     ({"events": []}, "expected a list of events"),
 ])

@@ -10,7 +10,8 @@ import pytest
 
 from sim import run_sim
 from megatronapp.cli import main
-from megatronapp.trace.columns import TableSource, columns_from_events, whole_ranks
+from megatronapp.trace.columns import (TableSource, columns_from_events, event_args,
+                                       whole_ranks)
 from megatronapp.scenario.config import load_scenario, parse_scenario
 from megatronapp.trace.store import (StoreMeta, local_clock_view, read_columns, read_meta,
                                     write_events)
@@ -57,6 +58,14 @@ def test_parquet_round_trip_keeps_every_event_and_argument(tmp_path: Path) -> No
     skewed = local.rank == 3
     assert np.allclose(local.start_s[skewed], back.start_s[skewed] * (1 + 40e-6) + 250e-6)
     assert (local.start_s[~skewed] == back.start_s[~skewed]).all()
+
+
+def test_an_integer_arg_its_column_cannot_hold_is_kept_as_it_was() -> None:
+    # bytes and tags are 64-bit columns, peers 32-bit: a larger value stays an arg
+    args = {"bytes": 2 ** 70, "tag": 2 ** 64, "peer": 2 ** 40, "iteration": 3}
+    cols = columns_from_events({0: [Event("send", 0.0, 1.0, args)]})
+    assert (cols.nbytes[0], cols.tag[0], cols.peer[0], cols.iteration[0]) == (-1, -1, -1, 3)
+    assert event_args(cols, 0) == {**args, "kind": event_kind("send", args)}
 
 
 def test_batches_recut_never_split_a_rank() -> None:

@@ -134,9 +134,9 @@ def _args(raw: Mapping[str, Any], source: str, index: int) -> Mapping[str, Any]:
                          f"{_short(group)}", index)
     size = args.get("bytes")
     if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float))
-                             or not math.isfinite(size) or size < 0):
-        raise TraceError(source, f"args.bytes must be a finite number >= 0, got {_short(size)}",
-                         index)
+                             or not math.isfinite(size) or not 0 <= size < 2**63):
+        raise TraceError(source, f"args.bytes must be a finite number in [0, 2**63), got "
+                         f"{_short(size)}", index)
     if any(isinstance(v, (dict, list)) for v in args.values()) and structure_size(
             args)[0] > MAX_DEPTH:
         raise TraceError(source, f"args nested more than {MAX_DEPTH} levels deep", index)

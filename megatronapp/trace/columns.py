@@ -85,6 +85,10 @@ DTYPES = {"rank": np.int32, "name": np.int16, "kind": np.int8, "start_s": np.flo
           "role": np.int8, "tag": np.int64}
 
 
+# the integer args' columns, by the arg's name in a trace
+ARG_DTYPES = {**{f: DTYPES[f] for f in INT_FIELDS}, "bytes": DTYPES["nbytes"],
+              "peer": DTYPES["peer"], "tag": DTYPES["tag"]}
+
 INT32 = np.iinfo(np.int32)  # the dtype of ranks, peers, groups and indices above
 
 
@@ -153,8 +157,12 @@ def concat_columns(parts: Sequence[EventColumns]) -> EventColumns:
 
 
 # --------------------------------------------------------- from / to events
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
+def _int(value: Any, key: str) -> int:
+    """``value`` where its column can hold it, else -1 (the value then stays
+    among the event's other args, see ``_other_args``)."""
+    top = int(np.iinfo(ARG_DTYPES.get(key, np.int32)).max)
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value <= top else -1
 
 
 def _other_args(args: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,7 +178,7 @@ def _other_args(args: Mapping[str, Any]) -> dict[str, Any]:
         elif k == "role":
             if v not in ROLES:
                 out[k] = v
-        elif k not in KNOWN_ARGS or _int(v) != v:
+        elif k not in KNOWN_ARGS or _int(v, k) != v:
             out[k] = v
     return out
 
@@ -189,13 +197,13 @@ def columns_from_events(events: Mapping[int, Sequence[Event]]) -> EventColumns:
             rows["name"].append(names.setdefault(e.name, len(names)))
             rows["kind"].append(KINDS.index(event_kind(e.name, a)))
             rows["role"].append(ROLES.index(a["role"]) if a.get("role") in ROLES else -1)
-            rows["tag"].append(_int(a.get("tag")))
+            rows["tag"].append(_int(a.get("tag"), "tag"))
             rows["start_s"].append(e.start_s)
             rows["dur_s"].append(e.dur_s)
             for f in INT_FIELDS:
-                rows[f].append(_int(a.get(f)))
-            rows["nbytes"].append(_int(a.get("bytes")))
-            rows["peer"].append(_int(a.get("peer")))
+                rows[f].append(_int(a.get(f), f))
+            rows["nbytes"].append(_int(a.get("bytes"), "bytes"))
+            rows["peer"].append(_int(a.get("peer"), "peer"))
             rows["group"].append(groups.setdefault(tuple(group), len(groups))
                                  if isinstance(group, (list, tuple)) else -1)
             other = _other_args(a)
