@@ -167,3 +167,80 @@ def test_a_named_peer_is_always_the_true_one(job):
     # a reader pairs a channel's sends and receives in order: both sides name as many
     named = Counter((op.rank, f) for op, f in zip(sends, found_sends) if f is not None)
     assert named == Counter((f, op.rank) for op, f in zip(recvs, found_recvs) if f is not None)
+
+
+def test_receives_from_two_threads_in_another_order_name_no_link_never_used():
+    """Rank 2 receives from rank 0 on its main thread and from rank 1 on
+    another; the two post in one order in step 0 and the other in step 1.
+    Taken in a rank's order, its first receive would be routed alike in
+    both steps, and rank 1's send to 2 would be named a send to 3, a link
+    the job never used; taken per thread, every name is a true one."""
+    # (sender, receiver, sent at, posted at, received at, receiving thread) per step
+    steps = [[(0, 3, 0.0, 0.0, 0.0, 0), (1, 2, 0.0, 1.0, 1.0, 1), (0, 1, 0.001, 0.0, 0.001, 0),
+              (0, 1, 0.002, 0.001, 0.002, 0), (0, 2, 1.003, 0.0, 1.003, 0)],
+             [(0, 3, 0.0, 0.0, 0.0, 0), (1, 2, 0.0, 0.0, 0.0, 1), (0, 1, 0.001, 0.0, 0.001, 0),
+              (0, 1, 0.002, 0.001, 0.002, 0), (0, 2, 0.003, 0.0, 0.003, 0)]]
+    sends, recvs = [], []
+    for step, messages in enumerate(steps):
+        base = 1000.0 * step
+        for src, dst, sent, posted, received, lane in messages:
+            sends.append(P2POp(src, base + sent, base + sent + 1.0, step, 0))
+            recvs.append(P2POp(dst, base + posted, base + received, step, lane))
+    truth = {(src, dst) for src, dst, *_ in steps[0]}
+    found_sends, found_recvs = forced_peers(sends, recvs)
+    named = {(op.rank, f) for op, f in zip(sends, found_sends) if f is not None}
+    named |= {(f, op.rank) for op, f in zip(recvs, found_recvs) if f is not None}
+    assert named and named <= truth
+
+
+@st.composite
+def threaded_jobs(draw: st.DrawFn) -> tuple[list[P2POp], list[P2POp], list[int], list[int]]:
+    """A job routed alike in every step thread by thread: each rank issues
+    its ops from one or two threads, each thread in the same order every
+    step, while the threads' timing (so how their ops interleave) differs
+    from step to step; returns the ops and each op's true peer."""
+    ranks = draw(st.integers(2, 4))
+    message = st.tuples(st.integers(0, ranks - 1), st.integers(0, ranks - 1),
+                        st.integers(0, 1), st.integers(0, 1)).filter(lambda m: m[0] != m[1])
+    messages = draw(st.lists(message, min_size=2, max_size=8))
+    times = st.integers(0, 100).map(float)
+    sends, recvs, send_peers, recv_peers = [], [], [], []
+    for step in range(draw(st.integers(2, 3))):
+        base = 1000.0 * step
+        sent = _in_thread_order([(m[0], m[2]) for m in messages], draw, times)
+        posted = _in_thread_order([(m[1], m[3]) for m in messages], draw, times)
+        for (src, dst, send_lane, recv_lane), at, post in zip(messages, sent, posted):
+            lag = draw(times)
+            sends.append(P2POp(src, base + at, base + at + 1.0, step, send_lane))
+            recvs.append(P2POp(dst, base + post, base + max(post, at) + lag, step, recv_lane))
+            send_peers.append(dst)
+            recv_peers.append(src)
+    return sends, recvs, send_peers, recv_peers
+
+
+def _in_thread_order(threads: list[tuple[int, int]], draw: st.DrawFn,
+                     times: st.SearchStrategy[float]) -> list[float]:
+    """A start time per op, drawn afresh, increasing along each thread's ops
+    in their (fixed) order."""
+    drawn = [draw(times) for _ in threads]
+    out = list(drawn)
+    for thread in set(threads):
+        where = [i for i, t in enumerate(threads) if t == thread]
+        for i, at in zip(where, sorted(drawn[i] + 0.001 * n for n, i in enumerate(where))):
+            out[i] = at
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(threaded_jobs())
+def test_a_named_peer_is_the_true_one_when_threads_interleave_differently(job):
+    """A rank sending one way from its main thread and the other way from a
+    thread of its own (as the torch backend's slow link does) interleaves
+    the two as their timing falls: a link the job never used is still never
+    named (taking order across threads named one)."""
+    sends, recvs, send_peers, recv_peers = job
+    used = {frozenset((op.rank, peer)) for op, peer in zip(sends, send_peers)}
+    found_sends, found_recvs = forced_peers(sends, recvs)
+    named = {frozenset((op.rank, f)) for op, f in (*zip(sends, found_sends),
+                                                   *zip(recvs, found_recvs)) if f is not None}
+    assert named <= used

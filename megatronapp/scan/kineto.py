@@ -826,7 +826,8 @@ def _p2p_ops(where: list[tuple[int, int]], comms: Mapping[int, list[Comm]],
     """The ops at ``where`` ((rank, index) pairs), with their profiler step."""
     starts = {r: [p.start_us for p in k.steps] for r, k in ranks.items()}
     return [P2POp(r, comms[r][i].start_us, comms[r][i].end_us,
-                  _iteration_of(ranks[r].steps, starts[r], comms[r][i].start_us))
+                  _iteration_of(ranks[r].steps, starts[r], comms[r][i].start_us),
+                  comms[r][i].lane)
             for r, i in where]
 
 

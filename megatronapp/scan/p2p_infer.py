@@ -25,9 +25,10 @@ still balanced could be matched wrongly; none of the zoo's does):
 - a message is received in the profiler step (``ProfilerStep#N``) it was
   sent in: where every step's sends and receives balance, each step is
   matched on its own; otherwise the whole trace is one matching;
-- the job routes its messages alike in every step: where a rank makes as
-  many sends (receives) in every step, its n-th send of each step goes to
-  the same peer, so a peer that one step rules out is ruled out for that op
+- the job routes its messages alike in every step: where a rank's thread
+  makes as many sends (receives) in every step, its n-th send of each step
+  goes to the same peer (order is a thread's program order: two threads'
+  ops interleave as their timing falls), so a peer that one step rules out is ruled out for that op
   in every step, until nothing changes. A step that then has no matching
   left, or an op with no peer left, shows the job is not routed alike:
   then each op is matched on its own, in its step.
@@ -56,13 +57,14 @@ MAX_EDGES = 4_000_000  # causal pairs compared at most; a larger trace names no 
 
 @dataclass(frozen=True)
 class P2POp:
-    """One send or receive: its rank, when it began and ended (µs), and its
-    profiler step (None outside any)."""
+    """One send or receive: its rank, when it began and ended (µs), its
+    profiler step (None outside any) and the thread that issued it."""
 
     rank: int
     start_us: float
     end_us: float
     step: int | None = None
+    lane: Hashable = None  # the thread that issued it: program order holds per thread
 
 
 Peers = list[int | None]  # per op, its peer where it is forced
@@ -163,19 +165,24 @@ def _batches(sends: Sequence[P2POp], recvs: Sequence[P2POp]) -> list[tuple[list[
 
 def _keys(side: str, ops: Sequence[P2POp], alike_steps: bool = True) -> list[Key]:
     """Ops routed alike share a key (with ``alike_steps``): the n-th op of a
-    rank in each step, where the rank makes as many in every step; else
-    each op its own."""
-    per_step: dict[int, Counter[int | None]] = defaultdict(Counter)
+    rank's thread in each step, where the thread makes as many in every
+    step; else each op its own. Order is taken per thread: two threads'
+    ops interleave as their timing falls, which differs from step to step
+    (a rank that sends one way from its main thread and the other way from
+    a thread of its own)."""
+    per_step: dict[tuple[int, Hashable], Counter[int | None]] = defaultdict(Counter)
     for op in ops:
-        per_step[op.rank][op.step] += 1
-    alike = {r for r, counts in per_step.items()
+        per_step[(op.rank, op.lane)][op.step] += 1
+    alike = {lane for lane, counts in per_step.items()
              if alike_steps and None not in counts and len(set(counts.values())) == 1}
-    seen: Counter[tuple[int, int | None]] = Counter()
+    seen: Counter[tuple[int, Hashable, int | None]] = Counter()
     keys: dict[int, Key] = {}
     for i in sorted(range(len(ops)), key=lambda i: (ops[i].rank, ops[i].start_us, i)):
         op = ops[i]
-        seen[(op.rank, op.step)] += 1
-        position = (op.step if op.rank not in alike else None, seen[(op.rank, op.step)])
+        seen[(op.rank, op.lane, op.step)] += 1
+        thread = (op.rank, op.lane)
+        position = (op.lane, op.step if thread not in alike else None,
+                    seen[(op.rank, op.lane, op.step)])
         keys[i] = (side, op.rank, position)
     return [keys[i] for i in range(len(ops))]
 
