@@ -18,6 +18,10 @@ prints its residuals by GEMM size and by wave fill.
     python paper_figs/kernel_bench.py shapes [--out FILE]
     python paper_figs/kernel_bench.py measure --out megatronapp/scenario/kernels/h100-sxm.json
     python paper_figs/kernel_bench.py compare [--table FILE]
+    python paper_figs/kernel_bench.py versus --other FILE [--table FILE]
+
+``versus`` (CPU) compares two measured tables kernel by kernel (the other's
+time over the table's, per GEMM, attention core and element-wise op).
 """
 from __future__ import annotations
 
@@ -256,17 +260,46 @@ def print_comparison(table: dict[str, Any], peak: float, hbm: float) -> None:
                   f"{median(smooth[i] for i in chosen) * 100:+.1f}% |")
 
 
+# the fields that name a kernel in a table, and the time compared, per kind
+KERNEL_KEYS = {"gemms": (("m", "n", "k"), "s_bT"),
+               "attention": (("b", "h", "kvh", "sq", "sk", "d", "backend", "causal"),
+                             "fwd_bwd_s"),
+               "elementwise": (("op", "tokens", "hidden"), "s")}
+
+
+def time_ratios(table: dict[str, Any], other: dict[str, Any]) -> dict[str, list[float]]:
+    """Per kind, the other table's time over this one's for each kernel both hold."""
+    out: dict[str, list[float]] = {}
+    for kind, (fields, time_key) in KERNEL_KEYS.items():
+        mine = {tuple(k[f] for f in fields): k[time_key] for k in table.get(kind, [])}
+        out[kind] = sorted(k[time_key] / mine[key] for k in other.get(kind, [])
+                           if (key := tuple(k[f] for f in fields)) in mine)
+    return out
+
+
+def print_versus(table: dict[str, Any], other: dict[str, Any]) -> None:
+    print(f"{other.get('device')} over {table.get('device')}, time per kernel:\n")
+    print("| kernels | both hold | median | 5-95% |\n|---|---:|---:|---:|")
+    for kind, ratios in time_ratios(table, other).items():
+        if ratios:
+            lo, hi = ratios[len(ratios) // 20], ratios[-1 - len(ratios) // 20]
+            print(f"| {kind} | {len(ratios)} | {median(ratios):.3f}x | {lo:.2f}-{hi:.2f}x |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("shapes", "measure", "compare"))
+    parser.add_argument("mode", choices=("shapes", "measure", "compare", "versus"))
     parser.add_argument("--out", type=Path, help="shapes: where to write them (default stdout); "
                                                 "measure: the table to write")
     parser.add_argument("--table", type=Path, default=KERNELS_DIR / "h100-sxm.json",
-                        help="compare: the measured table")
+                        help="compare, versus: the measured table")
+    parser.add_argument("--other", type=Path, help="versus: the table compared with --table")
     add_force_option(parser, "an existing --out file")
     args = parser.parse_args()
     if args.mode == "measure" and args.out is None:
         parser.error("measure needs --out")
+    if args.mode == "versus" and args.other is None:
+        parser.error("versus needs --other")
     try:
         return run_mode(args)
     except (UserError, TextError) as err:
@@ -274,10 +307,19 @@ def main() -> int:
         return 2
 
 
+def read_table(path: Path, option: str) -> dict[str, Any]:
+    table = load_json_bytes(read_text(path, option).encode(), f"{option} {path}")
+    if not isinstance(table, dict):
+        raise UserError(f"{option} {path}: not a kernel table (expected an object)")
+    return table
+
+
 def run_mode(args: argparse.Namespace) -> int:
     if args.mode == "compare":
-        table = load_json_bytes(read_text(args.table, "--table").encode(), f"--table {args.table}")
-        print_comparison(table, PEAK_BF16["h100-sxm"], 3.35e12)
+        print_comparison(read_table(args.table, "--table"), PEAK_BF16["h100-sxm"], 3.35e12)
+        return 0
+    if args.mode == "versus":
+        print_versus(read_table(args.table, "--table"), read_table(args.other, "--other"))
         return 0
     if args.out:  # before any work: a measurement should not end in a refusal
         check_file(args.out, "--out", args.force)

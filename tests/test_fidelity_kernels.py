@@ -21,7 +21,7 @@ from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.published import published_runs
 from megatronapp.scenario.config import Scenario, ScenarioError, parse_scenario
 from megatronapp.scenario.devices import DEVICES, KERNELS_DIR
-from paper_figs.kernel_bench import MODEL_TILES, fit_gemm_model, kernel_shapes
+from paper_figs.kernel_bench import MODEL_TILES, fit_gemm_model, kernel_shapes, time_ratios
 
 from .support import ROOT, run_cli
 
@@ -131,10 +131,26 @@ def test_the_kernel_time_factor_scales_every_measured_kernel() -> None:
         1.5 * scores_rebuild_s(s, Efficiency.of(s)), rel=1e-12)
 
 
-def test_hopper_devices_read_the_h100_table_and_the_a100_has_none() -> None:
-    assert DEVICES["h100-sxm"].gpu["kernels"] == DEVICES["h200"].gpu["kernels"] == "h100-sxm"
+def test_each_hopper_device_reads_its_own_table_and_the_a100_has_none() -> None:
+    assert (DEVICES["h100-sxm"].gpu["kernels"], DEVICES["h200"].gpu["kernels"]) == (
+        "h100-sxm", "h200-sxm")
     assert "kernels" not in DEVICES["a100-80gb"].gpu
     assert load_kernel_table("h100-sxm") is load_kernel_table("h100-sxm")
+    # no published H200 row to fit on: it takes the H100's fit (the same SMs)
+    assert DEVICES["h200"].fitted == DEVICES["h100-sxm"].fitted != {}
+
+
+def test_the_h200_moves_element_wise_work_at_its_own_measured_bandwidth() -> None:
+    """The same row on an H200: element-wise work at the H200's measured
+    bandwidth (its HBM3e), faster than on the H100 by what was measured."""
+    h100 = readme_row("32B")
+    h200 = with_settings(h100, {"cluster.gpu.kernels": DEVICES["h200"].gpu["kernels"]})
+    measured = {name: harmonic_mean([e["gbps_nominal"] for e in json.loads(
+        (KERNELS_DIR / f"{name}.json").read_text())["elementwise"]])
+        for name in ("h100-sxm", "h200-sxm")}
+    ratio = Efficiency.of(h100).memory_s(1e9) / Efficiency.of(h200).memory_s(1e9)
+    assert ratio == pytest.approx(measured["h200-sxm"] / measured["h100-sxm"], rel=1e-9)
+    assert ratio > 1.1
 
 
 SMALL: dict[str, Any] = {
@@ -191,4 +207,20 @@ def test_kernel_bench_replaces_an_existing_out_only_with_force_and_reads_tables_
     (tmp_path / "bad.json").write_text("not json")
     bad = bench("compare", "--table", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--table" in bad.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "shapes.json"]
+    (tmp_path / "list.json").write_text("[]")
+    bad = bench("versus", "--other", str(tmp_path / "list.json"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--other" in bad.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "list.json", "shapes.json"]
+
+
+def test_versus_compares_the_kernels_both_tables_hold_time_for_time() -> None:
+    """The other table's time over this one's, matched kernel by kernel:
+    twice as slow GEMMs, the same attention, one element-wise op faster
+    and one only in the other table (left out)."""
+    other = {"gemms": [{**g, "s_bT": 2 * g["s_bT"]} for g in MEASURED["gemms"][:7]],
+             "attention": MEASURED["attention"][:3],
+             "elementwise": [{**MEASURED["elementwise"][0], "s": MEASURED["elementwise"][0]["s"] / 4},
+                             {**MEASURED["elementwise"][0], "op": "softmax"}]}
+    ratios = time_ratios(MEASURED, other)
+    assert ratios == {"gemms": [pytest.approx(2.0)] * 7, "attention": [pytest.approx(1.0)] * 3,
+                      "elementwise": [pytest.approx(0.25)]}

@@ -233,7 +233,7 @@ class Gpu(_Strict):
     flash_attention_efficiency: float | None = Field(None, gt=0, le=1)
     # Kernel times measured on the device (megatronapp/costs/kernels.py): GEMMs, fused and
     # flash attention and element-wise work at their measured rates; None: the model above.
-    kernels: Literal["h100-sxm"] | None = None
+    kernels: Literal["h100-sxm", "h200-sxm"] | None = None
     kernel_time_factor: Factor = 1.0  # a training step's kernel time over the measured
 
 
