@@ -85,9 +85,10 @@ DTYPES = {"rank": np.int32, "name": np.int16, "kind": np.int8, "start_s": np.flo
           "role": np.int8, "tag": np.int64}
 
 
-# the integer args' columns, by the arg's name in a trace
-ARG_DTYPES = {**{f: DTYPES[f] for f in INT_FIELDS}, "bytes": DTYPES["nbytes"],
-              "peer": DTYPES["peer"], "tag": DTYPES["tag"]}
+# the largest value each integer arg's column holds, by the arg's name in a trace
+ARG_MAX = {**{f: int(np.iinfo(np.int32).max) for f in INT_FIELDS},
+           "peer": int(np.iinfo(np.int32).max), "bytes": int(np.iinfo(np.int64).max),
+           "tag": int(np.iinfo(np.int64).max)}  # as DTYPES stores them
 
 INT32 = np.iinfo(np.int32)  # the dtype of ranks, peers, groups and indices above
 
@@ -160,9 +161,8 @@ def concat_columns(parts: Sequence[EventColumns]) -> EventColumns:
 def _int(value: Any, key: str) -> int:
     """``value`` where its column can hold it, else -1 (the value then stays
     among the event's other args, see ``_other_args``)."""
-    top = int(np.iinfo(ARG_DTYPES.get(key, np.int32)).max)
     return value if isinstance(value, int) and not isinstance(value, bool) \
-        and 0 <= value <= top else -1
+        and 0 <= value <= ARG_MAX[key] else -1
 
 
 def _other_args(args: Mapping[str, Any]) -> dict[str, Any]:
