@@ -135,6 +135,24 @@ def test_a_rank_slowed_in_one_step_only_is_not_named(tmp_path):
     assert causes(job(tmp_path, once, idle_us=DESCHEDULED_TWICE)) == []
 
 
+# rank 0 stalls 2000 µs after its work in steps 0-3 (FSDP2's rank 0 does,
+# after each step's last reduce-scatter): last there, and most of the waiting
+STALLS_IN_FOUR = {(0, n): 2000.0 for n in range(4)}
+
+
+def test_a_rank_three_times_slower_at_its_best_is_named_though_another_stalls_more(tmp_path):
+    # rank 1's matmul is 3.5x in every step: last only in steps 4 and 5
+    slow = {(1, n): 1750.0 for n in range(STEPS)}
+    assert causes(job(tmp_path, slow, idle_us=STALLS_IN_FOUR)) == [("compute", 1, ("waits",))]
+
+
+def test_a_rank_slow_in_two_steps_while_another_stalls_is_not_named(tmp_path):
+    # the same arrivals, but rank 1 runs its peers' matmul in four steps:
+    # at its best it is as fast as they are
+    twice = {(1, n): 1750.0 for n in (4, 5)}
+    assert causes(job(tmp_path, twice, idle_us=STALLS_IN_FOUR)) == []
+
+
 def test_a_healthy_job_with_two_descheduled_steps_names_nobody(tmp_path):
     assert causes(job(tmp_path, {}, idle_us=DESCHEDULED_TWICE)) == []
 

@@ -105,6 +105,13 @@ class WaitThresholds:
     # then adds waits of its own, diluting the share without being the cause)
     busy_topped_share: float = 0.5
     busy_ratio: float = 1.3
+    # ... or a third of them, when it also runs its main op this many times
+    # as long as its group's others even at its fastest (``best_ratio``): a
+    # device that slow at its best is the cause whoever else the machine
+    # held up now and then (FSDP2's rank 0 stalls after each step's last
+    # reduce-scatter and comes last to most collectives)
+    slow_best_topped_share: float = 1 / 3
+    slow_best_ratio: float = 3.0
     # and its main op's 10th-percentile duration this many times its group's others'
     best_quantile: float = 10.0
     best_ratio: float = 1.2
@@ -322,18 +329,28 @@ def waited_for(scores: WaitScores, compute: Compute = {},
     most of its waiting, or in more than half of them, for more of the
     waiting than for any other member, while it computed far longer than
     the group's others (``compute``: rank -> op name -> its compute
-    durations); either way slow at its best in its main work (the
-    op it spends most time in, against the same op on the group's others): a
-    process the machine only descheduled is late and busy, not slow at its
-    fastest."""
+    durations), or in a third of them while it computed far longer and
+    was far slower at its best; either way slow at its best in its main
+    work (the op it spends most time in, against the same op on the group's
+    others): a process the machine only descheduled is late and busy, not
+    slow at its fastest."""
     most = _imposed_most(scores)
-    return [w for w in scores.ranks
-            if len(w.group) >= th.min_members
-            and (w.iterations or w.joined) >= th.min_iterations
-            and ((w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share)
-                 or (w.topped_share > th.busy_topped_share and (w.group, w.rank) in most
-                     and _busy_ratio(w, compute) >= th.busy_ratio))
-            and best_ratio(w.rank, w.group, compute, th.best_quantile) >= th.best_ratio]
+
+    def held_up(w: RankWaits, best: float) -> bool:
+        busy = _busy_ratio(w, compute) >= th.busy_ratio
+        return ((w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share)
+                or (busy and w.topped_share > th.busy_topped_share and (w.group, w.rank) in most)
+                or (busy and w.topped_share >= th.slow_best_topped_share
+                    and best >= th.slow_best_ratio))
+
+    out = []
+    for w in scores.ranks:
+        if len(w.group) < th.min_members or (w.iterations or w.joined) < th.min_iterations:
+            continue
+        best = best_ratio(w.rank, w.group, compute, th.best_quantile)
+        if best >= th.best_ratio and held_up(w, best):
+            out.append(w)
+    return out
 
 
 def _imposed_most(scores: WaitScores) -> set[tuple[Group, int]]:
