@@ -44,6 +44,7 @@ import argparse
 import math
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,8 @@ from megatronapp.mitigate.loop import close_loop  # noqa: E402
 from megatronapp.mitigate.plan import global_batch  # noqa: E402
 from megatronapp.run.write import write_run  # noqa: E402
 from megatronapp.scan.live import on_device, scan_for  # noqa: E402
-from megatronapp.scan.online import SIMULATED, OnlineConfig, OnlineScan, iterations_of  # noqa: E402
+from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,  # noqa: E402
+                                     iterations_of)
 from megatronapp.scan.table import COMPUTE_KIND  # noqa: E402
 from megatronapp.scan.trials import REAL_P2P_S  # noqa: E402
 from megatronapp.scan.work import scenario_of_run  # noqa: E402
@@ -223,6 +225,23 @@ def false_alarm_row(gpus: int, verdicts: int, iterations: int) -> str:
             f"{per * poisson_upper(verdicts, iterations):.2f}) | | | |")
 
 
+def progress(gpus: int, every: int = 10) -> Callable[[list[Detection]], None]:
+    """The loop's report: a line on stderr every ``every`` scanned iterations
+    (with the CPU seconds so far) and at each detection, so a long loop shows
+    how far it got."""
+    scanned = 0
+
+    def report(decided: list[Detection]) -> None:
+        nonlocal scanned
+        scanned += 1
+        for d in decided:
+            print(f"{gpus} loop: {d.line()}", file=sys.stderr, flush=True)
+        if scanned % every == 0:
+            print(f"{gpus} loop: {scanned} iterations scanned, {time.process_time():.0f} CPU s",
+                  file=sys.stderr, flush=True)
+    return report
+
+
 def goodput(job: Job, kind: str, factor: float, period_s: float
             ) -> tuple[float, float, float | None]:
     """tokens/s with the loop off and on (seed 0), simulated end to end, and
@@ -231,7 +250,7 @@ def goodput(job: Job, kind: str, factor: float, period_s: float
     s = scenario(job, 0, GOODPUT_ITERATIONS, fixed(job).fault(kind, factor, start_s),
                  f"mitigation={{action: exclude, spares: 1, checkpoint_every: 10, "
                  f"restart_s: {20 * period_s}}}")
-    loop = close_loop(s, simulate(s), simulate, lambda _: None).to_json()
+    loop = close_loop(s, simulate(s), simulate, progress(s.world_size)).to_json()
     print(f"{s.world_size} {kind} {factor:g}x loop: " + "; ".join(
         f"iterations {g['first_iteration']}-{g['first_iteration'] + g['iterations'] - 1} "
         f"in {g['seconds']:.2f} s on dp {g['dp']}" for g in loop["segments"]),

@@ -5,6 +5,7 @@ leaves the job running."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from hypothesis import given, strategies as st
 
 from megatronapp.mitigate.loop import LoopRun, Spans, close_loop
 from megatronapp.mitigate.plan import global_batch, replan, shrunk_parallel
+from megatronapp.program.ranks import static_compute_ops
+from megatronapp.scan.work import ModelledWork, modelled_work
 from megatronapp.scenario.config import Parallel, ScenarioError, load_scenario, parse_scenario
 from megatronapp.trace.columns import RankEventsView, TableSource, concat_same, source_of
 from megatronapp.trace.events import RunResult
@@ -165,3 +168,39 @@ def test_a_reduced_run_is_looped_on_its_stored_rows_with_the_answer_of_every_ran
     stopped = source_of(reduced.segments[0].result)
     assert len(stopped.compact()[0]) < stopped.events  # stored rows only, every rank's counted
     assert stopped.events == source_of(whole.segments[0].result).events
+
+
+CUT_128 = ["parallel.dp=2", "parallel.microbatches=8", "model.layers=48", "iterations=6",
+           "faults=[{kind: throttle, rank: 90, factor: 1.5, start_s: 1}]",
+           "mitigation={action: exclude, spares: 1, checkpoint_every: 2, restart_s: 5}"]
+
+
+def test_the_loop_decides_the_same_when_each_window_works_out_the_modelled_work_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The modelled work is worked out once per segment; working it out again
+    for every window (as before) gives the same segments, times, goodput and
+    verdicts."""
+    s = load_scenario(ROOT / "scenarios/megascale_12288.yaml", CUT_128)
+    reused = close_loop(s, simulate(s), simulate, lambda _: None)
+    monkeypatch.setattr(ModelledWork, "__call__",
+                        lambda self, ranks: modelled_work(self.scenario, ranks))
+    again = close_loop(s, simulate(s), simulate, lambda _: None)
+    assert len(reused.segments) == 2 and outcome(reused) == outcome(again)
+
+
+def test_a_segment_works_out_each_ranks_modelled_work_once(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Rebuilding the ranks' programs for every window made the loop's cost
+    per window grow with the job: a segment builds each rank's once (here the
+    segment after the restart, whose 6 windows each compare lonely ranks)."""
+    asked: list[int] = []
+
+    def counted(scenario: Any, ranks: Any) -> Any:
+        asked.extend(ranks)
+        return static_compute_ops(scenario, ranks)
+    monkeypatch.setattr("megatronapp.scan.work.static_compute_ops", counted)
+    s = load_scenario(ROOT / "scenarios/megascale_12288.yaml",
+                      [*CUT_128[:3], "iterations=10", *CUT_128[4:]])
+    loop = close_loop(s, simulate(s), simulate, lambda _: None)
+    assert [segment.iterations for segment in loop.segments] == [4, 6]
+    assert asked and max(Counter(asked).values()) <= len(loop.segments)

@@ -4,6 +4,7 @@ healthy rank that a loaded machine descheduled for a few iterations is built
 from a simulated run: its ops last longer, and say by how much they waited."""
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,8 @@ from megatronapp.trace.events import Event, RunResult
 from megatronapp.trace.kinds import event_kind
 from megatronapp.trace.summary import run_iteration_times
 from sim import simulate
+
+from .support import run_cli
 
 DESCHEDULED = 0  # the throttled rank's dp peer: their ops are compared
 LOAD_FACTOR = 2.5  # its ops last this much longer while others hold the cores
@@ -78,6 +81,19 @@ def test_a_throttle_beside_a_descheduled_peer_is_named_in_time_and_the_peer_neve
     scored = table.score_torch_run(kept(tmp_path, s, descheduled(s, bursts(s))), "throttle", 4)
     assert scored.latency is not None and scored.latency <= 5
     assert scored.wrong == 0 and scored.correct_at_end
+
+
+def test_watch_of_a_torch_run_directory_names_the_throttle_not_the_descheduled_peer(
+        tmp_path: Path) -> None:
+    """``megatronapp watch`` reads each op's ``queued_s`` from the run directory
+    and judges its time on the device, as ``run --detect`` does: on wall
+    times the descheduled healthy rank is named."""
+    s = job("throttle")
+    done = run_cli("watch", str(kept(tmp_path, s, descheduled(s, bursts(s)))), "--json")
+    assert done.returncode == 0, done.stderr
+    named = {json.loads(line)["rank"] for line in done.stdout.splitlines()
+             if json.loads(line)["event"] == "named"}
+    assert named == {table.TORCH_THROTTLED}
 
 
 def feed_live(s: Scenario, result: RunResult, drop_queue: bool) -> list[tuple[str, int]]:

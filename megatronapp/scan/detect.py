@@ -53,7 +53,7 @@ from .sketch import DEFAULT_CAPACITY, Reservoirs
 from .twins import Twins
 from .table import COLLECTIVE, COMPUTE_KIND, P2P
 from .waits import COLLECTIVE_KIND, P2P_KIND, RECEIVE, WaitAccumulator, with_waits
-from .work import Work
+from .work import ModelledWork, Work
 
 STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
 LATE_WORDS = STAGE_PEER_WORDS
@@ -353,8 +353,12 @@ class Detector:
     bounded samples per rank, op name, pair and channel (``capacity`` values each)."""
 
     def __init__(self, gpus_per_node: int = DEFAULT_GPUS_PER_NODE, scenario: Scenario | None = None,
-                 th: Thresholds = Thresholds(), capacity: int = DEFAULT_CAPACITY):
+                 th: Thresholds = Thresholds(), capacity: int = DEFAULT_CAPACITY,
+                 work: ModelledWork | None = None):
+        """``work``: the scenario's modelled work, shared by detectors of one
+        job (an on-line scan's windows) so that it is worked out once."""
         self.gpus_per_node, self.scenario, self.th = gpus_per_node, scenario, th
+        self._modelled = work if work is not None else ModelledWork(scenario)
         self._ranks: set[int] = set()
         self._edges: set[tuple[int, int]] = set()  # stage-peer ties
         self._ratios: Reservoirs[int] = Reservoirs(capacity)  # log ratios to stage peers
@@ -431,7 +435,7 @@ class Detector:
     def _work_of(self, peers: Mapping[int, tuple[int, ...]]) -> Work:
         lonely = tuple(sorted(r for r, p in peers.items() if len(p) == 1))
         if lonely not in self._work:
-            self._work[lonely] = lonely_work(self.scenario, peers)
+            self._work[lonely] = lonely_work(self._modelled, peers)
         return self._work[lonely]
 
     def verdict(self) -> Diagnosis:
@@ -470,7 +474,7 @@ class Detector:
         def channel(key: Channel) -> list[Channel]:
             return [(p, key[1]) for p in paired(key[0])]
 
-        out = Detector(self.gpus_per_node, self.scenario, self.th)
+        out = Detector(self.gpus_per_node, self.scenario, self.th, work=self._modelled)
         out._ranks = {t for r in self._ranks for t in twins.twins_of(r)}
         out._peers = {}
         for cls in {id(c): c for c in self._stage_peers(sorted(self._ranks)).values()}.values():
@@ -534,9 +538,11 @@ def wait_members(scan: ScanInput, first_op: int = 0) -> tuple[EventColumns, np.n
     return members, sync.member_op.astype(np.int64) + first_op
 
 
-def megascan(scan: ScanInput, th: Thresholds = Thresholds()) -> Diagnosis:
-    """MegaScan on one trace: a detector fed it as one batch."""
-    detector = Detector(scan.gpus_per_node, scan.scenario, th)
+def megascan(scan: ScanInput, th: Thresholds = Thresholds(),
+             work: ModelledWork | None = None) -> Diagnosis:
+    """MegaScan on one trace: a detector fed it as one batch (``work``: the
+    modelled work of ``scan.scenario``, when already at hand)."""
+    detector = Detector(scan.gpus_per_node, scan.scenario, th, work=work)
     detector.feed(scan)
     return detector.verdict()
 

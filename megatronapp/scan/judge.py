@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 import numpy as np
 
 from .diagnosis import RootCause
-from .work import modelled_work
+from .work import ModelledWork
 
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median = 1.2533·σ/√n for normal data
@@ -147,11 +147,12 @@ def row_medians(rows: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return medians[which], spreads[which]
 
 
-def lonely_work(scenario: Any, peers: Mapping[int, tuple[int, ...]]) -> dict[int, dict[str, float]]:
+def lonely_work(work: ModelledWork, peers: Mapping[int, tuple[int, ...]]
+                ) -> dict[int, dict[str, float]]:
     """The modelled work of ranks without stage peers (compared across
     pipeline stages, which do unequal work), when there are two or more."""
     lonely = [r for r, p in peers.items() if len(p) == 1]
-    return modelled_work(scenario, lonely) if len(lonely) >= 2 else {}
+    return work(lonely) if len(lonely) >= 2 else {}
 
 
 Samples = Union[Sequence[float], np.ndarray]  # per-event lists, or columns

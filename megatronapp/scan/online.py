@@ -24,6 +24,7 @@ from .diagnosis import RootCause
 from .inputs import DEFAULT_GPUS_PER_NODE, ScanInput, prepare_columns
 from .judge import link_class
 from .online_config import SIMULATED, OnlineConfig
+from .work import ModelledWork
 
 __all__ = ["SIMULATED", "Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
 
@@ -89,6 +90,7 @@ class OnlineScan:
         self.gpus_per_node = gpus_per_node
         self.scenario = scenario
         self.thresholds = thresholds
+        self._work = ModelledWork(scenario)  # the scenario's, for every window
         self._window: deque[tuple[int, EventColumns]] = deque(maxlen=config.window)
         self._suspects: dict[SuspectKey, _Suspect] = {}
         self.found: dict[SuspectKey, int] = {}  # windows that named each rank or link
@@ -122,9 +124,10 @@ class OnlineScan:
             return {}
         scan = prepare_columns(cols, aligned=self.config.aligned,
                                gpus_per_node=self.gpus_per_node)
+        work = None
         if self.scenario is not None:
-            scan = replace(scan, scenario=self.scenario)
-        diagnosis = megascan(scan, self.thresholds)
+            scan, work = replace(scan, scenario=self.scenario), self._work
+        diagnosis = megascan(scan, self.thresholds, work)
         return {_key(c): c for c in without_crowded_links(scan, diagnosis.root_causes,
                                                           self.thresholds)
                 if c.confidence >= self.config.min_confidence}

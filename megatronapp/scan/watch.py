@@ -22,6 +22,7 @@ from megatronapp.trace.store import TRACE_FILE, StoreError, read_columns
 
 from .inputs import DEFAULT_GPUS_PER_NODE
 from .kineto import is_kineto, kineto_files, load_kineto, read_json_any
+from .live import on_device
 from .load import TraceError
 from .online import OnlineConfig, OnlineScan, iterations_of
 
@@ -95,13 +96,15 @@ def cycle_iterations(paths: list[Path]) -> tuple[Iterations, bool]:
 
 
 def run_iterations(run_dir: Path) -> tuple[Iterations, int]:
-    """A finished run directory's iterations (true times) and its node size."""
+    """A finished run directory's iterations (true times, each compute op's
+    time on its device: ``on_device``, as ``run --detect`` judged them) and
+    its node size."""
     try:
-        cols, meta = read_columns(run_dir / TRACE_FILE, with_args=False)
+        cols, meta = read_columns(run_dir / TRACE_FILE, with_args=True)  # the ops' queued_s
     except StoreError as err:
         raise UserError(f"DIR: {err}") from None
     gpus = int(meta.extra.get("topology", {}).get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
-    return list(iterations_of(TableSource(cols))), gpus
+    return list(iterations_of(TableSource(on_device(cols)))), gpus
 
 
 @dataclass

@@ -10,6 +10,7 @@ on the speed they ran at, not on the work they were given.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -36,6 +37,25 @@ def modelled_work(s: Scenario | None, ranks: Iterable[int]) -> dict[int, dict[st
         return {r: _mean_costs(ops[r]) for r in wanted if r in ops}
     except (NotStatic, UserError, ScenarioError):
         return {}
+
+
+@dataclass
+class ModelledWork:
+    """``modelled_work`` of one scenario, each rank's worked out once: a rank's
+    work depends only on the scenario, and an on-line scan asks for the same
+    ranks at every window (rebuilding their programs each time)."""
+
+    scenario: Scenario | None
+    _of: dict[int, dict[str, float]] = field(default_factory=dict)
+    _asked: set[int] = field(default_factory=set)
+
+    def __call__(self, ranks: Iterable[int]) -> dict[int, dict[str, float]]:
+        wanted = sorted(set(ranks))
+        new = [r for r in wanted if r not in self._asked]
+        if new:
+            self._of.update(modelled_work(self.scenario, new))
+            self._asked.update(new)
+        return {r: self._of[r] for r in wanted if r in self._of}
 
 
 def _mean_costs(ops: Iterable[Compute]) -> dict[str, float]:
