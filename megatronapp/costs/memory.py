@@ -166,7 +166,7 @@ def stage_params(s: Scenario, pp_rank: int) -> int:
     split, replicated = layer_params(s)
     layers = sum(rank_chunk_layers(p, m.layers, pp_rank))
     params = layers * (split // p.tp + replicated)
-    embedding = m.vocab * m.hidden // p.tp
+    embedding = s.padded_vocab * m.hidden // p.tp
     first, last = pp_rank == 0, pp_rank == p.pp - 1
     if first:
         params += embedding + m.position_embedding_params  # word and position embeddings

@@ -214,7 +214,7 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
-    logits_bytes = m.micro_batch_size * local_seq_len(s) * m.vocab // s.parallel.tp * 4
+    logits_bytes = m.micro_batch_size * local_seq_len(s) * s.padded_vocab // s.parallel.tp * 4
     return (eff.shape_s(rank_logits_shape(s)) + eff.memory_s(logits_bytes)
             + eff.module_overhead_s)
 
@@ -305,7 +305,7 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
         distributed_optimizer=t.distributed_optimizer,
         param_bytes=int(params * per_param.weights),
         bucket_bytes=int(bucket_params(s) * per_param.grads),
-        embedding_grad_bytes=int(m.vocab * m.hidden // p.tp * per_param.grads) if tied else 0,
+        embedding_grad_bytes=int(s.padded_vocab * m.hidden // p.tp * per_param.grads) if tied else 0,
         overlap_grad_reduce=t.overlap_grad_reduce,
         overlap_param_gather=t.overlap_param_gather,
         p2p_all_gather=scatter_gather,

@@ -188,7 +188,11 @@ class Model(_OmitsUnset):
     # megatron-core's position_embedding_type: only learned_absolute has weights
     # (seq_len·hidden on the first stage); rope and none have none. Unset: learned_absolute.
     position_embedding_type: Literal["learned_absolute", "rope", "none"] | None = None
-    OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type")
+    # Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of
+    # this × tp (Scenario.padded_vocab); 1 to a multiple of tp alone.
+    make_vocab_size_divisible_by: PositiveInt = 128
+    OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type",
+                       "make_vocab_size_divisible_by")
 
     @property
     def stores_scores(self) -> bool:
@@ -433,6 +437,15 @@ class Scenario(_Strict):
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary as Megatron builds its embedding and output layer:
+        padded to a multiple of make_vocab_size_divisible_by × tp
+        (megatron/training/tokenizer/tokenizer.py ``_vocab_size_with_padding``;
+        Megatron-DeepSpeed's the same), so that each tp rank's share is aligned."""
+        multiple = self.model.make_vocab_size_divisible_by * self.parallel.tp
+        return -(-self.model.vocab // multiple) * multiple
 
     @property
     def sequence_parallel(self) -> bool:
