@@ -150,8 +150,9 @@ def _extras(ctx: PipelineContext, task: Task) -> tuple[float, float]:
     if task.phase == "F":
         return (c.embedding_forward_s if first else 0.0), (c.logits_forward_s if last else 0.0)
     after = c.embedding_backward_s if first else 0.0
-    if c.deepspeed:  # it folds the microbatch's gradients into the accumulated ones
-        after += c.deepspeed.accumulate_s(task.microbatch)
+    folded = ctx.costs_of(task.chunk).accumulation  # over the chunk's own parameters
+    if folded:  # the microbatch's gradients folded into the accumulated ones
+        after += folded.after_backward_s(task.microbatch)
     return (c.logits_backward_s if last else 0.0), after
 
 

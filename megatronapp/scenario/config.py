@@ -388,12 +388,15 @@ class Training(_OmitsUnset):
     # layers and recomputes them all. Unset: every layer checkpointed on its own.
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: PositiveInt | None = None
-    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers")
+    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers", "gradient_accumulation_fusion")
     distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
     overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
     overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # parameters and activations
     grad_reduce_in_fp32: bool = False  # fp32 main gradients (Megatron-LM's bf16 default)
+    # Megatron-LM's --no-gradient-accumulation-fusion (before 2022 there was no fusion):
+    # false, a pass after each backward folds the gradients in (costs/grad_accumulation.py)
+    gradient_accumulation_fusion: bool = True
     bucket_params: PositiveInt | None = None  # default Megatron's max(40 M, 1 M·dp)
 
     @field_validator("recompute", mode="before")
