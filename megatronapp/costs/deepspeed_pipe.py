@@ -17,12 +17,18 @@ Read from microsoft/DeepSpeed, ``deepspeed/runtime/pipe/``:
   pass (``grad_accumulation.py``: bf16's ``BF16_Optimizer.update_hp_grads``
   after every backward, DeepSpeed #1801; fp16's AccumulateGrad).
 - **Gradient reduction** after the flush (``ReduceTiedGrads``, ``ReduceGrads``,
-  ``OptimizerStep`` on the last step), not overlapped. bf16 runs ZeRO stage 0
-  with ``BF16_Optimizer`` sharding the fp32 state itself, and
-  ``_bf16_reduce_grads`` all-reduces the whole gradient
-  (``buffered_allreduce_fallback``) before the sharded step all-gathers the
-  weights: twice a reduce-scatter's traffic. fp16 with ZeRO stage 1 reduces
-  each shard to its owner (``reduce_gradients``), as a reduce-scatter.
+  ``OptimizerStep`` on the last step), not overlapped, and always an
+  all-reduce of the whole gradient, twice a reduce-scatter's traffic. bf16
+  runs ZeRO stage 0 with ``BF16_Optimizer`` sharding the fp32 state itself:
+  ``_bf16_reduce_grads`` all-reduces (``buffered_allreduce_fallback``). fp16
+  with ZeRO stage 1 (DeepSpeed 0.4 and 0.5; ``FP16_DeepSpeedZeroOptimizer``,
+  stage 1 since #1042, May 2021) has ``contiguous_gradients`` forced off for
+  stage 1 (#1246, July 2021), so ``reduce_gradients`` → ``reduce_ipg_grads``
+  takes ``buffered_reduce_fallback`` → ``allreduce_bucket``: ``dist.all_reduce``
+  of each flattened bucket, not the per-owner ``dist.reduce`` of
+  ``average_tensor``. Each rank then steps its own partition and
+  ``all_gather_partitions`` gathers the fp16 weights, as a distributed
+  optimizer does.
 """
 from __future__ import annotations
 
@@ -40,10 +46,11 @@ class DeepSpeedCosts:
 
 
 def deepspeed_costs(s: Scenario) -> DeepSpeedCosts | None:
-    """DeepSpeed's engine's costs; None under Megatron's."""
+    """DeepSpeed's engine's costs; None under Megatron's. Both its bf16 (ZeRO 0)
+    and its fp16 ZeRO 1 paths all-reduce the whole gradient (above)."""
     if s.parallel.pipeline_engine != "deepspeed":
         return None
-    return DeepSpeedCosts(all_reduce_grads=s.training.precision == "bf16")
+    return DeepSpeedCosts(all_reduce_grads=True)
 
 
 def _step_task(step: int, stage: int, stages: int) -> Task:

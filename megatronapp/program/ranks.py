@@ -185,8 +185,8 @@ def task_plan(ctx: PipelineContext, task: Task) -> list[Step]:
 
 
 def _reduce_scatters_grads(ctx: PipelineContext) -> bool:
-    """A distributed optimizer reduces each shard to its owner, except DeepSpeed's
-    bf16 engine, which all-reduces the whole gradient (deepspeed_pipe.py)."""
+    """A distributed optimizer reduces each shard to its owner, except under
+    DeepSpeed's engine, which all-reduces the whole gradient (deepspeed_pipe.py)."""
     ds = ctx.costs.deepspeed
     return ctx.costs.distributed_optimizer and not (ds is not None and ds.all_reduce_grads)
 
