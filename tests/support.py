@@ -19,7 +19,7 @@ from backends.torch.stages import TrainOptions, merge_tp_shards
 from backends.torch.worker import WorkerResult
 from megatronapp.io.outdirs import STAGING_MARKER
 from megatronapp.program.layout import topology_of
-from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.scenario.config import Scenario, ScenarioError, parse_scenario
 from megatronapp.trace.events import Event, RunResult
 from megatronapp.trace.kinds import COMPUTE_NAMES
 from sim import run_sim
@@ -60,6 +60,22 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess(["megatronapp", *args], code, out.getvalue(), err.getvalue())
+
+
+def assert_refused_naming(data: dict[str, Any], field: str, folder: Path) -> None:
+    """The scenario ``data`` is refused naming ``field``: by the parser, and by
+    ``predict`` with exit status 2 and exactly one line on stderr."""
+    try:
+        parse_scenario(data)
+    except ScenarioError as err:
+        assert err.field == field
+    else:
+        raise AssertionError(f"{field}: accepted")
+    path = folder / "refused.json"
+    path.write_text(json.dumps(data))
+    result = run_cli("predict", str(path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and field in result.stderr
 
 
 # ---------------------------------------------------- output directories

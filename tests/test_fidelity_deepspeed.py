@@ -1,7 +1,7 @@
 """parallel.pipeline_engine: deepspeed, DeepSpeed's PipelineEngine as
 Megatron-DeepSpeed ran it (costs/deepspeed_pipe.py): its TrainSchedule, its
-blocking sends, its per-microbatch gradient accumulation pass and its bf16
-gradient all-reduce."""
+blocking sends, its per-microbatch gradient accumulation pass and its
+gradient all-reduce (bf16 and fp16 ZeRO 1 alike)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,9 +10,9 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from megatronapp.costs.deepspeed_pipe import ACCUMULATE_BYTES_PER_PARAM, train_schedule_order
+from megatronapp.costs.deepspeed_pipe import train_schedule_order
 from megatronapp.costs.memory import stage_params
-from megatronapp.parallel.ops import AllReduce, ISend, ReduceScatter, Send
+from megatronapp.parallel.ops import AllGather, AllReduce, ISend, ReduceScatter, Send
 from megatronapp.parallel.schedules import PipeShape, one_f_one_b_order
 from megatronapp.program.compiled import record
 from megatronapp.program.ranks import static_compute_ops, static_programs
@@ -46,9 +46,12 @@ def test_deepspeeds_train_schedule_runs_megatrons_1f1b_order_task_for_task(
     assert train_schedule_order(rank, shape) == one_f_one_b_order(rank, shape)
 
 
-@pytest.mark.parametrize("precision, first", [("bf16", 0), ("fp16", 1), ("fp32", 1)])
+# bytes per parameter: bf16's cast and add 2 + 4 + 4 + 4 + 4, AccumulateGrad's in-place
+# add 3 × the gradient's bytes
+@pytest.mark.parametrize("precision, per_param, first", [("bf16", 18, 0), ("fp16", 6, 1),
+                                                         ("fp32", 12, 1)])
 def test_each_backward_folds_its_gradients_in_by_a_pass_over_the_stages_parameters(
-        precision: str, first: int) -> None:
+        precision: str, per_param: int, first: int) -> None:
     """Per stage, the backward compute grows by the accumulation pass: bytes per
     parameter × the stage's parameters ÷ HBM bandwidth, on every microbatch
     (bf16's fp32 copy) or from the second on (AccumulateGrad keeps the first)."""
@@ -60,7 +63,7 @@ def test_each_backward_folds_its_gradients_in_by_a_pass_over_the_stages_paramete
         pp_rank = rank // 4
         extra = (sum(op.cost_s for op in ds_ops[rank] if op.name == "backward")
                  - sum(op.cost_s for op in mg_ops[rank] if op.name == "backward"))
-        per_pass = ACCUMULATE_BYTES_PER_PARAM[precision] * stage_params(ds, pp_rank) / hbm
+        per_pass = per_param * stage_params(ds, pp_rank) / hbm
         assert extra == pytest.approx((MICROBATCHES - first) * per_pass, rel=1e-9)
 
 
@@ -83,12 +86,21 @@ def test_a_blocking_send_delays_the_senders_next_task_by_its_transfer() -> None:
     assert times == {"megatron": pytest.approx(9 + 2 * c), "deepspeed": pytest.approx(9 + 3 * c)}
 
 
-@pytest.mark.parametrize("precision, op", [("bf16", AllReduce), ("fp16", ReduceScatter)])
-def test_bf16_all_reduces_the_whole_gradient_and_fp16_zero1_reduce_scatters_it(
-        precision: str, op: type) -> None:
-    ops = record(static_programs(scenario("deepspeed", precision))[0])
-    (reduce,) = [o for o in ops if o.name in ("dp_allreduce", "dp_reduce_scatter")]
-    assert type(reduce) is op
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_bf16_and_fp16_zero1_all_reduce_the_whole_gradient_then_gather_the_weights(
+        precision: str) -> None:
+    """bf16's ZeRO 0 and fp16's ZeRO 1 (contiguous_gradients forced off, so
+    buffered_reduce_fallback) all-reduce the stage's whole gradient; each rank
+    steps its partition and all-gathers the weights. Megatron's distributed
+    optimizer reduce-scatters."""
+    s = scenario("deepspeed", precision)
+    grads = stage_params(s, 0) * 2  # 16-bit gradients of stage 0
+    ops = record(static_programs(s)[0])
+    dp = [(type(o), o.nbytes) for o in ops if getattr(o, "name", "").startswith("dp_")]
+    assert dp == [(AllReduce, grads), (AllGather, grads)]
+    megatron = record(static_programs(scenario("megatron", precision))[0])
+    assert [type(o) for o in megatron
+            if getattr(o, "name", "").startswith("dp_")] == [ReduceScatter, AllGather]
 
 
 @pytest.mark.parametrize("change, reason", [

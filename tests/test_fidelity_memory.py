@@ -73,10 +73,11 @@ def test_bytes_per_parameter_follow_megatrons_distributed_optimizer_table(
 
 def test_parameters_of_a_one_stage_gpt() -> None:
     # 12·l·h² + 13·l·h weights and biases per layer, word and position
-    # embeddings, final layer norm; the output layer is the tied embedding.
+    # embeddings, final layer norm; the output layer is the tied embedding
+    # (the vocabulary unpadded: test_fidelity_vocab.py covers the padding).
     l, h, v, s = 4, 256, 1000, 128
     scen = parse_scenario({"model": {"layers": l, "hidden": h, "heads": 4, "seq_len": s,
-                                     "vocab": v}})
+                                     "vocab": v, "make_vocab_size_divisible_by": 1}})
     assert stage_params(scen, 0) == 12 * l * h * h + 13 * l * h + v * h + s * h + 2 * h
     untied = parse_scenario({**scen.model_dump(mode="json"),
                              "model": {**scen.model.model_dump(), "untie_embeddings": True}})

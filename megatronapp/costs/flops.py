@@ -67,7 +67,7 @@ def layer_forward_flops(s: Scenario) -> float:
 
 def logits_forward_flops(s: Scenario) -> float:
     m = s.model
-    return 2 * m.micro_batch_size * m.seq_len * m.hidden * m.vocab
+    return 2 * m.micro_batch_size * m.seq_len * m.hidden * s.padded_vocab
 
 
 def recompute_forward_flops(s: Scenario) -> float:

@@ -109,7 +109,7 @@ def rank_layer_shapes(s: Scenario) -> dict[str, GemmShape]:
 def rank_logits_shape(s: Scenario) -> GemmShape:
     """The output layer's GEMM on one rank: the vocabulary split over tp."""
     m = s.model
-    return GemmShape(m.micro_batch_size * local_seq_len(s), m.vocab // s.parallel.tp, m.hidden)
+    return GemmShape(m.micro_batch_size * local_seq_len(s), s.padded_vocab // s.parallel.tp, m.hidden)
 
 
 # The attention core's scores never go to HBM as a GEMM result: unfused

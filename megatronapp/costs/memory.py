@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from ..scenario.config import Scenario, Training
-from ..scenario.pipeline_split import max_chunk_layers, rank_chunk_layers
+from ..scenario.pipeline_split import chunk_layers, max_chunk_layers, rank_chunk_layers
 from .flops import recomputed_layers_per_chunk
 
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -160,21 +160,27 @@ def layer_params(s: Scenario) -> tuple[int, int]:
     return split, replicated
 
 
-def stage_params(s: Scenario, pp_rank: int) -> int:
-    """Parameters held by one rank of pipeline stage ``pp_rank``."""
+def chunk_params(s: Scenario, pp_rank: int, chunk: int) -> int:
+    """Parameters of model chunk ``chunk`` on one rank of pipeline stage ``pp_rank``:
+    the word and position embeddings in the first chunk of the first stage, the
+    final layer norm and the output layer in the last chunk of the last stage."""
     m, p = s.model, s.parallel
     split, replicated = layer_params(s)
-    layers = sum(rank_chunk_layers(p, m.layers, pp_rank))
-    params = layers * (split // p.tp + replicated)
-    embedding = m.vocab * m.hidden // p.tp
-    first, last = pp_rank == 0, pp_rank == p.pp - 1
-    if first:
+    params = chunk_layers(p, m.layers, pp_rank, chunk) * (split // p.tp + replicated)
+    embedding = s.padded_vocab * m.hidden // p.tp
+    first = pp_rank == 0
+    if first and chunk == 0:
         params += embedding + m.position_embedding_params  # word and position embeddings
-    if last:
+    if pp_rank == p.pp - 1 and chunk == p.vpp - 1:
         params += 2 * m.hidden  # final layer norm
         if m.untie_embeddings or not first:
             params += embedding  # the output layer (a tied copy on another stage)
     return params
+
+
+def stage_params(s: Scenario, pp_rank: int) -> int:
+    """Parameters held by one rank of pipeline stage ``pp_rank``."""
+    return sum(chunk_params(s, pp_rank, chunk) for chunk in range(s.parallel.vpp))
 
 
 def max_stage_params(s: Scenario) -> int:

@@ -28,8 +28,10 @@ from .flops import (ATTENTION_BLOCK, ATTENTION_CORE, computed_core_share,  # noq
 from .gemm import ROOFLINE, GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
 from .kernels import KernelTable, attention_shape, load_kernel_table
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
-                     max_stage_params, stage_params, state_bytes, transient_activation_bytes)
+                     chunk_params, max_stage_params, state_bytes,
+                     transient_activation_bytes)
 from .deepspeed_pipe import DeepSpeedCosts, deepspeed_costs
+from .grad_accumulation import Accumulation, accumulation
 from .context_parallel import kv_exchange, step_attention_flops
 from .links import Exposed
 from .tp_overlap import overlaps as tp_overlaps, tp_overlap_exposed
@@ -83,6 +85,8 @@ class StageCosts:
     p2p_all_gather: bool = False  # scatter/gather p2p: receivers all-gather over tp
     attention_share: float = 0.5  # of a layer's compute, the attention block's
     deepspeed: DeepSpeedCosts | None = None  # DeepSpeed's pipeline engine (deepspeed_pipe.py)
+    # a pass after each backward where the GEMM does not accumulate (grad_accumulation.py)
+    accumulation: Accumulation | None = None
 
     @property
     def model_mem_bytes(self) -> int:
@@ -214,7 +218,7 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
 def output_layer_s(s: Scenario, eff: Efficiency) -> float:
     """The logits GEMM and the loss over fp32 logits (elementwise)."""
     m = s.model
-    logits_bytes = m.micro_batch_size * local_seq_len(s) * m.vocab // s.parallel.tp * 4
+    logits_bytes = m.micro_batch_size * local_seq_len(s) * s.padded_vocab // s.parallel.tp * 4
     return (eff.shape_s(rank_logits_shape(s)) + eff.memory_s(logits_bytes)
             + eff.module_overhead_s)
 
@@ -274,9 +278,9 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
     tp_fwd, tp_bwd = _tp_plan(s)
     tied = not m.untie_embeddings and p.pp > 1
     scatter_gather = p.scatter_gather_p2p and p.tp > 1 and not s.sequence_parallel
-    # DeepSpeed's gradient accumulation is compute: fixed costs (``costs:``) hold it
+    # The accumulation pass is compute: fixed costs (``costs:``) hold it
     accumulated = 0 if c.forward_s is not None else (
-        params if pp_rank is None else stage_params(s, pp_rank))
+        params // p.vpp if pp_rank is None else chunk_params(s, pp_rank, chunk))
     return StageCosts(
         forward_chunk_s=fwd_chunk,
         backward_chunk_s=bwd_chunk,
@@ -305,10 +309,11 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
         distributed_optimizer=t.distributed_optimizer,
         param_bytes=int(params * per_param.weights),
         bucket_bytes=int(bucket_params(s) * per_param.grads),
-        embedding_grad_bytes=int(m.vocab * m.hidden // p.tp * per_param.grads) if tied else 0,
+        embedding_grad_bytes=int(s.padded_vocab * m.hidden // p.tp * per_param.grads) if tied else 0,
         overlap_grad_reduce=t.overlap_grad_reduce,
         overlap_param_gather=t.overlap_param_gather,
         p2p_all_gather=scatter_gather,
         attention_share=attention_share(s, eff),
-        deepspeed=deepspeed_costs(s, accumulated, eff.hbm_bytes_per_s),
+        deepspeed=deepspeed_costs(s),
+        accumulation=accumulation(s, accumulated, eff.hbm_bytes_per_s),
     )

@@ -150,8 +150,9 @@ def _extras(ctx: PipelineContext, task: Task) -> tuple[float, float]:
     if task.phase == "F":
         return (c.embedding_forward_s if first else 0.0), (c.logits_forward_s if last else 0.0)
     after = c.embedding_backward_s if first else 0.0
-    if c.deepspeed:  # it folds the microbatch's gradients into the accumulated ones
-        after += c.deepspeed.accumulate_s(task.microbatch)
+    folded = ctx.costs_of(task.chunk).accumulation  # over the chunk's own parameters
+    if folded:  # the microbatch's gradients folded into the accumulated ones
+        after += folded.after_backward_s(task.microbatch)
     return (c.logits_backward_s if last else 0.0), after
 
 
@@ -184,8 +185,8 @@ def task_plan(ctx: PipelineContext, task: Task) -> list[Step]:
 
 
 def _reduce_scatters_grads(ctx: PipelineContext) -> bool:
-    """A distributed optimizer reduces each shard to its owner, except DeepSpeed's
-    bf16 engine, which all-reduces the whole gradient (deepspeed_pipe.py)."""
+    """A distributed optimizer reduces each shard to its owner, except under
+    DeepSpeed's engine, which all-reduces the whole gradient (deepspeed_pipe.py)."""
     ds = ctx.costs.deepspeed
     return ctx.costs.distributed_optimizer and not (ds is not None and ds.all_reduce_grads)
 

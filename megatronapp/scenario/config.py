@@ -188,7 +188,11 @@ class Model(_OmitsUnset):
     # megatron-core's position_embedding_type: only learned_absolute has weights
     # (seq_len·hidden on the first stage); rope and none have none. Unset: learned_absolute.
     position_embedding_type: Literal["learned_absolute", "rope", "none"] | None = None
-    OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type")
+    # Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of
+    # this × tp (Scenario.padded_vocab); 1 to a multiple of tp alone.
+    make_vocab_size_divisible_by: PositiveInt = 128
+    OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type",
+                       "make_vocab_size_divisible_by")
 
     @property
     def stores_scores(self) -> bool:
@@ -384,12 +388,15 @@ class Training(_OmitsUnset):
     # layers and recomputes them all. Unset: every layer checkpointed on its own.
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: PositiveInt | None = None
-    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers")
+    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers", "gradient_accumulation_fusion")
     distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
     overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
     overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # parameters and activations
     grad_reduce_in_fp32: bool = False  # fp32 main gradients (Megatron-LM's bf16 default)
+    # Megatron-LM's --no-gradient-accumulation-fusion (before 2022 there was no fusion):
+    # false, a pass after each backward folds the gradients in (costs/grad_accumulation.py)
+    gradient_accumulation_fusion: bool = True
     bucket_params: PositiveInt | None = None  # default Megatron's max(40 M, 1 M·dp)
 
     @field_validator("recompute", mode="before")
@@ -433,6 +440,15 @@ class Scenario(_Strict):
     @property
     def world_size(self) -> int:
         return self.parallel.world_size
+
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary as Megatron builds its embedding and output layer:
+        padded to a multiple of make_vocab_size_divisible_by × tp
+        (megatron/training/tokenizer/tokenizer.py ``_vocab_size_with_padding``;
+        Megatron-DeepSpeed's the same), so that each tp rank's share is aligned."""
+        multiple = self.model.make_vocab_size_divisible_by * self.parallel.tp
+        return -(-self.model.vocab // multiple) * multiple
 
     @property
     def sequence_parallel(self) -> bool:
