@@ -258,3 +258,36 @@ def test_a_compute_op_on_a_shared_core_says_how_long_it_waited_to_run(
     (event,) = tracer.events
     assert event.args[QUEUED] > 0
     assert event.args[INJECTED] < event.dur_s - event.args[QUEUED]
+
+
+def test_a_wait_to_run_after_the_op_never_makes_its_device_time_negative():
+    """The thread waits 2 s for a core right after a 1 s op, between the
+    clock's two end reads: the wait is read first, so the op's device time
+    is never less than nothing (the throttle would then add no sleep)."""
+    from backends.torch.interpreter import Busy, HostClock
+
+    class Scripted(HostClock):
+        """Time and the run-queue wait as the kernel would report them: each
+        read of one lets the 2 s wait happen before the next read of the
+        other, once."""
+
+        def __init__(self) -> None:
+            super().__init__(0)
+            self.t, self.q, self.waited = 1.0, 0.0, False
+
+        def _wait_once(self) -> None:
+            if not self.waited:
+                self.waited, self.t, self.q = True, self.t + 2.0, self.q + 2.0
+
+        def now_s(self) -> float:
+            now = self.t
+            self._wait_once()
+            return now
+
+        def queued_s(self) -> float | None:
+            queued = self.q
+            self._wait_once()
+            return queued
+
+    device = Scripted().on_device_s(Busy(0.0, 0.0, 0.0))
+    assert device >= 1.0

@@ -125,7 +125,10 @@ class HostClock:
         """Seconds since ``since`` that the op held its device: wall time less
         the wait to run, else min(CPU, wall); never the time other processes
         had the cores."""
-        wall, queued = self.now_s() - since.wall_s, self.queued_since(since)
+        # the wait first: one that falls between the two reads then counts in
+        # neither or in the wall time, never in the wait alone (a negative time)
+        queued = self.queued_since(since)
+        wall = self.now_s() - since.wall_s
         return wall - queued if queued is not None else min(self.work_s() - since.work_s, wall)
 
 
@@ -358,7 +361,8 @@ class Interpreter:
             result, measured[INJECTED] = self._throttled(op, since)
         else:
             result = op.run() if op.run is not None else None
-        end, queued = self.clock.mark(), self.clock.queued_since(since)
+        queued = self.clock.queued_since(since)  # before the end: see on_device_s
+        end = self.clock.mark()
         if queued is not None:
             measured[QUEUED] = queued
         self._note(op.name, start, end, {**trace_args(op, result=result), **measured})
