@@ -32,25 +32,7 @@ Read from microsoft/DeepSpeed, ``deepspeed/runtime/pipe/``:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..parallel.schedules import Order, PipeShape, Task
-from ..scenario.config import Scenario
-
-@dataclass(frozen=True)
-class DeepSpeedCosts:
-    """What a rank of DeepSpeed's engine pays that Megatron's does not (its
-    accumulation pass is ``grad_accumulation.py``'s, as Megatron's unfused one)."""
-
-    all_reduce_grads: bool  # the whole gradient all-reduced, not reduce-scattered
-
-
-def deepspeed_costs(s: Scenario) -> DeepSpeedCosts | None:
-    """DeepSpeed's engine's costs; None under Megatron's. Both its bf16 (ZeRO 0)
-    and its fp16 ZeRO 1 paths all-reduce the whole gradient (above)."""
-    if s.parallel.pipeline_engine != "deepspeed":
-        return None
-    return DeepSpeedCosts(all_reduce_grads=True)
 
 
 def _step_task(step: int, stage: int, stages: int) -> Task:

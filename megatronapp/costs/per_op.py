@@ -30,7 +30,6 @@ from .kernels import KernelTable, attention_shape, load_kernel_table
 from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, local_seq_len,
                      chunk_params, max_stage_params, state_bytes,
                      transient_activation_bytes)
-from .deepspeed_pipe import DeepSpeedCosts, deepspeed_costs
 from .grad_accumulation import Accumulation, accumulation
 from .context_parallel import kv_exchange, step_attention_flops
 from .links import Exposed
@@ -84,7 +83,10 @@ class StageCosts:
     overlap_param_gather: bool = False
     p2p_all_gather: bool = False  # scatter/gather p2p: receivers all-gather over tp
     attention_share: float = 0.5  # of a layer's compute, the attention block's
-    deepspeed: DeepSpeedCosts | None = None  # DeepSpeed's pipeline engine (deepspeed_pipe.py)
+    # DeepSpeed's pipeline engine (deepspeed_pipe.py): blocking sends, and the whole
+    # gradient all-reduced (bf16 and fp16 ZeRO 1 alike); its accumulation pass is
+    # ``accumulation``'s, as Megatron's unfused one
+    deepspeed: bool = False
     # a pass after each backward where the GEMM does not accumulate (grad_accumulation.py)
     accumulation: Accumulation | None = None
 
@@ -314,6 +316,6 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
         overlap_param_gather=t.overlap_param_gather,
         p2p_all_gather=scatter_gather,
         attention_share=attention_share(s, eff),
-        deepspeed=deepspeed_costs(s),
+        deepspeed=p.pipeline_engine == "deepspeed",
         accumulation=accumulation(s, accumulated, eff.hbm_bytes_per_s),
     )

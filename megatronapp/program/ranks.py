@@ -187,8 +187,7 @@ def task_plan(ctx: PipelineContext, task: Task) -> list[Step]:
 def _reduce_scatters_grads(ctx: PipelineContext) -> bool:
     """A distributed optimizer reduces each shard to its owner, except under
     DeepSpeed's engine, which all-reduces the whole gradient (deepspeed_pipe.py)."""
-    ds = ctx.costs.deepspeed
-    return ctx.costs.distributed_optimizer and not (ds is not None and ds.all_reduce_grads)
+    return ctx.costs.distributed_optimizer and not ctx.costs.deepspeed
 
 
 def _grad_reduce_op(ctx: PipelineContext, nbytes: int, tensor: Any, name: str,
@@ -279,7 +278,7 @@ def compute_and_send(ctx: PipelineContext, iteration: int, task: Task, data: Any
             iteration, task.microbatch, vs, task.phase, ctx.topo.coord(ctx.rank).tp))
     if not 0 <= dst_vs < shape.num_virtual_stages:
         return None
-    blocking = ctx.costs.deepspeed is not None  # DeepSpeed's p2p.send returns once it is moved
+    blocking = ctx.costs.deepspeed  # DeepSpeed's p2p.send returns once it is moved
     handle = yield (Send if blocking else ISend)(
         dst=ctx.peer_of(dst_vs), tag=(task.phase, task.microbatch, dst_vs),
         nbytes=ctx.costs.activation_bytes, tensor=out,

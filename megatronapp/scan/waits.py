@@ -335,20 +335,18 @@ def waited_for(scores: WaitScores, compute: Compute = {},
     others): a process the machine only descheduled is late and busy, not
     slow at its fastest."""
     most = _imposed_most(scores)
-
-    def held_up(w: RankWaits, best: float) -> bool:
-        busy = _busy_ratio(w, compute) >= th.busy_ratio
-        return ((w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share)
-                or (busy and w.topped_share > th.busy_topped_share and (w.group, w.rank) in most)
-                or (busy and w.topped_share >= th.slow_best_topped_share
-                    and best >= th.slow_best_ratio))
-
     out = []
     for w in scores.ranks:
         if len(w.group) < th.min_members or (w.iterations or w.joined) < th.min_iterations:
             continue
+        by_waits = w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share
+        busier = w.topped_share > th.busy_topped_share and (w.group, w.rank) in most
+        if not (by_waits or busier or w.topped_share >= th.slow_best_topped_share):
+            continue
+        if not by_waits and _busy_ratio(w, compute) < th.busy_ratio:
+            continue  # the other two ways need it to have computed far longer
         best = best_ratio(w.rank, w.group, compute, th.best_quantile)
-        if best >= th.best_ratio and held_up(w, best):
+        if best >= th.best_ratio and (by_waits or busier or best >= th.slow_best_ratio):
             out.append(w)
     return out
 
