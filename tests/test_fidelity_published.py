@@ -227,3 +227,16 @@ def test_the_flops_only_efficiency_is_recovered_from_exact_figures() -> None:
 
 def test_the_worst_held_out_error_keeps_its_sign() -> None:
     assert held_out_errors([0.02, -0.3, 0.1]) == (pytest.approx(0.14), -0.3)
+
+
+def test_mtnlg_rows_keep_its_global_batch_of_1920_at_every_micro_batch_tried() -> None:
+    from paper_figs.mtnlg_microbatch import SOURCE, with_micro_batch
+    mtnlg = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
+    assert sorted(r.scenario.parallel.dp for r in mtnlg) == [8, 10, 12]
+    for r in mtnlg:
+        for size in (1, 2, 4):
+            s = with_micro_batch(r.scenario, size)
+            assert s.model.micro_batch_size == size
+            assert s.parallel.dp * s.parallel.microbatches * size == 1920
+        with pytest.raises(ValueError, match="does not divide"):
+            with_micro_batch(r.scenario, 7)
