@@ -9,8 +9,9 @@ output layer with its loss).
 Backward takes ``backward_ratio`` times its forward. Tensor-parallel traffic
 is not folded in: the rank programs issue each layer's collectives as
 operations (``tp_layer_forward`` / ``tp_layer_backward``), unless
-``tp_comm_overlap`` runs them under GEMMs (``tp_overlap.py``: their exposed
-part is folded in, as is context parallelism's K/V exchange,
+``tp_comm_overlap`` runs them under GEMMs (``tp_overlap.py``; the
+column-parallel backward ones with ``async_tp_backward``, ``tp_async.py``: their
+exposed part is folded in, as is context parallelism's K/V exchange,
 ``context_parallel.py``). Each chunk holds the layers its pipeline split gives
 it (``scenario/pipeline_split.py``). ``costs:`` in a
 scenario replaces compute durations with fixed numbers. Memory follows
@@ -34,6 +35,7 @@ from .grad_accumulation import Accumulation, accumulation
 from .context_parallel import kv_exchange, step_attention_flops
 from .links import Exposed
 from .tp_overlap import overlaps as tp_overlaps, tp_overlap_exposed
+from .tp_async import runs_async as tp_runs_async, tp_async_exposed
 
 BYTES_PER_ELEMENT = 2  # bf16 activations and gradients (the default precision)
 OPTIMIZER_BYTES_PER_PARAM = 16  # bf16 param + grad, fp32 master + Adam m, v
@@ -45,6 +47,7 @@ TP_FORWARD = ("all_reduce", "all_reduce")  # after the attention and MLP row-par
 SP_FORWARD = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")
 TP_BACKWARD = ("all_reduce", "all_reduce")  # input grads of the column-parallel GEMMs
 SP_BACKWARD = ("all_gather", "reduce_scatter", "all_gather", "reduce_scatter")
+SP_ROW_BACKWARD = ("all_gather", "all_gather")  # the rest under GEMMs (async_tp_backward)
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,10 @@ def layer_ring_exchange(s: Scenario, eff: Efficiency) -> Exposed:
 
 
 def layer_tp_overlap(s: Scenario, eff: Efficiency) -> Exposed:
-    """tp_comm_overlap's collectives, what their GEMMs do not hide (per layer)."""
-    return tp_overlap_exposed(s, rank_gemm_s(s, eff))
+    """TP collectives run under GEMMs (tp_comm_overlap's, async_tp_backward's):
+    what their GEMMs do not hide (per layer)."""
+    gemm_s = rank_gemm_s(s, eff)
+    return tp_overlap_exposed(s, gemm_s) + tp_async_exposed(s, gemm_s)
 
 
 def layer_recompute_s(s: Scenario, eff: Efficiency) -> float:
@@ -241,8 +246,8 @@ def _tp_plan(s: Scenario) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if s.parallel.tp == 1 or tp_overlaps(s):  # overlapped: priced inside the layers
         return (), ()
     if s.sequence_parallel:
-        return SP_FORWARD, SP_BACKWARD
-    return TP_FORWARD, TP_BACKWARD
+        return SP_FORWARD, (SP_ROW_BACKWARD if tp_runs_async(s) else SP_BACKWARD)
+    return TP_FORWARD, (() if tp_runs_async(s) else TP_BACKWARD)
 
 
 def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> StageCosts:

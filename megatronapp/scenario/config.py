@@ -140,10 +140,14 @@ class Parallel(_OmitsUnset):
     # Megatron's tp_comm_overlap: sequence-parallel collectives under the GEMMs
     # (costs/tp_overlap.py); Megatron-LM accepts it with sequence parallelism only.
     tp_comm_overlap: bool = False
+    # Megatron-LM since 2022 (megatron-core too): the column-parallel layers' backward
+    # all-reduce (async_tensor_model_parallel_allreduce) or, with sequence parallelism,
+    # reduce-scatter and input re-gather run under their GEMMs (costs/tp_async.py).
+    async_tp_backward: bool = False
     # Whose pipeline engine runs the schedule: Megatron's, or DeepSpeed's PipelineEngine
     # (Megatron-DeepSpeed; costs/deepspeed_pipe.py prices what it does differently).
     pipeline_engine: Literal["megatron", "deepspeed"] = "megatron"
-    OMIT_WHEN_UNSET = ("tp_comm_overlap", "pipeline_engine", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    OMIT_WHEN_UNSET = ("tp_comm_overlap", "async_tp_backward", "pipeline_engine", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                        "account_for_embedding_in_pipeline_split",
                        "account_for_loss_in_pipeline_split", "context_parallel_size",
                        "cp_comm_type")
