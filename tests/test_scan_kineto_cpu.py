@@ -132,3 +132,50 @@ def test_send_recv_without_peers_pair_where_the_counts_allow_one_routing(tmp_pat
     for rank, evs in load_kineto(kineto_files(target)).events.items():
         p2p = [e for e in evs if e.name in ("send", "recv")]
         assert len(p2p) == 12 and all(e.args.get("peer") == 1 - rank for e in p2p)
+
+
+def late_woken_ddp_rank(rank: int, slow_us: float, sleeps: bool, woke_us: float,
+                        steps: int = 6) -> list[dict]:
+    """Annotated DDP without profiler steps, 4 ranks: ``backward`` holds a
+    matmul, the gradient all-reduce (run on gloo's thread until the last
+    rank's call plus 300 µs), the wait for it, ``woke_us`` more before the
+    loaded machine wakes the thread (the reader took idle time as waiting
+    only when the thread woke within 200 µs), and the copy of the bucket
+    back. Rank 1 is ``slow_us`` late: a longer matmul, or a sleep after it."""
+    events, t = [], 1000.0
+    for _ in range(steps):
+        call = {r: t + 2000.0 + (slow_us if r == 1 else 0.0) for r in range(4)}
+        done = max(call.values()) + 300.0
+        mm = 2000.0 + (slow_us if rank == 1 and not sleeps else 0.0)
+        end = done + woke_us + 100.0
+        events += [kineto_event("forward", "user_annotation", rank, MAIN, t - 500, 400.0),
+                   kineto_event("aten::mm", "cpu_op", rank, MAIN, t - 450, 300.0),
+                   kineto_event("backward", "user_annotation", rank, MAIN, t, end - t),
+                   kineto_event("aten::mm", "cpu_op", rank, MAIN, t, mm),
+                   *collective(rank, "allreduce_", "all_reduce", call[rank], done),
+                   kineto_event("torch.distributed.ddp.reducer::copy_bucket_to_grad", "cpu_op",
+                                rank, MAIN, done + woke_us, 100.0)]
+        t = end + 1000.0
+    return events
+
+
+@pytest.mark.parametrize("sleeps", [False, True])
+def test_an_annotation_loses_its_wait_for_a_later_peer_however_late_its_thread_woke(
+        tmp_path, sleeps):
+    """Each rank's ``backward`` keeps its own work, the transfer, the late
+    wake-up and the copy; the healthy ranks' 2 ms waits for rank 1 go. Rank
+    1 came last, so its sleep stays: it waited for no one."""
+    files = {r: gloo_file(r, 4, late_woken_ddp_rank(r, 2000.0, sleeps, woke_us=3000.0))
+             for r in range(4)}
+    events = load_kineto(kineto_files(write_kineto(tmp_path, files))).events
+    for rank in range(4):
+        backward = [e.dur_s for e in events[rank] if e.name == "backward"]
+        own = 2000.0 + (2000.0 if rank == 1 else 0.0)
+        assert backward == pytest.approx([(own + 300.0 + 3000.0 + 100.0) * 1e-6] * 6)
+
+
+def test_a_rank_others_wait_for_is_named_though_their_threads_woke_late(tmp_path):
+    files = {r: gloo_file(r, 4, late_woken_ddp_rank(r, 2000.0, False, woke_us=2000.0))
+             for r in range(4)}
+    (cause,) = megascan(load_scan_input(write_kineto(tmp_path, files))).root_causes
+    assert (cause.rank, cause.kind) == (1, "compute")

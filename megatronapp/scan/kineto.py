@@ -65,6 +65,7 @@ from .errors import TraceError
 from .p2p_infer import P2POp, forced_pairs, forced_peers
 
 RankEvents = dict[int, list[Event]]
+Intervals = list[tuple[float, float]]
 
 SKIPPED_PHASES = frozenset({"M", "i", "I", "C", "s", "t", "f", "b", "e", "n", "N", "O", "D",
                             "P", "R", "S", "T", "F", "v", "V", "c"})
@@ -148,6 +149,10 @@ class KinetoRank:
     comms: tuple[Comm, ...]
     phases: Mapping[str, int] = field(default_factory=dict)  # ph -> events seen
     steps: tuple[ProfilerStep, ...] = ()
+    # the job's annotations (by span index): their stretches without an op
+    # not yet known as waits; ``load_kineto`` takes out those spent waiting
+    # for a peer at a collective
+    idle: Mapping[int, Intervals] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ files
@@ -290,8 +295,9 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
         span = _span(raw, index, source, shift_us)
         if span.cat != "Trace":  # the profiler's own window, not work
             spans.append(span)
-    return KinetoRank(source, rank, base, groups, tuple(_compute(spans)),
-                      tuple(_comms(spans, source)), dict(phases), _profiler_steps(spans))
+    compute, idle = _compute(spans)
+    return KinetoRank(source, rank, base, groups, tuple(compute), tuple(_comms(spans, source)),
+                      dict(phases), _profiler_steps(spans), idle)
 
 
 STEP_NUMBER = re.compile(re.escape(STEP_PREFIX) + r"#(\d{1,9})$")
@@ -352,10 +358,12 @@ def _top_level(spans: Iterable[Span]) -> list[Span]:
     return out
 
 
-def _compute(spans: list[Span]) -> list[Span]:
+def _compute(spans: list[Span]) -> tuple[list[Span], dict[int, Intervals]]:
     """GPU work where the trace has any, else the CPU threads' annotations
-    or top-level ops, communication aside (``_holding_comm``)."""
+    or top-level ops, communication aside (``_holding_comm``); and the job's
+    annotations' idle stretches not yet known as waits (``_less_comm_waits``)."""
     gpu = [s for s in spans if s.cat in GPU_CATS]
+    idle: dict[int, Intervals] = {}
     if gpu:
         annotated = {s.lane for s in gpu if s.cat == "gpu_user_annotation"}
         pool = [s for s in gpu if s.lane not in annotated or s.cat == "gpu_user_annotation"]
@@ -367,12 +375,10 @@ def _compute(spans: list[Span]) -> list[Span]:
         annotated = {s.lane for s in cpu if _own_annotation(s)}
         pool = [s for s in cpu if s.index not in split and (
             s.lane not in annotated or s.cat == "user_annotation" or _is_comm(s))]
-        pool = _less_comm_waits(pool, cpu, split)
+        pool, idle = _less_comm_waits(pool, cpu, split)
     steps = [s for s in spans if s.name.startswith(STEP_PREFIX)]
-    return [s for s in _top_level(pool) if not _is_comm(s)] + steps
+    return [s for s in _top_level(pool) if not _is_comm(s)] + steps, idle
 
-
-Intervals = list[tuple[float, float]]
 
 # A thread blocked on a communication call resumes within this long of its end;
 # an idle stretch that ends so is a wait, one that ends anywhere else (the
@@ -380,7 +386,8 @@ Intervals = list[tuple[float, float]]
 WAKE_AFTER_COMM_US = 200.0
 
 
-def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]) -> list[Span]:
+def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]
+                     ) -> tuple[list[Span], dict[int, Intervals]]:
     """The job's annotations, each shortened by the stretches inside it when
     its thread ran no op, waiting for a communication call of the rank that
     was under way all along and whose end woke it (DDP's ``backward`` ends
@@ -388,17 +395,25 @@ def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]) -> li
     thread): that is waiting, not compute; so is the time in an op
     ``holders`` names (one holding a communication call) outside its own
     ops. Time without communication (a sleep, a throttled device) stays, and
-    so do the range and its name."""
+    so do the range and its name. Also each annotation's other idle
+    stretches (by span index): a thread woken late is told from one that
+    worked only by the other ranks (``_less_peer_waits``)."""
     comm = sorted(((s.start_us, s.end_us) for s in cpu if _is_comm(s)), key=lambda c: c[1])
     if not comm:
-        return pool
+        return pool, {}
     ops: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
     for s in cpu:
         if s.cat == "cpu_op" and not _is_comm(s) and s.index not in holders:
             ops[s.lane].append((s.start_us, s.end_us))
     busy = {lane: _merged(spans) for lane, spans in ops.items()}
-    return [replace(s, dur_us=s.dur_us - _idle_while(s, comm, busy.get(s.lane, [])))
-            if _own_annotation(s) else s for s in pool]
+    out: list[Span] = []
+    idle: dict[int, Intervals] = {}
+    for s in pool:
+        if _own_annotation(s):
+            waited, idle[s.index] = _idle_while(s, comm, busy.get(s.lane, []))
+            s = replace(s, dur_us=s.dur_us - waited)
+        out.append(s)
+    return out, idle
 
 
 def _own_annotation(s: Span) -> bool:
@@ -407,12 +422,15 @@ def _own_annotation(s: Span) -> bool:
         and not s.name.startswith(TORCH_ANNOTATIONS)
 
 
-def _idle_while(span: Span, comm: Intervals, busy: Intervals) -> float:
+def _idle_while(span: Span, comm: Intervals, busy: Intervals) -> tuple[float, Intervals]:
     """µs of ``span`` outside ``busy`` (merged, sorted) spent waiting for one of
     ``comm`` (sorted by end): an idle stretch inside a communication that ends
-    at most ``WAKE_AFTER_COMM_US`` before the stretch does."""
+    at most ``WAKE_AFTER_COMM_US`` before the stretch does; and its other
+    idle stretches."""
     idle = _minus([(span.start_us, span.end_us)], _clipped(busy, span.start_us, span.end_us))
-    return sum(hi - lo for lo, hi in idle if _woken(lo, hi, comm))
+    woken = [_woken(lo, hi, comm) for lo, hi in idle]
+    return (sum(hi - lo for (lo, hi), w in zip(idle, woken) if w),
+            [stretch for stretch, w in zip(idle, woken) if not w])
 
 
 def _woken(lo: float, hi: float, comm: Intervals) -> bool:
@@ -629,9 +647,47 @@ def load_kineto(paths: Iterable[Path], max_bytes: float | None = None) -> Kineto
                              f"{ranks[parsed.rank].source}")
         ranks[parsed.rank] = parsed
     comms = _resolve(ranks)
+    waiting = _waits_for_peers(comms)
     hosts = frozenset(str(d.get("host_name", "")) if isinstance(d, dict) else "" for _, d in datas)
-    return KinetoJob({r: _rank_events(ranks[r], comms[r]) for r in sorted(ranks)},
+    return KinetoJob({r: _rank_events(_less_peer_waits(ranks[r], waiting.get(r, [])), comms[r])
+                      for r in sorted(ranks)},
                      {k.source: k.phases for k in ranks.values()}, hosts)
+
+
+def _waits_for_peers(comms: Mapping[int, list[Comm]]) -> dict[int, Intervals]:
+    """Per rank, the time from its call of each collective to the last call
+    of that collective among its group (merged): it waited for a peer then,
+    however late its thread woke after. The n-th call of a group on each
+    member is one collective; a group whose members recorded different
+    numbers of calls is left out."""
+    starts: dict[tuple[int, ...], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r, cs in comms.items():
+        for c in cs:
+            if c.group is not None and c.op not in P2P_OPS:
+                starts[c.group][r].append(c.start_us)
+    out: dict[int, Intervals] = defaultdict(list)
+    for group, by_rank in starts.items():
+        if set(by_rank) != set(group) or len({len(s) for s in by_rank.values()}) != 1:
+            continue
+        for arrivals in zip(*(sorted(s) for s in by_rank.values())):
+            last = max(arrivals)
+            for r, at in zip(by_rank, arrivals):
+                if at < last:
+                    out[r].append((at, last))
+    return {r: _merged(v) for r, v in out.items()}
+
+
+def _less_peer_waits(k: KinetoRank, waiting: Intervals) -> KinetoRank:
+    """``k`` with each annotation shortened by its idle stretches' time in
+    ``waiting`` (merged, sorted): waits for a peer, not compute. The last
+    to arrive waited for no one, so its own time (a sleep, a throttled
+    device) always stays."""
+    if not waiting or not k.idle:
+        return k
+    return replace(k, compute=tuple(
+        replace(s, dur_us=s.dur_us - sum(b - a for lo, hi in k.idle[s.index]
+                                         for a, b in _clipped(waiting, lo, hi)))
+        if s.index in k.idle else s for s in k.compute))
 
 
 def _resolve(ranks: Mapping[int, KinetoRank]) -> dict[int, list[Comm]]:
