@@ -9,7 +9,7 @@ import pytest
 from megatronapp.scan.analyze import analyze
 from megatronapp.scan.detect import megascan
 from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.kineto import kineto_files, load_kineto
+from megatronapp.scan.kineto import kineto_files, load_kineto, parse_kineto
 
 from .support import GLOO, MAIN, collective, gloo_file, kineto_event, write_kineto
 
@@ -179,3 +179,18 @@ def test_a_rank_others_wait_for_is_named_though_their_threads_woke_late(tmp_path
              for r in range(4)}
     (cause,) = megascan(load_scan_input(write_kineto(tmp_path, files))).root_causes
     assert (cause.rank, cause.kind) == (1, "compute")
+
+
+def test_a_send_handed_to_gloo_after_its_call_is_finished_by_its_own_work():
+    """A slow link's thread hands a send to gloo 5 ms after the program
+    called it; meanwhile the program calls another send, whose work gloo
+    makes inside that call on the program's thread. Each call keeps its own
+    work (the thread it ran on, and its end), not the next one to start."""
+    link = MAIN + 50
+    events = [kineto_event("c10d::send", "user_annotation", 0, MAIN, 100.0, 5.0),
+              kineto_event("c10d::send", "cpu_op", 0, MAIN, 200.0, 50.0),
+              kineto_event("gloo:send", "user_annotation", 0, MAIN, 210.0, 30.0),
+              kineto_event("gloo:send", "user_annotation", 0, link, 5100.0, 40.0)]
+    comms = parse_kineto(gloo_file(0, 2, events), "rank0").comms
+    assert [(c.start_us, c.end_us, c.lane) for c in comms] == [
+        (100.0, 5140.0, (0, link)), (200.0, 250.0, (0, MAIN))]

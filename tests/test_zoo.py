@@ -138,13 +138,19 @@ def test_megatron_core_profiled_by_the_torch_backend_names_its_throttled_stage(t
 
 
 @pytest.mark.slow
-def test_megatron_core_profiled_with_a_slow_link_records_every_send_and_its_steps(tmp_path):
+@pytest.mark.alone  # a slow link judged on real timing
+def test_megatron_core_profiled_with_a_slow_link_records_every_send_and_names_the_link(
+        tmp_path, monkeypatch):
     """The torch backend's slow link lets its sends leave late from a thread
     of their own: the profile (every thread profiled) still holds every
     send, one ``ProfilerStep`` per iteration, and the peers the sends and
-    receives' timing forces, on pipeline links only."""
+    receives' timing forces, on pipeline links only. Each send shows as
+    posted when the program posted it, so the receive's wait past it is the
+    link's: ``detect`` names link 1-2 first (20 ms a message, well above a
+    loaded machine's delivery noise)."""
     from paper_figs import zoo_table
 
+    monkeypatch.setattr(zoo_table, "DELAY_MS", 20.0)
     fault = next(f for f in zoo_table.FAULTS if f.needs_link)
     traces = zoo_table.run_megatron(fault, tmp_path)
     iterations = zoo_table.MEGATRON_SCENARIO["iterations"]
@@ -156,6 +162,8 @@ def test_megatron_core_profiled_with_a_slow_link_records_every_send_and_its_step
     linked = {frozenset((r, e.args["peer"])) for r, evs in
               load_kineto(kineto_files(traces)).events.items() for e in evs if "peer" in e.args}
     assert linked and linked <= zoo_table.PIPELINE_LINKS
+    causes = zoo_table.detect(traces, "megascan")["root_causes"]
+    assert (causes[0]["kind"], causes[0]["rank"], causes[0]["peer"]) == ("link", *zoo_table.SLOW_LINK)
 
 
 def test_a_realized_slowdown_compares_only_the_ranks_doing_the_same_work():

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from megatronapp.parallel.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
                              ReduceScatter, Send, Wait, WaitAny, encode_tag, trace_args)
@@ -221,21 +222,39 @@ class Handle:
         return dist.P2POp(fn, self.tensor, self.peer, tag=encode_tag(self.op.tag))
 
 
+# how torch.profiler names a program's send call (torch records it as the call runs)
+SEND_CALL = "c10d::send"
+
+
 class LateSend:
     """A send over a slow link, posted by the link's own thread once the
     link's extra time has passed: the data leaves (and arrives) that much
     later, so the receive waiting for it lasts longer, as a profiler sees
     it, while the sender's program goes on. One thread per link keeps its
-    messages in order."""
+    messages in order.
+
+    A profile shows it as a slow wire shows a send: the program's send call
+    (``SEND_CALL``) on its own thread when it posted the send, and gloo's
+    ``gloo:send`` work from when the message leaves. ``post`` must hand the
+    send to the process group's backend, below torch's recorded call, so the
+    send is recorded once."""
 
     def __init__(self, post: Callable[[], Any], delay_s: float, link: ThreadPoolExecutor):
-        self._posted: Future[Any] = link.submit(_post_at, post, time.monotonic() + delay_s)
+        with record_function(SEND_CALL):
+            self._posted: Future[Any] = link.submit(_post_at, post, time.monotonic() + delay_s)
 
     def wait(self) -> None:
         self._posted.result().wait()
 
     def is_completed(self) -> bool:
         return self._posted.done() and bool(self._posted.result().is_completed())
+
+
+def _backend_send(handle: Handle) -> Any:
+    """``isend`` handed straight to the default group's backend (gloo): torch
+    records no send call for it, only gloo's work."""
+    backend: Any = dist.distributed_c10d._get_default_group()._get_backend(handle.tensor.device)
+    return backend.send([handle.tensor], handle.peer, encode_tag(handle.op.tag))
 
 
 def _post_at(post: Callable[[], Any], due_s: float) -> Any:
@@ -405,18 +424,14 @@ class Interpreter:
 
     def _post_send(self, handle: Handle) -> Any:
         """``isend`` now, or, over a slow link, once the link lets it leave."""
-        def post() -> Any:
+        if self.faults.links:
+            handle.injected_s = max(0.0, self.faults.transfer_extra_s(
+                self.rank, handle.peer, _nbytes(handle.tensor)))
+        if not handle.injected_s:
             return dist.isend(handle.tensor, handle.peer, tag=encode_tag(handle.op.tag))
-
-        if not self.faults.links:
-            return post()
-        handle.injected_s = max(0.0, self.faults.transfer_extra_s(
-            self.rank, handle.peer, _nbytes(handle.tensor)))
-        if handle.injected_s == 0.0:
-            return post()
         if handle.peer not in self._links:
             self._links[handle.peer] = ThreadPoolExecutor(1, f"link-{self.rank}-{handle.peer}")
-        return LateSend(post, handle.injected_s, self._links[handle.peer])
+        return LateSend(lambda: _backend_send(handle), handle.injected_s, self._links[handle.peer])
 
     def _post_held(self) -> None:
         """Post held sends (and a trailing receive) as one batch."""

@@ -575,29 +575,56 @@ def _comm_from_meta(args: Mapping[str, Any], start: float, end: float) -> Comm:
 
 
 def _gloo_comms(spans: list[Span], source: str) -> list[Comm]:
-    """c10d::<op> calls, each finished by the next gloo:<op> range of that op."""
+    """c10d::<op> calls, each finished by a gloo:<op> range of that op: the
+    one its own thread began during the call (torch makes gloo's work inside
+    the call), else the next one left. A send handed to gloo later than the
+    program called it (a busy or slow link's own thread) is thus still
+    finished by its own work."""
     calls = sorted((s for s in spans if s.name.startswith("c10d::")), key=lambda s: s.start_us)
     runs: dict[str, list[Span]] = defaultdict(list)
     for s in sorted((s for s in spans if s.name.startswith("gloo:")), key=lambda s: s.start_us):
         runs[_op_of(s.name)].append(s)
+    ops = [_run_op(_op_of(call.name), runs) for call in calls]
+    inside = _runs_inside(calls, ops, runs)
+    used = {id(run) for run in inside.values()}
+    left = {op: [r for r in queue if id(r) not in used] for op, queue in runs.items()}
     taken: dict[str, int] = defaultdict(int)
     out = []
-    for call in calls:
-        op = _op_of(call.name)
-        run_op = op if op in runs else GLOO_RUNS_AS.get(op, op)
-        queue = runs.get(run_op, [])
-        run = None
-        while taken[run_op] < len(queue):
+    for i, (call, run_op) in enumerate(zip(calls, ops)):
+        run = inside.get(i)
+        queue = left.get(run_op, [])
+        while run is None and taken[run_op] < len(queue):
             candidate = queue[taken[run_op]]
             taken[run_op] += 1
             if candidate.end_us >= call.start_us:
                 run = candidate
-                break
+        op = _op_of(call.name)
         end = max(call.end_us, run.end_us) if run is not None else call.end_us
         nbytes = _shape_bytes(run.args) if run is not None else 0.0
         out.append(Comm(op, call.start_us, end, nbytes, peer=_concrete_peer(call, op),
                         lane=run.lane if run is not None else None))
     return out
+
+
+def _run_op(op: str, runs: Mapping[str, list[Span]]) -> str:
+    return op if op in runs else GLOO_RUNS_AS.get(op, op)
+
+
+def _runs_inside(calls: Sequence[Span], ops: Sequence[str], runs: Mapping[str, list[Span]]
+                 ) -> dict[int, Span]:
+    """Call index -> the first run of its op that its own thread began during the call."""
+    starts = {op: [r.start_us for r in queue] for op, queue in runs.items()}
+    found: dict[int, Span] = {}
+    used: set[int] = set()
+    for i, (call, op) in enumerate(zip(calls, ops)):
+        queue = runs.get(op, [])
+        first = bisect_left(starts.get(op, []), call.start_us)
+        for run in queue[first:bisect_right(starts.get(op, []), call.end_us)]:
+            if run.lane == call.lane and id(run) not in used:
+                found[i] = run
+                used.add(id(run))
+                break
+    return found
 
 
 def _concrete_peer(call: Span, op: str) -> int | None:
