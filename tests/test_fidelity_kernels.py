@@ -38,7 +38,7 @@ def test_the_shapes_listed_are_the_shapes_the_cost_model_prices(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Every published row on the measured table: the GEMMs and attention cores
     its stage costs look up equal the shapes mode's forward GEMMs and attention
-    shapes, and the stored measurement holds every listed shape."""
+    shapes, and the stored measurement holds every shape of the rows it prices."""
     runs = published_runs(ROOT)
     priced_gemms: set[tuple[int, int, int]] = set()
     priced_attention: set[tuple[int, ...]] = set()
@@ -63,10 +63,13 @@ def test_the_shapes_listed_are_the_shapes_the_cost_model_prices(
     attention = {(a["b"] * a["h"], a["sq"], a["sk"], a["d"]) for a in listed["attention"]}
     assert priced_gemms == forward
     assert priced_attention == attention
-    assert {(g["m"], g["n"], g["k"]) for g in listed["gemms"]} <= {
+    # the rows priced from the table (a device with measured kernels) find every
+    # shape there; the others' shapes were measured to check the analytic model
+    on_table = kernel_shapes([r for r in runs if DEVICES[r.device].gpu.get("kernels")])
+    assert {(g["m"], g["n"], g["k"]) for g in on_table["gemms"]} <= {
         (g["m"], g["n"], g["k"]) for g in MEASURED["gemms"]}
-    assert attention <= {(a["b"] * a["h"], a["sq"], a["sk"], a["d"])
-                         for a in MEASURED["attention"]}
+    assert {(a["b"] * a["h"], a["sq"], a["sk"], a["d"]) for a in on_table["attention"]} <= {
+        (a["b"] * a["h"], a["sq"], a["sk"], a["d"]) for a in MEASURED["attention"]}
 
 
 def test_a_measured_gemm_is_priced_as_measured_in_megatrons_layout() -> None:

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
@@ -184,3 +185,54 @@ def test_first_rows_says_whether_more_came():
     cut = run_query(events, "SELECT * FROM range(6)", max_rows=5)
     assert exact == Rows(["range"], [(i,) for i in range(5)], more=False)
     assert cut == Rows(["range"], [(i,) for i in range(5)], more=True)
+
+
+class _Held:
+    """A row value whose lifetime a weak reference can watch."""
+
+
+class _RunsOutOfMemory:
+    """A connection whose second fetch finds no memory left, after one chunk held."""
+
+    description = [("v",)]
+
+    def __init__(self, first: list[tuple[object, ...]], error: BaseException):
+        self._chunks, self._error = [first], error
+
+    def execute(self, sql: str) -> None:
+        pass
+
+    def fetchmany(self, n: int) -> list[tuple[object, ...]]:
+        if self._chunks:
+            return self._chunks.pop()
+        raise self._error
+
+
+@pytest.mark.parametrize("error", [MemoryError(), duckdb.OutOfMemoryException("no memory")])
+def test_the_rows_held_are_given_back_before_running_out_of_memory_is_reported(error):
+    """Reporting the error needs memory; the traceback keeps the fetching
+    frame alive, so the rows it held must already be gone."""
+    import gc
+    import weakref
+
+    from megatronapp.scan.query import first_rows
+
+    held = _Held()
+    watch = weakref.ref(held)
+    con = _RunsOutOfMemory([(held,)], error)
+    del held
+    with pytest.raises(MemoryError) as caught:
+        first_rows(con, "SELECT 1", max_rows=10)  # type: ignore[arg-type]
+    gc.collect()
+    assert caught.traceback and watch() is None
+
+
+def test_rows_stop_being_held_while_memory_is_left_to_say_so(monkeypatch):
+    from megatronapp.scan import query
+
+    rows = 2 * query.CHECK_EVERY_CHUNKS * query.FETCH_ROWS
+    con = duckdb.connect()
+    assert len(query.first_rows(con, f"SELECT * FROM range({rows})", rows).rows) == rows
+    monkeypatch.setattr(query, "available_memory", lambda: query.ROWS_HEADROOM_BYTES - 1)
+    with pytest.raises(MemoryError):
+        query.first_rows(con, f"SELECT * FROM range({rows})", rows)

@@ -38,6 +38,11 @@ from .query_options import Output
 
 MAX_DEFAULT_MEMORY = 4e9  # bytes: the default limit is a quarter of what is free, at most this
 FETCH_ROWS = 2048  # rows per fetch from DuckDB's streamed result
+# Rows are held only while this much memory stays free: reporting that they do
+# not fit, and the threads the runtime starts meanwhile, need some of it (past
+# an address-space cap a new thread aborts the process instead).
+ROWS_HEADROOM_BYTES = 256 * 2**20
+CHECK_EVERY_CHUNKS = 16
 BATCH_ROWS = 65_536  # rows per Arrow batch written to --out
 WAIT_SECONDS = 0.1  # how long the main thread sleeps between looks at the query
 OUT_KINDS = {".parquet": "parquet", ".csv": "csv"}
@@ -174,16 +179,29 @@ def first_rows(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int) -> Rows:
     con.execute(sql)
     names = [d[0] for d in con.description] if con.description else []
     rows: list[tuple[Any, ...]] = []
+    chunk: list[tuple[Any, ...]] = []
     try:
         while len(rows) <= max_rows and (chunk := con.fetchmany(min(FETCH_ROWS,
                                                                     max_rows + 1 - len(rows)))):
             rows.extend(chunk)
-    except duckdb.OutOfMemoryException:
-        if not rows:
+            if len(rows) % (CHECK_EVERY_CHUNKS * FETCH_ROWS) < len(chunk):
+                _keep_headroom()
+    except (MemoryError, duckdb.OutOfMemoryException) as err:
+        held = bool(rows)
+        # give the rows' memory back now: the error's traceback keeps this frame
+        # (and so ``rows``) alive while the error is reported, which needs memory
+        rows.clear()
+        chunk = []
+        if isinstance(err, duckdb.OutOfMemoryException) and not held:
             raise
         # the rows held so far took the memory, whichever allocator noticed first
         raise MemoryError from None
     return Rows(names, rows[:max_rows], len(rows) > max_rows)
+
+
+def _keep_headroom() -> None:
+    if available_memory() < ROWS_HEADROOM_BYTES:
+        raise MemoryError
 
 
 def write_rows(con: duckdb.DuckDBPyConnection, sql: str, path: Path, kind: str) -> int:
