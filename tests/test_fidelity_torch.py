@@ -41,6 +41,7 @@ FITTED_FROM_A_REAL_RUN = ("cluster.gpu.efficiency", "cluster.gpu.backward_ratio"
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the profile's and the run's own timing of one run are compared
 def test_calibrate_fits_every_constant_from_a_real_torch_run(tmp_path: Path) -> None:
     """A real run's trace carries what calibrate needs: forward times of first,
     middle and last chunks, backward, the optimizer step, small collectives."""
