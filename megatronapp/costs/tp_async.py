@@ -18,8 +18,8 @@ none of this: its column-parallel backward all-reduced and waited.
 from __future__ import annotations
 
 from ..scenario.config import Scenario
-from .links import Exposed, beyond, ring_pass_s, span_link
-from .tp_overlap import collective_s, message_bytes, overlaps
+from .links import Exposed, beyond
+from .tp_overlap import collective_s, overlaps
 
 COLUMN_PARALLEL_GEMMS = ("qkv", "fc1")  # one reduction under each one's weight gradient
 
@@ -38,11 +38,10 @@ def tp_async_exposed(s: Scenario, gemm_s: dict[str, float]) -> Exposed:
     if not runs_async(s):
         return Exposed()
     one_pass = collective_s(s)  # an all-gather or reduce-scatter of the layer's activation
-    if s.sequence_parallel:  # the input gathered again under dgrad, reduce-scattered under wgrad
-        exposed = sum(2 * beyond(one_pass, gemm_s[name]) for name in COLUMN_PARALLEL_GEMMS)
-    else:  # an all-reduce is two ring passes of the whole activation
-        all_reduce = 2 * ring_pass_s(message_bytes(s), s.parallel.tp,
-                                     span_link(s, s.parallel.tp))
-        exposed = sum(beyond(all_reduce, gemm_s[name]) for name in COLUMN_PARALLEL_GEMMS)
+    # under each GEMM pair: the input gathered again (dgrad) and reduce-scattered (wgrad),
+    # or without sequence parallelism an all-reduce, two ring passes, under wgrad
+    under_each = (one_pass, one_pass) if s.sequence_parallel else (2 * one_pass,)
+    exposed = sum(beyond(comm, gemm_s[name])
+                  for name in COLUMN_PARALLEL_GEMMS for comm in under_each)
     return Exposed(0.0, exposed)
 

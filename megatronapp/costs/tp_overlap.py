@@ -25,16 +25,11 @@ def overlaps(s: Scenario) -> bool:
     return s.parallel.tp_comm_overlap and s.sequence_parallel
 
 
-def message_bytes(s: Scenario) -> float:
-    """A layer's activation (one microbatch), what a TP collective moves in all."""
-    m = s.model
-    return m.micro_batch_size * local_seq_len(s) * m.hidden * BYTES[s.training.precision]
-
-
 def collective_s(s: Scenario) -> float:
     """One all-gather or reduce-scatter of a layer's activation over the tp group."""
-    tp = s.parallel.tp
-    return ring_pass_s(message_bytes(s), tp, span_link(s, tp))
+    m, tp = s.model, s.parallel.tp
+    nbytes = m.micro_batch_size * local_seq_len(s) * m.hidden * BYTES[s.training.precision]
+    return ring_pass_s(nbytes, tp, span_link(s, tp))
 
 
 def tp_overlap_exposed(s: Scenario, gemm_s: dict[str, float]) -> Exposed:
