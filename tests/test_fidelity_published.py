@@ -240,3 +240,29 @@ def test_mtnlg_rows_keep_its_global_batch_of_1920_at_every_micro_batch_tried() -
             assert s.parallel.dp * s.parallel.microbatches * size == 1920
         with pytest.raises(ValueError, match="does not divide"):
             with_micro_batch(r.scenario, 7)
+
+
+def test_h100_interleaving_tries_only_the_splits_megatron_core_accepts() -> None:
+    from paper_figs.h100_interleaving import SOURCE, valid_vpps, with_vpp
+    readme = [r.scenario for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
+    assert readme
+    for s in readme:
+        per_stage = s.model.layers // s.parallel.pp
+        splits = valid_vpps(s)
+        if s.parallel.pp == 1:
+            assert splits == [1]
+            continue
+        assert splits[0] == 1 and splits[-1] == per_stage and s.parallel.vpp in splits
+        assert all(per_stage % v == 0 for v in splits)
+        assert len(splits) == sum(per_stage % v == 0 for v in range(1, per_stage + 1))
+        assert with_vpp(s, 1).schedule == "1f1b" and with_vpp(s, 1).parallel.vpp == 1
+        assert with_vpp(s, splits[-1]).schedule == "interleaved"
+
+
+def test_h100_interleaving_names_an_unknown_row_in_one_line(capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    from paper_figs.h100_interleaving import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--only", "70B,999B"])
+    assert exit_info.value.code == 2
+    assert "no README row 999B" in capsys.readouterr().err

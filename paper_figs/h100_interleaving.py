@@ -1,0 +1,113 @@
+"""Where the Megatron-LM README's H100 rows lose time that the simulator does
+not: the virtual-stage split the README does not give, and the busiest stage.
+
+The README names its parallel sizes but not the interleaving (virtual stages
+per pipeline stage, vpp); its rows are predicted with one layer per virtual
+stage (docs/fidelity.md says why). For each row this prints the prediction
+at every vpp Megatron-core accepts there (a divisor of the layers per stage;
+vpp 1 is the non-interleaved 1F1B schedule), each as throughput error against
+the published figure (positive: the simulator is optimistic), and the
+published iteration time over the busiest stage's compute as simulated at the
+row's own vpp: about 1 where the pipeline and the data-parallel traffic hide,
+more where the real run loses time the simulator does not charge. Nothing
+here feeds the fit or the table (``published_runs.py``): it is sensitivity
+only.
+
+    python paper_figs/h100_interleaving.py [--only 70B,177B]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
+
+from megatronapp.fidelity.fit import with_settings  # noqa: E402
+from megatronapp.fidelity.published import (PublishedRun, published_runs,  # noqa: E402
+                                            throughput_error)
+from megatronapp.scenario.config import Scenario  # noqa: E402
+from megatronapp.scenario.devices import DEVICES  # noqa: E402
+from megatronapp.trace.columns import KINDS, source_of  # noqa: E402
+from megatronapp.trace.summary import run_iteration_times  # noqa: E402
+from sim import simulate  # noqa: E402
+
+SOURCE = "Megatron-LM README"
+
+
+def with_constants(run: PublishedRun) -> Scenario:
+    """The row's scenario with its device's fitted constants."""
+    constants = {f"cluster.gpu.{k}": v for k, v in DEVICES[run.device].fitted.items()}
+    return with_settings(run.scenario, constants)
+
+
+def with_vpp(s: Scenario, vpp: int) -> Scenario:
+    """``s`` with ``vpp`` virtual stages per stage (1: Megatron's 1F1B)."""
+    return with_settings(s, {"parallel.vpp": vpp,
+                             "schedule": "interleaved" if vpp > 1 else "1f1b"})
+
+
+def valid_vpps(s: Scenario) -> list[int]:
+    """The virtual-stage counts Megatron-core r0.8.0 accepts: divisors of the
+    layers per stage, and only 1 without a pipeline (``arguments.py``: pp > 1)."""
+    if s.parallel.pp == 1:
+        return [1]
+    per_stage = s.model.layers // s.parallel.pp
+    return [v for v in range(1, per_stage + 1) if per_stage % v == 0]
+
+
+def iteration_and_busiest(s: Scenario) -> tuple[float, float]:
+    """(iteration time, the busiest rank's summed compute) of one replica."""
+    result = simulate(s, replica=True)
+    source = source_of(result)
+    compute = KINDS.index("compute")
+    busiest = 0.0
+    for rank in source.ranks():
+        rows = source.rank_rows(rank)
+        busiest = max(busiest, float(np.sum(rows.dur_s[rows.kind == compute])))
+    return run_iteration_times(result)[0], busiest
+
+
+def row_line(run: PublishedRun) -> str:
+    s = with_constants(run)
+    own, busiest = iteration_and_busiest(s)
+    cells = []
+    for vpp in valid_vpps(s):
+        t = own if vpp == s.parallel.vpp else iteration_and_busiest(with_vpp(s, vpp))[0]
+        mark = "**" if vpp == s.parallel.vpp else ""
+        cells.append(f"{mark}{vpp}: {throughput_error(run.iteration_s, t) * 100:+.1f}%{mark}")
+    name = run.source.rsplit(", ", 1)[-1]
+    return (f"| {name} | {s.parallel.pp} | {s.model.layers // s.parallel.pp} | "
+            f"{run.iteration_s:.3f} | {busiest:.3f} | {run.iteration_s / busiest:.3f} | "
+            f"{'fitted' if run.fitted else 'held out'} | {', '.join(cells)} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="",
+                        help="comma-separated model sizes as the README names them, e.g. 70B,177B")
+    args = parser.parse_args(argv)
+    runs = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    known = {r.source.rsplit(", ", 1)[-1] for r in runs}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        parser.error(f"--only: no README row {', '.join(unknown)} (rows: {', '.join(sorted(known))})")
+    runs = [r for r in runs if not wanted or r.source.rsplit(", ", 1)[-1] in wanted]
+    t0, w0 = time.process_time(), time.perf_counter()
+    print("| row | pp | layers per stage | published s | busiest stage's compute s "
+          "| published / busiest | role | error at each vpp (the row's own in bold) |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
+    for run in runs:
+        print(row_line(run), flush=True)
+    print(f"\n{len(runs)} rows: {time.process_time() - t0:.0f} s CPU, "
+          f"{time.perf_counter() - w0:.0f} s wall")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
