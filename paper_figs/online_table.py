@@ -16,7 +16,8 @@ Jobs: 16 GPUs (scenarios/throttle.yaml: tp 2, pp 4, dp 2), 1,024 GPUs
 GPUs (scenarios/megascale_12288.yaml), each with one fault; the 16- and
 1,024-GPU jobs with their background jitter, the 12,288-GPU job without (so
 its identical pipelines are simulated and scanned once per class: the scan is
-fed the stored rows, ``iterations_of(compact=True)``). Each seed places its
+fed the stored rows, ``iterations_of(compact=True)``; its healthy row is its one
+healthy run, since every seed of it is the same run). Each seed places its
 fault (``placed``): any rank, or any pipeline link between consecutive
 stages, starting anywhere in iteration ``ONSET`` (``start_s``), so seeds are
 different runs even without jitter. Its onset is the first iteration the
@@ -184,11 +185,18 @@ def trial(job: Job, kind: str, factor: float, seed: int, period_s: float
 
 
 def healthy_verdicts(job: Job, seed: int, iterations: int) -> int:
-    """The verdicts of one healthy run (each a false alarm)."""
-    s = scenario(job, seed, iterations, "[]")
+    """The verdicts of one healthy run (each a false alarm); a job without
+    jitter is fed its stored rows, one pipeline per class, as its faulty
+    runs are (``trial``)."""
+    return named_verdicts(scenario(job, seed, iterations, "[]"), compact=not job.jitter)
+
+
+def named_verdicts(s: Scenario, compact: bool) -> int:
+    """How many verdicts on-line MegaScan names over a simulated run of ``s``
+    (``compact``: fed the stored rows, one pipeline per class)."""
     scan = OnlineScan(SIMULATED, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
-    return sum(d.event == "named" for i, cols in iterations_of(source_of(simulate(s)))
-               for d in scan.feed(i, cols))
+    parts = iterations_of(source_of(simulate(s)), compact=compact)
+    return sum(d.event == "named" for i, cols in parts for d in scan.feed(i, cols))
 
 
 def healthy_false_alarms(job: Job, seeds: int, iterations: int, first_seed: int = 0
@@ -223,6 +231,13 @@ def false_alarm_row(gpus: int, verdicts: int, iterations: int) -> str:
     return (f"| {gpus:,} | healthy | | | | {verdicts} in {iterations:,} iterations: "
             f"{per * verdicts / iterations:.2f} per {per:,} (95% upper bound "
             f"{per * poisson_upper(verdicts, iterations):.2f}) | | | |")
+
+
+def deterministic_false_alarm_row(gpus: int, verdicts: int, iterations: int) -> str:
+    """A job without jitter: its healthy iterations are alike, so what one run
+    draws is its rate (no sampling bound applies)."""
+    return (f"| {gpus:,} | healthy, no jitter | | | | {verdicts} in {iterations:,} iterations "
+            f"of its one healthy run (every seed and iteration alike) | | | |")
 
 
 def progress(gpus: int, every: int = 10) -> Callable[[list[Detection]], None]:
@@ -567,8 +582,12 @@ def main() -> None:
                   f"| {'-' if off is None else f'{off:,.0f}'} "
                   f"| {'-' if on is None else f'{on:,.0f}'} "
                   f"| {'-' if even is None else f'{even:.2f}'} |", flush=True)
-        if not job.jitter or args.healthy_seeds == 0:
-            continue  # identical pipelines: nothing to tell a false alarm from
+        if args.healthy_seeds == 0:
+            continue
+        if not job.jitter:  # every seed is the same run, every iteration the same
+            verdicts, iterations = healthy_false_alarms(job, 1, args.healthy_iterations)
+            print(deterministic_false_alarm_row(gpus, verdicts, iterations), flush=True)
+            continue
         verdicts, iterations = healthy_false_alarms(job, args.healthy_seeds,
                                                     args.healthy_iterations,
                                                     args.healthy_first_seed)

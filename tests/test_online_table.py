@@ -86,6 +86,17 @@ def test_a_seed_placed_fault_is_timed_from_its_own_onset(kind: str) -> None:
     assert latency is not None and 1 <= latency <= 3 and false == 0
 
 
+def test_a_job_without_jitter_names_the_same_on_its_stored_rows_as_on_every_rank() -> None:
+    calm = table.Job("scan_1024.yaml", ("parallel.microbatches=8", "cluster.jitter.compute_sigma=0",
+                                        "cluster.jitter.link_sigma=0"), 300, (427, 555), 4,
+                     jitter=False)
+    throttled = table.scenario(calm, 0, 4, "[{kind: throttle, rank: 300, factor: 2.0}]")
+    named = table.named_verdicts(throttled, compact=True)  # 32 of 1,024 ranks' rows
+    assert named > 0 and named == table.named_verdicts(throttled, compact=False)
+    assert table.healthy_verdicts(calm, 0, 4) == 0
+    assert table.named_verdicts(table.scenario(calm, 0, 4, "[]"), compact=False) == 0
+
+
 def test_cases_picks_the_rows_a_replay_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(table, "TORCH_OUT", tmp_path)
