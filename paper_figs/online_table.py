@@ -551,10 +551,10 @@ def main() -> None:
             print(f"online_table.py: --cases: no case {sorted(unknown)[0]}", file=sys.stderr)
             raise SystemExit(2)
         seeds = range(args.first_seed, args.first_seed + args.seeds)
-        cases = tuple(c for c in TORCH_CASES if torch_case_key(*c) in keys)
-        torch_table(args.ranks, seeds, args.replay, config, cases)
+        picked = tuple(c for c in TORCH_CASES if torch_case_key(*c) in keys)
+        torch_table(args.ranks, seeds, args.replay, config, picked)
         if args.realized:
-            for kind, severity in cases:
+            for kind, severity in picked:
                 print(realized_line(args.ranks, kind, severity, seeds))
         return
     print("| GPUs | fault | latency median | latency worst | named | false alarms "
