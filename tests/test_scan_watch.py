@@ -96,3 +96,9 @@ def test_a_profiler_file_of_no_distributed_job_is_one_line_naming_it(tmp_path: P
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         f"megatronapp: DIR: {path} is not a torch.profiler trace of a distributed job"]
+
+
+def test_a_negative_link_window_is_one_line_naming_it(tmp_path: Path) -> None:
+    done = run_cli("watch", str(tmp_path), "--link-window", "-1")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["megatronapp: --link-window: must be >= 0 (0: off), got -1"]

@@ -75,6 +75,10 @@ class DetectionLog:
 # iterations looks throttled to two windows in a row (most of the false alarms
 # of kept torch runs, docs/megascan.md); a third window tells them apart.
 LIVE_CONFIRM = 3
+# An erratic link is fast at its best and slow only now and then: a window of
+# two iterations holds too few of its transfers to tell it from its class, so
+# links are also judged over the last ten iterations (half a 20-iteration run).
+LIVE_LINK_WINDOW = 10
 
 
 def scan_for(s: Scenario, config: OnlineConfig | None = None, live: bool = False
@@ -84,7 +88,8 @@ def scan_for(s: Scenario, config: OnlineConfig | None = None, live: bool = False
     on its own clock, aligned in each window when the scenario skews a clock; a
     verdict then needs ``LIVE_CONFIRM`` windows in a row unless ``config`` says."""
     if config is None:
-        config = OnlineConfig(confirm=LIVE_CONFIRM) if live else OnlineConfig()
+        config = (OnlineConfig(confirm=LIVE_CONFIRM, link_window=LIVE_LINK_WINDOW) if live
+                  else OnlineConfig())
     if live:
         config = replace(config, aligned=not any(f.kind == "clock_skew" for f in s.faults))
     return OnlineScan(config, gpus_per_node=s.cluster.gpus_per_node, scenario=s)

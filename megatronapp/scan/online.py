@@ -91,7 +91,7 @@ class OnlineScan:
         self.scenario = scenario
         self.thresholds = thresholds
         self._work = ModelledWork(scenario)  # the scenario's, for every window
-        self._window: deque[tuple[int, EventColumns]] = deque(maxlen=config.window)
+        self._window: deque[tuple[int, EventColumns]] = deque(maxlen=config.held)
         self._suspects: dict[SuspectKey, _Suspect] = {}
         self.found: dict[SuspectKey, int] = {}  # windows that named each rank or link
         self.records: list[Detection] = []
@@ -99,7 +99,8 @@ class OnlineScan:
 
     @property
     def window_iterations(self) -> tuple[int, ...]:
-        return tuple(i for i, _ in self._window)
+        """The iterations of the (short) window MegaScan last looked at."""
+        return tuple(i for i, _ in self._window)[-self.config.window:]
 
     @property
     def named(self) -> tuple[Detection, ...]:
@@ -119,7 +120,18 @@ class OnlineScan:
         return decided
 
     def _findings(self) -> dict[SuspectKey, RootCause]:
-        cols = concat_same([c for _, c in self._window])  # re-coded where tables differ
+        held = list(self._window)
+        found = self._found_in(held[-self.config.window:])
+        if self.config.link_window > self.config.window and len(held) == self.config.link_window:
+            for key, cause in self._found_in(held).items():
+                if cause.kind == "link":
+                    found.setdefault(key, cause)
+        return found
+
+    def _found_in(self, window: list[tuple[int, EventColumns]]) -> dict[SuspectKey, RootCause]:
+        """What MegaScan finds over ``window``'s iterations, each cause with the
+        window it was found in (first and last iteration) in its evidence."""
+        cols = concat_same([c for _, c in window])  # re-coded where tables differ
         if not len(cols):
             return {}
         scan = prepare_columns(cols, aligned=self.config.aligned,
@@ -128,8 +140,9 @@ class OnlineScan:
         if self.scenario is not None:
             scan, work = replace(scan, scenario=self.scenario), self._work
         diagnosis = megascan(scan, self.thresholds, work)
-        return {_key(c): c for c in without_crowded_links(scan, diagnosis.root_causes,
-                                                          self.thresholds)
+        span = [window[0][0], window[-1][0]]
+        return {_key(c): replace(c, evidence={**c.evidence, "window": span})
+                for c in without_crowded_links(scan, diagnosis.root_causes, self.thresholds)
                 if c.confidence >= self.config.min_confidence}
 
     def _step(self, iteration: int, causes: dict[SuspectKey, RootCause]) -> list[Detection]:
@@ -154,8 +167,9 @@ class OnlineScan:
     def _detection(self, event: Literal["named", "withdrawn"], suspect: _Suspect,
                    iteration: int) -> Detection:
         c = suspect.cause
-        window = [i for i, _ in self._window]
-        evidence = {**c.evidence, "window": [window[0], window[-1]],
+        now = self.window_iterations
+        where = {"window": [now[0], now[-1]]} if event == "withdrawn" else {}
+        evidence = {**c.evidence, **where,
                     "windows_with": suspect.hits, "windows_without": suspect.misses,
                     "found_in_windows": self.found.get(_key(c), 0)}
         return Detection(event, c.kind, c.rank, c.peer, c.confidence, suspect.first_seen,

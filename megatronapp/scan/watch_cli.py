@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 def cmd_watch(args: argparse.Namespace) -> int:
     from .watch import follow  # numpy and the detector load here, not with the command line
 
-    config = OnlineConfig(window=args.window, confirm=args.confirm, clear=args.clear)
+    config = OnlineConfig(window=args.window, confirm=args.confirm, clear=args.clear,
+                          link_window=args.link_window)
 
     def feed(scan: OnlineScan, iterations: Iterations) -> None:
         for iteration, cols in iterations:
@@ -36,6 +37,13 @@ def _count(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _count_or_off(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0: off), got {value}")
     return value
 
 
@@ -63,5 +71,8 @@ def register(subparsers: Any, _plot_hooks: list) -> None:
                        help="windows in a row that must find a suspect before it is named")
     watch.add_argument("--clear", type=_count, default=defaults.clear,
                        help="windows in a row without it before a verdict is withdrawn")
+    watch.add_argument("--link-window", type=_count_or_off, default=defaults.link_window,
+                       help="also judge links over this many iterations, for links slow only "
+                            "now and then (0: off; `run --detect` on torch uses 10)")
     watch.add_argument("--json", action="store_true", help="one JSON record a line per detection")
     watch.set_defaults(func=cmd_watch)
