@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from megatronapp.io.progress import status
 
@@ -33,18 +33,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _count_or_off(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0: off), got {value}")
-    return value
+def _at_least(minimum: int, off: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (``off``: what 0 means)."""
+    def count(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{off}, got {value}")
+        return value
+    return count
 
 
 def _seconds(text: str) -> float:
@@ -65,13 +61,14 @@ def register(subparsers: Any, _plot_hooks: list) -> None:
                        help="end when no file was written for this long (default: follow until "
                             "interrupted)")
     defaults = OnlineConfig()
-    watch.add_argument("--window", type=_count, default=defaults.window,
+    watch.add_argument("--window", type=_at_least(1), default=defaults.window,
                        help="iterations MegaScan looks at")
-    watch.add_argument("--confirm", type=_count, default=defaults.confirm,
+    watch.add_argument("--confirm", type=_at_least(1), default=defaults.confirm,
                        help="windows in a row that must find a suspect before it is named")
-    watch.add_argument("--clear", type=_count, default=defaults.clear,
+    watch.add_argument("--clear", type=_at_least(1), default=defaults.clear,
                        help="windows in a row without it before a verdict is withdrawn")
-    watch.add_argument("--link-window", type=_count_or_off, default=defaults.link_window,
+    watch.add_argument("--link-window", type=_at_least(0, " (0: off)"),
+                       default=defaults.link_window,
                        help="also judge links over this many iterations, for links slow only "
                             "now and then (0: off; `run --detect` on torch uses 10)")
     watch.add_argument("--json", action="store_true", help="one JSON record a line per detection")
