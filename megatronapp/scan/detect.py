@@ -189,6 +189,33 @@ def _cross_stage(ranks: tuple[int, ...], cross: Reservoirs[tuple[int, str]],
     return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
 
 
+# A pipeline stage whose op names run on another stage too carry less of its
+# compute time than this is not judged on its compute: the rest of its work
+# is its own (the last stage's output layer and loss, which the Kineto reader
+# names apart from the middle stages' ``forward``), and a slowdown read from
+# the little that is compared (zeroing more gradients) says nothing of it
+MIN_COMPARED_TIME_SHARE = 0.5
+
+
+def compared_too_little(durations: Reservoirs[tuple[int, str]],
+                        peers: Mapping[int, tuple[int, ...]]) -> set[int]:
+    """Stages without stage peers whose op names shared with another such
+    stage carry under ``MIN_COMPARED_TIME_SHARE`` of their compute time
+    (each name's sampled mean times its count)."""
+    lonely = {r for r, p in peers.items() if len(p) == 1}
+    totals = {key: float(np.mean(v)) * durations.seen(key) for key, v in durations.items()
+              if key[0] in lonely and len(v)}
+    holders: dict[str, int] = {}
+    for _, name in totals:
+        holders[name] = holders.get(name, 0) + 1
+    whole: dict[int, float] = {}
+    shared: dict[int, float] = {}
+    for (r, name), total in totals.items():
+        whole[r] = whole.get(r, 0.0) + total
+        shared[r] = shared.get(r, 0.0) + (total if holders[name] > 1 else 0.0)
+    return {r for r in whole if shared[r] < MIN_COMPARED_TIME_SHARE * whole[r]}
+
+
 # --------------------------------------------------------------- stage 2
 def late_arrivals(scan: ScanInput) -> dict[int, tuple[int, int]]:
     """rank -> (times it started a TP/DP collective last, collectives joined)."""
@@ -449,7 +476,9 @@ class Detector:
             durations.setdefault(r, {})[name] = values
         scores = compute_scores(self._ratios, self._cross, peers, self.th)
         late = {r: (last, joined) for r, (last, joined) in self._late.items()}
-        compute = judge_compute(ranks, scores, late, durations, peers, self.th)
+        unjudged = compared_too_little(self._durations, peers)
+        compute = judge_compute([r for r in ranks if r not in unjudged], scores, late,
+                                durations, peers, self.th)
         node = self.gpus_per_node
         links = judge_links(judge_bandwidth(pair_stats(self._transfers, self.th), node, self.th),
                             self._waits, node, self.th)

@@ -63,6 +63,7 @@ from megatronapp.trace.events import Event
 
 from .errors import TraceError
 from .p2p_infer import P2POp, forced_pairs, forced_peers
+from .range_work import OpMix, op_mixes, work_names
 
 RankEvents = dict[int, list[Event]]
 Intervals = list[tuple[float, float]]
@@ -153,6 +154,8 @@ class KinetoRank:
     # not yet known as waits; ``load_kineto`` takes out those spent waiting
     # for a peer at a collective
     idle: Mapping[int, Intervals] = field(default_factory=dict)
+    # what each of the job's named ranges holds (``range_work``)
+    work: Mapping[str, OpMix] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ files
@@ -297,7 +300,7 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
             spans.append(span)
     compute, idle = _compute(spans)
     return KinetoRank(source, rank, base, groups, tuple(compute), tuple(_comms(spans, source)),
-                      dict(phases), _profiler_steps(spans), idle)
+                      dict(phases), _profiler_steps(spans), idle, _range_work(spans))
 
 
 STEP_NUMBER = re.compile(re.escape(STEP_PREFIX) + r"#(\d{1,9})$")
@@ -414,6 +417,29 @@ def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]
             s = replace(s, dur_us=s.dur_us - waited)
         out.append(s)
     return out, idle
+
+
+def _range_work(spans: list[Span]) -> dict[str, OpMix]:
+    """What each CPU range (the job's or torch's, iterations aside) holds."""
+    ops: dict[tuple[Any, Any], list[tuple[float, float, str]]] = defaultdict(list)
+    for s in spans:
+        if s.cat == "cpu_op" and not _is_comm(s):
+            ops[s.lane].append((s.start_us, s.end_us, s.name))
+    for lane_ops in ops.values():
+        lane_ops.sort(key=lambda o: (o[0], o[0] - o[1]))
+    return op_mixes(((s.name, s.lane, s.start_us, s.end_us) for s in spans
+                     if s.cat == "user_annotation" and not _is_comm(s)
+                     and not s.name.startswith(STEP_PREFIX)), ops)
+
+
+def _by_work(ranks: Mapping[int, KinetoRank]) -> dict[int, KinetoRank]:
+    """Each rank with its ranges that are other work than most ranks'
+    same-named ones renamed (``range_work``), so none is compared with them."""
+    renamed = work_names({r: k.work for r, k in ranks.items()})
+    return {r: replace(k, compute=tuple(replace(s, name=renamed[r][s.name])
+                                        if s.name in renamed.get(r, {}) else s
+                                        for s in k.compute))
+            for r, k in ranks.items()}
 
 
 def _own_annotation(s: Span) -> bool:
@@ -673,6 +699,7 @@ def load_kineto(paths: Iterable[Path], max_bytes: float | None = None) -> Kineto
             raise TraceError(str(path), f"rank {parsed.rank} also appears in "
                              f"{ranks[parsed.rank].source}")
         ranks[parsed.rank] = parsed
+    ranks = _by_work(ranks)
     comms = _resolve(ranks)
     waiting = _waits_for_peers(comms)
     hosts = frozenset(str(d.get("host_name", "")) if isinstance(d, dict) else "" for _, d in datas)
