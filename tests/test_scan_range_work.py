@@ -1,8 +1,9 @@
 """Ranges of one name are compared across ranks only when they hold the same
 work: a pipeline's last stage annotates its output layer and loss inside
 ``forward`` as its peers annotate their layers, and is no straggler for it
-(``scan/range_work.py``; the Kineto reader names such ranges apart, and a
-stage compared on too little of its time is not judged on its compute)."""
+(``scan/range_work.py``; the Kineto reader names such ranges apart), and
+without a model of each stage's work the end stages are not judged on their
+compute (``detect.end_stages``)."""
 from __future__ import annotations
 
 from hypothesis import given, strategies as st

@@ -43,7 +43,7 @@ from megatronapp.trace.metrics import group_ids
 
 from .components import classes_of
 from .diagnosis import Diagnosis, RootCause, ranked
-from .held import with_held
+from .held import middle_stages, with_held
 from .inputs import (DEFAULT_GPUS_PER_NODE, ScanInput, load_table_scan, stored_batches,
                      stored_events)
 from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
@@ -52,7 +52,7 @@ from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
 from .sketch import DEFAULT_CAPACITY, Reservoirs
 from .twins import Twins
 from .table import COLLECTIVE, COMPUTE_KIND, P2P
-from .waits import COLLECTIVE_KIND, P2P_KIND, RECEIVE, WaitAccumulator, with_waits
+from .waits import COLLECTIVE_KIND, P2P_KIND, RECEIVE, WaitAccumulator, WaitScores, with_waits
 from .work import ModelledWork, Work
 
 STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
@@ -189,31 +189,15 @@ def _cross_stage(ranks: tuple[int, ...], cross: Reservoirs[tuple[int, str]],
     return {r: sorted(s, key=lambda c: c.z)[(len(s) - 1) // 2] for r, s in per_rank.items()}
 
 
-# A pipeline stage whose op names run on another stage too carry less of its
-# compute time than this is not judged on its compute: the rest of its work
-# is its own (the last stage's output layer and loss, which the Kineto reader
-# names apart from the middle stages' ``forward``), and a slowdown read from
-# the little that is compared (zeroing more gradients) says nothing of it
-MIN_COMPARED_TIME_SHARE = 0.5
-
-
-def compared_too_little(durations: Reservoirs[tuple[int, str]],
-                        peers: Mapping[int, tuple[int, ...]]) -> set[int]:
-    """Stages without stage peers whose op names shared with another such
-    stage carry under ``MIN_COMPARED_TIME_SHARE`` of their compute time
-    (each name's sampled mean times its count)."""
-    lonely = {r for r, p in peers.items() if len(p) == 1}
-    totals = {key: float(np.mean(v)) * durations.seen(key) for key, v in durations.items()
-              if key[0] in lonely and len(v)}
-    holders: dict[str, int] = {}
-    for _, name in totals:
-        holders[name] = holders.get(name, 0) + 1
-    whole: dict[int, float] = {}
-    shared: dict[int, float] = {}
-    for (r, name), total in totals.items():
-        whole[r] = whole.get(r, 0.0) + total
-        shared[r] = shared.get(r, 0.0) + (total if holders[name] > 1 else 0.0)
-    return {r for r in whole if shared[r] < MIN_COMPARED_TIME_SHARE * whole[r]}
+def end_stages(waited: WaitScores, peers: Mapping[int, tuple[int, ...]]) -> set[int]:
+    """A pipeline's first and last stages (alone in their stage, receiving
+    from one side only): without a model of each stage's work they are not
+    judged on their compute, which holds work the middle stages do not
+    (the embedding, the output layer and the loss), as ``held`` judges
+    middle stages only."""
+    middle = set(middle_stages(waited, peers))
+    return {r for r, s in waited.receiving.items()
+            if s > 0 and len(peers.get(r, (r,))) == 1 and r not in middle}
 
 
 # --------------------------------------------------------------- stage 2
@@ -476,13 +460,13 @@ class Detector:
             durations.setdefault(r, {})[name] = values
         scores = compute_scores(self._ratios, self._cross, peers, self.th)
         late = {r: (last, joined) for r, (last, joined) in self._late.items()}
-        unjudged = compared_too_little(self._durations, peers)
+        waited = self._waited.scores()
+        unjudged = set() if self._work_of(peers) else end_stages(waited, peers)
         compute = judge_compute([r for r in ranks if r not in unjudged], scores, late,
                                 durations, peers, self.th)
         node = self.gpus_per_node
         links = judge_links(judge_bandwidth(pair_stats(self._transfers, self.th), node, self.th),
                             self._waits, node, self.th)
-        waited = self._waited.scores()
         causes = with_held(with_waits(compute + links, waited, durations), waited, durations,
                            peers, node, name_stages=not self._work_of(peers))
         return diagnosis_of(causes, victims_of(causes, self._met, self._pairs))
