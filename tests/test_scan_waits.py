@@ -142,22 +142,6 @@ def test_leading_half_the_steps_by_idle_time_names_nobody(tmp_path):
     assert causes(job(tmp_path, {}, idle_us=idle)) == []
 
 
-# the machine holds rank 0 back by 600 µs in steps 2 and 3, rank 2 in steps 4
-# and 5: rank 1, doubled throughout, leads two steps as each of them does
-# and imposes more of the waiting than either
-HELD_AS_OFTEN = {(0, 2): 600.0, (0, 3): 600.0, (2, 4): 600.0, (2, 5): 600.0}
-
-
-def test_a_busier_rank_leading_a_third_of_the_steps_and_no_fewer_than_any_is_named(tmp_path):
-    doubled = {(1, n): 1000.0 for n in range(STEPS)}
-    assert causes(job(tmp_path, doubled, idle_us=HELD_AS_OFTEN)) == [("compute", 1, ("waits",))]
-
-
-def test_leading_a_third_of_the_steps_by_idle_time_names_nobody(tmp_path):
-    idle = {(1, 0): 500.0, (1, 1): 500.0, **HELD_AS_OFTEN}
-    assert causes(job(tmp_path, {}, idle_us=idle)) == []
-
-
 def test_the_same_arrivals_made_of_idle_time_name_nobody(tmp_path):
     idle = {**{(1, n): 500.0 for n in range(4)}, **DESCHEDULED_TWICE}
     assert causes(job(tmp_path, {}, idle_us=idle)) == []

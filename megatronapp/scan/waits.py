@@ -105,8 +105,6 @@ class WaitThresholds:
     # then adds waits of its own, diluting the share without being the cause;
     # with an even number of iterations such peers can leave it exactly half)
     busy_topped_share: float = 0.5
-    # ... or a third of them or more, when no other member led more of them
-    led_most_share: float = 1 / 3
     busy_ratio: float = 1.3
     # ... or a third of them, when it also runs its main op this many times
     # as long as its group's others even at its fastest (``best_ratio``): a
@@ -329,8 +327,7 @@ Compute = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> its compute 
 def waited_for(scores: WaitScores, compute: Compute = {},
                th: WaitThresholds = WaitThresholds()) -> list[RankWaits]:
     """Ranks their peers waited for most in most iterations of a group, for
-    most of its waiting, or in half of them or more (or a third, and no
-    other member in more), for more of the
+    most of its waiting, or in half of them or more, for more of the
     waiting than for any other member, while it computed far longer than
     the group's others (``compute``: rank -> op name -> its compute
     durations), or in a third of them while it computed far longer and
@@ -338,15 +335,13 @@ def waited_for(scores: WaitScores, compute: Compute = {},
     work (the op it spends most time in, against the same op on the group's
     others): a process the machine only descheduled is late and busy, not
     slow at its fastest."""
-    most, led = _imposed_most(scores), _led_most(scores)
+    most = _imposed_most(scores)
     out = []
     for w in scores.ranks:
         if len(w.group) < th.min_members or (w.iterations or w.joined) < th.min_iterations:
             continue
         by_waits = w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share
-        busier = (w.group, w.rank) in most and (
-            w.topped_share >= th.busy_topped_share
-            or (w.topped_share >= th.led_most_share and (w.group, w.rank) in led))
+        busier = w.topped_share >= th.busy_topped_share and (w.group, w.rank) in most
         if not (by_waits or busier or w.topped_share >= th.slow_best_topped_share):
             continue
         if not by_waits and _busy_ratio(w, compute) < th.busy_ratio:
@@ -368,14 +363,6 @@ def _imposed_most(scores: WaitScores) -> set[tuple[Group, int]]:
         if top.imposed_s > 0 and all(w.imposed_s < top.imposed_s for w in members if w is not top):
             out.add((group, top.rank))
     return out
-
-
-def _led_most(scores: WaitScores) -> set[tuple[Group, int]]:
-    """(group, rank) of each member that led no fewer iterations than any other."""
-    most: dict[Group, int] = defaultdict(int)
-    for w in scores.ranks:
-        most[w.group] = max(most[w.group], w.topped)
-    return {(w.group, w.rank) for w in scores.ranks if w.topped == most[w.group]}
 
 
 def _busy_ratio(w: RankWaits, compute: Compute) -> float:
