@@ -99,11 +99,10 @@ class WaitThresholds:
 
     min_iterations: int = 3  # iterations (or instances, without iterations) to judge from
     topped_share: float = 0.75  # iterations in which it imposed the most wait
-    # ... or half of them or more, when it also computed this many times
+    # ... or more than half of them, when it also computed this many times
     # as long as the median of its group's others; then imposing more wait
     # than any other member suffices (a peer the machine descheduled now and
-    # then adds waits of its own, diluting the share without being the cause;
-    # with an even number of iterations such peers can leave it exactly half)
+    # then adds waits of its own, diluting the share without being the cause)
     busy_topped_share: float = 0.5
     busy_ratio: float = 1.3
     # ... or a third of them, when it also runs its main op this many times
@@ -327,7 +326,7 @@ Compute = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> its compute 
 def waited_for(scores: WaitScores, compute: Compute = {},
                th: WaitThresholds = WaitThresholds()) -> list[RankWaits]:
     """Ranks their peers waited for most in most iterations of a group, for
-    most of its waiting, or in half of them or more, for more of the
+    most of its waiting, or in more than half of them, for more of the
     waiting than for any other member, while it computed far longer than
     the group's others (``compute``: rank -> op name -> its compute
     durations), or in a third of them while it computed far longer and
@@ -341,7 +340,7 @@ def waited_for(scores: WaitScores, compute: Compute = {},
         if len(w.group) < th.min_members or (w.iterations or w.joined) < th.min_iterations:
             continue
         by_waits = w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share
-        busier = w.topped_share >= th.busy_topped_share and (w.group, w.rank) in most
+        busier = w.topped_share > th.busy_topped_share and (w.group, w.rank) in most
         if not (by_waits or busier or w.topped_share >= th.slow_best_topped_share):
             continue
         if not by_waits and _busy_ratio(w, compute) < th.busy_ratio:
