@@ -40,7 +40,7 @@ def load_profile(path: Path) -> dict[int, list[Event]]:
 
     files = [path] if path.is_file() else kineto_files(path)
     try:
-        return dict(load_kineto(files).events)
+        return dict(load_kineto(files, by_work=False).events)  # the program's own names
     except TraceError as err:
         raise UserError(f"measured: {err}") from None
 

@@ -688,7 +688,11 @@ class KinetoJob:
         return len(self.hosts) == 1 and "" not in self.hosts
 
 
-def load_kineto(paths: Iterable[Path], max_bytes: float | None = None) -> KinetoJob:
+def load_kineto(paths: Iterable[Path], max_bytes: float | None = None,
+                by_work: bool = True) -> KinetoJob:
+    """``by_work``: ranges that hold other work than most ranks' same-named
+    ones are renamed (``range_work``); off for a reader that matches the
+    job's own range names to its program (``calibrate``)."""
     datas = [(path, read_json_any(path, max_bytes)) for path in paths]
     bases = [d.get("baseTimeNanoseconds", 0) for _, d in datas if isinstance(d, dict)]
     origin = min((b for b in bases if isinstance(b, int) and not isinstance(b, bool)), default=0)
@@ -699,7 +703,8 @@ def load_kineto(paths: Iterable[Path], max_bytes: float | None = None) -> Kineto
             raise TraceError(str(path), f"rank {parsed.rank} also appears in "
                              f"{ranks[parsed.rank].source}")
         ranks[parsed.rank] = parsed
-    ranks = _by_work(ranks)
+    if by_work:
+        ranks = _by_work(ranks)
     comms = _resolve(ranks)
     waiting = _waits_for_peers(comms)
     hosts = frozenset(str(d.get("host_name", "")) if isinstance(d, dict) else "" for _, d in datas)
