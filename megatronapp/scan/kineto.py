@@ -63,7 +63,10 @@ from megatronapp.trace.events import Event
 
 from .errors import TraceError
 from .p2p_infer import P2POp, forced_pairs, forced_peers
-from .range_work import OpMix, op_mixes, work_names
+# ranks do the same work when the ops they all run alike (same name, same
+# count) carry SAME_WORK_SHARE of each one's compute time: a rank's few extra
+# ops (rank 0's logging, a bigger batch's concatenation) leave them peers
+from .range_work import SAME_WORK_SHARE, OpMix, op_mixes, work_names
 
 RankEvents = dict[int, list[Event]]
 Intervals = list[tuple[float, float]]
@@ -86,10 +89,6 @@ STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
 TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.")
 TORCH_ANNOTATIONS = (STEP_PREFIX, *TORCH_RANGES)
 SAME_WORK = "dp"  # the prefix ``stage_peers`` reads as "these ranks do identical work"
-# ranks do the same work when the ops they all run alike (same name, same
-# count) carry this share of each one's compute time: a rank's few extra ops
-# (rank 0's logging, a bigger batch's concatenation) leave them peers
-SAME_WORK_SHARE = 0.9
 
 
 @dataclass(frozen=True)

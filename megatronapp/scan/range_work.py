@@ -23,8 +23,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-# the share of each rank's range time its ops run alike must carry
-# (the same share that makes whole ranks peers in the Kineto reader)
+# the share of each rank's range (or, in the Kineto reader, whole compute)
+# time that the ops it runs alike with another must carry to be the same work
 SAME_WORK_SHARE = 0.9
 
 Interval = tuple[float, float, str]  # start µs, end µs, op name
