@@ -30,13 +30,16 @@ class Pipeline:
     stage; each stage posts its receive as soon as it is free, then waits.
     ``slow``: rank -> factor of its matmuls; ``descheduled``: rank -> factor
     of every third of its matmuls only; ``link_delay_us``: on link 1-2 each
-    receiver sleeps that long between posting a receive and ``wait()``. The
-    machine is loaded: every third receive of a rank wakes ``WAKE_US`` late."""
+    receiver sleeps that long between posting a receive and ``wait()``;
+    ``starved``: rank -> microseconds each of its own receives finishes late
+    (a slowed process on a CPU: its transport threads share its busy cores).
+    The machine is loaded: every third receive of a rank wakes ``WAKE_US`` late."""
 
     def __init__(self, slow: dict[int, float] | None = None, link_delay_us: float = 0.0,
-                 shapes: bool = False, descheduled: dict[int, float] | None = None) -> None:
+                 shapes: bool = False, descheduled: dict[int, float] | None = None,
+                 starved: dict[int, float] | None = None) -> None:
         self.slow, self.delay, self.shapes = slow or {}, link_delay_us, shapes
-        self.descheduled = descheduled or {}
+        self.descheduled, self.starved = descheduled or {}, starved or {}
         self.events: dict[int, list[dict[str, Any]]] = {r: [] for r in range(STAGES)}
         self.free = {r: 0.0 for r in range(STAGES)}
         self.received = {r: 0 for r in range(STAGES)}
@@ -78,7 +81,7 @@ class Pipeline:
         sleep = self.delay if {r, source} == {1, 2} else 0.0
         self.received[r] += 1
         late = WAKE_US if self.received[r] % 3 == 0 else 0.0
-        arrived = max(posted + 10.0 + sleep, sent + 50.0) + late
+        arrived = max(posted + 10.0 + sleep, sent + 50.0) + late + self.starved.get(r, 0.0)
         self.events[r] += [
             kineto_event("c10d::recv_", "cpu_op", r, MAIN, posted, 8.0, **self.peer(source)),
             kineto_event("gloo:recv", "user_annotation", r, MAIN, posted + 5, arrived - posted - 5)]
@@ -94,8 +97,47 @@ class Pipeline:
         return {"Concrete Inputs": ["", "", str(rank), "0"]} if self.shapes else {}
 
 
-def scan_of(tmp_path, **pipeline: Any):
-    return load_scan_input(write_kineto(tmp_path, Pipeline(**pipeline).files()))
+class OneFOneB(Pipeline):
+    """The same stages run 1F1B: each stage keeps at most (stages − rank)
+    microbatches in flight, so a stage's upstream neighbour cannot run ahead
+    of it: it waits for the stage's gradient before its next forward, and the
+    stage's own forward receives then wait for that neighbour."""
+
+    def files(self) -> dict[int, dict]:
+        for step in range(STEPS):
+            begin = max(self.free.values()) + 100.0
+            self.free = {r: begin + 10.0 for r in range(STAGES)}
+            ready: dict[int, dict[tuple[int, int], float]] = {1: {}, -1: {}}
+            todo = {r: self.order(r) for r in range(STAGES)}
+            while any(todo.values()):
+                for r in range(STAGES):
+                    while todo[r] and self.can_run(r, *todo[r][0], ready):
+                        direction, m = todo[r].pop(0)
+                        self.stage(r, m, step, direction, ready[direction])
+            end = max(self.free.values()) + 10.0
+            for r in range(STAGES):
+                self.events[r].append(kineto_event(f"ProfilerStep#{step}", "user_annotation",
+                                                   r, MAIN, begin, end - begin))
+        return {r: gloo_file(r, STAGES, evs) for r, evs in self.events.items()}
+
+    @staticmethod
+    def order(r: int) -> list[tuple[int, int]]:
+        """(direction, microbatch) in 1F1B order: warm-up forwards, then one
+        forward and one backward at a time, then the last backwards."""
+        warm = min(STAGES - r - 1, MICROBATCHES)
+        steady = [op for m in range(MICROBATCHES - warm) for op in ((1, m + warm), (-1, m))]
+        return ([(1, m) for m in range(warm)] + steady
+                + [(-1, m) for m in range(MICROBATCHES - warm, MICROBATCHES)])
+
+    @staticmethod
+    def can_run(r: int, direction: int, m: int,
+                ready: dict[int, dict[tuple[int, int], float]]) -> bool:
+        source = r - direction
+        return not 0 <= source < STAGES or (source, m) in ready[direction]
+
+
+def scan_of(tmp_path, schedule: type[Pipeline] = Pipeline, **pipeline: Any):
+    return load_scan_input(write_kineto(tmp_path, schedule(**pipeline).files()))
 
 
 def causes(scan) -> list[tuple[str, int, int | None]]:
@@ -222,3 +264,21 @@ def test_detect_says_how_long_the_slow_links_fastest_receive_took(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("root cause: link 1 <-> 2 (slow")
     assert "its fastest receive (posted to done) took 3.0" in lines[1]
+
+
+def test_in_1f1b_a_slowed_stage_is_named_not_the_links_its_pacing_makes_wait(tmp_path):
+    # 1F1B keeps the upstream stage from running ahead, so the slowed
+    # stage's own forward receives wait too; without peers the matching of
+    # sends to receives then makes its link's deliveries look late: that
+    # waiting is the stage's doing, not the link's
+    assert causes(scan_of(tmp_path, OneFOneB, slow={1: 2.0})) == [("compute", 1, None)]
+
+
+@pytest.mark.parametrize("shapes", [False, True])
+def test_in_1f1b_a_healthy_pipeline_names_nobody(tmp_path, shapes):
+    assert causes(scan_of(tmp_path, OneFOneB, shapes=shapes)) == []
+
+
+def test_in_1f1b_a_slow_link_is_still_named_from_its_receives(tmp_path):
+    assert causes(scan_of(tmp_path, OneFOneB, link_delay_us=3000.0, shapes=True)) == [
+        ("link", 1, 2)]

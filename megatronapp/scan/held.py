@@ -151,8 +151,11 @@ def with_held(causes: Sequence[RootCause], scores: WaitScores, compute: Compute,
     out = [held.get(frozenset((c.rank, c.peer)), c)
            if c.kind == "link" and c.evidence.get("problem") != "slow" else c for c in causes]
     out += [c for pair, c in held.items() if pair not in named]
+    holds = holding_stages(scores, compute, peers, th)
+    if name_stages and holds:  # a held stage paces every receive after it
+        out = [c for c in out if not _rests_on_waiting(c)]
     linked = {r for c in out if c.kind == "link" for r in (c.rank, c.peer)}
-    for hold in holding_stages(scores, compute, peers, th):
+    for hold in holds:
         if hold.rank in linked:
             continue
         evidence = {"held_stages": {"receive_s": round(hold.receive_s, 6),
@@ -168,3 +171,9 @@ def with_held(causes: Sequence[RootCause], scores: WaitScores, compute: Compute,
         elif name_stages:
             out.append(RootCause(hold.rank, "compute", None, confidence, evidence))
     return out
+
+
+def _rests_on_waiting(cause: RootCause) -> bool:
+    """A link named from how its receives waited (its deliveries, or its
+    fastest receive), not from how long its transfers took per byte."""
+    return cause.kind == "link" and "bandwidth_ratio" not in cause.evidence
