@@ -216,3 +216,59 @@ def test_an_annotation_holding_a_collective_counts_without_the_wait_but_with_the
         backward = [e for e in events[rank] if e.name == "backward"]
         assert len(backward) == 1  # the range stays, under its name
         assert backward[0].dur_s == pytest.approx((800.0 + sleep + 500.0) * 1e-6)
+
+
+LAYERS = 4  # collectives per step in the layer-by-layer job below
+
+
+def layered_rank(rank: int, matmul_us: Steps, idle_us: Steps) -> list[dict]:
+    """Each step: ``LAYERS`` rounds of many small ops alike on every rank,
+    one matmul (per (rank, step): ``matmul_us``, or 500 µs), then a
+    collective that ends when the last rank has arrived, as FSDP gathers and
+    reduces layer by layer; ``idle_us`` holds a rank back before the step's
+    first collective."""
+    events = []
+    for n in range(STEPS):
+        t = 1000.0 + n * 3 * STEP_US
+        events.append(kineto_event(f"ProfilerStep#{n}", "user_annotation", rank, MAIN, t,
+                                   3 * STEP_US - 10))
+        start = t + 5
+        for layer in range(LAYERS):
+            for k in range(SMALL_OPS):
+                events.append(kineto_event("aten::add", "cpu_op", rank, MAIN, start + 21 * k, 20.0))
+            start += 21 * SMALL_OPS
+            held = idle_us if layer == 0 else {}
+            arrive = {r: start + matmul_us.get((r, n), 500.0) + held.get((r, n), 0.0)
+                      for r in range(WORLD)}
+            done = max(arrive.values()) + 100.0
+            events.append(kineto_event("aten::mm", "cpu_op", rank, MAIN, start,
+                                       matmul_us.get((rank, n), 500.0)))
+            events += collective(rank, "allreduce_", "all_reduce", arrive[rank], done)
+            start = done + 5
+    return events
+
+
+def layered_job(tmp_path, matmul_us: Steps, idle_us: Steps) -> object:
+    files = {r: gloo_file(r, WORLD, layered_rank(r, matmul_us, idle_us)) for r in range(WORLD)}
+    return load_scan_input(write_kineto(tmp_path, files))
+
+
+# the machine holds ranks 0, 2 and 3 back by 2500 µs, each in one step: the
+# most waiting of those steps, so rank 1 is waited for most in three of six
+HELD_IN_THREE = {(0, 1): 2500.0, (2, 3): 2500.0, (3, 5): 2500.0}
+
+
+def test_a_busier_rank_last_at_almost_every_collective_is_named_though_it_led_half_the_steps(
+        tmp_path):
+    # rank 1's matmul is 2x at every layer (1.4x its peers' compute): last
+    # at 21 of 24 collectives, waited for over twice as long as for any
+    # other rank, but the most in only three steps of six
+    slower = {(1, n): 1000.0 for n in range(STEPS)}
+    assert causes(layered_job(tmp_path, slower, HELD_IN_THREE)) == [("compute", 1, ("waits",))]
+
+
+def test_a_rank_as_late_but_as_fast_at_its_best_is_not_named(tmp_path):
+    # rank 1's matmul is 2x in four steps, its peers' length in two: the
+    # machine held it back, it is not slower
+    slower = {(1, n): 1000.0 for n in range(4)}
+    assert causes(layered_job(tmp_path, slower, HELD_IN_THREE)) == []

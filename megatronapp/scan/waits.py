@@ -105,6 +105,11 @@ class WaitThresholds:
     # then adds waits of its own, diluting the share without being the cause)
     busy_topped_share: float = 0.5
     busy_ratio: float = 1.3
+    # ... or, with as busy a rank, in fewer iterations when over the whole
+    # run the others waited this many times as long for it as for any other
+    # member and it came last this many times as often (a few iterations
+    # split by a loaded machine's noise say less than every instance does)
+    dominance: float = 2.0
     # ... or a third of them, when it also runs its main op this many times
     # as long as its group's others even at its fastest (``best_ratio``): a
     # device that slow at its best is the cause whoever else the machine
@@ -329,18 +334,22 @@ def waited_for(scores: WaitScores, compute: Compute = {},
     most of its waiting, or in more than half of them, for more of the
     waiting than for any other member, while it computed far longer than
     the group's others (``compute``: rank -> op name -> its compute
-    durations), or in a third of them while it computed far longer and
-    was far slower at its best; either way slow at its best in its main
+    durations) or, so busy, in fewer of them when over the whole run the
+    others waited far longer for it and it came last far more often than
+    any other member (``dominance``), or in a third of them while it
+    computed far longer and was far slower at its best; either way slow at its best in its main
     work (the op it spends most time in, against the same op on the group's
     others): a process the machine only descheduled is late and busy, not
     slow at its fastest."""
     most = _imposed_most(scores)
+    dominant = _dominant(scores, th.dominance)
     out = []
     for w in scores.ranks:
         if len(w.group) < th.min_members or (w.iterations or w.joined) < th.min_iterations:
             continue
         by_waits = w.imposed_share >= th.imposed_share and w.topped_share >= th.topped_share
-        busier = w.topped_share > th.busy_topped_share and (w.group, w.rank) in most
+        busier = ((w.topped_share > th.busy_topped_share and (w.group, w.rank) in most)
+                  or (w.group, w.rank) in dominant)
         if not (by_waits or busier or w.topped_share >= th.slow_best_topped_share):
             continue
         if not by_waits and _busy_ratio(w, compute) < th.busy_ratio:
@@ -353,13 +362,28 @@ def waited_for(scores: WaitScores, compute: Compute = {},
 
 def _imposed_most(scores: WaitScores) -> set[tuple[Group, int]]:
     """(group, rank) of each group's member that imposed more wait than any other."""
+    return _tops(scores, lambda top, w: w.imposed_s < top.imposed_s)
+
+
+def _dominant(scores: WaitScores, factor: float) -> set[tuple[Group, int]]:
+    """(group, rank) of each group's member the others waited ``factor``
+    times as long for as for any other member, and that came last
+    ``factor`` times as often as any other."""
+    return _tops(scores, lambda top, w: (top.imposed_s >= factor * w.imposed_s
+                                         and top.last >= factor * w.last))
+
+
+def _tops(scores: WaitScores, beats: Callable[[RankWaits, RankWaits], bool]
+          ) -> set[tuple[Group, int]]:
+    """(group, rank) of each group's member that imposed the most wait, when
+    it ``beats`` every other member."""
     by_group: dict[Group, list[RankWaits]] = defaultdict(list)
     for w in scores.ranks:
         by_group[w.group].append(w)
     out = set()
     for group, members in by_group.items():
         top = max(members, key=lambda w: w.imposed_s)
-        if top.imposed_s > 0 and all(w.imposed_s < top.imposed_s for w in members if w is not top):
+        if top.imposed_s > 0 and all(beats(top, w) for w in members if w is not top):
             out.add((group, top.rank))
     return out
 
