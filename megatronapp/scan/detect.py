@@ -461,14 +461,15 @@ class Detector:
         scores = compute_scores(self._ratios, self._cross, peers, self.th)
         late = {r: (last, joined) for r, (last, joined) in self._late.items()}
         waited = self._waited.scores()
-        unjudged = set() if self._work_of(peers) else end_stages(waited, peers)
+        modelled = bool(self._work_of(peers))  # each stage's work priced by the scenario
+        unjudged = set() if modelled else end_stages(waited, peers)
         compute = judge_compute([r for r in ranks if r not in unjudged], scores, late,
                                 durations, peers, self.th)
         node = self.gpus_per_node
         links = judge_links(judge_bandwidth(pair_stats(self._transfers, self.th), node, self.th),
                             self._waits, node, self.th)
         causes = with_held(with_waits(compute + links, waited, durations), waited, durations,
-                           peers, node, name_stages=not self._work_of(peers))
+                           peers, node, name_stages=not modelled)
         return diagnosis_of(causes, victims_of(causes, self._met, self._pairs))
 
     def _every_twin(self, twins: Twins) -> "Detector":

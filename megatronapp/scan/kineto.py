@@ -63,9 +63,8 @@ from megatronapp.trace.events import Event
 
 from .errors import TraceError
 from .p2p_infer import P2POp, forced_pairs, forced_peers
-# ranks do the same work when the ops they all run alike (same name, same
-# count) carry SAME_WORK_SHARE of each one's compute time: a rank's few extra
-# ops (rank 0's logging, a bigger batch's concatenation) leave them peers
+# ranks do the same work when the ops they all run alike carry SAME_WORK_SHARE
+# of each one's compute time (a rank's few extra ops leave them peers)
 from .range_work import SAME_WORK_SHARE, OpMix, op_mixes, work_names
 
 RankEvents = dict[int, list[Event]]

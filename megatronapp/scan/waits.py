@@ -337,10 +337,10 @@ def waited_for(scores: WaitScores, compute: Compute = {},
     durations) or, so busy, in fewer of them when over the whole run the
     others waited far longer for it and it came last far more often than
     any other member (``dominance``), or in a third of them while it
-    computed far longer and was far slower at its best; either way slow at its best in its main
-    work (the op it spends most time in, against the same op on the group's
-    others): a process the machine only descheduled is late and busy, not
-    slow at its fastest."""
+    computed far longer and was far slower at its best; either way slow at
+    its best in its main work (the op it spends most time in, against the
+    same op on the group's others): a process the machine only descheduled
+    is late and busy, not slow at its fastest."""
     most = _imposed_most(scores)
     dominant = _dominant(scores, th.dominance)
     out = []
