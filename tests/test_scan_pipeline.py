@@ -8,6 +8,7 @@ messages. Traces are built to the schema a gloo job profiled with
 each send's and receive's peer in its ``Concrete Inputs``."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -282,3 +283,11 @@ def test_in_1f1b_a_healthy_pipeline_names_nobody(tmp_path, shapes):
 def test_in_1f1b_a_slow_link_is_still_named_from_its_receives(tmp_path):
     assert causes(scan_of(tmp_path, OneFOneB, link_delay_us=3000.0, shapes=True)) == [
         ("link", 1, 2)]
+
+
+def test_detect_names_the_slowed_1f1b_stage_and_no_link(tmp_path, capsys):
+    # the command a user runs on the traces their 1F1B job wrote
+    write_kineto(tmp_path, OneFOneB(slow={1: 2.0}).files())
+    assert main(["detect", str(tmp_path), "--json"]) == 0
+    causes = json.loads(capsys.readouterr().out)["root_causes"]
+    assert [(c["kind"], c["rank"]) for c in causes] == [("compute", 1)]
