@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.constants import default_pg_timeout
 
 from megatronapp.errors import UserError
 from megatronapp.scenario.config import Scenario, ScenarioError
@@ -78,6 +79,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def rendezvous_store() -> dist.TCPStore:
+    """The job's rendezvous store, listening from now on: its port stays
+    taken while the ranks start (a port only looked up free may be another
+    job's by the time rank 0 would listen on it)."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=default_pg_timeout)
+
+
 def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce: bool | None,
              threads: int, out: Any, counters: Any, stall_flag: Any, job: Job,
              programs: ProgramsFor, launcher_pid: int, switch: StopSwitch | None) -> None:
@@ -93,7 +102,8 @@ def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce:
     beacon = OpBeacon(counters, rank)
     beacon.answer_when(stall_flag, lambda what: out.put(("blocked", rank, what)))
     try:
-        dist.init_process_group(backend, rank=rank, world_size=job.processes(s))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=default_pg_timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=job.processes(s))
         result = job.run_rank(s, rank, rank, options, coalesce,
                               on_record=lambda r, e: out.put(("event", r, e)),
                               beacon=beacon, programs=programs,
@@ -243,7 +253,8 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
     out, stall_flag = ctx.Queue(), ctx.RawValue("b", 0)
     counters = ctx.RawArray("q", world)  # ops entered per rank
     threads = max(1, (os.cpu_count() or 1) // world)
-    port = free_port()
+    store = rendezvous_store()  # held by this process until the ranks are done
+    port = store.port
     build = programs if programs is not None else job.programs
     switch = StopSwitch(ctx, world) if stop is not None else None
     procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out,
