@@ -147,10 +147,14 @@ def test_megatron_core_profiled_with_a_slow_link_records_every_send_and_names_th
     receives' timing forces, on pipeline links only. Each send shows as
     posted when the program posted it, so the receive's wait past it is the
     link's: ``detect`` names link 1-2 first (20 ms a message, well above a
-    loaded machine's delivery noise)."""
+    loaded machine's delivery noise). Twelve iterations, not the zoo's six:
+    a receive posted after the delay ends shows none of it, and on a quiet
+    machine six iterations left the link's rank-sum z at its bar of 2."""
     from paper_figs import zoo_table
 
     monkeypatch.setattr(zoo_table, "DELAY_MS", 20.0)
+    monkeypatch.setattr(zoo_table, "MEGATRON_SCENARIO",
+                        {**zoo_table.MEGATRON_SCENARIO, "iterations": 12})
     fault = next(f for f in zoo_table.FAULTS if f.needs_link)
     traces = zoo_table.run_megatron(fault, tmp_path)
     iterations = zoo_table.MEGATRON_SCENARIO["iterations"]
