@@ -109,7 +109,21 @@ def test_detect_says_who_waited_for_the_rank_and_which_evidence_it_rests_on(tmp_
     assert lines[0].startswith("root cause: rank 1 (compute")
     assert "the others in group [0, 1, 2, 3] waited for it: 100% of their wait" in lines[1]
     assert "most in 6 of 6 iterations; last to arrive at 6 of 6" in lines[1]
+    assert lines[1].endswith("; at its fastest its aten::mm takes 3.00x theirs")
     assert lines[2] == "  evidence: waits"
+
+
+def test_detect_leaves_out_the_iterations_a_trace_without_profiler_steps_lacks(
+        tmp_path, capsys):
+    slow = {(1, n): 1500.0 for n in range(STEPS)}
+    files = {r: gloo_file(r, WORLD, [e for e in ddp_like_rank(r, slow)
+                                     if not e["name"].startswith("ProfilerStep")])
+             for r in range(WORLD)}
+    write_kineto(tmp_path, files)
+    assert main(["detect", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert "last to arrive at 6 of 6" in line
+    assert "iterations" not in line
 
 
 # rank 1's matmul is 2x in every step: the last by 500 µs in steps 0-3; in
@@ -155,6 +169,27 @@ def test_a_rank_slow_in_two_steps_while_another_stalls_is_not_named(tmp_path):
 
 def test_a_healthy_job_with_two_descheduled_steps_names_nobody(tmp_path):
     assert causes(job(tmp_path, {}, idle_us=DESCHEDULED_TWICE)) == []
+
+
+# rank 1's small ops are its peers' (40 µs, 30 a step: its main op), its
+# matmul 1.8x in every step: 43% of its compute, slow there at its best
+SLOW_IN_ITS_SECOND_OP = {(1, n): 900.0 for n in range(STEPS)}
+
+
+def test_a_rank_last_everywhere_and_slow_at_its_best_in_a_second_op_is_named(tmp_path):
+    # the waits are unanimous (last at 6 of 6, all the waiting): the
+    # matmul, not only the main op, may show it slow at its best
+    scan = job(tmp_path, SLOW_IN_ITS_SECOND_OP, small_us={r: 40.0 for r in range(WORLD)})
+    assert causes(scan) == [("compute", 1, ("waits",))]
+
+
+def test_the_same_rank_is_not_named_when_another_came_last_in_one_step(tmp_path):
+    # rank 0 held back 1000 µs in step 5: rank 1 still leads 5 of 6 steps and
+    # 70% of the waiting, but is no longer last everywhere, and as fast as
+    # its peers at its best in its main op
+    scan = job(tmp_path, SLOW_IN_ITS_SECOND_OP, small_us={r: 40.0 for r in range(WORLD)},
+               idle_us={(0, STEPS - 1): 1000.0})
+    assert causes(scan) == []
 
 
 def extra_ops(rank: int, name: str, us: float) -> list[dict]:

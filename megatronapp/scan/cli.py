@@ -165,9 +165,14 @@ def _waited_for(ev: dict[str, Any]) -> Iterator[str]:
     """The waiting evidence of a compute cause, and what the verdict rests on."""
     w = ev.get("waited_for")
     if w:
+        # a trace without iterations (no profiler steps) has no leader per iteration
+        led = (f", most in {w['iterations_led']} of {w['iterations']} iterations"
+               if w["iterations"] else "")
+        best = (f"; at its fastest its {w['best_op']} takes {w['best_ratio']:.2f}x theirs"
+                if w.get("best_op") else "")
         yield (f"  the others in group {w['group']} waited for it: {100 * w['imposed_share']:.0f}% "
-               f"of their wait ({w['imposed_s']:.3f} s), most in {w['iterations_led']} of "
-               f"{w['iterations']} iterations; last to arrive at {w['last']} of {w['joined']}")
+               f"of their wait ({w['imposed_s']:.3f} s){led}; last to arrive at {w['last']} of "
+               f"{w['joined']}{best}")
     held = ev.get("held_stages")
     if held:
         yield (f"  the other stages waited in their receives {held['others_receive_s']:.3f} s "

@@ -120,6 +120,13 @@ class WaitThresholds:
     # and its main op's 10th-percentile duration this many times its group's others'
     best_quantile: float = 10.0
     best_ratio: float = 1.2
+    # ... in its main op, or, when the waits are all but unanimous (it came
+    # last to this share of the instances and imposed this share of the
+    # waiting), in any op holding ``any_op_share`` of its compute: an
+    # annotated DDP step's backward holds the gradient all-reduces' overlap,
+    # so a rank slowed in its forward looks busy there, not slow at its best
+    unanimous_share: float = 0.9
+    any_op_share: float = 1 / 3
     last_share: float = 0.5  # a rank last at fewer instances held no one up
     imposed_share: float = 0.6  # of the group's imposed wait
     min_members: int = 3  # two ranks cannot outvote each other
@@ -354,7 +361,7 @@ def waited_for(scores: WaitScores, compute: Compute = {},
             continue
         if not by_waits and _busy_ratio(w, compute) < th.busy_ratio:
             continue  # the other two ways need it to have computed far longer
-        best = best_ratio(w.rank, w.group, compute, th.best_quantile)
+        _, best = _best_for(w, compute, th)
         if best >= th.best_ratio and (by_waits or busier or best >= th.slow_best_ratio):
             out.append(w)
     return out
@@ -400,13 +407,37 @@ def best_ratio(rank: int, group: Sequence[int], compute: Compute, quantile: floa
     """The ``quantile`` of ``rank``'s durations of its main op (the one it
     spends most time in that others of ``group`` run too) over the median of
     theirs; 0 when no such op."""
+    return next(iter(_op_best_ratios(rank, group, compute, quantile).values()), 0.0)
+
+
+def _op_best_ratios(rank: int, group: Sequence[int], compute: Compute,
+                    quantile: float) -> dict[str, float]:
+    """Op name -> the ``quantile`` of ``rank``'s durations over the median of
+    the same quantile on the others of ``group``, for each op they run too,
+    the op it spends most time in first."""
     mine = compute.get(rank, {})
+    out = {}
     for name in sorted(mine, key=lambda n: -float(np.sum(mine[n]))):
         theirs = [float(np.percentile(compute[r][name], quantile)) for r in group
                   if r != rank and r in compute and len(compute[r].get(name, ())) > 0]
         if theirs and len(mine[name]) > 0 and np.median(theirs) > 0:
-            return float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
-    return 0.0
+            out[name] = float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
+    return out
+
+
+def _best_for(w: RankWaits, compute: Compute, th: WaitThresholds) -> tuple[str, float]:
+    """How slow ``w``'s rank is at its best, and in which op: its main op,
+    or, the waits all but unanimous, the slowest of its ops that hold
+    ``any_op_share`` of its compute ("" and 0 when it shares no op)."""
+    ratios = _op_best_ratios(w.rank, w.group, compute, th.best_quantile)
+    main = next(iter(ratios.items()), ("", 0.0))
+    if min(w.last_share, w.imposed_share) < th.unanimous_share:
+        return main
+    mine = compute.get(w.rank, {})
+    total = sum(float(np.sum(v)) for v in mine.values())
+    held = [(n, r) for n, r in ratios.items()
+            if float(np.sum(mine[n])) >= th.any_op_share * total]
+    return max([main, *held], key=lambda op: op[1])
 
 
 def with_waits(causes: Sequence[RootCause], scores: WaitScores, compute: Compute = {},
@@ -450,10 +481,10 @@ def _confidence(w: RankWaits) -> float:
 
 
 def _evidence(w: RankWaits, compute: Compute, th: WaitThresholds) -> dict[str, object]:
+    best_op, best = _best_for(w, compute, th)
     return {"waited_for": {"group": list(w.group), "last": w.last, "joined": w.joined,
                            "imposed_s": round(w.imposed_s, 6),
                            "imposed_share": round(w.imposed_share, 3),
                            "iterations_led": w.topped, "iterations": w.iterations,
                            "busy_ratio": round(_busy_ratio(w, compute), 3),
-                           "best_ratio": round(best_ratio(w.rank, w.group, compute,
-                                                          th.best_quantile), 3)}}
+                           "best_op": best_op, "best_ratio": round(best, 3)}}
