@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence, Union
+from typing import Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -407,22 +407,21 @@ def best_ratio(rank: int, group: Sequence[int], compute: Compute, quantile: floa
     """The ``quantile`` of ``rank``'s durations of its main op (the one it
     spends most time in that others of ``group`` run too) over the median of
     theirs; 0 when no such op."""
-    return next(iter(_op_best_ratios(rank, group, compute, quantile).values()), 0.0)
+    return next((ratio for _, ratio in _op_best_ratios(rank, group, compute, quantile)), 0.0)
 
 
 def _op_best_ratios(rank: int, group: Sequence[int], compute: Compute,
-                    quantile: float) -> dict[str, float]:
-    """Op name -> the ``quantile`` of ``rank``'s durations over the median of
-    the same quantile on the others of ``group``, for each op they run too,
-    the op it spends most time in first."""
+                    quantile: float) -> Iterator[tuple[str, float]]:
+    """(op name, the ``quantile`` of ``rank``'s durations over the median of
+    the same quantile on the others of ``group``) for each op they run too,
+    the op it spends most time in first (lazily: the main op alone needs
+    one)."""
     mine = compute.get(rank, {})
-    out = {}
     for name in sorted(mine, key=lambda n: -float(np.sum(mine[n]))):
         theirs = [float(np.percentile(compute[r][name], quantile)) for r in group
                   if r != rank and r in compute and len(compute[r].get(name, ())) > 0]
         if theirs and len(mine[name]) > 0 and np.median(theirs) > 0:
-            out[name] = float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
-    return out
+            yield name, float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
 
 
 def _best_for(w: RankWaits, compute: Compute, th: WaitThresholds) -> tuple[str, float]:
@@ -430,13 +429,12 @@ def _best_for(w: RankWaits, compute: Compute, th: WaitThresholds) -> tuple[str, 
     or, the waits all but unanimous, the slowest of its ops that hold
     ``any_op_share`` of its compute ("" and 0 when it shares no op)."""
     ratios = _op_best_ratios(w.rank, w.group, compute, th.best_quantile)
-    main = next(iter(ratios.items()), ("", 0.0))
+    main = next(ratios, ("", 0.0))
     if min(w.last_share, w.imposed_share) < th.unanimous_share:
         return main
     mine = compute.get(w.rank, {})
     total = sum(float(np.sum(v)) for v in mine.values())
-    held = [(n, r) for n, r in ratios.items()
-            if float(np.sum(mine[n])) >= th.any_op_share * total]
+    held = [(n, r) for n, r in ratios if float(np.sum(mine[n])) >= th.any_op_share * total]
     return max([main, *held], key=lambda op: op[1])
 
 
