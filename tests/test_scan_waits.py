@@ -256,6 +256,22 @@ def test_an_annotation_holding_a_collective_counts_without_the_wait_but_with_the
 LAYERS = 4  # collectives per step in the layer-by-layer job below
 
 
+def long_step(rank: int, n: int) -> dict:
+    """Profiler step ``n`` of a job whose steps take three times ``STEP_US``."""
+    return kineto_event(f"ProfilerStep#{n}", "user_annotation", rank, MAIN,
+                        1000.0 + n * 3 * STEP_US, 3 * STEP_US - 10)
+
+
+def long_step_start(n: int) -> float:
+    return 1000.0 + n * 3 * STEP_US + 5
+
+
+def small_ops(rank: int, start: float) -> list[dict]:
+    """``SMALL_OPS`` ops of 20 µs, alike on every rank, from ``start`` on."""
+    return [kineto_event("aten::add", "cpu_op", rank, MAIN, start + 21 * k, 20.0)
+            for k in range(SMALL_OPS)]
+
+
 def layered_rank(rank: int, matmul_us: Steps, idle_us: Steps) -> list[dict]:
     """Each step: ``LAYERS`` rounds of many small ops alike on every rank,
     one matmul (per (rank, step): ``matmul_us``, or 500 µs), then a
@@ -264,13 +280,10 @@ def layered_rank(rank: int, matmul_us: Steps, idle_us: Steps) -> list[dict]:
     first collective."""
     events = []
     for n in range(STEPS):
-        t = 1000.0 + n * 3 * STEP_US
-        events.append(kineto_event(f"ProfilerStep#{n}", "user_annotation", rank, MAIN, t,
-                                   3 * STEP_US - 10))
-        start = t + 5
+        events.append(long_step(rank, n))
+        start = long_step_start(n)
         for layer in range(LAYERS):
-            for k in range(SMALL_OPS):
-                events.append(kineto_event("aten::add", "cpu_op", rank, MAIN, start + 21 * k, 20.0))
+            events += small_ops(rank, start)
             start += 21 * SMALL_OPS
             held = idle_us if layer == 0 else {}
             arrive = {r: start + matmul_us.get((r, n), 500.0) + held.get((r, n), 0.0)
@@ -307,3 +320,51 @@ def test_a_rank_as_late_but_as_fast_at_its_best_is_not_named(tmp_path):
     # machine held it back, it is not slower
     slower = {(1, n): 1000.0 for n in range(4)}
     assert causes(layered_job(tmp_path, slower, HELD_IN_THREE)) == []
+
+
+def shaped_rank(rank: int, layer_us: dict[tuple[int, int], list[float]]) -> list[dict]:
+    """Each step: many small ops alike on every rank, four matmuls of
+    different shapes (per (rank, step): ``layer_us``), then a gradient
+    all-reduce that ends when the last rank has arrived."""
+    events = []
+    for n in range(STEPS):
+        events.append(long_step(rank, n))
+        events += small_ops(rank, long_step_start(n))
+        at = long_step_start(n) + 21 * SMALL_OPS
+        arrive = {r: at + sum(layer_us[(r, n)]) + 4 for r in range(WORLD)}
+        for us in layer_us[(rank, n)]:
+            events.append(kineto_event("aten::mm", "cpu_op", rank, MAIN, at, us))
+            at += us + 1
+        events += collective(rank, "allreduce_", "all_reduce", arrive[rank],
+                             max(arrive.values()) + 100.0)
+    return events
+
+
+# the model's first layer is the smallest (150 µs; 600 the others); the
+# machine holds the peers back in that layer in four steps (700 µs), so
+# their fastest calls are mostly of large layers, rank 1's of its small one
+PEER_LAYERS = {(r, n): [150.0 if n < 2 else 700.0, 600.0, 600.0, 600.0]
+               for r in range(WORLD) for n in range(STEPS)}
+
+
+def shaped_job(tmp_path, slowed_steps: range | tuple[int, ...]) -> object:
+    """Rank 1 runs every layer 2x in ``slowed_steps``."""
+    layers = {**PEER_LAYERS, **{(1, n): [300.0, 1200.0, 1200.0, 1200.0] for n in slowed_steps}}
+    files = {r: gloo_file(r, WORLD, shaped_rank(r, layers)) for r in range(WORLD)}
+    return load_scan_input(write_kineto(tmp_path, files))
+
+
+def test_a_rank_slow_at_every_layer_is_named_by_its_iterations_when_shapes_blur_its_calls(
+        tmp_path, capsys):
+    # its fastest calls (its small layer) are half its peers' fastest (their
+    # large ones); its fastest iteration is twice theirs
+    assert causes(shaped_job(tmp_path, range(STEPS))) == [("compute", 1, ("waits",))]
+    assert main(["detect", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith("; in its fastest iterations its aten::mm takes 2.00x theirs")
+
+
+def test_a_rank_as_fast_as_its_peers_in_one_whole_iteration_is_not_named(tmp_path):
+    # slowed in five steps of six, in step 1 (a whole one) it runs theirs:
+    # the machine held it back, its device is not slower
+    assert causes(shaped_job(tmp_path, (0, 2, 3, 4, 5))) == []

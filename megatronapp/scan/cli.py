@@ -168,7 +168,9 @@ def _waited_for(ev: dict[str, Any]) -> Iterator[str]:
         # a trace without iterations (no profiler steps) has no leader per iteration
         led = (f", most in {w['iterations_led']} of {w['iterations']} iterations"
                if w["iterations"] else "")
-        best = (f"; at its fastest its {w['best_op']} takes {w['best_ratio']:.2f}x theirs"
+        fastest = ("in its fastest iterations" if w.get("best_by") == "iteration"
+                   else "at its fastest")
+        best = (f"; {fastest} its {w['best_op']} takes {w['best_ratio']:.2f}x theirs"
                 if w.get("best_op") else "")
         yield (f"  the others in group {w['group']} waited for it: {100 * w['imposed_share']:.0f}% "
                f"of their wait ({w['imposed_s']:.3f} s){led}; last to arrive at {w['last']} of "

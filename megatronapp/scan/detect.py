@@ -46,13 +46,15 @@ from .diagnosis import Diagnosis, RootCause, ranked
 from .held import middle_stages, with_held
 from .inputs import (DEFAULT_GPUS_PER_NODE, ScanInput, load_table_scan, stored_batches,
                      stored_events)
+from .iteration_totals import IterationTotals
 from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
                     durations_per_work, finite_rows, flow_of, judge_bandwidth, judge_compute,
                     judge_links, lonely_work, relative_to_peers, row_scores)
 from .sketch import DEFAULT_CAPACITY, Reservoirs
 from .twins import Twins
 from .table import COLLECTIVE, COMPUTE_KIND, P2P
-from .waits import COLLECTIVE_KIND, P2P_KIND, RECEIVE, WaitAccumulator, WaitScores, with_waits
+from .waits import (COLLECTIVE_KIND, P2P_KIND, RECEIVE, PerIteration, WaitAccumulator, WaitScores,
+                    with_waits)
 from .work import ModelledWork, Work
 
 STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
@@ -375,6 +377,7 @@ class Detector:
         self._ratios: Reservoirs[int] = Reservoirs(capacity)  # log ratios to stage peers
         self._cross: Reservoirs[tuple[int, str]] = Reservoirs(capacity)  # across stages
         self._durations: Reservoirs[tuple[int, str]] = Reservoirs(capacity)  # per work
+        self._per_iteration = IterationTotals(capacity)  # each op's total per iteration
         self._late: dict[int, list[int]] = {}  # rank -> [last to start, collectives joined]
         self._transfers: Reservoirs[tuple[int, int]] = Reservoirs(capacity)  # log(s per byte)
         self._waits: Reservoirs[Channel] = Reservoirs(capacity)  # delivery waits
@@ -407,6 +410,7 @@ class Detector:
         for r, by_name in durations_of(batch).items():
             scaled = durations_per_work(by_name, work.get(r))
             self._durations.add_all({(r, n): np.asarray(v) for n, v in scaled.items()})
+        self._per_iteration.feed(batch.cols)
         _count_late(self._late, batch)
         self._transfers.add_all(transfer_samples(batch))
         self._waits.add_all(delivery_waits(batch))
@@ -468,7 +472,10 @@ class Detector:
         node = self.gpus_per_node
         links = judge_links(judge_bandwidth(pair_stats(self._transfers, self.th), node, self.th),
                             self._waits, node, self.th)
-        causes = with_held(with_waits(compute + links, waited, durations), waited, durations,
+        causes = with_held(with_waits(compute + links, waited, durations,
+                                      per_iteration=PerIteration(self._per_iteration.totals(),
+                                                                 peers)),
+                           waited, durations,
                            peers, node, name_stages=not modelled)
         return diagnosis_of(causes, victims_of(causes, self._met, self._pairs))
 
@@ -498,6 +505,7 @@ class Detector:
         out._work = self._work
         out._ratios, out._cross = self._ratios.aliased(keyed), self._cross.aliased(named)
         out._durations = self._durations.aliased(named)
+        out._per_iteration = self._per_iteration.aliased(named)
         out._transfers, out._waits = self._transfers.aliased(paired), self._waits.aliased(channel)
         for r, (last, joined) in self._late.items():
             out._late.update((t, [last, joined]) for t in twins.twins_of(r))
@@ -517,7 +525,7 @@ class Detector:
         """Keys and values held: ranks, ties, samples, counts, group members, pairs."""
         samples = (self._ratios, self._cross, self._durations, self._transfers, self._waits)
         return (len(self._ranks) + len(self._edges) + sum(len(s) + s.entries() for s in samples)
-                + 2 * len(self._late) + sum(len(m) for m in self._met.values()) + len(self._pairs))
+                + self._per_iteration.entries() + 2 * len(self._late) + sum(len(m) for m in self._met.values()) + len(self._pairs))
 
 
 def _count_late(into: dict[int, list[int]], scan: ScanInput) -> None:

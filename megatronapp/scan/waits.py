@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterator, Mapping, Sequence, Union
+from typing import Callable, Iterator, Literal, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -335,8 +335,29 @@ Samples = Union[Sequence[float], np.ndarray]
 Compute = Mapping[int, Mapping[str, Samples]]  # rank -> op name -> its compute durations
 
 
+@dataclass(frozen=True)
+class PerIteration:
+    """Each rank's ops totalled per whole iteration (``iteration_totals``),
+    read only in a group of stage peers (``peers``: rank -> the ranks doing
+    its work): in one that joins pipeline stages the first stage's forward
+    holds the embedding, and its totals are not its peers'."""
+
+    totals: Compute = field(default_factory=dict)
+    peers: Mapping[int, Sequence[int]] = field(default_factory=dict)
+
+    def best(self, w: RankWaits, th: WaitThresholds) -> tuple[str, float]:
+        """(its main op, its fastest iterations' total of it over the
+        others'), or ("", 0) outside a group of stage peers."""
+        if not set(w.group) <= set(self.peers.get(w.rank, ())):
+            return "", 0.0
+        # a few iterations: the quantile is a sample, not a blend of the fastest two
+        return next(_op_best_ratios(w.rank, w.group, self.totals, th.best_quantile, "lower"),
+                    ("", 0.0))
+
+
 def waited_for(scores: WaitScores, compute: Compute = {},
-               th: WaitThresholds = WaitThresholds()) -> list[RankWaits]:
+               th: WaitThresholds = WaitThresholds(), per_iteration: PerIteration = PerIteration()
+               ) -> list[RankWaits]:
     """Ranks their peers waited for most in most iterations of a group, for
     most of its waiting, or in more than half of them, for more of the
     waiting than for any other member, while it computed far longer than
@@ -347,7 +368,9 @@ def waited_for(scores: WaitScores, compute: Compute = {},
     computed far longer and was far slower at its best; either way slow at
     its best in its main work (the op it spends most time in, against the
     same op on the group's others): a process the machine only descheduled
-    is late and busy, not slow at its fastest."""
+    is late and busy, not slow at its fastest. ``per_iteration``: its ops'
+    totals over whole iterations, a second reading of its best that layers
+    of different shapes do not blur."""
     most = _imposed_most(scores)
     dominant = _dominant(scores, th.dominance)
     out = []
@@ -361,7 +384,7 @@ def waited_for(scores: WaitScores, compute: Compute = {},
             continue
         if not by_waits and _busy_ratio(w, compute) < th.busy_ratio:
             continue  # the other two ways need it to have computed far longer
-        _, best = _best_for(w, compute, th)
+        _, best, _ = _best_for(w, compute, th, per_iteration)
         if best >= th.best_ratio and (by_waits or busier or best >= th.slow_best_ratio):
             out.append(w)
     return out
@@ -410,44 +433,57 @@ def best_ratio(rank: int, group: Sequence[int], compute: Compute, quantile: floa
     return next((ratio for _, ratio in _op_best_ratios(rank, group, compute, quantile)), 0.0)
 
 
-def _op_best_ratios(rank: int, group: Sequence[int], compute: Compute,
-                    quantile: float) -> Iterator[tuple[str, float]]:
+def _op_best_ratios(rank: int, group: Sequence[int], compute: Compute, quantile: float,
+                    method: Literal["linear", "lower"] = "linear"
+                    ) -> Iterator[tuple[str, float]]:
     """(op name, the ``quantile`` of ``rank``'s durations over the median of
     the same quantile on the others of ``group``) for each op they run too,
     the op it spends most time in first (lazily: the main op alone needs
-    one)."""
+    one); ``method``: numpy's, how the quantile falls between samples."""
+    def at(values: Samples) -> float:
+        return float(np.percentile(values, quantile, method=method))
+
     mine = compute.get(rank, {})
     for name in sorted(mine, key=lambda n: -float(np.sum(mine[n]))):
-        theirs = [float(np.percentile(compute[r][name], quantile)) for r in group
+        theirs = [at(compute[r][name]) for r in group
                   if r != rank and r in compute and len(compute[r].get(name, ())) > 0]
         if theirs and len(mine[name]) > 0 and np.median(theirs) > 0:
-            yield name, float(np.percentile(mine[name], quantile)) / float(np.median(theirs))
+            yield name, at(mine[name]) / float(np.median(theirs))
 
 
-def _best_for(w: RankWaits, compute: Compute, th: WaitThresholds) -> tuple[str, float]:
-    """How slow ``w``'s rank is at its best, and in which op: its main op,
-    or, the waits all but unanimous, the slowest of its ops that hold
-    ``any_op_share`` of its compute ("" and 0 when it shares no op)."""
+def _best_for(w: RankWaits, compute: Compute, th: WaitThresholds,
+              per_iteration: PerIteration = PerIteration()) -> tuple[str, float, str]:
+    """How slow ``w``'s rank is at its best, in which op and by what reading:
+    its main op's fastest calls ("call") or its fastest iterations' totals
+    of that op ("iteration"), or, the waits all but unanimous, the slowest
+    of its ops that hold ``any_op_share`` of its compute ("", 0 and "call"
+    when it shares no op)."""
     ratios = _op_best_ratios(w.rank, w.group, compute, th.best_quantile)
     main = next(ratios, ("", 0.0))
-    if min(w.last_share, w.imposed_share) < th.unanimous_share:
-        return main
-    mine = compute.get(w.rank, {})
-    total = sum(float(np.sum(v)) for v in mine.values())
-    held = [(n, r) for n, r in ratios if float(np.sum(mine[n])) >= th.any_op_share * total]
-    return max([main, *held], key=lambda op: op[1])
+    by_iteration = per_iteration.best(w, th)
+    held: list[tuple[str, float]] = []
+    if min(w.last_share, w.imposed_share) >= th.unanimous_share:
+        mine = compute.get(w.rank, {})
+        total = sum(float(np.sum(v)) for v in mine.values())
+        held = [(n, r) for n, r in ratios if float(np.sum(mine[n])) >= th.any_op_share * total]
+    op, ratio = max([main, *held], key=lambda o: o[1])
+    if by_iteration[1] > ratio:
+        return by_iteration[0], by_iteration[1], "iteration"
+    return op, ratio, "call"
 
 
 def with_waits(causes: Sequence[RootCause], scores: WaitScores, compute: Compute = {},
-               th: WaitThresholds = WaitThresholds()) -> list[RootCause]:
+               th: WaitThresholds = WaitThresholds(),
+               per_iteration: PerIteration = PerIteration()) -> list[RootCause]:
     """The detector's causes weighed with who waited for whom. A rank the
     waits name (``waited_for``) is a compute root cause, on the waits alone
     when nothing else names it, unless a named link of its own explains its
     lateness; a compute candidate of a group whose waits name another rank,
     and that rarely came last there, held no one up and is dropped. Every
     compute cause says which evidence it rests on. ``compute``: rank -> op
-    name -> its compute durations."""
-    named = {w.rank: w for w in waited_for(scores, compute, th)}
+    name -> its compute durations; ``per_iteration``: the same, totalled per
+    whole iteration, with the stage peers they compare among."""
+    named = {w.rank: w for w in waited_for(scores, compute, th, per_iteration)}
     linked = {r for c in causes if c.kind == "link" for r in (c.rank, c.peer)}
     named = {r: w for r, w in named.items() if r not in linked}
     out = []
@@ -457,12 +493,14 @@ def with_waits(causes: Sequence[RootCause], scores: WaitScores, compute: Compute
         elif c.rank in named:
             w = named.pop(c.rank)
             out.append(replace(c, confidence=max(c.confidence, _confidence(w)),
-                               evidence={**c.evidence, **_evidence(w, compute, th),
+                               evidence={**c.evidence,
+                                         **_evidence(w, compute, th, per_iteration),
                                          "rests_on": ["compute", "waits"]}))
         elif not _outwaited(c.rank, scores, named, th):
             out.append(replace(c, evidence={**c.evidence, "rests_on": ["compute"]}))
     return out + [RootCause(w.rank, "compute", None, _confidence(w),
-                            {**_evidence(w, compute, th), "rests_on": ["waits"]})
+                            {**_evidence(w, compute, th, per_iteration),
+                             "rests_on": ["waits"]})
                   for w in named.values()]
 
 
@@ -478,11 +516,13 @@ def _confidence(w: RankWaits) -> float:
     return (w.topped_share + w.imposed_share) / 2
 
 
-def _evidence(w: RankWaits, compute: Compute, th: WaitThresholds) -> dict[str, object]:
-    best_op, best = _best_for(w, compute, th)
+def _evidence(w: RankWaits, compute: Compute, th: WaitThresholds,
+              per_iteration: PerIteration) -> dict[str, object]:
+    best_op, best, best_by = _best_for(w, compute, th, per_iteration)
     return {"waited_for": {"group": list(w.group), "last": w.last, "joined": w.joined,
                            "imposed_s": round(w.imposed_s, 6),
                            "imposed_share": round(w.imposed_share, 3),
                            "iterations_led": w.topped, "iterations": w.iterations,
                            "busy_ratio": round(_busy_ratio(w, compute), 3),
-                           "best_op": best_op, "best_ratio": round(best, 3)}}
+                           "best_op": best_op, "best_ratio": round(best, 3),
+                           "best_by": best_by}}
