@@ -127,6 +127,10 @@ class WaitThresholds:
     # so a rank slowed in its forward looks busy there, not slow at its best
     unanimous_share: float = 0.9
     any_op_share: float = 1 / 3
+    # a rank's fastest iterations' total of its main op (``PerIteration``) is
+    # set against this quantile of the others' totals: the fastest of a few
+    # iterations of a noisy job is an extreme, their typical one is not
+    iteration_theirs_quantile: float = 50.0
     last_share: float = 0.5  # a rank last at fewer instances held no one up
     imposed_share: float = 0.6  # of the group's imposed wait
     min_members: int = 3  # two ranks cannot outvote each other
@@ -347,12 +351,13 @@ class PerIteration:
 
     def best(self, w: RankWaits, th: WaitThresholds) -> tuple[str, float]:
         """(its main op, its fastest iterations' total of it over the
-        others'), or ("", 0) outside a group of stage peers."""
+        others' typical iteration's), or ("", 0) outside a group of stage
+        peers."""
         if not set(w.group) <= set(self.peers.get(w.rank, ())):
             return "", 0.0
         # a few iterations: the quantile is a sample, not a blend of the fastest two
-        return next(_op_best_ratios(w.rank, w.group, self.totals, th.best_quantile, "lower"),
-                    ("", 0.0))
+        return next(_op_best_ratios(w.rank, w.group, self.totals, th.best_quantile, "lower",
+                                    th.iteration_theirs_quantile), ("", 0.0))
 
 
 def waited_for(scores: WaitScores, compute: Compute = {},
@@ -434,21 +439,23 @@ def best_ratio(rank: int, group: Sequence[int], compute: Compute, quantile: floa
 
 
 def _op_best_ratios(rank: int, group: Sequence[int], compute: Compute, quantile: float,
-                    method: Literal["linear", "lower"] = "linear"
-                    ) -> Iterator[tuple[str, float]]:
+                    method: Literal["linear", "lower"] = "linear",
+                    theirs_quantile: float | None = None) -> Iterator[tuple[str, float]]:
     """(op name, the ``quantile`` of ``rank``'s durations over the median of
-    the same quantile on the others of ``group``) for each op they run too,
-    the op it spends most time in first (lazily: the main op alone needs
-    one); ``method``: numpy's, how the quantile falls between samples."""
-    def at(values: Samples) -> float:
-        return float(np.percentile(values, quantile, method=method))
+    the same quantile, or ``theirs_quantile``, on the others of ``group``)
+    for each op they run too, the op it spends most time in first (lazily:
+    the main op alone needs one); ``method``: numpy's, how the quantile
+    falls between samples."""
+    def at(values: Samples, q: float) -> float:
+        return float(np.percentile(values, q, method=method))
 
+    q_theirs = quantile if theirs_quantile is None else theirs_quantile
     mine = compute.get(rank, {})
     for name in sorted(mine, key=lambda n: -float(np.sum(mine[n]))):
-        theirs = [at(compute[r][name]) for r in group
+        theirs = [at(compute[r][name], q_theirs) for r in group
                   if r != rank and r in compute and len(compute[r].get(name, ())) > 0]
         if theirs and len(mine[name]) > 0 and np.median(theirs) > 0:
-            yield name, at(mine[name]) / float(np.median(theirs))
+            yield name, at(mine[name], quantile) / float(np.median(theirs))
 
 
 def _best_for(w: RankWaits, compute: Compute, th: WaitThresholds,
