@@ -525,7 +525,8 @@ class Detector:
         """Keys and values held: ranks, ties, samples, counts, group members, pairs."""
         samples = (self._ratios, self._cross, self._durations, self._transfers, self._waits)
         return (len(self._ranks) + len(self._edges) + sum(len(s) + s.entries() for s in samples)
-                + self._per_iteration.entries() + 2 * len(self._late) + sum(len(m) for m in self._met.values()) + len(self._pairs))
+                + self._per_iteration.entries() + 2 * len(self._late)
+                + sum(len(m) for m in self._met.values()) + len(self._pairs))
 
 
 def _count_late(into: dict[int, list[int]], scan: ScanInput) -> None:
