@@ -53,12 +53,12 @@ class IterationTotals:
             if i >= self._closed_below.get(r, 0):
                 self._open[(r, cols.names[n])][i] += total
                 self._latest[r] = max(self._latest.get(r, i), i)
-        self._close(lambda r: self._latest[r])
+        self._close_passed()
 
-    def _close(self, below: Callable[[int], int]) -> None:
-        """Move every open iteration of rank r below ``below(r)`` to the samples."""
+    def _close_passed(self) -> None:
+        """Move every open iteration below its rank's latest to the samples."""
         for key, by_iteration in self._open.items():
-            bar = below(key[0])
+            bar = self._latest[key[0]]
             done = sorted(i for i in by_iteration if i < bar)
             if done:
                 self._closed.add(key, np.array([by_iteration.pop(i) for i in done]))
