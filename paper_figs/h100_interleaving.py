@@ -13,7 +13,14 @@ more where the real run loses time the simulator does not charge. Nothing
 here feeds the fit or the table (``published_runs.py``): it is sensitivity
 only.
 
+``--strong-scaling`` prints instead the README's strong scaling of its 177B
+model (the same batch, 1,152, on 96 to 4,608 GPUs; MFU 47% at 96 and 42% at
+4,608 from the README's text, 44% at 2,304 from its table), simulated at each
+virtual-stage split: at 96 GPUs each replica runs 576 microbatches, so no
+split's bubble matters there, and what the simulator misses is not the split.
+
     python paper_figs/h100_interleaving.py [--only 70B,177B]
+    python paper_figs/h100_interleaving.py --strong-scaling
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
+from megatronapp.costs.flops import model_flops_per_iteration  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
 from megatronapp.fidelity.published import (PublishedRun, published_runs,  # noqa: E402
                                             throughput_error)
@@ -37,6 +45,9 @@ from megatronapp.trace.summary import run_iteration_times  # noqa: E402
 from sim import simulate  # noqa: E402
 
 SOURCE = "Megatron-LM README"
+STRONG_ROW = "177B"
+# GPUs -> published MFU: the README's text (96 and 4,608 GPUs) and its table (2,304)
+STRONG_MFU = {96: 0.47, 2304: 0.44, 4608: 0.42}
 
 
 def with_constants(run: PublishedRun) -> Scenario:
@@ -86,12 +97,58 @@ def row_line(run: PublishedRun) -> str:
             f"{'fitted' if run.fitted else 'held out'} | {', '.join(cells)} |")
 
 
+def simulated_mfu(s: Scenario) -> float:
+    iteration = iteration_and_busiest(s)[0]
+    return model_flops_per_iteration(s) / s.world_size / iteration / (s.cluster.gpu.tflops * 1e12)
+
+
+def at_gpus(s: Scenario, gpus: int) -> Scenario:
+    """``s`` on ``gpus`` GPUs: more or fewer replicas, the same global batch."""
+    batch = s.parallel.dp * s.parallel.microbatches * s.model.micro_batch_size
+    dp = gpus // (s.world_size // s.parallel.dp)
+    return with_settings(s, {"parallel.dp": dp,
+                             "parallel.microbatches": batch // dp // s.model.micro_batch_size})
+
+
+def strong_scaling_lines(run: PublishedRun) -> list[str]:
+    """The 177B row at each GPU count of the README's strong scaling: the
+    published MFU, and the simulated MFU's error at every split."""
+    s = with_constants(run)
+    lines = []
+    for gpus, published in STRONG_MFU.items():
+        at = at_gpus(s, gpus)
+        cells = []
+        for vpp in valid_vpps(at):
+            mfu = simulated_mfu(with_vpp(at, vpp))
+            mark = "**" if vpp == s.parallel.vpp else ""
+            cells.append(f"{mark}{vpp}: {mfu * 100:.1f}% ({mfu / published - 1:+.1%}){mark}")
+        lines.append(f"| {gpus} | {at.parallel.dp} | {at.parallel.microbatches} | {published:.0%} "
+                     f"| {', '.join(cells)} |")
+    return lines
+
+
+def print_strong_scaling(runs: list[PublishedRun]) -> None:
+    run = next(r for r in runs if r.source.endswith(STRONG_ROW))
+    print("| GPUs | dp | microbatches per replica | published MFU "
+          "| simulated MFU (error) at each vpp (the row's own in bold) |")
+    print("|---:|---:|---:|---:|---|")
+    for line in strong_scaling_lines(run):
+        print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="",
                         help="comma-separated model sizes as the README names them, e.g. 70B,177B")
+    parser.add_argument("--strong-scaling", action="store_true",
+                        help=f"the README's strong scaling of its {STRONG_ROW} row instead")
     args = parser.parse_args(argv)
     runs = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
+    if args.strong_scaling:
+        t0, w0 = time.process_time(), time.perf_counter()
+        print_strong_scaling(runs)
+        print(f"\n{time.process_time() - t0:.0f} s CPU, {time.perf_counter() - w0:.0f} s wall")
+        return 0
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     known = {r.source.rsplit(", ", 1)[-1] for r in runs}
     unknown = [w for w in wanted if w not in known]

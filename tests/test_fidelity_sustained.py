@@ -1,0 +1,64 @@
+"""The sustained-load layer benchmark (paper_figs/sustained_bench.py) times
+the kernels the cost model prices for each H100 row, and the README's strong
+scaling (paper_figs/h100_interleaving.py --strong-scaling) keeps its batch."""
+from __future__ import annotations
+
+import json
+
+from megatronapp.fidelity.published import published_runs
+
+from .support import ROOT
+
+README = "Megatron-LM README"
+
+
+def test_each_readme_rows_layer_holds_its_per_rank_gemm_flops_three_times() -> None:
+    from paper_figs.sustained_bench import row_shapes
+
+    runs = {r.source: r.scenario for r in published_runs(ROOT)}
+    rows = [r for r in row_shapes(ROOT, "h100-sxm") if r["source"].startswith(README)]
+    assert len(rows) == 9
+    for row in rows:
+        s = runs[row["source"]]
+        m, tp = s.model, s.parallel.tp
+        # a GPT layer's GEMMs: QKV 3h², projection h², MLP 8h², over tp, on every token
+        forward = 24 * m.micro_batch_size * m.seq_len * m.hidden ** 2 / tp
+        flops = [2.0 * a * b * c for a, b, c in row["gemms"]]
+        assert sum(flops) == 3 * forward, row["source"]
+        at = row["attention"]
+        assert (at["b"] * at["h"], at["sq"], at["sk"]) == (
+            m.micro_batch_size * m.heads // tp, m.seq_len, m.seq_len)
+
+
+def test_the_kept_measurement_timed_the_kernels_the_cost_model_lists_now() -> None:
+    from paper_figs.sustained_bench import row_shapes
+
+    kept = json.loads((ROOT / "paper_figs/data/sustained_shapes.json").read_text())
+    now = json.loads(json.dumps(row_shapes(ROOT, "h100-sxm")))  # tuples as lists
+    assert kept == now
+    measured = json.loads((ROOT / "paper_figs/data/sustained_h200.json").read_text())
+    assert [r["source"] for r in measured["rows"]] == [r["source"] for r in now]
+
+
+def test_compare_prices_every_measured_row_from_the_kernel_table() -> None:
+    from paper_figs.sustained_bench import comparison_rows, table_priced_s
+
+    shapes = json.loads((ROOT / "paper_figs/data/sustained_shapes.json").read_text())
+    result = json.loads((ROOT / "paper_figs/data/sustained_h200.json").read_text())
+    rows = comparison_rows(shapes, result, ["h200-sxm"])
+    assert len(rows) == len(result["rows"])
+    small, large = shapes[0], shapes[8]  # the README's 1.7B and 462B layers
+    assert table_priced_s(large, "h200-sxm") > 4 * table_priced_s(small, "h200-sxm")
+
+
+def test_the_strong_scaling_points_keep_the_batch_and_the_replica() -> None:
+    from paper_figs.h100_interleaving import STRONG_MFU, STRONG_ROW, at_gpus, with_constants
+
+    run = next(r for r in published_runs(ROOT)
+               if r.source.startswith(README) and r.source.endswith(STRONG_ROW))
+    s = with_constants(run)
+    for gpus in STRONG_MFU:
+        at = at_gpus(s, gpus)
+        assert at.world_size == gpus
+        assert at.parallel.dp * at.parallel.microbatches * at.model.micro_batch_size == 1152
+        assert (at.parallel.tp, at.parallel.pp) == (s.parallel.tp, s.parallel.pp)
