@@ -75,6 +75,17 @@ def check_replica(s: Scenario) -> None:
                         "replicas differ; simulate it in full")
 
 
+def steady_state_caveats(s: Scenario) -> list[str]:
+    """What a one-iteration simulation leaves out of a long job's iterations."""
+    t = s.training
+    if (s.iterations == 1 and t.distributed_optimizer and t.overlap_param_gather
+            and s.parallel.dp > 1):
+        return ["training.overlap_param_gather: each step's weight all-gather runs under "
+                "the next iteration's forward, which one simulated iteration does not "
+                "have; set iterations: 2 for the steady state"]
+    return []
+
+
 def predict(s: Scenario, iteration_times: IterationTimes, replica: bool = False) -> Prediction:
     """Simulate ``s`` (memory is checked first: a job that does not fit fails)."""
     if replica:
@@ -85,7 +96,8 @@ def predict(s: Scenario, iteration_times: IterationTimes, replica: bool = False)
         name=s.name, gpus=s.world_size, peak_flops_per_gpu=s.cluster.gpu.tflops * 1e12,
         iteration_times_s=tuple(times), model_flops=model_flops_per_iteration(s),
         hardware_flops=hardware_flops_per_iteration(s), memory=memory,
-        capacity_bytes=s.cluster.gpu.memory_gb * 1e9, notes=tuple(adjustments(s)),
+        capacity_bytes=s.cluster.gpu.memory_gb * 1e9,
+        notes=tuple(adjustments(s) + steady_state_caveats(s)),
         replica=replica)
 
 
