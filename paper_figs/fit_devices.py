@@ -26,12 +26,13 @@ sys.path.insert(0, str(ROOT))
 
 from megatronapp.scenario.config import Scenario  # noqa: E402
 from megatronapp.scenario.devices import DEVICES, FITS_FILE, load_fits  # noqa: E402
+from megatronapp.fidelity.predict import steady_state_s  # noqa: E402
 from megatronapp.fidelity.published import DEVICE_KNOBS, fit_device, published_runs  # noqa: E402
 from sim import simulate_iteration_times  # noqa: E402
 
 
 def replica_time(s: Scenario) -> float:
-    return simulate_iteration_times(s, replica=True)[0]
+    return steady_state_s(simulate_iteration_times(s, replica=True))
 
 
 def write_fits(fits: dict[str, dict], path: Path = FITS_FILE) -> None:

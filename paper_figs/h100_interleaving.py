@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
 from megatronapp.costs.flops import model_flops_per_iteration  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
+from megatronapp.fidelity.predict import steady_state_s  # noqa: E402
 from megatronapp.fidelity.published import (PublishedRun, published_runs,  # noqa: E402
                                             throughput_error)
 from megatronapp.scenario.config import Scenario  # noqa: E402
@@ -72,7 +73,8 @@ def valid_vpps(s: Scenario) -> list[int]:
 
 
 def iteration_and_busiest(s: Scenario) -> tuple[float, float]:
-    """(iteration time, the busiest rank's summed compute) of one replica."""
+    """(steady-state iteration time, the busiest rank's compute per iteration)
+    of one replica."""
     result = simulate(s, replica=True)
     source = source_of(result)
     compute = KINDS.index("compute")
@@ -80,7 +82,8 @@ def iteration_and_busiest(s: Scenario) -> tuple[float, float]:
     for rank in source.ranks():
         rows = source.rank_rows(rank)
         busiest = max(busiest, float(np.sum(rows.dur_s[rows.kind == compute])))
-    return run_iteration_times(result)[0], busiest
+    times = run_iteration_times(result)
+    return steady_state_s(times), busiest / len(times)
 
 
 def row_line(run: PublishedRun) -> str:

@@ -31,6 +31,7 @@ from megatronapp.dpp.static_memory import static_peaks  # noqa: E402
 from megatronapp.scenario.config import MAX_RATE, Scenario  # noqa: E402
 from megatronapp.scenario.devices import DEVICES  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
+from megatronapp.fidelity.predict import steady_state_s  # noqa: E402
 from megatronapp.fidelity.published import (LEFT_OUT, METRIC_UNITS,  # noqa: E402
                                             PublishedRun, fit_device, fit_flops_only_efficiency,
                                             flops_only_iteration_s,
@@ -40,7 +41,7 @@ from sim import simulate_iteration_times  # noqa: E402
 
 
 def replica_time(s: Scenario) -> float:
-    return simulate_iteration_times(s, replica=True)[0]
+    return steady_state_s(simulate_iteration_times(s, replica=True))
 
 
 def over_memory_gb(s: Scenario) -> float | None:

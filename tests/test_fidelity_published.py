@@ -15,7 +15,7 @@ from megatronapp.scenario.config import Scenario
 from megatronapp.scenario.devices import DEVICES
 from megatronapp.costs.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from megatronapp.fidelity.fit import with_settings
-from megatronapp.fidelity.predict import predict
+from megatronapp.fidelity.predict import predict, steady_state_s
 from megatronapp.fidelity.published import (DEVICE_KNOBS, LEFT_OUT, RUNS_FILE, PublishedRun,
                                             fit_flops_only_efficiency, fit_simulator,
                                             flops_only_iteration_s, held_out_errors,
@@ -31,7 +31,7 @@ def row(i: int) -> Scenario:
 
 
 def replica_time(s: Scenario) -> float:
-    return simulate_iteration_times(s, replica=True)[0]
+    return steady_state_s(simulate_iteration_times(s, replica=True))
 
 
 def tflops_per_gpu(s: Scenario) -> float:

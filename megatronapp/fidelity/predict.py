@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..scenario.config import Scenario, adjustments
 from ..errors import UserError
@@ -20,6 +20,12 @@ from ..costs.memory import RankMemory
 
 # scenario, replica -> simulated iteration times in seconds
 IterationTimes = Callable[[Scenario, bool], list[float]]
+
+
+def steady_state_s(times: Sequence[float]) -> float:
+    """Steady state: the mean after the first iteration when there are several
+    (the first has no previous step's overlapped weight gather to wait for)."""
+    return fmean(times[1:] if len(times) > 1 else times)
 
 
 @dataclass(frozen=True)
@@ -37,9 +43,7 @@ class Prediction:
 
     @property
     def iteration_s(self) -> float:
-        """Steady state: the mean after the first iteration when there are several."""
-        times = self.iteration_times_s
-        return fmean(times[1:] if len(times) > 1 else times)
+        return steady_state_s(self.iteration_times_s)
 
     @property
     def hardware_tflops_per_gpu(self) -> float:
