@@ -43,7 +43,7 @@ from megatronapp.costs.kernels import attention_shape  # noqa: E402
 from megatronapp.fidelity.published import PublishedRun, published_runs  # noqa: E402
 from megatronapp.errors import UserError  # noqa: E402
 from megatronapp.io.outdirs import add_force_option, check_file, new_file  # noqa: E402
-from megatronapp.io.text import TextError, load_json_bytes, read_text  # noqa: E402
+from megatronapp.io.text import load_json_bytes, one_line_errors, read_text  # noqa: E402
 from megatronapp.scenario.devices import KERNELS_DIR  # noqa: E402
 
 GRID_M = (512, 1024, 2048, 4096, 8192, 16384)
@@ -300,11 +300,7 @@ def main() -> int:
         parser.error("measure needs --out")
     if args.mode == "versus" and args.other is None:
         parser.error("versus needs --other")
-    try:
-        return run_mode(args)
-    except (UserError, TextError) as err:
-        print(f"kernel_bench.py: {err}", file=sys.stderr)
-        return 2
+    return one_line_errors("kernel_bench.py", lambda: run_mode(args))
 
 
 def read_table(path: Path, option: str) -> dict[str, Any]:

@@ -236,10 +236,14 @@ def print_comparison(shapes: list[dict[str, Any]], result: dict[str, Any],
     print(f"sustained / burst: median {median(burst):.3f}, range {burst[0]:.3f}-{burst[-1]:.3f}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # this package's light modules only: measure runs where its dependencies are not installed
+    from megatronapp.io.outdirs import add_force_option
+    from megatronapp.io.text import one_line_errors
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("shapes", "measure", "compare"))
-    parser.add_argument("--out", type=Path, help="shapes / measure: the JSON written")
+    parser.add_argument("--out", type=Path, help="shapes (default stdout) / measure: the JSON written")
     parser.add_argument("--shapes", type=Path, help="measure / compare: the shapes JSON")
     parser.add_argument("--result", type=Path, help="compare: the measured JSON")
     parser.add_argument("--table", action="append",
@@ -248,19 +252,41 @@ def main() -> int:
     parser.add_argument("--device", default="h100-sxm", help="shapes: the rows of this device")
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="measure: how long each row runs back to back")
-    args = parser.parse_args()
-    if args.mode == "shapes":
-        text = json.dumps(row_shapes(ROOT, args.device), indent=1)
-    elif args.mode == "measure":
-        text = json.dumps(measure(json.loads(args.shapes.read_text()), args.seconds), indent=1)
-    else:
-        print_comparison(json.loads(args.shapes.read_text()), json.loads(args.result.read_text()),
+    add_force_option(parser, "an existing --out file")
+    args = parser.parse_args(argv)
+    needed = {"measure": ("shapes", "out"), "compare": ("shapes", "result")}.get(args.mode, ())
+    for name in needed:
+        if getattr(args, name) is None:
+            parser.error(f"{args.mode} needs --{name}")
+    if args.seconds <= 0:
+        parser.error("--seconds: must be positive")
+    return one_line_errors("sustained_bench.py", lambda: run_mode(args))
+
+
+def read_json(path: Path, option: str) -> Any:
+    from megatronapp.io.text import load_json_bytes, read_text
+
+    return load_json_bytes(read_text(path, option).encode(), f"{option} {path}")
+
+
+def run_mode(args: argparse.Namespace) -> int:
+    from megatronapp.io.outdirs import check_file, new_file
+
+    if args.mode == "compare":
+        print_comparison(read_json(args.shapes, "--shapes"), read_json(args.result, "--result"),
                          args.table or ["h200-sxm", "h100-sxm"])
         return 0
+    if args.out is not None:  # before any work: a measurement should not end in a refusal
+        check_file(args.out, "--out", args.force)
+    if args.mode == "shapes":
+        text = json.dumps(row_shapes(ROOT, args.device), indent=1)
+    else:
+        text = json.dumps(measure(read_json(args.shapes, "--shapes"), args.seconds), indent=1)
     if args.out is None:
         print(text)
-    else:
-        args.out.write_text(text + "\n")
+        return 0
+    with new_file(args.out, "--out", force=args.force) as tmp:
+        tmp.write_text(text + "\n")
     return 0
 
 

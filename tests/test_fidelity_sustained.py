@@ -4,6 +4,9 @@ scaling (paper_figs/h100_interleaving.py --strong-scaling) keeps its batch."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from megatronapp.fidelity.published import published_runs
 
@@ -62,3 +65,22 @@ def test_the_strong_scaling_points_keep_the_batch_and_the_replica() -> None:
         assert at.world_size == gpus
         assert at.parallel.dp * at.parallel.microbatches * at.model.micro_batch_size == 1152
         assert (at.parallel.tp, at.parallel.pp) == (s.parallel.tp, s.parallel.pp)
+
+
+def test_the_benchmark_keeps_a_file_it_did_not_write_and_names_bad_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from paper_figs.sustained_bench import main
+
+    mine = tmp_path / "shapes.json"
+    mine.write_text("a user's file")
+    assert main(["shapes", "--out", str(mine)]) == 2
+    assert mine.read_text() == "a user's file"
+    assert "--force" in capsys.readouterr().err
+    assert main(["shapes", "--out", str(mine), "--force"]) == 0
+    assert json.loads(mine.read_text()) == json.loads(
+        (ROOT / "paper_figs/data/sustained_shapes.json").read_text())
+    broken = tmp_path / "result.json"
+    broken.write_text("{not json")
+    assert main(["compare", "--shapes", str(mine), "--result", str(broken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--result" in err and "JSON" in err

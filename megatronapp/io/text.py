@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import codecs
 import json
+import sys
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
+
+from ..errors import UserError
 
 MAX_DEPTH = 64  # deeper than any scenario or trace we write; parsers recurse per level
 MAX_NODES = 10_000_000  # values a scenario may expand to (YAML aliases can multiply them)
@@ -23,6 +26,16 @@ _UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE,
 
 class TextError(ValueError):
     """A file or value that cannot be read as the text it should be (one line)."""
+
+
+def one_line_errors(prog: str, run: Callable[[], int]) -> int:
+    """``run()``'s exit status; bad input it names (a user or text error) as
+    one line on stderr and status 2, for scripts outside the CLI."""
+    try:
+        return run()
+    except (UserError, TextError) as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2
 
 
 def decode_utf8(raw: bytes, what: str) -> str:
