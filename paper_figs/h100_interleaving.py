@@ -19,8 +19,13 @@ model (the same batch, 1,152, on 96 to 4,608 GPUs; MFU 47% at 96 and 42% at
 virtual-stage split: at 96 GPUs each replica runs 576 microbatches, so no
 split's bubble matters there, and what the simulator misses is not the split.
 
+``--gathers`` prints instead each row's first iteration beside its steady
+state (the second iteration, which waits on the weight all-gather the first
+step overlaps with it: ``--overlap-param-gather``).
+
     python paper_figs/h100_interleaving.py [--only 70B,177B]
     python paper_figs/h100_interleaving.py --strong-scaling
+    python paper_figs/h100_interleaving.py --gathers [--only 32B]
 """
 from __future__ import annotations
 
@@ -100,6 +105,21 @@ def row_line(run: PublishedRun) -> str:
             f"{'fitted' if run.fitted else 'held out'} | {', '.join(cells)} |")
 
 
+def first_and_steady(s: Scenario) -> tuple[float, float]:
+    """The first iteration's time, and the steady state's (two iterations)."""
+    first = run_iteration_times(simulate(with_settings(s, {"iterations": 1}), replica=True))
+    both = run_iteration_times(simulate(with_settings(s, {"iterations": 2}), replica=True))
+    return first[0], steady_state_s(both)
+
+
+def gathers_line(run: PublishedRun) -> str:
+    first, steady = first_and_steady(with_constants(run))
+    name = run.source.rsplit(", ", 1)[-1]
+    return (f"| {name} | {'fitted' if run.fitted else 'held out'} | {first:.3f} | {steady:.3f} "
+            f"| {steady / first - 1:+.1%} | {throughput_error(run.iteration_s, first):+.1%} "
+            f"| {throughput_error(run.iteration_s, steady):+.1%} |")
+
+
 def simulated_mfu(s: Scenario) -> float:
     iteration = iteration_and_busiest(s)[0]
     return model_flops_per_iteration(s) / s.world_size / iteration / (s.cluster.gpu.tflops * 1e12)
@@ -145,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated model sizes as the README names them, e.g. 70B,177B")
     parser.add_argument("--strong-scaling", action="store_true",
                         help=f"the README's strong scaling of its {STRONG_ROW} row instead")
+    parser.add_argument("--gathers", action="store_true",
+                        help="each row's first iteration beside its steady state instead")
     args = parser.parse_args(argv)
     runs = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
     if args.strong_scaling:
@@ -159,11 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only: no README row {', '.join(unknown)} (rows: {', '.join(sorted(known))})")
     runs = [r for r in runs if not wanted or r.source.rsplit(", ", 1)[-1] in wanted]
     t0, w0 = time.process_time(), time.perf_counter()
-    print("| row | pp | layers per stage | published s | busiest stage's compute s "
-          "| published / busiest | role | error at each vpp (the row's own in bold) |")
-    print("|---|---:|---:|---:|---:|---:|---|---|")
+    if args.gathers:
+        print("| row | role | first iteration s | steady state s | change "
+              "| error, first | error, steady state |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+    else:
+        print("| row | pp | layers per stage | published s | busiest stage's compute s "
+              "| published / busiest | role | error at each vpp (the row's own in bold) |")
+        print("|---|---:|---:|---:|---:|---:|---|---|")
     for run in runs:
-        print(row_line(run), flush=True)
+        print(gathers_line(run) if args.gathers else row_line(run), flush=True)
     print(f"\n{len(runs)} rows: {time.process_time() - t0:.0f} s CPU, "
           f"{time.perf_counter() - w0:.0f} s wall")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.published import published_runs
 
 from .support import ROOT
@@ -84,3 +85,17 @@ def test_the_benchmark_keeps_a_file_it_did_not_write_and_names_bad_input(
     assert main(["compare", "--shapes", str(mine), "--result", str(broken)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--result" in err and "JSON" in err
+
+
+def test_the_steady_state_of_a_row_without_a_pipeline_waits_on_the_weight_gather() -> None:
+    from paper_figs.h100_interleaving import first_and_steady, with_constants
+
+    run = next(r for r in published_runs(ROOT)
+               if r.source.startswith(README) and r.source.endswith(", 32B"))
+    first, steady = first_and_steady(with_constants(run))
+    assert steady > first * 1.02  # 8 GB of weights per rank, half hidden by one forward
+
+    apart = with_settings(with_constants(run), {"training.overlap_param_gather": False})
+    no_overlap_first, no_overlap_steady = first_and_steady(apart)
+    # blocking gathers: every iteration alike
+    assert no_overlap_steady == pytest.approx(no_overlap_first, rel=1e-9)
