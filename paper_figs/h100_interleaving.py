@@ -39,16 +39,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
-from megatronapp.costs.flops import model_flops_per_iteration  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.fidelity.predict import steady_state_s  # noqa: E402
+from megatronapp.fidelity.predict import predict, steady_state_s  # noqa: E402
 from megatronapp.fidelity.published import (PublishedRun, published_runs,  # noqa: E402
                                             throughput_error)
 from megatronapp.scenario.config import Scenario  # noqa: E402
 from megatronapp.scenario.devices import DEVICES  # noqa: E402
 from megatronapp.trace.columns import KINDS, source_of  # noqa: E402
 from megatronapp.trace.summary import run_iteration_times  # noqa: E402
-from sim import simulate  # noqa: E402
+from sim import simulate, simulate_iteration_times  # noqa: E402
 
 SOURCE = "Megatron-LM README"
 STRONG_ROW = "177B"
@@ -107,9 +106,8 @@ def row_line(run: PublishedRun) -> str:
 
 def first_and_steady(s: Scenario) -> tuple[float, float]:
     """The first iteration's time, and the steady state's (two iterations)."""
-    first = run_iteration_times(simulate(with_settings(s, {"iterations": 1}), replica=True))
     both = run_iteration_times(simulate(with_settings(s, {"iterations": 2}), replica=True))
-    return first[0], steady_state_s(both)
+    return both[0], steady_state_s(both)
 
 
 def gathers_line(run: PublishedRun) -> str:
@@ -121,8 +119,7 @@ def gathers_line(run: PublishedRun) -> str:
 
 
 def simulated_mfu(s: Scenario) -> float:
-    iteration = iteration_and_busiest(s)[0]
-    return model_flops_per_iteration(s) / s.world_size / iteration / (s.cluster.gpu.tflops * 1e12)
+    return predict(s, simulate_iteration_times, replica=True).mfu
 
 
 def at_gpus(s: Scenario, gpus: int) -> Scenario:

@@ -69,6 +69,13 @@ def backward_shapes(g: GemmShape) -> dict[str, tuple[int, int, int]]:
     return {"fwd": (g.m, g.n, g.k), "dgrad": (g.m, g.k, g.n), "wgrad": (g.k, g.n, g.m)}
 
 
+def attention_forward_flops(at: dict[str, Any]) -> float:
+    """An attention core's forward FLOPs (QKᵀ and attention·V; half the square
+    where causal, as flash and fused kernels compute it) from its shape entry."""
+    causal = at["sq"] == at["sk"]
+    return 4.0 * at["b"] * at["h"] * at["sq"] * at["sk"] * at["d"] * (0.5 if causal else 1.0)
+
+
 def kernel_shapes(runs: Sequence[PublishedRun]) -> dict[str, list[dict[str, Any]]]:
     """Every row's GEMMs (with their uses: row|gemm|pass) and the grid, and
     every row's attention core (with the rows that use it)."""
@@ -139,7 +146,7 @@ def measure_attention(shapes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for at in shapes:
         b, h, sq, sk, d = at["b"], at["h"], at["sq"], at["sk"], at["d"]
         causal = sq == sk
-        fwd_flops = 4.0 * b * h * sq * sk * d * (0.5 if causal else 1.0)
+        fwd_flops = attention_forward_flops(at)
         for name, backend in backends.items():
             q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16,
                                    requires_grad=True) for n in (sq, sk, sk))

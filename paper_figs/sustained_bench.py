@@ -47,10 +47,10 @@ def layer_kernels(s: Any) -> dict[str, Any]:
     from megatronapp.costs.gemm import rank_layer_shapes
     from megatronapp.costs.flops import ATTENTION_CORE
     from megatronapp.costs.kernels import attention_shape
+    from paper_figs.kernel_bench import backward_shapes
 
-    gemms = []
-    for g in (g for n, g in rank_layer_shapes(s).items() if n not in ATTENTION_CORE):
-        gemms += [(g.m, g.n, g.k), (g.m, g.k, g.n), (g.k, g.n, g.m)]
+    gemms = [mnk for n, g in rank_layer_shapes(s).items() if n not in ATTENTION_CORE
+             for mnk in backward_shapes(g).values()]
     a, m = attention_shape(s), s.model
     return {"gemms": gemms, "attention": {"b": m.micro_batch_size,
                                           "h": a.batch_heads // m.micro_batch_size,
@@ -195,14 +195,13 @@ def table_priced_s(row: dict[str, Any], table: str) -> float:
     in Megatron's layout, attention on cuDNN's fused kernel, as timed)."""
     from megatronapp.costs.gemm import GemmShape
     from megatronapp.costs.kernels import AttentionShape, load_kernel_table
+    from paper_figs.kernel_bench import attention_forward_flops
 
     kernels = load_kernel_table(table)
     gemms = sum(kernels.gemm_s(GemmShape(m, n, k)) for m, n, k in row["gemms"])
     at = row["attention"]
-    causal = at["sq"] == at["sk"]
-    flops = 4.0 * at["b"] * at["h"] * at["sq"] * at["sk"] * at["d"] * (0.5 if causal else 1.0)
     shape = AttentionShape(at["b"] * at["h"], at["sq"], at["sk"], at["d"])
-    return gemms + sum(kernels.attention_s("fused", shape, flops))
+    return gemms + sum(kernels.attention_s("fused", shape, attention_forward_flops(at)))
 
 
 def comparison_rows(shapes: list[dict[str, Any]], result: dict[str, Any],
