@@ -23,9 +23,25 @@ split's bubble matters there, and what the simulator misses is not the split.
 state (the second iteration, which waits on the weight all-gather the first
 step overlaps with it: ``--overlap-param-gather``).
 
+``--matching-factor`` prints instead, for each row, the ``kernel_time_factor``
+at which its simulated steady state takes the published time: the constant
+that row alone would choose. One constant fits the rows only where these agree.
+
+``--te-overlap`` prices instead two costs of Transformer Engine 1.8's default
+TP overlap (``transformer_engine/pytorch/module/base.py``; Megatron-core
+r0.8.0 passes no configuration) that the simulator leaves out: its ring
+exchange runs each all-gathered GEMM (QKV, first MLP projection) as tp row
+blocks and its pipelined reduce-scatter each row-parallel GEMM (attention
+projection, second MLP projection) as four, here priced from the kernel table
+against the whole GEMM; and its reduce-scatter and bulk overlaps take 16 of
+the GPU's SMs while they run (six per layer, forward and backward), here as
+that share of the SMs over the overlapped time, a share of the layer.
+
     python paper_figs/h100_interleaving.py [--only 70B,177B]
     python paper_figs/h100_interleaving.py --strong-scaling
     python paper_figs/h100_interleaving.py --gathers [--only 32B]
+    python paper_figs/h100_interleaving.py --matching-factor
+    python paper_figs/h100_interleaving.py --te-overlap
 """
 from __future__ import annotations
 
@@ -39,6 +55,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
+from megatronapp.costs.gemm import GemmShape, rank_layer_shapes  # noqa: E402
+from megatronapp.costs.per_op import Efficiency, layer_forward_s  # noqa: E402
+from megatronapp.costs.tp_overlap import collective_s  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict, steady_state_s  # noqa: E402
 from megatronapp.fidelity.published import (PublishedRun, published_runs,  # noqa: E402
@@ -118,6 +137,82 @@ def gathers_line(run: PublishedRun) -> str:
             f"| {throughput_error(run.iteration_s, steady):+.1%} |")
 
 
+FACTOR_KEY = "cluster.gpu.kernel_time_factor"
+
+
+def steady_at_factor(s: Scenario, factor: float) -> float:
+    """One replica's steady-state iteration time at kernel time factor ``factor``."""
+    times = run_iteration_times(simulate(with_settings(s, {FACTOR_KEY: factor}), replica=True))
+    return steady_state_s(times)
+
+
+def matching_factor(s: Scenario, published_s: float, steps: int = 2) -> float:
+    """The kernel time factor at which ``s`` takes ``published_s``: secant steps
+    from the fitted constant and 10% above it (the time is nearly linear in
+    the factor; the data-parallel traffic it hides bends it a little)."""
+    f0 = s.cluster.gpu.kernel_time_factor
+    f1 = 1.1 * f0
+    t0, t1 = steady_at_factor(s, f0), steady_at_factor(s, f1)
+    for _ in range(steps):
+        f0, t0, f1 = f1, t1, f1 + (published_s - t1) * (f1 - f0) / (t1 - t0)
+        t1 = steady_at_factor(s, f1)
+    return f1
+
+
+def factor_line(run: PublishedRun) -> str:
+    s = with_constants(run)
+    fitted = s.cluster.gpu.kernel_time_factor
+    factor = matching_factor(s, run.iteration_s)
+    name = run.source.rsplit(", ", 1)[-1]
+    return (f"| {name} | {s.parallel.tp} | {s.parallel.pp} | {s.parallel.vpp} | "
+            f"{'fitted' if run.fitted else 'held out'} | {run.iteration_s:.3f} | "
+            f"{factor:.3f} | {factor / fitted - 1:+.1%} |")
+
+
+# Transformer Engine 1.8's defaults: row blocks per GEMM (tp for the ring
+# exchange) and SMs taken by the SM-driven overlaps
+TE_PIPELINE_SPLITS = 4
+TE_COMM_SMS = 16
+RING_EXCHANGED = ("qkv", "fc1")
+PIPELINED = ("proj", "fc2")
+
+
+def te_split_ratio(s: Scenario, eff: Efficiency) -> float:
+    """The four overlapped forward GEMMs run as TE's row blocks, over run whole."""
+    shapes = rank_layer_shapes(s)
+    whole = split = 0.0
+    for name in RING_EXCHANGED + PIPELINED:
+        g = shapes[name]
+        blocks = s.parallel.tp if name in RING_EXCHANGED else TE_PIPELINE_SPLITS
+        whole += eff.shape_s(g)
+        split += blocks * eff.shape_s(GemmShape(g.m // blocks, g.n, g.k))
+    return split / whole
+
+
+def te_sm_share(s: Scenario, eff: Efficiency) -> float:
+    """The SMs TE's SM-driven overlaps take, over the time they overlap, as a
+    share of a layer's forward and backward: the pipelined reduce-scatters in
+    forward; in backward the bulk all-gathers under QKV's and the first MLP
+    projection's data-gradient GEMMs and the bulk reduce-scatters under their
+    weight-gradient GEMMs (each the forward GEMM's size)."""
+    shapes = rank_layer_shapes(s)
+    comm = collective_s(s)
+    under = {name: min(comm, eff.shape_s(shapes[name])) for name in RING_EXCHANGED + PIPELINED}
+    overlapped = sum(under[n] for n in PIPELINED) + 2 * sum(under[n] for n in RING_EXCHANGED)
+    sm_count = s.cluster.gpu.sm_count or 0
+    return overlapped * TE_COMM_SMS / sm_count / (3 * layer_forward_s(s, eff)) if sm_count else 0.0
+
+
+def te_overlap_line(run: PublishedRun) -> str:
+    s = with_constants(run)
+    eff = Efficiency.of(s)
+    name = run.source.rsplit(", ", 1)[-1]
+    if s.parallel.tp == 1:
+        return f"| {name} | 1 | (no TP) | (no TP) |"
+    return (f"| {name} | {s.parallel.tp} | {te_split_ratio(s, eff):.3f} "
+            f"| {te_sm_share(s, eff):.2%} |")
+
+
 def simulated_mfu(s: Scenario) -> float:
     return predict(s, simulate_iteration_times, replica=True).mfu
 
@@ -164,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the README's strong scaling of its {STRONG_ROW} row instead")
     parser.add_argument("--gathers", action="store_true",
                         help="each row's first iteration beside its steady state instead")
+    parser.add_argument("--matching-factor", action="store_true",
+                        help="the kernel time factor each row alone would choose instead")
+    parser.add_argument("--te-overlap", action="store_true",
+                        help="two costs of Transformer Engine's TP overlap, priced, instead")
     args = parser.parse_args(argv)
     runs = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
     if args.strong_scaling:
@@ -182,12 +281,24 @@ def main(argv: list[str] | None = None) -> int:
         print("| row | role | first iteration s | steady state s | change "
               "| error, first | error, steady state |")
         print("|---|---|---:|---:|---:|---:|---:|")
+        line = gathers_line
+    elif args.matching_factor:
+        print("| row | tp | pp | vpp | role | published s | factor that matches it "
+              "| over the fitted constant |")
+        print("|---|---:|---:|---:|---|---:|---:|---:|")
+        line = factor_line
+    elif args.te_overlap:
+        print("| row | tp | row-blocked GEMMs over whole | SMs taken by the overlaps, "
+              "share of a layer |")
+        print("|---|---:|---:|---:|")
+        line = te_overlap_line
     else:
         print("| row | pp | layers per stage | published s | busiest stage's compute s "
               "| published / busiest | role | error at each vpp (the row's own in bold) |")
         print("|---|---:|---:|---:|---:|---:|---|---|")
+        line = row_line
     for run in runs:
-        print(gathers_line(run) if args.gathers else row_line(run), flush=True)
+        print(line(run), flush=True)
     print(f"\n{len(runs)} rows: {time.process_time() - t0:.0f} s CPU, "
           f"{time.perf_counter() - w0:.0f} s wall")
     return 0

@@ -1,6 +1,7 @@
 """The sustained-load layer benchmark (paper_figs/sustained_bench.py) times
 the kernels the cost model prices for each H100 row, and the README's strong
-scaling (paper_figs/h100_interleaving.py --strong-scaling) keeps its batch."""
+scaling (paper_figs/h100_interleaving.py --strong-scaling) keeps its batch,
+and --matching-factor finds the constant at which a row takes its published time."""
 from __future__ import annotations
 
 import json
@@ -99,3 +100,37 @@ def test_the_steady_state_of_a_row_without_a_pipeline_waits_on_the_weight_gather
     no_overlap_first, no_overlap_steady = first_and_steady(apart)
     # blocking gathers: every iteration alike
     assert no_overlap_steady == pytest.approx(no_overlap_first, rel=1e-9)
+
+
+@pytest.mark.parametrize("size", ["16B", "32B"])
+def test_the_matching_factor_makes_the_row_take_its_published_time(size: str) -> None:
+    from paper_figs.h100_interleaving import matching_factor, steady_at_factor, with_constants
+
+    run = next(r for r in published_runs(ROOT)
+               if r.source.startswith(README) and r.source.endswith(f", {size}"))
+    s = with_constants(run)
+    fitted = s.cluster.gpu.kernel_time_factor
+    factor = matching_factor(s, run.iteration_s)
+    assert steady_at_factor(s, factor) == pytest.approx(run.iteration_s, rel=1e-3)
+    # both rows run slower than published at the fitted constant, so each alone
+    # would choose a smaller one
+    assert steady_at_factor(s, fitted) > run.iteration_s
+    assert factor < fitted
+
+
+def test_te_overlap_costs_follow_the_tp_traffic() -> None:
+    from paper_figs.h100_interleaving import (TE_COMM_SMS, te_sm_share, te_split_ratio,
+                                              with_constants)
+    from megatronapp.costs.per_op import Efficiency
+
+    run = next(r for r in published_runs(ROOT)
+               if r.source.startswith(README) and r.source.endswith(", 177B"))
+    s = with_constants(run)
+    nvlink = s.cluster.links.intra_node_gbps
+    slow = with_settings(s, {"cluster.links.intra_node_gbps": nvlink / 4})
+    share, slow_share = te_sm_share(s, Efficiency.of(s)), te_sm_share(slow, Efficiency.of(slow))
+    # longer collectives overlap more of the GEMMs, never more than all of them
+    assert 0 < share < slow_share < TE_COMM_SMS / s.cluster.gpu.sm_count
+    # the split GEMMs' price does not depend on the links
+    assert te_split_ratio(s, Efficiency.of(s)) == te_split_ratio(slow, Efficiency.of(slow))
+    assert te_split_ratio(s, Efficiency.of(s)) > 0.9
