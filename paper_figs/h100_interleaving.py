@@ -26,6 +26,9 @@ step overlaps with it: ``--overlap-param-gather``).
 ``--matching-factor`` prints instead, for each row, the ``kernel_time_factor``
 at which its simulated steady state takes the published time: the constant
 that row alone would choose. One constant fits the rows only where these agree.
+For pipelined rows it also prints what the published iteration takes beyond
+the simulated one, per pipeline step of a rank (a chunk's forward or
+backward), beside one activation message between stages at a NIC's rate.
 
 ``--te-overlap`` prices instead two costs of Transformer Engine 1.8's default
 TP overlap (``transformer_engine/pytorch/module/base.py``; Megatron-core
@@ -56,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
 from megatronapp.costs.gemm import GemmShape, rank_layer_shapes  # noqa: E402
-from megatronapp.costs.per_op import Efficiency, layer_forward_s  # noqa: E402
+from megatronapp.costs.per_op import Efficiency, layer_forward_s, stage_costs  # noqa: E402
 from megatronapp.costs.tp_overlap import collective_s  # noqa: E402
 from megatronapp.fidelity.fit import with_settings  # noqa: E402
 from megatronapp.fidelity.predict import predict, steady_state_s  # noqa: E402
@@ -146,27 +149,43 @@ def steady_at_factor(s: Scenario, factor: float) -> float:
     return steady_state_s(times)
 
 
-def matching_factor(s: Scenario, published_s: float, steps: int = 2) -> float:
-    """The kernel time factor at which ``s`` takes ``published_s``: secant steps
-    from the fitted constant and 10% above it (the time is nearly linear in
-    the factor; the data-parallel traffic it hides bends it a little)."""
+def matching_factor(s: Scenario, published_s: float, steps: int = 2) -> tuple[float, float]:
+    """The kernel time factor at which ``s`` takes ``published_s``, and the
+    steady state at the fitted one: secant steps from the fitted constant and
+    10% above it (the time is nearly linear in the factor; the data-parallel
+    traffic it hides bends it a little)."""
     f0 = s.cluster.gpu.kernel_time_factor
     f1 = 1.1 * f0
     t0, t1 = steady_at_factor(s, f0), steady_at_factor(s, f1)
+    at_fitted = t0
     for _ in range(steps):
         f0, t0, f1 = f1, t1, f1 + (published_s - t1) * (f1 - f0) / (t1 - t0)
         t1 = steady_at_factor(s, f1)
-    return f1
+    return f1, at_fitted
+
+
+def unexplained_per_step_ms(s: Scenario, published_s: float, simulated_s: float) -> float:
+    """What the published iteration takes beyond the simulated one, per pipeline
+    step of a rank (a chunk's forward or backward for one microbatch)."""
+    steps = 2 * s.parallel.microbatches * s.parallel.vpp
+    return (published_s - simulated_s) / steps * 1e3
+
+
+def message_ms(s: Scenario) -> float:
+    """One activation message between stages at one NIC's bandwidth."""
+    return stage_costs(s).activation_bytes / (s.cluster.links.inter_node_gbps / 8 * 1e9) * 1e3
 
 
 def factor_line(run: PublishedRun) -> str:
     s = with_constants(run)
     fitted = s.cluster.gpu.kernel_time_factor
-    factor = matching_factor(s, run.iteration_s)
+    factor, simulated = matching_factor(s, run.iteration_s)
     name = run.source.rsplit(", ", 1)[-1]
+    per_step = (f"{unexplained_per_step_ms(s, run.iteration_s, simulated):.2f} "
+                f"| {message_ms(s):.2f}" if s.parallel.pp > 1 else "(no pipeline) | –")
     return (f"| {name} | {s.parallel.tp} | {s.parallel.pp} | {s.parallel.vpp} | "
             f"{'fitted' if run.fitted else 'held out'} | {run.iteration_s:.3f} | "
-            f"{factor:.3f} | {factor / fitted - 1:+.1%} |")
+            f"{factor:.3f} | {factor / fitted - 1:+.1%} | {per_step} |")
 
 
 # Transformer Engine 1.8's defaults: row blocks per GEMM (tp for the ring
@@ -284,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         line = gathers_line
     elif args.matching_factor:
         print("| row | tp | pp | vpp | role | published s | factor that matches it "
-              "| over the fitted constant |")
-        print("|---|---:|---:|---:|---|---:|---:|---:|")
+              "| over the fitted constant | published beyond simulated, ms per pipeline step "
+              "| one activation message at a NIC, ms |")
+        print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
         line = factor_line
     elif args.te_overlap:
         print("| row | tp | row-blocked GEMMs over whole | SMs taken by the overlaps, "

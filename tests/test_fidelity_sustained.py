@@ -110,11 +110,11 @@ def test_the_matching_factor_makes_the_row_take_its_published_time(size: str) ->
                if r.source.startswith(README) and r.source.endswith(f", {size}"))
     s = with_constants(run)
     fitted = s.cluster.gpu.kernel_time_factor
-    factor = matching_factor(s, run.iteration_s)
+    factor, at_fitted = matching_factor(s, run.iteration_s)
     assert steady_at_factor(s, factor) == pytest.approx(run.iteration_s, rel=1e-3)
     # both rows run slower than published at the fitted constant, so each alone
     # would choose a smaller one
-    assert steady_at_factor(s, fitted) > run.iteration_s
+    assert at_fitted == steady_at_factor(s, fitted) > run.iteration_s
     assert factor < fitted
 
 
