@@ -52,6 +52,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -98,6 +99,20 @@ def valid_vpps(s: Scenario) -> list[int]:
     return [v for v in range(1, per_stage + 1) if per_stage % v == 0]
 
 
+def row_name(run: PublishedRun) -> str:
+    """The model size the README names the row by, e.g. 177B."""
+    return run.source.rsplit(", ", 1)[-1]
+
+
+def role(run: PublishedRun) -> str:
+    return "fitted" if run.fitted else "held out"
+
+
+def replica_iteration_times(s: Scenario) -> list[float]:
+    """Each simulated iteration's time, one data-parallel replica."""
+    return run_iteration_times(simulate(s, replica=True))
+
+
 def iteration_and_busiest(s: Scenario) -> tuple[float, float]:
     """(steady-state iteration time, the busiest rank's compute per iteration)
     of one replica."""
@@ -120,22 +135,20 @@ def row_line(run: PublishedRun) -> str:
         t = own if vpp == s.parallel.vpp else iteration_and_busiest(with_vpp(s, vpp))[0]
         mark = "**" if vpp == s.parallel.vpp else ""
         cells.append(f"{mark}{vpp}: {throughput_error(run.iteration_s, t) * 100:+.1f}%{mark}")
-    name = run.source.rsplit(", ", 1)[-1]
-    return (f"| {name} | {s.parallel.pp} | {s.model.layers // s.parallel.pp} | "
+    return (f"| {row_name(run)} | {s.parallel.pp} | {s.model.layers // s.parallel.pp} | "
             f"{run.iteration_s:.3f} | {busiest:.3f} | {run.iteration_s / busiest:.3f} | "
-            f"{'fitted' if run.fitted else 'held out'} | {', '.join(cells)} |")
+            f"{role(run)} | {', '.join(cells)} |")
 
 
 def first_and_steady(s: Scenario) -> tuple[float, float]:
     """The first iteration's time, and the steady state's (two iterations)."""
-    both = run_iteration_times(simulate(with_settings(s, {"iterations": 2}), replica=True))
+    both = replica_iteration_times(with_settings(s, {"iterations": 2}))
     return both[0], steady_state_s(both)
 
 
 def gathers_line(run: PublishedRun) -> str:
     first, steady = first_and_steady(with_constants(run))
-    name = run.source.rsplit(", ", 1)[-1]
-    return (f"| {name} | {'fitted' if run.fitted else 'held out'} | {first:.3f} | {steady:.3f} "
+    return (f"| {row_name(run)} | {role(run)} | {first:.3f} | {steady:.3f} "
             f"| {steady / first - 1:+.1%} | {throughput_error(run.iteration_s, first):+.1%} "
             f"| {throughput_error(run.iteration_s, steady):+.1%} |")
 
@@ -145,8 +158,7 @@ FACTOR_KEY = "cluster.gpu.kernel_time_factor"
 
 def steady_at_factor(s: Scenario, factor: float) -> float:
     """One replica's steady-state iteration time at kernel time factor ``factor``."""
-    times = run_iteration_times(simulate(with_settings(s, {FACTOR_KEY: factor}), replica=True))
-    return steady_state_s(times)
+    return steady_state_s(replica_iteration_times(with_settings(s, {FACTOR_KEY: factor})))
 
 
 def matching_factor(s: Scenario, published_s: float, steps: int = 2) -> tuple[float, float]:
@@ -180,11 +192,10 @@ def factor_line(run: PublishedRun) -> str:
     s = with_constants(run)
     fitted = s.cluster.gpu.kernel_time_factor
     factor, simulated = matching_factor(s, run.iteration_s)
-    name = run.source.rsplit(", ", 1)[-1]
     per_step = (f"{unexplained_per_step_ms(s, run.iteration_s, simulated):.2f} "
                 f"| {message_ms(s):.2f}" if s.parallel.pp > 1 else "(no pipeline) | –")
-    return (f"| {name} | {s.parallel.tp} | {s.parallel.pp} | {s.parallel.vpp} | "
-            f"{'fitted' if run.fitted else 'held out'} | {run.iteration_s:.3f} | "
+    return (f"| {row_name(run)} | {s.parallel.tp} | {s.parallel.pp} | {s.parallel.vpp} | "
+            f"{role(run)} | {run.iteration_s:.3f} | "
             f"{factor:.3f} | {factor / fitted - 1:+.1%} | {per_step} |")
 
 
@@ -225,10 +236,9 @@ def te_sm_share(s: Scenario, eff: Efficiency) -> float:
 def te_overlap_line(run: PublishedRun) -> str:
     s = with_constants(run)
     eff = Efficiency.of(s)
-    name = run.source.rsplit(", ", 1)[-1]
     if s.parallel.tp == 1:
-        return f"| {name} | 1 | (no TP) | (no TP) |"
-    return (f"| {name} | {s.parallel.tp} | {te_split_ratio(s, eff):.3f} "
+        return f"| {row_name(run)} | 1 | (no TP) | (no TP) |"
+    return (f"| {row_name(run)} | {s.parallel.tp} | {te_split_ratio(s, eff):.3f} "
             f"| {te_sm_share(s, eff):.2%} |")
 
 
@@ -270,18 +280,36 @@ def print_strong_scaling(runs: list[PublishedRun]) -> None:
         print(line, flush=True)
 
 
+# each per-row mode: its table's header, and the function that prints a row
+ROW_MODES: dict[str, tuple[str, Callable[[PublishedRun], str]]] = {
+    "splits": ("| row | pp | layers per stage | published s | busiest stage's compute s "
+               "| published / busiest | role | error at each vpp (the row's own in bold) |\n"
+               "|---|---:|---:|---:|---:|---:|---|---|", row_line),
+    "gathers": ("| row | role | first iteration s | steady state s | change "
+                "| error, first | error, steady state |\n"
+                "|---|---|---:|---:|---:|---:|---:|", gathers_line),
+    "matching_factor": ("| row | tp | pp | vpp | role | published s | factor that matches it "
+                        "| over the fitted constant | published beyond simulated, ms per "
+                        "pipeline step | one activation message at a NIC, ms |\n"
+                        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|", factor_line),
+    "te_overlap": ("| row | tp | row-blocked GEMMs over whole | SMs taken by the overlaps, "
+                   "share of a layer |\n|---|---:|---:|---:|", te_overlap_line),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="",
                         help="comma-separated model sizes as the README names them, e.g. 70B,177B")
-    parser.add_argument("--strong-scaling", action="store_true",
-                        help=f"the README's strong scaling of its {STRONG_ROW} row instead")
-    parser.add_argument("--gathers", action="store_true",
-                        help="each row's first iteration beside its steady state instead")
-    parser.add_argument("--matching-factor", action="store_true",
-                        help="the kernel time factor each row alone would choose instead")
-    parser.add_argument("--te-overlap", action="store_true",
-                        help="two costs of Transformer Engine's TP overlap, priced, instead")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--strong-scaling", action="store_true",
+                       help=f"the README's strong scaling of its {STRONG_ROW} row instead")
+    modes.add_argument("--gathers", action="store_true",
+                       help="each row's first iteration beside its steady state instead")
+    modes.add_argument("--matching-factor", action="store_true",
+                       help="the kernel time factor each row alone would choose instead")
+    modes.add_argument("--te-overlap", action="store_true",
+                       help="two costs of Transformer Engine's TP overlap, priced, instead")
     args = parser.parse_args(argv)
     runs = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
     if args.strong_scaling:
@@ -290,33 +318,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{time.process_time() - t0:.0f} s CPU, {time.perf_counter() - w0:.0f} s wall")
         return 0
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
-    known = {r.source.rsplit(", ", 1)[-1] for r in runs}
+    known = {row_name(r) for r in runs}
     unknown = [w for w in wanted if w not in known]
     if unknown:
         parser.error(f"--only: no README row {', '.join(unknown)} (rows: {', '.join(sorted(known))})")
-    runs = [r for r in runs if not wanted or r.source.rsplit(", ", 1)[-1] in wanted]
+    runs = [r for r in runs if not wanted or row_name(r) in wanted]
     t0, w0 = time.process_time(), time.perf_counter()
-    if args.gathers:
-        print("| row | role | first iteration s | steady state s | change "
-              "| error, first | error, steady state |")
-        print("|---|---|---:|---:|---:|---:|---:|")
-        line = gathers_line
-    elif args.matching_factor:
-        print("| row | tp | pp | vpp | role | published s | factor that matches it "
-              "| over the fitted constant | published beyond simulated, ms per pipeline step "
-              "| one activation message at a NIC, ms |")
-        print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
-        line = factor_line
-    elif args.te_overlap:
-        print("| row | tp | row-blocked GEMMs over whole | SMs taken by the overlaps, "
-              "share of a layer |")
-        print("|---|---:|---:|---:|")
-        line = te_overlap_line
-    else:
-        print("| row | pp | layers per stage | published s | busiest stage's compute s "
-              "| published / busiest | role | error at each vpp (the row's own in bold) |")
-        print("|---|---:|---:|---:|---:|---:|---|---|")
-        line = row_line
+    mode = next((m for m in ROW_MODES if getattr(args, m, False)), "splits")
+    header, line = ROW_MODES[mode]
+    print(header)
     for run in runs:
         print(line(run), flush=True)
     print(f"\n{len(runs)} rows: {time.process_time() - t0:.0f} s CPU, "

@@ -134,3 +134,12 @@ def test_te_overlap_costs_follow_the_tp_traffic() -> None:
     # the split GEMMs' price does not depend on the links
     assert te_split_ratio(s, Efficiency.of(s)) == te_split_ratio(slow, Efficiency.of(slow))
     assert te_split_ratio(s, Efficiency.of(s)) > 0.9
+
+
+def test_the_script_refuses_two_modes_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    from paper_figs.h100_interleaving import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--gathers", "--te-overlap"])
+    assert exited.value.code == 2
+    assert "--te-overlap: not allowed with argument --gathers" in capsys.readouterr().err
