@@ -14,7 +14,6 @@ are kept in ``warnings`` instead of being printed.
 from __future__ import annotations
 
 import contextlib
-import warnings as warnings_mod
 import weakref
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from megatronapp.errors import UserError
 from megatronapp.io.progress import Say, quiet
 from megatronapp.scenario.checkpoint import Checkpoint, read_checkpoint
 from megatronapp.scenario.config import parse_scenario
+from megatronapp.scope.storage import checkpoint_dir
+from megatronapp.scope.quiet import kept_warnings
 from megatronapp.scope.names import Key, NamesFilter, hook_name, matching, site_of
 from megatronapp.scope.tokens import Tokenizer, encode_checked, tokenizer_of
 
@@ -82,16 +83,6 @@ class Runner(Protocol):
     def forward(self, tokens: Tensor, names: Sequence[str], visit: Visit) -> Tensor: ...
 
     def close(self) -> None: ...
-
-
-@contextlib.contextmanager
-def kept_warnings(into: list[str]) -> Iterator[None]:
-    """Warnings raised inside (megatron-core's and Transformer Engine's, while
-    a model is built) go into ``into``, not to stderr."""
-    with warnings_mod.catch_warnings(record=True) as caught:
-        warnings_mod.simplefilter("always")
-        yield
-    into += [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 @dataclass
@@ -332,24 +323,6 @@ class HookedModel:
         c = self.cfg
         return (f"HookedModel({self.ckpt.path}: {c.n_layers} blocks, d_model {c.d_model}, "
                 f"{c.n_heads} heads, d_vocab {c.d_vocab}, pp {c.pp}, tp {c.tp})")
-
-
-def checkpoint_dir(target: str | Path) -> Path:
-    """A checkpoint directory, a run directory holding one, or a generation
-    capture (or its ``scope generate`` output) naming the checkpoint it ran on."""
-    import json
-
-    p = Path(target)
-    if (p / "checkpoint" / "checkpoint.json").is_file():
-        return p / "checkpoint"
-    for capture in (p, p / "clean"):
-        try:
-            named = json.loads((capture / "manifest.json").read_text()).get("checkpoint")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(named, str):
-            return Path(named)
-    return p
 
 
 def load(target: str | Path, pp: int = 1, tp: int = 1, say: Say = quiet) -> HookedModel:

@@ -284,7 +284,8 @@ class Stage:
 
 
 def _build(spec: dict[str, Any], conn: Connection) -> Stage:
-    from .scope_hooked import kept_warnings
+    from megatronapp.scope.quiet import kept_warnings
+
     from .stages import MegatronStages, TrainOptions
     from .worker import init_megatron
 

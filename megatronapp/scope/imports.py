@@ -18,7 +18,10 @@ it; ``vocab_size`` in ``checkpoint.json`` keeps the real one. No torch here.
 """
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -214,3 +217,32 @@ def import_megatron(args: Mapping[str, Any], state: Mapping[str, np.ndarray], so
     model = megatron_model(args, source)
     return Imported(model, megatron_state(state, model, source), int(args["padded_vocab_size"]),
                     {"format": f"megatron-{kind}", "path": source})
+
+
+def write_imported(imported: Imported, run: Path, source: Path) -> None:
+    """``run/checkpoint`` (the weights, with the tokenizer of a Hugging Face
+    folder beside them) and an empty capture ``run/scope`` that the analyses'
+    results join; ``run`` is a staging folder (``io.outdirs.staged_dir``)."""
+    from ..scenario.checkpoint import write_checkpoint
+    from ..scenario.config import Data
+    from .storage import merge_capture
+    from .tokens import TOKENIZER_FILE, tokenizer_meta
+
+    info: dict[str, Any] = {"source": imported.source, "vocab_size": imported.vocab_size}
+    tokenizer = (tokenizer_meta(source, _config(source))
+                 if imported.source["format"] == "huggingface-gpt2" else None)
+    if tokenizer is not None:
+        info["tokenizer"] = tokenizer
+    folder = write_checkpoint(run / "checkpoint", imported.state, imported.model,
+                              Data(kind="random"), info)
+    if tokenizer is not None:
+        shutil.copyfile(source / TOKENIZER_FILE, folder / TOKENIZER_FILE)
+    (run / "scope").mkdir()
+    merge_capture(run / "scope", {"source": "import", "scenario": "import", "seed": 0,
+                                  "model": imported.model.model_dump(mode="json"),
+                                  "observe": [], "perturb": []})
+
+
+def _config(source: Path) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((source / "config.json").read_text())
+    return config

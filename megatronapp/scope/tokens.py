@@ -104,8 +104,8 @@ def encode_checked(tokenizer: Tokenizer | None, text: str, seq_len: int, field: 
     """``text`` as ids (with BOS unless ``prepend_bos`` is False), 1..seq_len of
     them; one-line errors naming ``field``."""
     if tokenizer is None:
-        raise UserError(f"{field}: this checkpoint has no tokenizer; pass token ids "
-                        "(a [batch, pos] LongTensor)")
+        raise UserError(f"{field}: this checkpoint has no tokenizer (scope import copies a "
+                        "Hugging Face folder's tokenizer.json); in Python, pass token ids")
     ids = tokenizer.encode(text)
     bos = tokenizer.bos if prepend_bos is not False else None
     if bos is not None:
