@@ -61,3 +61,17 @@ def prompts(seed: int, batch: int = 2, length: int = 8) -> tuple[torch.Tensor, t
     corrupt = clean.clone()
     corrupt[:, length // 2] = (corrupt[:, length // 2] + 7) % (VOCAB - 1) + 1
     return clean, corrupt
+
+
+CHARACTERS = "abcdefghijklmnopqrstuvwxyz .,"
+
+
+def save_char_tokenizer(folder: Path) -> None:
+    """A character-level ``tokenizer.json`` (id 0: ``<|endoftext|>``, GPT-2's BOS)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(CHARACTERS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    tokenizer.save(str(folder / "tokenizer.json"))

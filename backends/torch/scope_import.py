@@ -89,7 +89,7 @@ def read_hugging_face(source: Path) -> Imported:
         config = json.loads((source / "config.json").read_text())
     except ValueError as err:
         raise UserError(f"SRC: {source}/config.json is not JSON ({err})") from None
-    return import_gpt2(config, _hf_weights(source), str(source))
+    return import_gpt2(config, lambda: _hf_weights(source), str(source))
 
 
 # ---------------------------------------------------------------- Megatron

@@ -327,6 +327,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     from .imports import write_imported
 
     source, out = Path(args.source), Path(args.out)
+    if not source.is_dir():
+        raise UserError(f"SRC: {source} is not a directory")
     check_output(out, args.force)  # before any work
     _say(f"reading {source}")
     with _model_warnings(args):

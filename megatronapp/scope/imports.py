@@ -22,7 +22,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -143,10 +143,11 @@ def _getter(state: Mapping[str, np.ndarray], source: str) -> Any:
     return get
 
 
-def import_gpt2(config: Mapping[str, Any], hf: Mapping[str, np.ndarray],
+def import_gpt2(config: Mapping[str, Any], weights: Callable[[], Mapping[str, np.ndarray]],
                 source: str) -> Imported:
+    """The configuration is judged before ``weights()`` reads anything."""
     model, tied = gpt2_model(config, source)
-    return Imported(model, gpt2_state(hf, model, tied, source), int(config["vocab_size"]),
+    return Imported(model, gpt2_state(weights(), model, tied, source), int(config["vocab_size"]),
                     {"format": "huggingface-gpt2", "path": source})
 
 
