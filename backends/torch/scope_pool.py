@@ -148,9 +148,10 @@ class PoolRunner:
         pending = dict(enumerate(self.conns))
         try:
             while pending:
-                for conn in wait(list(pending.values())):
-                    rank = self.conns.index(conn)  # type: ignore[arg-type]
-                    kind, *payload = self._recv(rank, conn)  # type: ignore[arg-type]
+                for ready in wait(list(pending.values())):
+                    rank = next(r for r, c in pending.items() if c is ready)
+                    conn = pending[rank]
+                    kind, *payload = self._recv(rank, conn)
                     if kind == "visit":
                         result = None
                         if failure is None:
@@ -158,7 +159,7 @@ class PoolRunner:
                                 result = visit(*payload)
                             except BaseException as err:  # re-raised once the pass is over
                                 failure = err
-                        _send(conn, result)  # type: ignore[union-attr]
+                        _send(conn, result)
                     elif kind == "done":
                         pending.pop(rank)
                         logits = payload[0] if payload[0] is not None else logits

@@ -19,8 +19,13 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 class Tokenizer(Protocol):
-    bos: int | None  # prepended by default when set (TransformerLens's prepend_bos)
-    pad: int  # right padding of a batch
+    @property
+    def bos(self) -> int | None:
+        """Prepended by default when set (TransformerLens's ``prepend_bos``)."""
+
+    @property
+    def pad(self) -> int:
+        """What a batch is right-padded with."""
 
     def encode(self, text: str) -> list[int]: ...
 
