@@ -27,7 +27,8 @@ def test_the_page_has_code_for_each_part() -> None:
                  "ms.logit_lens(", "ms.activation_patching(", "ms.direct_logit_attribution(",
                  "ms.import_checkpoint("):
         assert call in code
-    assert code.count("ms.load(") == 2  # the tiny model and the imported GPT-2, once each
+    loads = re.findall(r"^\s*(?:\w+ = |with )ms\.load\(", code, flags=re.M)
+    assert len(loads) == 2  # the tiny model and the imported GPT-2, each loaded once
 
 
 def test_the_notebook_page_runs(scope_tiny_run: Path, tmp_path: Path) -> None:
