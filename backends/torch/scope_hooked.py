@@ -93,9 +93,10 @@ class LocalRunner:
     head_dim: int
     stop: Any  # weakref.finalize closing the one-rank group (at exit at the latest)
     warnings: list[str] = field(default_factory=list)
+    threads: int = 1  # as each worker rank: more threads contend on a busy machine
 
     @classmethod
-    def start(cls, ckpt: Checkpoint) -> "LocalRunner":
+    def start(cls, ckpt: Checkpoint, threads: int = 1) -> "LocalRunner":
         kept: list[str] = []
         stack = ExitStack()
         with kept_warnings(kept):
@@ -105,7 +106,7 @@ class LocalRunner:
             s = parse_scenario({"seed": 0, "model": ckpt.model.model_dump(mode="json"),
                                 "data": {"kind": "random"}})
             model = build_model(s, ckpt.state)
-        runner = cls(model, ckpt.model.hidden // ckpt.model.heads, None, kept)
+        runner = cls(model, ckpt.model.hidden // ckpt.model.heads, None, kept, threads)
         runner.stop = weakref.finalize(runner, stack.close)
         return runner
 
@@ -113,8 +114,13 @@ class LocalRunner:
         from .megatron_compat import causal_mask
 
         b, s = tokens.shape
-        with attached(self.model, names, visit, self.head_dim), torch.no_grad():
-            return self.model(tokens, torch.arange(s).expand(b, s), causal_mask(s))
+        outer = torch.get_num_threads()
+        torch.set_num_threads(self.threads)  # for this pass only
+        try:
+            with attached(self.model, names, visit, self.head_dim), torch.no_grad():
+                return self.model(tokens, torch.arange(s).expand(b, s), causal_mask(s))
+        finally:
+            torch.set_num_threads(outer)
 
     def close(self) -> None:
         self.stop()
@@ -325,15 +331,20 @@ class HookedModel:
                 f"{c.n_heads} heads, d_vocab {c.d_vocab}, pp {c.pp}, tp {c.tp})")
 
 
-def load(target: str | Path, pp: int = 1, tp: int = 1, say: Say = quiet) -> HookedModel:
+def load(target: str | Path, pp: int = 1, tp: int = 1, say: Say = quiet,
+         threads: int = 1) -> HookedModel:
     """The checkpoint under ``target`` (a run directory, a checkpoint, a
-    ``scope generate`` output), built once: here, or split ``pp`` × ``tp``."""
+    ``scope generate`` output), built once: here, or split ``pp`` × ``tp``.
+    ``threads``: torch threads of this process's forward passes (each worker
+    rank uses one)."""
     if pp < 1 or tp < 1:
         raise UserError(f"--pp/--tp: must be >= 1, got pp {pp}, tp {tp}")
+    if threads < 1:
+        raise UserError(f"threads: must be >= 1, got {threads}")
     ckpt = read_checkpoint(checkpoint_dir(target))
     if pp == tp == 1:
         say(f"building {ckpt.path} in this process")
-        return HookedModel(ckpt, LocalRunner.start(ckpt))
+        return HookedModel(ckpt, LocalRunner.start(ckpt, threads))
     from .scope_pool import PoolRunner
 
     return HookedModel(ckpt, PoolRunner.start(ckpt, pp, tp, say), pp, tp)
