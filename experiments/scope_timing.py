@@ -13,6 +13,7 @@ results/scope_timing.json; ``tables`` renders docs/megascope-notebook.md's table
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -95,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run = args.run or trained(Path(tmp))
         rows = [measure_split(ms, run, pp, tp, args.repeats) for pp, tp in SPLITS]
-    path = experiment.record({"iterations": ITERATIONS if args.run is None else None,
-                              "prompt": PROMPT, "pair": PAIR, "repeats": args.repeats,
-                              "splits": rows})
+        iterations = json.loads((run / "checkpoint" / "checkpoint.json").read_text()).get(
+            "iterations")
+    path = experiment.record({"iterations": iterations, "prompt": PROMPT, "pair": PAIR,
+                              "repeats": args.repeats, "splits": rows})
     print(f"wrote {path}")
     return 0
 
@@ -114,7 +116,8 @@ def tables(doc: dict[str, Any]) -> dict[str, str]:
                      *(f"{s['analyses'][n]['wall_s']:.2f} ({s['analyses'][n]['cpu_s']:.2f})"
                        for n in names)])
     note = (f"\nSeconds, wall (CPU of all the model's processes), median of "
-            f"{doc['data']['repeats']}; {doc['machine']['cpu']}, "
+            f"{doc['data']['repeats']}; the tiny model trained {doc['data']['iterations']} "
+            f"iterations; {doc['machine']['cpu']}, "
             f"{doc['machine']['cores']} cores, load {doc['load']['before'][0]} before; "
             f"{doc['date'][:10]}.\n")
     return {"timing": markdown_table(["split", "load to first cache", *names], rows,

@@ -70,6 +70,7 @@ def _model() -> ScopeModel:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    model = _model()
     from ..scenario.checkpoint import read_checkpoint
     from .storage import checkpoint_dir
 
@@ -83,7 +84,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         with _model_warnings(args):
-            text = _decode(args, ckpt, scope, out, _model())
+            text = _decode(args, ckpt, scope, out, model)
     except OSError as err:  # the output directory (nothing half-written is left)
         raise UserError(f"--out: cannot write {out}: {err.strerror or err}") from None
     if not args.json:
@@ -265,26 +266,41 @@ def _checked_inputs(args: argparse.Namespace, prompts: dict[str, str],
     return ids
 
 
-def _analysis(args: argparse.Namespace, run: Callable[[Any, Any], Any]) -> Any:
+def _as_option(message: str) -> str:
+    """An analysis's error names its Python argument (``corrupt: ...``); the
+    command's user typed the option (``--corrupt: ...``)."""
+    field, sep, rest = message.partition(": ")
+    if not (sep and field.isidentifier()):
+        return message
+    for name in ("clean_answer", "corrupt_answer"):
+        rest = rest.replace(name, "--" + name.replace("_", "-"))
+    return f"--{field.replace('_', '-')}: {rest}"
+
+
+def _analysis(args: argparse.Namespace, backend: ScopeModel,
+              run: Callable[[Any, Any], Any]) -> Any:
     """Load the model once (progress on stderr), run ``run(backend, model)``."""
-    backend = _model()
     more: list[str] = []
     with _model_warnings(args, more):
         model = backend.load(args.run, pp=args.pp, tp=args.tp, say=_say)
         with model:
             more += model.warnings
-            return run(backend, model)
+            try:
+                return run(backend, model)
+            except UserError as err:
+                raise UserError(_as_option(str(err))) from None
 
 
 def cmd_lens(args: argparse.Namespace) -> int:
     from .lens import result_name, save
 
+    backend = _model()
     if args.top_k < 1:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
     _checked_inputs(args, {"--prompt": args.prompt}, {})
     name = result_name("lens", args.prompt)
     capture = _results_beside_capture(args.run, name, args.force, False)
-    result = _analysis(args, lambda b, m: b.logit_lens(m, args.prompt, args.top_k))
+    result = _analysis(args, backend, lambda b, m: b.logit_lens(m, args.prompt, args.top_k))
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
     return 0
 
@@ -292,6 +308,7 @@ def cmd_lens(args: argparse.Namespace) -> int:
 def cmd_patch(args: argparse.Namespace) -> int:
     from .lens import patch_sites, result_name, save
 
+    backend = _model()
     sites = patch_sites(args.sites, args.per)
     clean, corrupt = _checked_inputs(args, {"--clean": args.clean, "--corrupt": args.corrupt},
                                      {"--clean-answer": args.clean_answer,
@@ -302,7 +319,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     name = result_name("patch", args.clean, args.corrupt, *sites, args.clean_answer or "",
                        args.corrupt_answer or "", *([args.per] if args.per != "position" else []))
     capture = _results_beside_capture(args.run, name, args.force, True)
-    result = _analysis(args, lambda b, m: b.activation_patching(
+    result = _analysis(args, backend, lambda b, m: b.activation_patching(
         m, args.clean, args.corrupt, sites, args.per, args.clean_answer, args.corrupt_answer))
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force,
                                         result.plot))
@@ -312,11 +329,12 @@ def cmd_patch(args: argparse.Namespace) -> int:
 def cmd_dla(args: argparse.Namespace) -> int:
     from .lens import result_name, save
 
+    backend = _model()
     _checked_inputs(args, {"--prompt": args.prompt},
                     {"--answer": args.answer, "--baseline": args.baseline})
     name = result_name("dla", args.prompt, args.answer or "", args.baseline or "")
     capture = _results_beside_capture(args.run, name, args.force, False)
-    result = _analysis(args, lambda b, m: b.direct_logit_attribution(
+    result = _analysis(args, backend, lambda b, m: b.direct_logit_attribution(
         m, args.prompt, args.answer, args.baseline))
     _show_saved(result, args.json, save(capture, name, result.to_json(), args.force))
     return 0
@@ -326,13 +344,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..io.outdirs import staged_dir
     from .imports import write_imported
 
+    backend = _model()
     source, out = Path(args.source), Path(args.out)
     if not source.is_dir():
         raise UserError(f"SRC: {source} is not a directory")
     check_output(out, args.force)  # before any work
     _say(f"reading {source}")
     with _model_warnings(args):
-        imported = _model().import_checkpoint(source)
+        imported = backend.import_checkpoint(source)
     with staged_dir(out, args.force) as tmp:
         write_imported(imported, tmp, source)
     m = imported.model
