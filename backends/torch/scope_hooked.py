@@ -190,8 +190,8 @@ class HookedModel:
         return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
 
     def to_str_tokens(self, input: Input) -> list[str] | list[list[str]]:
-        tokens = self._tokens(input)
-        rows = [[self._token(int(i)) for i in row] for row in tokens]
+        tokens = self.input_tokens(input)
+        rows = [[self.to_single_str_token(int(i)) for i in row] for row in tokens]
         return rows[0] if len(rows) == 1 else rows
 
     def to_string(self, tokens: Tensor | Sequence[int]) -> str | list[str]:
@@ -202,10 +202,12 @@ class HookedModel:
             return self.tokenizer.decode(t.tolist())
         return [self.tokenizer.decode(row.tolist()) for row in t]
 
-    def _token(self, token_id: int) -> str:
+    def to_single_str_token(self, token_id: int) -> str:
+        """One token id as text (its id, for a checkpoint without a tokenizer)."""
         return self.tokenizer.token(token_id) if self.tokenizer is not None else str(token_id)
 
-    def _tokens(self, input: Input) -> Tensor:
+    def input_tokens(self, input: Input) -> Tensor:
+        """``input`` as a checked ``[batch, pos]`` LongTensor (text is tokenized)."""
         if not isinstance(input, torch.Tensor):
             return self.to_tokens(input)
         t = input[None] if input.dim() == 1 else input
@@ -240,7 +242,7 @@ class HookedModel:
     # ----------------------------------------------------------- forward
     def __call__(self, input: Input) -> Tensor:
         """Logits ``[batch, pos, d_vocab]``."""
-        return self._run(self._tokens(input), self._hooks)
+        return self._run(self.input_tokens(input), self._hooks)
 
     forward = __call__
 
@@ -281,7 +283,9 @@ class HookedModel:
         return logits[..., :self.cfg.d_vocab].float()
 
     # ----------------------------------------------------------- weights
-    def _weight(self, name: str) -> Tensor:
+    def weight(self, name: str) -> Tensor:
+        """A parameter of the whole model by megatron's name, e.g.
+        ``decoder.final_layernorm.weight`` (from the checkpoint: any split)."""
         if name not in self._readout:
             self._readout[name] = torch.from_numpy(np.asarray(self.ckpt.state[name],
                                                               np.float32))
@@ -290,27 +294,27 @@ class HookedModel:
     @property
     def W_U(self) -> Tensor:
         """The unembedding ``[d_model, d_vocab]``."""
-        return self._weight("output_layer.weight")[:self.cfg.d_vocab].T
+        return self.weight("output_layer.weight")[:self.cfg.d_vocab].T
 
     @property
     def W_O(self) -> Tensor:
         """Each block's attention output weights ``[n_layers, n_heads, d_head, d_model]``."""
         c = self.cfg
         return torch.stack([
-            self._weight(f"decoder.layers.{n}.self_attention.linear_proj.weight").T.reshape(
+            self.weight(f"decoder.layers.{n}.self_attention.linear_proj.weight").T.reshape(
                 c.n_heads, c.d_head, c.d_model) for n in range(c.n_layers)])
 
     @property
     def b_O(self) -> Tensor:
         c = self.cfg
-        return torch.stack([self._weight(f"decoder.layers.{n}.self_attention.linear_proj.bias")
+        return torch.stack([self.weight(f"decoder.layers.{n}.self_attention.linear_proj.bias")
                             for n in range(c.n_layers)])
 
     def ln_final(self, resid: Tensor) -> Tensor:
         """The final LayerNorm (each position normalised by its own scale)."""
         return torch.nn.functional.layer_norm(
-            resid.float(), (self.cfg.d_model,), self._weight("decoder.final_layernorm.weight"),
-            self._weight("decoder.final_layernorm.bias"), eps=1e-5)
+            resid.float(), (self.cfg.d_model,), self.weight("decoder.final_layernorm.weight"),
+            self.weight("decoder.final_layernorm.bias"), eps=1e-5)
 
     def unembed(self, x: Tensor) -> Tensor:
         return x.float() @ self.W_U

@@ -24,7 +24,7 @@ Metric = Callable[[Tensor], "float | Tensor"]
 
 
 def _one_row(m: HookedModel, input: Input, field: str) -> Tensor:
-    tokens = m._tokens(input)
+    tokens = m.input_tokens(input)
     if tokens.shape[0] != 1:
         raise UserError(f"{field}: one prompt, got a batch of {tokens.shape[0]}")
     return tokens
@@ -33,11 +33,11 @@ def _one_row(m: HookedModel, input: Input, field: str) -> Tensor:
 def _text(m: HookedModel, input: Input, tokens: Tensor) -> str:
     if isinstance(input, str):
         return input
-    return "".join(m._token(int(i)) for i in tokens[0])
+    return "".join(m.to_single_str_token(int(i)) for i in tokens[0])
 
 
 def _decode(m: HookedModel) -> Callable[[list[int]], str]:
-    return lambda ids: "".join(m._token(int(i)) for i in ids)
+    return lambda ids: "".join(m.to_single_str_token(int(i)) for i in ids)
 
 
 def logit_lens(m: HookedModel, prompt: Input, k: int = 5) -> LensResult:
@@ -52,7 +52,7 @@ def logit_lens(m: HookedModel, prompt: Input, k: int = 5) -> LensResult:
     logits = {row: m.unembed(m.ln_final(cache[name][0])).double().numpy()
               for row, name in rows.items()}
     ids = [int(i) for i in tokens[0]]
-    return LensResult.of(_text(m, prompt, tokens), [m._token(i) for i in ids], ids, logits, k,
+    return LensResult.of(_text(m, prompt, tokens), [m.to_single_str_token(i) for i in ids], ids, logits, k,
                          _decode(m))
 
 
@@ -87,7 +87,7 @@ def _patcher(clean: Tensor, index: tuple[slice | int, ...]) -> Callable[..., Ten
 
 
 def _same_length(m: HookedModel, input: Input, field: str) -> Tensor:
-    tokens = m._tokens(input)
+    tokens = m.input_tokens(input)
     if not isinstance(input, torch.Tensor) and not isinstance(input, str) and len(
             {len(m.to_tokens(t)[0]) for t in input}) > 1:
         raise UserError(f"{field}: the prompts of a batch must have as many tokens each")
@@ -126,7 +126,7 @@ def activation_patching(m: HookedModel, clean: Input, corrupt: Input,
                 hook = _patcher(value, _point_index(site, per, i, value.dim()))
                 grid[s, n, i] = float(metric(m.run_with_hooks(corrupt_t, [(names[s][n], hook)])))
     return PatchResult(_text(m, clean, clean_t[:1]), _text(m, corrupt, corrupt_t[:1]),
-                       [m._token(int(i)) for i in corrupt_t[0]], answers, chosen, layers, grid,
+                       [m.to_single_str_token(int(i)) for i in corrupt_t[0]], answers, chosen, layers, grid,
                        per, name)
 
 
@@ -137,7 +137,7 @@ def _logit_diff_metric(m: HookedModel, clean_logits: Tensor, corrupt_logits: Ten
     good = _answers(m, clean_answer, clean_logits, "clean_answer")
     bad = _answers(m, corrupt_answer, corrupt_logits, "corrupt_answer")
     if good == bad:
-        raise UserError(f"corrupt: both prompts lead to {m._token(good)!r}; pick prompts that "
+        raise UserError(f"corrupt: both prompts lead to {m.to_single_str_token(good)!r}; pick prompts that "
                         "differ there, or give clean_answer and corrupt_answer")
 
     def diff(logits: Tensor) -> float:
@@ -149,7 +149,7 @@ def _logit_diff_metric(m: HookedModel, clean_logits: Tensor, corrupt_logits: Ten
     def metric(logits: Tensor) -> float:
         return float(restored(np.asarray(diff(logits)), clean_diff, corrupt_diff))
 
-    return metric, (m._token(good), m._token(bad))
+    return metric, (m.to_single_str_token(good), m.to_single_str_token(bad))
 
 
 def direct_logit_attribution(m: HookedModel, prompt: Input, answer: str | int | None = None,
@@ -167,11 +167,11 @@ def direct_logit_attribution(m: HookedModel, prompt: Input, answer: str | int | 
     good = _answers(m, answer, logits, "answer")
     bad = _answers(m, baseline, logits, "baseline", other_than=good)
     if good == bad:
-        raise UserError(f"baseline: the same token as the answer ({m._token(good)!r})")
+        raise UserError(f"baseline: the same token as the answer ({m.to_single_str_token(good)!r})")
     w_u = m.W_U.double().numpy()
     direction = w_u[:, good] - w_u[:, bad]
-    weight = m._weight("decoder.final_layernorm.weight").double().numpy()
-    bias = m._weight("decoder.final_layernorm.bias").double().numpy()
+    weight = m.weight("decoder.final_layernorm.weight").double().numpy()
+    bias = m.weight("decoder.final_layernorm.bias").double().numpy()
     final = cache["resid_post", c.n_layers - 1][0, -1].double().numpy()
 
     def share(components: np.ndarray) -> np.ndarray:
@@ -186,8 +186,8 @@ def direct_logit_attribution(m: HookedModel, prompt: Input, answer: str | int | 
                                     for n in layers])),
              "norm_bias": float(bias @ direction)}
     ids = [int(i) for i in tokens[0]]
-    return DlaResult(_text(m, prompt, tokens), [m._token(i) for i in ids],
-                     (m._token(good), m._token(bad)), layers, share(heads), parts,
+    return DlaResult(_text(m, prompt, tokens), [m.to_single_str_token(i) for i in ids],
+                     (m.to_single_str_token(good), m.to_single_str_token(bad)), layers, share(heads), parts,
                      float(logits[0, -1, good] - logits[0, -1, bad]))
 
 
