@@ -8,6 +8,7 @@ process, and split over two pipeline stages of two tensor-parallel ranks."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -27,6 +28,15 @@ def model_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gpt2, Path]:
     root = tmp_path_factory.mktemp("gpt2")
     ref = gpt2(root / "hf")
     return ref, ms.import_checkpoint(ref.folder, root / "run")
+
+
+@pytest.fixture(scope="module", params=[(1, 1), pytest.param((2, 2), marks=pytest.mark.slow)],
+                ids=["pp1-tp1", "pp2-tp2"])
+def split(request: pytest.FixtureRequest, model_pair: tuple[Gpt2, Path]) -> Iterator[Any]:
+    """The imported model, loaded once per split for the tests below."""
+    pp, tp = request.param
+    with ms.load(model_pair[1], pp=pp, tp=tp) as model:
+        yield model
 
 
 def test_an_imported_gpt2_gives_the_hugging_face_logits(model_pair: tuple[Gpt2, Path],
@@ -61,25 +71,23 @@ def _lens_ranks(lens: object, row: torch.Tensor, names: list[str], cache: object
     return np.stack(ranks)
 
 
-@pytest.mark.parametrize("pp,tp", [(1, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
 @torch.no_grad()  # TransformerLens's weights are parameters
-def test_the_analyses_equal_transformer_lens(model_pair: tuple[Gpt2, Path], pp: int,
-                                             tp: int) -> None:
+def test_the_analyses_equal_transformer_lens(model_pair: tuple[Gpt2, Path], split: Any) -> None:
     from transformer_lens import patching
 
-    ref, run = model_pair
+    ref = model_pair[0]
     clean, corrupt = prompts(1)
     want_logits, want = ref.lens.run_with_cache(clean)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return (logits[:, -1, ANSWER] - logits[:, -1, BASELINE]).mean()
 
-    with ms.load(run, pp=pp, tp=tp) as model:
-        logits, cache = model.run_with_cache(clean)
-        by_position = ms.activation_patching(model, clean, corrupt, metric=metric)
-        by_head = ms.activation_patching(model, clean, corrupt, per="head", metric=metric)
-        lens = ms.logit_lens(model, clean[:1], k=3)
-        dla = ms.direct_logit_attribution(model, clean[:1], answer=ANSWER, baseline=BASELINE)
+    model = split
+    logits, cache = model.run_with_cache(clean)
+    by_position = ms.activation_patching(model, clean, corrupt, metric=metric)
+    by_head = ms.activation_patching(model, clean, corrupt, per="head", metric=metric)
+    lens = ms.logit_lens(model, clean[:1], k=3)
+    dla = ms.direct_logit_attribution(model, clean[:1], answer=ANSWER, baseline=BASELINE)
     torch.testing.assert_close(logits, want_logits, atol=ATOL, rtol=0)
     assert len(cache) == 2 + 12 * 2 and set(cache.keys()) <= set(want.keys())
     for name in cache:  # residual stream, q/k/v, patterns, z, MLP: every hook point
@@ -103,13 +111,12 @@ def test_the_analyses_equal_transformer_lens(model_pair: tuple[Gpt2, Path], pp: 
                                                  - want_logits[0, -1, BASELINE]), abs=ATOL)
 
 
-@pytest.mark.parametrize("pp,tp", [(1, 1), pytest.param(2, 2, marks=pytest.mark.slow)])
 @torch.no_grad()
 def test_hook_functions_change_the_run_as_transformer_lens_hooks_do(
-        model_pair: tuple[Gpt2, Path], pp: int, tp: int) -> None:
+        model_pair: tuple[Gpt2, Path], split: Any) -> None:
     """A hook that returns a tensor and one that edits its argument in place,
     on a point split over TP ranks (q) and one that crosses a stage (resid_pre 1)."""
-    ref, run = model_pair
+    ref = model_pair[0]
     clean, _ = prompts(2)
 
     def scale_q(q: torch.Tensor, hook: object) -> torch.Tensor:
@@ -120,8 +127,22 @@ def test_hook_functions_change_the_run_as_transformer_lens_hooks_do(
 
     hooks = [("blocks.0.attn.hook_q", scale_q), ("blocks.1.hook_resid_pre", zero_position)]
     want = ref.lens.run_with_hooks(clean, fwd_hooks=hooks)
-    with ms.load(run, pp=pp, tp=tp) as model:
-        got = model.run_with_hooks(clean, fwd_hooks=hooks)
-        unhooked = model(clean)
+    got = split.run_with_hooks(clean, fwd_hooks=hooks)
+    unhooked = split(clean)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
     assert (got - unhooked).abs().max() > 0.01
+
+
+def test_a_failing_hook_is_raised_here_and_the_model_goes_on(model_pair: tuple[Gpt2, Path],
+                                                             split: Any) -> None:
+    """At a split, the hook runs in this process while the ranks wait: its
+    exception comes back here, and the ranks are ready for the next pass."""
+    clean, _ = prompts(3)
+    before = split(clean)
+
+    def broken(t: torch.Tensor, hook: Any) -> None:
+        raise ZeroDivisionError(hook.name)
+
+    with pytest.raises(ZeroDivisionError, match="blocks.1.attn.hook_pattern"):
+        split.run_with_hooks(clean, fwd_hooks=[(("pattern", 1), broken)])
+    torch.testing.assert_close(split(clean), before, atol=0, rtol=0)
