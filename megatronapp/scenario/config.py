@@ -184,6 +184,8 @@ class Model(_OmitsUnset):
         None, validation_alias=AliasChoices("ffn_hidden_size", "ffn_hidden"))
     num_query_groups: PositiveInt | None = None  # grouped-query attention; default heads
     activation: Literal["gelu", "swiglu"] = "gelu"
+    # Megatron's --openai-gelu: gelu's tanh approximation (GPT-2's "gelu_new")
+    openai_gelu: bool = False
     untie_embeddings: bool = False  # Megatron ties input embedding and output layer
     # megatron-core's AttnBackend (transformer/enums.py): unfused (DotProductAttention)
     # stores the a·s² scores; flash and fused (TEDotProductAttention) keep only the
@@ -196,7 +198,7 @@ class Model(_OmitsUnset):
     # this × tp (Scenario.padded_vocab); 1 to a multiple of tp alone.
     make_vocab_size_divisible_by: PositiveInt = 128
     OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type",
-                       "make_vocab_size_divisible_by")
+                       "make_vocab_size_divisible_by", "openai_gelu")
 
     @property
     def stores_scores(self) -> bool:

@@ -440,3 +440,19 @@ def find_capture(path: str | Path, field: str = "CAPTURE_DIR") -> Path:
                         "run it again, or use scope generate on its checkpoint")
     raise UserError(f"{field}: {root} is not a MegaScope capture (no {FORMAT} manifest "
                     "there, in scope/ or in clean/)")
+
+
+def checkpoint_dir(target: str | Path) -> Path:
+    """A checkpoint directory, a run directory holding one, or a generation
+    capture (or its ``scope generate`` output) naming the checkpoint it ran on."""
+    p = Path(target)
+    if (p / "checkpoint" / "checkpoint.json").is_file():
+        return p / "checkpoint"
+    for capture in (p, p / "clean"):
+        try:
+            named = json.loads((capture / "manifest.json").read_text()).get("checkpoint")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(named, str):
+            return Path(named)
+    return p
