@@ -63,7 +63,7 @@ def downsample(data: dict[str, Any], first: int, steps: int) -> dict[str, Any]:
 
 
 def write(data: dict[str, Any], path: Path) -> None:
-    text = json.dumps(data, separators=(",", ":")).encode("utf-8")
+    text = json.dumps(data).encode("utf-8")  # spaced as Kineto writes (HTA looks for '"rank": N')
     with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
                                                 filename="") as fh:
         fh.write(text)
