@@ -271,7 +271,9 @@ def test_analyze_align_query_and_plot_read_a_profile_directory(slow_job, tmp_pat
     plots = tmp_path / "plots"
     shutil.copytree(slow_job, plots)
     assert main(["plot", str(plots)]) == 0
-    assert (plots / "timeline.png").is_file() and (plots / "scan_heatmap.png").is_file()
+    beside = tmp_path / "plots-megascan"  # never into the traces' folder
+    assert (beside / "timeline.png").is_file() and (beside / "scan_heatmap.png").is_file()
+    assert sorted(p.name for p in plots.iterdir()) == sorted(p.name for p in slow_job.iterdir())
 
 
 @pytest.mark.slow

@@ -297,9 +297,30 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
     if isinstance(base, bool) or not isinstance(base, int):
         raise TraceError(source, f"'baseTimeNanoseconds' must be an integer, got {base!r}")
     shift_us = (base - (base if origin_ns is None else origin_ns)) * 1e-3
+    spans, phases = _spans(data["traceEvents"], source, shift_us)
+    window = (min((s.start_us for s in spans), default=0.0),
+              max((s.end_us for s in spans), default=0.0))
+    steps = _profiler_steps(spans)
+    host = str(data.get("host_name", ""))
+    gpu = read_gpu(spans, _with_world(job), job.rank)
+    if gpu is None:
+        compute, idle = _compute(spans)
+        return KinetoRank(source, job.rank, base, job.groups, tuple(compute),
+                          tuple(_gloo_comms(spans, source)), dict(phases), steps, idle,
+                          _range_work(spans), job, window, host)
+    gloo = _gloo_comms(spans, source) if any(s.name.startswith("gloo:") for s in spans) else []
+    step_ranges = tuple(s for s in spans if s.name.startswith(STEP_PREFIX))
+    return KinetoRank(source, job.rank, base, _with_world(job), gpu.work + step_ranges,
+                      gpu.comms + tuple(gloo), dict(phases), steps, {}, _range_work(spans), job,
+                      window, host, gpu)
+
+
+def _spans(events: list[Any], source: str, shift_us: float) -> tuple[list[Span], Counter[str]]:
+    """The file's complete events (the profiler's own window aside), and how
+    many events of each phase it held; any other phase is an error."""
     phases: Counter[str] = Counter()
     spans = []
-    for index, raw in enumerate(data["traceEvents"]):
+    for index, raw in enumerate(events):
         if not isinstance(raw, dict):
             raise TraceError(source, "not a JSON object", index)
         ph = raw.get("ph")
@@ -311,21 +332,7 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
         span = _span(raw, index, source, shift_us)
         if span.cat != "Trace":  # the profiler's own window, not work
             spans.append(span)
-    window = (min((s.start_us for s in spans), default=0.0),
-              max((s.end_us for s in spans), default=0.0))
-    steps = _profiler_steps(spans)
-    host = str(data.get("host_name", ""))
-    gpu = read_gpu(spans, _with_world(job), job.rank)
-    if gpu is None:
-        compute, idle = _compute(spans)
-        return KinetoRank(source, job.rank, base, job.groups, tuple(compute),
-                          tuple(_comms(spans, source)), dict(phases), steps, idle,
-                          _range_work(spans), job, window, host)
-    gloo = _gloo_comms(spans, source) if any(s.name.startswith("gloo:") for s in spans) else []
-    step_ranges = tuple(s for s in spans if s.name.startswith(STEP_PREFIX))
-    return KinetoRank(source, job.rank, base, _with_world(job), gpu.work + step_ranges,
-                      gpu.comms + tuple(gloo), dict(phases), steps, {}, _range_work(spans), job,
-                      window, host, gpu)
+    return spans, phases
 
 
 def _with_world(job: Distributed) -> tuple[ProcessGroup, ...]:
@@ -596,11 +603,6 @@ def _concrete_peer(call: Span, op: str) -> int | None:
             return None
         return peer if is_int32(peer) else None
     return None
-
-
-def _comms(spans: list[Span], source: str) -> list[Comm]:
-    """A trace without GPU work: gloo's calls."""
-    return _gloo_comms(spans, source)
 
 
 # ------------------------------------------------------------------- jobs
