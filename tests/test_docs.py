@@ -94,6 +94,8 @@ NOT_RUN: dict[str, str] = {
     "megatronapp scope patch runs/scope_tiny --clean \"is an\" --corrupt \"is on\" --pp 2":
         NEEDS_TORCH_RUN,
     "megatronapp report RUN_DIR [--out FILE] [--force]": "a template (RUN_DIR) for any run",
+    "megatronapp report TRACES [--out FILE] [--cycle N|all]":
+        "a template (TRACES) for any folder of traces",
     "megatronapp detect traces": HOWTO,
     "megatronapp analyze traces": HOWTO,
     "megatronapp report traces": HOWTO,
