@@ -134,35 +134,38 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ plot
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .io.outdirs import staged_outputs
+    from .io.outdirs import outputs_folder, staged_outputs
     from .io.progress import status
     from .scan.cli import check_trace
     from .scan.evidence.focus import plot_cost
+    from .scan.placement import check_folder, default_outputs
 
     run_dir = Path(args.run_dir)
     _check_plot_source(run_dir)
+    out = Path(args.out) if args.out else default_outputs(run_dir)
+    check_folder(out)
     check_trace(args, run_dir, "plot", plot_cost(run_dir))
     written = []
-    with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir",
-                                                            args.force) as stage:
-        data = _plot_input(run_dir, limits.json_text_cap(args), say)  # all plots, or none
-        say("drawing the timeline")
-        from .trace.timeline import plot_timeline  # matplotlib loads here, under the spinner
+    with status(f"loading {run_dir}") as say:
+        data = _plot_input(run_dir, limits.json_text_cap(args), say, args.cycle)  # all, or none
+        with staged_outputs(outputs_folder(out, "--out"), "--out", args.force) as stage:
+            say("drawing the timeline")
+            from .trace.timeline import plot_timeline  # matplotlib loads here, under the spinner
 
-        f = data.focus
-        written.append(plot_timeline(data.events, stage / "timeline.png", run_dir.name,
-                                     f.root, f.root_label, f.selection))
-        for extra in args.plot_hooks:
-            say("drawing each module's plots")
-            written += extra(stage, data.events, f)
-    for path in [run_dir / Path(p).name for p in written]:
+            f = data.focus
+            written.append(plot_timeline(data.events, stage / "timeline.png", run_dir.name,
+                                         f.root, f.root_label, f.selection))
+            for extra in args.plot_hooks:
+                say("drawing each module's plots")
+                written += extra(stage, data.events, f)
+    for path in [out / Path(p).name for p in written]:
         print(f"wrote {path}")
     return 0
 
 
 def _check_plot_source(run_dir: Path) -> None:
     """A run directory (trace.parquet or trace.json), else a directory of
-    torch.profiler traces (aligned first); the plots go next to them."""
+    torch.profiler traces (aligned first; the plots go beside it, ``placement``)."""
     from .scan.ingest.kineto import kineto_files
 
     if any((run_dir / name).is_file() for name in ("trace.parquet", "trace.json")):
@@ -173,11 +176,13 @@ def _check_plot_source(run_dir: Path) -> None:
                     "torch.profiler traces there (run 'megatronapp run' first)")
 
 
-def _plot_input(run_dir: Path, max_bytes: float, say: Callable[[str], None]) -> Any:
+def _plot_input(run_dir: Path, max_bytes: float, say: Callable[[str], None],
+                cycle: int | str = "all") -> Any:
     from .scan.cli import _side_file
     from .scan.evidence.focus import load_plot_input
 
-    return _side_file(lambda target: load_plot_input(target, max_bytes, say), run_dir)
+    return _side_file(lambda target: load_plot_input(target, max_bytes, say, cycle=cycle),
+                      run_dir)
 
 
 PlotHook = Callable[[Path, Any, Any], list[Path]]  # (folder, events, PlotFocus) -> written
@@ -318,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
                                        "traces (timeline.png and more)")
     plot.add_argument("run_dir", help="a directory written by 'megatronapp run', or of "
                       "torch.profiler traces")
+    plot.add_argument("--out", metavar="DIR", help="where the plots go (default: the run "
+                      "directory; beside a folder of torch.profiler traces, FOLDER-megascan, "
+                      "never inside it)")
+    from .scan.cycles import add_cycle_option
+
+    add_cycle_option(plot, each=False)
     limits.add_options(plot)
     add_force_option(plot, "existing plots that megatronapp did not write")
     plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)

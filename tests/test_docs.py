@@ -46,6 +46,7 @@ TORCH = "runs real torch processes (minutes of CPU)"
 NEEDS_TORCH_RUN = "reads a torch-backend run directory (minutes of CPU to make)"
 SERVER = "starts a web server that runs until stopped"
 SCOPE_ANALYSIS = "run on the tiny model the docs train by tests/test_scope_lens.py (slow)"
+HOWTO = "the how-to's folder of a profiled job (tests/test_profile_howto.py makes one and reads it)"
 # Commands the docs show that are not run here, and why (normalized: comments
 # and prompts dropped, continuation lines joined, whitespace collapsed).
 NOT_RUN: dict[str, str] = {
@@ -94,6 +95,12 @@ NOT_RUN: dict[str, str] = {
     "megatronapp scope dla runs/scope_tiny --prompt \"If the value of the expression is true\" "
     "--tp 2": SCOPE_ANALYSIS,
     "megatronapp report RUN_DIR [--out FILE] [--force]": "a template (RUN_DIR) for any run",
+    "megatronapp report TRACES [--out FILE] [--cycle N|all]":
+        "a template (TRACES) for any folder of traces",
+    "megatronapp detect traces": HOWTO,
+    "megatronapp analyze traces": HOWTO,
+    "megatronapp report traces": HOWTO,
+    "megatronapp watch traces": "follows a job while it runs (tests/test_scan_watch.py)",
     "megatronapp scope query runs/scope_tiny \"SELECT layer, head, avg(value) FROM stats "
     "WHERE stat = 'entropy' AND step = 1400 GROUP BY ALL ORDER BY ALL\"": NEEDS_TORCH_RUN,
     "megatronapp scope generate runs/scope_tiny --prompt \"The return statement\" "

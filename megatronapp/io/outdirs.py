@@ -637,3 +637,22 @@ def add_force_option(parser: Any, replaced: str = "an existing output file") -> 
     parser.add_argument("--force", action="store_true",
                         help=f"replace {replaced} (it is deleted only once the new one is in "
                              "place; a command's own inputs are never replaced)")
+
+
+def outputs_folder(folder: Path, option: str) -> Path:
+    """A folder for a command's outputs, made with an empty manifest when it
+    is not there yet, so that what commands put there is recorded as this
+    project's (and the next run of the command may replace it)."""
+    folder = Path(folder)
+    with path_errors(option, folder):
+        if folder.exists() or folder.is_symlink():
+            return folder
+        created = _make_parents(folder.parent)
+        try:
+            folder.mkdir()
+            (folder / MANIFEST).write_text(json.dumps({"kind": MANIFEST_KIND, "files": [],
+                                                       "added": []}, indent=1))
+        except OSError:
+            _remove_if_empty([folder, *created])
+            raise
+    return folder

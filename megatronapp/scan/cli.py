@@ -12,25 +12,43 @@ from megatronapp.errors import UserError
 from megatronapp.io.outdirs import add_force_option
 from megatronapp.io.progress import Say, status
 
+from megatronapp.scan.cycles import (add_cycle_option, per_cycle_json, per_cycle_lines,
+                                     warn_missing)
+from megatronapp.scan.ingest.folders import ALL, EACH
 from megatronapp.scan.methods import DETECTORS
 
 if TYPE_CHECKING:
     from megatronapp.program.backend import Backend
     from megatronapp.trace.events import RunScenario
 
-TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a Chrome trace file"
+TARGET_HELP = ("a run directory (its per-rank raw clocks are aligned first), a folder of "
+               "torch.profiler traces, or a trace file")
 JSON_HELP = "print JSON instead of text"
 
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")  # what a trace command is given by mistake
 
 
-def _scan_input(target: str, say: Say, max_bytes: float | None = None) -> Any:
+def _scan_input(target: str, say: Say, max_bytes: float | None = None,
+                cycle: int | str = ALL) -> Any:
     """``target``'s events, each JSON file's text capped at ``max_bytes``
-    (default: what this machine's memory can parse)."""
-    from megatronapp.scan.align.inputs import load_scan_input
+    (default: what this machine's memory can parse); of a torch.profiler
+    folder its ``cycle`` (merged: ``all``). Ranks missing are named on
+    stderr (``warn_missing``)."""
+    ((trace, scan),) = _scan_inputs(target, say, max_bytes, cycle)
+    return scan
 
-    return _side_file(lambda t: load_scan_input(t, say, max_bytes), target)
+
+def _scan_inputs(target: str, say: Say, max_bytes: float | None = None,
+                 cycle: int | str = EACH) -> list[tuple[Any, Any]]:
+    """(trace, its ScanInput) per profiling cycle read (one for other targets)."""
+    from megatronapp.scan.align.inputs import prepare_loaded
+    from megatronapp.scan.ingest.load import load_traces
+
+    traces = _side_file(lambda t: load_traces(t, say=say, max_bytes=max_bytes, cycle=cycle),
+                        target)
+    warn_missing(traces)  # rich's spinner prints it above itself
+    return [(trace, prepare_loaded(trace, say)) for trace in traces]
 
 
 def check_trace(args: argparse.Namespace, target: str | Path, what: str,
@@ -75,11 +93,11 @@ def cmd_detect(args: argparse.Namespace) -> int:
     check_trace(args, args.target, "detect", COSTS.detect_columns if columns
                 else COSTS.detect_events)
     with status("reading the trace") as say:
-        diagnosis = _diagnose(args, say, _scenario(args.scenario))
+        results = _diagnose(args, say, _scenario(args.scenario))
     if args.json:
-        print(json.dumps(diagnosis.to_json(), indent=2))
+        print(json.dumps(per_cycle_json(results, lambda d: d.to_json()), indent=2))
     else:
-        print("\n".join(explain(diagnosis.to_json())))
+        print("\n".join(per_cycle_lines(results, lambda d: explain(d.to_json()))))
     return 0
 
 
@@ -93,8 +111,9 @@ def _scenario(path: str | None) -> Any:
         raise UserError(f"--scenario: {field}{err.reason}") from None
 
 
-def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> Any:
-    """MegaScan on a stored run reads its typed columns only, a few whole
+def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> list[tuple[Any, Any]]:
+    """(trace, diagnosis) per profiling cycle read (one for other targets).
+    MegaScan on a stored run reads its typed columns only, a few whole
     iterations at a time (millions of events); other inputs, and the
     baselines, read every field at once. ``scenario``, when given, replaces
     the one a run directory records."""
@@ -102,15 +121,20 @@ def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> Any:
 
     from megatronapp.scan.evidence.detect import megascan_stored
     from megatronapp.scan.align.inputs import store_of
+    from megatronapp.scan.ingest.load import LoadedTrace
     from megatronapp.scan.methods import detector
 
     store, method = store_of(args.target), args.method
     if store is not None and method == "megascan":
         say(f"detecting (megascan) on {store}, a few iterations at a time")
-        return _side_file(lambda s: megascan_stored(s, scenario), store)
-    scan = _scan_input(args.target, say, limits.json_text_cap(args))
-    say(f"detecting ({method})")
-    return detector(method)(scan if scenario is None else replace(scan, scenario=scenario))
+        return [(LoadedTrace({}, True, str(store)),
+                 _side_file(lambda s: megascan_stored(s, scenario), store))]
+    out = []
+    for trace, scan in _scan_inputs(args.target, say, limits.json_text_cap(args), args.cycle):
+        say(f"detecting ({method})")
+        out.append((trace, detector(method)(scan if scenario is None
+                                            else replace(scan, scenario=scenario))))
+    return out
 
 
 def explain(d: dict[str, Any]) -> Iterator[str]:
@@ -190,9 +214,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     check_trace(args, args.target, "analyze", COSTS.analyze)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say, limits.json_text_cap(args))
-        result = analyze(scan.events, scan.ops, say)
-    print(json.dumps(result, indent=2) if args.json else format_analysis(result))
+        results = [(trace, analyze(scan.events, scan.ops, say)) for trace, scan in
+                   _scan_inputs(args.target, say, limits.json_text_cap(args), args.cycle)]
+    if args.json:
+        print(json.dumps(per_cycle_json(results, lambda r: r), indent=2))
+    else:
+        print("\n".join(per_cycle_lines(results, lambda r: [format_analysis(r)])))
     return 0
 
 
@@ -205,7 +232,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
                         "rank\")")
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say)
+        scan = _scan_input(args.target, say, cycle=args.cycle)
         say("running the query")
         limits = QueryLimits(external_access=args.allow_external_access,
                              memory_limit=args.memory_limit)
@@ -217,21 +244,30 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------- align
+ALIGNED = "aligned_trace.json"
+
+
 def cmd_align(args: argparse.Namespace) -> int:
-    from megatronapp.io.outdirs import check_file, new_file
+    from megatronapp.io.outdirs import check_file, new_file, outputs_folder
     from megatronapp.trace.events import chrome_events, write_json
 
     from megatronapp.scan.align.align import score_against_truth, trace_span
     from megatronapp.scan.ingest.deps import annotate
     from megatronapp.scan.ingest.load import read_truth_clocks
+    from megatronapp.scan.placement import check_folder, default_outputs, home_of
 
-    run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
-    out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
+    run_dir = home_of(Path(args.target))
+    out = Path(args.out) if args.out else default_outputs(Path(args.target)) / ALIGNED
     inputs = _align_inputs(Path(args.target), run_dir)
-    check_file(out, "--out", args.force, inputs)  # before the work, not after
+    if args.out or out.parent.exists():  # before the work, not after
+        check_file(out, "--out", args.force, inputs)
+    else:
+        check_folder(out.parent)
     check_trace(args, args.target, "align", COSTS.align)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say, limits.json_text_cap(args))
+        scan = _scan_input(args.target, say, limits.json_text_cap(args), args.cycle)
+        if not args.out:
+            outputs_folder(out.parent, "--out")
         truth = run_dir / "ground_truth.json"
         truth_clocks = (_side_file(read_truth_clocks, truth)
                         if scan.clocks and truth.is_file() else None)
@@ -407,6 +443,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                         help="the scenario the traced job ran, where the trace does not record "
                              "it (a torch.profiler trace): pipeline stages without peers are "
                              "then compared per unit of the work each op models")
+    add_cycle_option(detect, each=True)
     limits.add_options(detect)
     detect.set_defaults(func=cmd_detect)
 
@@ -414,6 +451,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
         "analyze", help="per-rank compute/comm/idle time, bubbles, the critical path")
     analyze.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     analyze.add_argument("--json", action="store_true", help=JSON_HELP)
+    add_cycle_option(analyze, each=True)
     limits.add_options(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
@@ -423,6 +461,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     query.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     query.add_argument("sql", help='e.g. "SELECT rank, sum(dur_us) FROM events GROUP BY rank"')
     add_output_options(query)
+    add_cycle_option(query, each=False)
     query.add_argument("--allow-external-access", action="store_true",
                        help="let the SQL read and write files, attach databases and load "
                             "extensions (off by default: the query sees only the events table)")
@@ -430,8 +469,11 @@ def register(subparsers: Any, plot_hooks: list) -> None:
 
     align = subparsers.add_parser("align", help="align per-rank clocks, link sync ops, write trace")
     align.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
-    align.add_argument("--out", help="output trace (default RUN_DIR/aligned_trace.json)")
+    align.add_argument("--out", help=f"output trace (default: RUN_DIR/{ALIGNED} in a run "
+                       f"directory; beside a folder of torch.profiler traces, "
+                       f"FOLDER-megascan/{ALIGNED}, never inside it)")
     align.add_argument("--json", action="store_true", help=JSON_HELP)
+    add_cycle_option(align, each=False)
     limits.add_options(align)
     add_force_option(align)
     align.set_defaults(func=cmd_align)

@@ -31,6 +31,7 @@ from megatronapp.scan.align.align import ClockFit
 from megatronapp.scan.ingest.deps import SyncOp, reconstruct
 from megatronapp.scan.ingest.load import (LoadedTrace, RankEvents, TraceError, dig, load_trace, locate_trace,
                    read_object, trace_size)
+from megatronapp.scan.ingest.folders import ALL
 from megatronapp.scan.ingest.sketch import DEFAULT_CAPACITY
 from megatronapp.scan.align.table import COLLECTIVE_KIND, SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
 from megatronapp.scan.ingest.twins import Twins, twins_in
@@ -125,9 +126,10 @@ def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
 
 
 def load_scan_input(target: str | Path, say: Say = quiet,
-                    max_bytes: float | None = None) -> ScanInput:
-    """``max_bytes``: the cap on each JSON file's text (``load_trace``)."""
-    return prepare_loaded(load_trace(target, say=say, max_bytes=max_bytes), say)
+                    max_bytes: float | None = None, cycle: int | str = ALL) -> ScanInput:
+    """``max_bytes``: the cap on each JSON file's text; ``cycle``: of a
+    torch.profiler folder's profiling cycles, which (``load_trace``)."""
+    return prepare_loaded(load_trace(target, say=say, max_bytes=max_bytes, cycle=cycle), say)
 
 
 def store_of(target: str | Path) -> Path | None:

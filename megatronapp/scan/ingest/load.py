@@ -21,21 +21,38 @@ from megatronapp.io.text import MAX_DEPTH, structure_size
 from megatronapp.trace.events import Event
 
 from megatronapp.scan.errors import TraceError
-from megatronapp.scan.ingest.kineto import is_kineto, kineto_files, load_kineto, read_json_any, text_size
+from megatronapp.scan.ingest.folders import ALL, EACH, missing_line, missing_ranks
+from megatronapp.scan.ingest.kineto import (KinetoJob, is_kineto, kineto_cycles, kineto_files,
+                                            read_json_any, text_size)
 
 RankEvents = dict[int, list[Event]]
 __all__ = ["LoadedTrace", "RankEvents", "TraceError", "TraceFiles", "TraceSize", "load_trace",
-           "locate_trace", "trace_size"]
+           "load_traces", "locate_trace", "trace_size"]
 
 
 @dataclass(frozen=True)
 class LoadedTrace:
-    """Events per rank in seconds, and whether their clocks are aligned yet."""
+    """Events per rank in seconds, whether their clocks are aligned yet, and
+    (torch.profiler folders) the job's world size and the profiling cycles read."""
 
     events: Mapping[int, list[Event]]  # a dict, or a stored run's lazy view
     aligned: bool
     source: str
     run_dir: Path | None = None
+    world_size: int | None = None
+    cycles: tuple[int, ...] = ()  # numbered from 1; () where the trace has none
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks of the job the trace holds no events of."""
+        return missing_ranks(self.world_size, self.events)
+
+    def warning(self) -> str | None:
+        """The one line to print about missing ranks, if any."""
+        missing = self.missing_ranks
+        if not missing or self.world_size is None:
+            return None
+        return missing_line(self.source, self.world_size, sorted(self.events), missing)
 
 
 # Arguments our analyses read, and what each must hold when present.
@@ -313,7 +330,7 @@ def locate_trace(target: str | Path, raw_clocks: bool = True) -> TraceFiles:
         if profiles:
             return TraceFiles("kineto", tuple(profiles))
         raise TraceError(str(path), "no trace.parquet, ranks/rank*.json, trace.json or "
-                         "torch.profiler *.pt.trace.json(.gz) files in this directory")
+                         "torch.profiler traces (*.json, *.json.gz) in this directory")
     if not path.is_file():
         raise TraceError(str(path), "no such file or directory")
     return TraceFiles("file", (path,))
@@ -359,7 +376,7 @@ def _symmetric_events(metadata: dict[bytes, bytes] | None) -> int | None:
 
 
 def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet,
-               max_bytes: float | None = None) -> LoadedTrace:
+               max_bytes: float | None = None, cycle: int | str = ALL) -> LoadedTrace:
     """A run directory, a directory of torch.profiler (Kineto) traces, or a
     single trace file (gzipped or not).
 
@@ -367,29 +384,48 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet,
     ``ranks/``, or the merged ``trace.json``); with ``raw_clocks`` every rank
     keeps its own clock (unaligned, as a real job would hand it over). A
     single Chrome file is taken as it is (aligned if its metadata says so);
-    Kineto files from one host share its clock, from several are aligned.
-    ``max_bytes`` caps each JSON file's text (see ``read_json_any``).
+    Kineto files from one host share its clock, from several are aligned;
+    their profiling cycles are merged (``cycle`` ``all``) or one is read (a
+    number from 1). ``max_bytes`` caps each JSON file's text (see ``read_json_any``).
     """
+    if cycle == EACH:
+        raise ValueError("load_trace reads one trace; load_traces reads each cycle")
+    (trace,) = load_traces(target, raw_clocks, say, max_bytes, cycle)
+    return trace
+
+
+def load_traces(target: str | Path, raw_clocks: bool = True, say: Say = quiet,
+                max_bytes: float | None = None, cycle: int | str = EACH) -> list[LoadedTrace]:
+    """``load_trace``, with a torch.profiler folder's cycles each read on its
+    own (``each``): one trace per cycle (one for any other target)."""
     files = locate_trace(target, raw_clocks)
     source = str(Path(target))
     if files.kind == "store":
-        return load_store(files.paths[0], files.raw_clocks, say)
+        return [load_store(files.paths[0], files.raw_clocks, say)]
     if files.kind == "ranks":
         say(f"loading {len(files.paths)} rank files")
-        return LoadedTrace(merge_rank_files(files.paths, max_bytes), False, source, files.run_dir)
+        return [LoadedTrace(merge_rank_files(files.paths, max_bytes), False, source,
+                            files.run_dir)]
     if files.kind == "merged":
         say(f"loading {files.paths[0]}")
-        return LoadedTrace(load_chrome_file(files.paths[0], max_bytes), True, str(files.paths[0]),
-                           files.run_dir)
+        return [LoadedTrace(load_chrome_file(files.paths[0], max_bytes), True,
+                            str(files.paths[0]), files.run_dir)]
     if files.kind == "kineto":
         say(f"loading {len(files.paths)} torch.profiler files")
-        job = load_kineto(files.paths, max_bytes)
-        return LoadedTrace(job.events, job.one_clock, source)
+        return [_from_kineto(job, source) for job in kineto_cycles(files.paths, max_bytes,
+                                                                   cycle=cycle)]
     path = files.paths[0]
     say(f"loading {path}")
     data = read_json_any(path, max_bytes)
     if is_kineto(data):
-        return LoadedTrace(load_kineto([path], max_bytes).events, True, str(path))
+        return [_from_kineto(job, str(path)) for job in kineto_cycles([path], max_bytes,
+                                                                      cycle=cycle)]
     meta = data.get("metadata", {}) if isinstance(data, dict) else {}
     aligned = not isinstance(meta, dict) or meta.get("clock", "aligned") != "local"
-    return LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))
+    return [LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))]
+
+
+def _from_kineto(job: KinetoJob, source: str) -> LoadedTrace:
+    """One file is on its own clock; files of one host share it."""
+    return LoadedTrace(job.events, job.one_clock or len(job.phases) == 1, source,
+                       world_size=job.world_size, cycles=job.cycles)
