@@ -137,75 +137,65 @@ def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> list[
     return out
 
 
+def sig(x: float, unit: str = "") -> str:
+    """``x`` with three significant digits (and ``unit``)."""
+    return f"{x:.3g}{unit}"
+
+
+def ms(seconds: float) -> str:
+    return sig(seconds * 1e3, " ms")
+
+
+WHAT = {"compute": "its compute", "host": "its time between ops (host: data loading, Python, "
+        "a stall)", "link": "its transfers"}
+EXPECTED_FROM = {"peers": "its peers' speed", "model": "the scenario's cost model",
+                 "own iterations": "its own typical iteration",
+                 "links of its class": "links of its class", "all ranks": "every rank's"}
+
+
 def explain(d: dict[str, Any]) -> Iterator[str]:
-    """A few lines a person can check against the trace."""
+    """A few lines a person can check against the trace: each root cause's
+    blame first (how much of each iteration it costs), then what it ran
+    against what it should have, then the noise it stands out of."""
     if d["healthy"]:
-        yield "healthy: no rank is consistently slower than its peers, no link stands out"
-        return
+        yield ("healthy: no rank or link costs its iterations time beyond what its peers "
+               "(or the cost model) and the run's own noise allow")
     for c in d["root_causes"]:
         ev = c["evidence"]
-        if c["kind"] == "compute":
-            yield (f"root cause: rank {c['rank']} (compute, confidence {c['confidence']:.2f})")
-            if "slowdown" in ev:
-                yield (f"  its compute ops take {ev['slowdown']:.3f}x as long as the same ops on "
-                       f"its {ev['peers']} peer(s); {100 * ev['slow_op_share']:.0f}% of "
-                       f"{ev['ops_compared']} ops are slow")
-            if "floor_slowdown" in ev:
-                yield (f"  at their fastest, its ops take {ev['floor_slowdown']:.3f}x as long as "
-                       "its peers' fastest (in every op it runs)")
-            if ev.get("collectives"):
-                waited = 2 * ev["last_to_start"] > ev["collectives"]
-                yield (f"  it started last in {ev['last_to_start']} of its {ev['collectives']} "
-                       "TP/DP collectives" + (": the others waited for it" if waited else ""))
-            yield from _waited_for(ev)
-            extra = {k: v for k, v in ev.items() if k not in ("slowdown", "slow_op_share",
-                     "ops_compared", "peers", "last_to_start", "collectives", "z",
-                     "floor_slowdown", "waited_for", "held_stages", "rests_on")}
-            if extra:
-                yield "  " + ", ".join(f"{k}={v}" for k, v in extra.items())
-        else:
-            what = "slow" if ev.get("problem") == "slow" else "erratic"
-            yield (f"root cause: link {c['rank']} <-> {c['peer']} ({what}, confidence "
-                   f"{c['confidence']:.2f})")
-            if "bandwidth_ratio" in ev:
-                yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
-                       f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs "
-                       f"{ev['class_spread']:.3f}")
-            elif "receive_floor_s" in ev:
-                yield (f"  over {ev['transfers']} transfers, its fastest receive (posted to done) "
-                       f"took {1e3 * ev['receive_floor_s']:.2f} ms both ways, its link class's "
-                       f"{1e3 * ev['class_receive_floor_s']:.2f} ms")
-            else:
-                yield (f"  over {ev['transfers']} transfers, receives end after the send started "
-                       f"{ev['delivery_floor_ratio']:.2f}x later than on its link class at the "
-                       f"fastest, {ev['delivery_median_ratio']:.2f}x at the median")
+        who = (f"link {c['rank']} <-> {c['peer']}" if c["kind"] == "link"
+               else f"rank {c['rank']}")
+        yield f"root cause: {who} ({c['kind']}, confidence {c['confidence']:.2f})"
+        yield (f"  blame: {ms(ev['blame_s'])} of each {ms(ev['iteration_s'])} iteration "
+               f"({100 * ev['share']:.3g}%): how much sooner it would end at the expected time")
+        yield (f"  {WHAT[c['kind']]} took {ms(ev['actual_s'])} per iteration; at "
+               f"{EXPECTED_FROM.get(ev['expected_from'], ev['expected_from'])} "
+               f"{ms(ev['expected_s'])}; the run's noise there is {ms(ev['noise_s'])} "
+               f"({sig(ev['noise_units'])} noise units over)")
+        hit = ev.get("iterations_hit")
+        if isinstance(hit, list):
+            yield (f"  intermittent: in iterations {', '.join(map(str, hit))} of the "
+                   f"{ev['iterations_seen']} seen")
+        also = ev.get("also")
+        if also:
+            yield f"  also {WHAT[also['kind']]}: {ms(also['blame_s'])} of blame"
     if d["victims"]:
         shown = ", ".join(map(str, d["victims"][:16]))
         more = f" and {len(d['victims']) - 16} more" if len(d["victims"]) > 16 else ""
         yield f"victims (waited on a root cause, not faulty themselves): {shown}{more}"
+    yield from _bottleneck(d)
 
 
-def _waited_for(ev: dict[str, Any]) -> Iterator[str]:
-    """The waiting evidence of a compute cause, and what the verdict rests on."""
-    w = ev.get("waited_for")
-    if w:
-        # a trace without iterations (no profiler steps) has no leader per iteration
-        led = (f", most in {w['iterations_led']} of {w['iterations']} iterations"
-               if w["iterations"] else "")
-        fastest = ("in its fastest iterations" if w.get("best_by") == "iteration"
-                   else "at its fastest")
-        best = (f"; {fastest} its {w['best_op']} takes {w['best_ratio']:.2f}x theirs"
-                if w.get("best_op") else "")
-        yield (f"  the others in group {w['group']} waited for it: {100 * w['imposed_share']:.0f}% "
-               f"of their wait ({w['imposed_s']:.3f} s){led}; last to arrive at {w['last']} of "
-               f"{w['joined']}{best}")
-    held = ev.get("held_stages")
-    if held:
-        yield (f"  the other stages waited in their receives {held['others_receive_s']:.3f} s "
-               f"(median), it {held['receive_s']:.3f} s; at its fastest its main op takes "
-               f"{held['best_ratio']:.2f}x theirs")
-    if ev.get("rests_on"):
-        yield "  evidence: " + " and ".join(ev["rests_on"])
+def _bottleneck(d: dict[str, Any]) -> Iterator[str]:
+    b, unjudged = d.get("bottleneck") or {}, d.get("unjudged") or {}
+    if b:
+        yield (f"bottleneck: rank {b['rank']} held {100 * b['share']:.3g}% of the critical path "
+               f"(compute {100 * b['compute_share']:.3g}%, host {100 * b['host_share']:.3g}%, "
+               f"communication {100 * b['communication_share']:.3g}%): where the time goes, "
+               "not a fault by itself")
+    for kind, n in unjudged.items():
+        yield (f"unjudged: {n} {kind} suspect(s) had nothing to be compared with (no peers "
+               "doing the same work, no cost model, too few iterations): a fault there cannot "
+               "be told from its share of the work")
 
 
 # --------------------------------------------------------------- analyze

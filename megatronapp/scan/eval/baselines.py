@@ -10,7 +10,7 @@ import numpy as np
 from megatronapp.trace.events import Event
 from megatronapp.trace.kinds import event_kind
 
-from megatronapp.scan.evidence.detect import stage_peers
+from megatronapp.scan.evidence.detect_rules import stage_peers
 from megatronapp.scan.diagnosis import Diagnosis, RootCause, ranked
 from megatronapp.scan.align.inputs import ScanInput
 

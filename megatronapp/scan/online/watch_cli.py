@@ -19,7 +19,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from megatronapp.scan.online.watch import follow  # numpy and the detector load here, not with the command line
 
     config = OnlineConfig(window=args.window, confirm=args.confirm, clear=args.clear,
-                          link_window=args.link_window)
+                          min_confidence=args.min_confidence)
 
     def feed(scan: OnlineScan, iterations: Iterations) -> None:
         for iteration, cols in iterations:
@@ -41,6 +41,13 @@ def _at_least(minimum: int, off: str = "") -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}{off}, got {value}")
         return value
     return count
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {text}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -67,9 +74,7 @@ def register(subparsers: Any, _plot_hooks: list) -> None:
                        help="windows in a row that must find a suspect before it is named")
     watch.add_argument("--clear", type=_at_least(1), default=defaults.clear,
                        help="windows in a row without it before a verdict is withdrawn")
-    watch.add_argument("--link-window", type=_at_least(0, " (0: off)"),
-                       default=defaults.link_window,
-                       help="also judge links over this many iterations, for links slow only "
-                            "now and then (0: off; `run --detect` on torch uses 10)")
+    watch.add_argument("--min-confidence", type=_probability, default=defaults.min_confidence,
+                       help="findings less confident than this do not count")
     watch.add_argument("--json", action="store_true", help="one JSON record a line per detection")
     watch.set_defaults(func=cmd_watch)

@@ -1,0 +1,175 @@
+"""Everything about fitting MegaScan's parameters and scoring it on a set of
+runs lives here: a run's evidence beside its truth (``Case``), the verdict
+each run gets under given parameters, the scores over a set, the fit of the
+thresholds and of the confidence's calibration, and the calibration's
+reliability (expected calibration error, reliability bins).
+
+A set's truth is read here and nowhere in the detector: the evidence is
+what the detector made of the trace alone (``Detector.evidence``).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from megatronapp.scan.diagnosis import RootCause
+from megatronapp.scan.evidence.detect import Evidence, judge, merged
+from megatronapp.scan.evidence.params import Params
+
+Truth = tuple[str, int, int | None]  # ("rank", rank, None) or ("link", low, high)
+VERDICTS = ("right", "missed", "wrong", "false alarm", "quiet")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run: where it comes from, what was injected, what the detector saw."""
+
+    name: str
+    job: str
+    fault: str
+    truth: tuple[Truth, ...]  # empty: a healthy run
+    evidence: tuple[Evidence, ...]
+    realized: float = float("nan")  # the injected fault's realized slowdown, where measured
+    records_peers: bool = True  # the trace records point-to-point peers
+    links: frozenset[tuple[int, int]] | None = None  # pairs with point-to-point (None: unknown)
+
+
+def matches(cause: RootCause, truth: Truth) -> bool:
+    if truth[0] == "link":
+        return cause.kind == "link" and {cause.rank, cause.peer} == {truth[1], truth[2]}
+    return cause.kind != "link" and cause.rank == truth[1]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    case: Case
+    verdict: str  # right | missed | wrong (a fault) ; false alarm | quiet (healthy)
+    causes: tuple[RootCause, ...]
+    all_named: bool  # every injected fault named (two faults at once: both)
+    phantom: bool  # a link named between ranks that exchange no point-to-point
+
+    @property
+    def faulted(self) -> bool:
+        return bool(self.case.truth)
+
+
+def outcome(case: Case, p: Params) -> Outcome:
+    causes = tuple(merged(judge(case.evidence, p)))
+    phantom = case.links is not None and any(
+        c.kind == "link" and (min(c.rank, c.peer or 0), max(c.rank, c.peer or 0)) not in case.links
+        for c in causes)
+    if not case.truth:
+        return Outcome(case, "false alarm" if causes else "quiet", causes, True, phantom)
+    if not causes:
+        return Outcome(case, "missed", causes, False, phantom)
+    right = any(matches(causes[0], t) for t in case.truth)
+    every = all(any(matches(c, t) for c in causes[:len(case.truth)]) for t in case.truth)
+    return Outcome(case, "right" if right else "wrong", causes, every, phantom)
+
+
+@dataclass(frozen=True)
+class Scores:
+    faulted: int
+    named_first: int  # the first cause is an injected fault
+    missed: int
+    wrong: int
+    healthy: int
+    false_alarms: int
+    multi: int  # runs with several faults
+    multi_all: int  # ... every one named
+    phantoms: int
+
+    @property
+    def named_rate(self) -> float:
+        return self.named_first / self.faulted if self.faulted else float("nan")
+
+    @property
+    def false_alarm_rate(self) -> float:
+        return self.false_alarms / self.healthy if self.healthy else float("nan")
+
+
+def scores(outcomes: Sequence[Outcome]) -> Scores:
+    faulted = [o for o in outcomes if o.faulted]
+    healthy = [o for o in outcomes if not o.faulted]
+    multi = [o for o in faulted if len(o.case.truth) > 1]
+    return Scores(len(faulted), sum(o.verdict == "right" for o in faulted),
+                  sum(o.verdict == "missed" for o in faulted),
+                  sum(o.verdict == "wrong" for o in faulted), len(healthy),
+                  sum(o.verdict == "false alarm" for o in healthy), len(multi),
+                  sum(o.all_named for o in multi), sum(o.phantom for o in outcomes))
+
+
+# ------------------------------------------------------------------ fit
+@dataclass(frozen=True)
+class Fit:
+    params: Params
+    tuning: Scores
+    grid: tuple[tuple[float, ...], ...] = field(default=())  # (k, share, hits, named, fa)
+
+
+def fit_thresholds(cases: Sequence[Case], base: Params = Params(),
+                   multiples: Sequence[float] = (2, 3, 4, 5, 6, 8, 10, 15, 20),
+                   shares: Sequence[float] = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
+                   hit_shares: Sequence[float] = (0.0, 0.25, 0.34, 0.5),
+                   max_false_alarms: float = 0.03) -> Fit:
+    """The (noise_multiple, min_share, min_hit_share) that names the most
+    faults first while false alarms stay at most ``max_false_alarms`` of the
+    healthy runs (ties: the fewest false alarms, then the larger thresholds)."""
+    rows = []
+    for k, share, hits in itertools.product(multiples, shares, hit_shares):
+        p = replace(base, noise_multiple=k, min_share=share, min_hit_share=hits)
+        s = scores([outcome(c, p) for c in cases])
+        rows.append((k, share, hits, s.named_rate, s.false_alarm_rate))
+    allowed = [r for r in rows if not r[4] > max_false_alarms] or rows
+    k, share, hits, _, _ = max(allowed, key=lambda r: (r[3], -r[4], r[0], r[1], r[2]))
+    params = replace(base, noise_multiple=k, min_share=share, min_hit_share=hits)
+    return Fit(params, scores([outcome(c, params) for c in cases]), tuple(rows))
+
+
+def calibration_points(cases: Sequence[Case], p: Params) -> tuple[np.ndarray, np.ndarray]:
+    """Every named cause's noise units and whether it was an injected fault."""
+    units, right = [], []
+    for c in cases:
+        for cause in outcome(c, p).causes:
+            units.append(float(cause.evidence["noise_units"]))
+            right.append(any(matches(cause, t) for t in c.truth))
+    return np.asarray(units), np.asarray(right, bool)
+
+
+def fit_calibration(units: np.ndarray, right: np.ndarray, p: Params) -> Params:
+    """The logistic slope and offset in log(units / noise_multiple) that
+    maximise the likelihood of ``right`` (Newton's method, a little ridge)."""
+    if not len(units) or right.all() or not right.any():
+        return p
+    x = np.log(np.maximum(units, 1e-12)) - np.log(p.noise_multiple)
+    design = np.stack([x, np.ones_like(x)], axis=1)
+    w = np.array([p.confidence_slope, p.confidence_offset], float)
+    for _ in range(100):
+        prob = 1.0 / (1.0 + np.exp(-(design @ w)))
+        grad = design.T @ (right - prob) - 1e-3 * w
+        hess = -(design.T * (prob * (1 - prob))) @ design - 1e-3 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        w = w - step
+        if np.max(np.abs(step)) < 1e-9:
+            break
+    return replace(p, confidence_slope=float(w[0]), confidence_offset=float(w[1]))
+
+
+def reliability(confidence: np.ndarray, right: np.ndarray, bins: int = 10
+                ) -> tuple[float, list[tuple[float, float, int]]]:
+    """Expected calibration error and, per confidence bin, (mean confidence,
+    share right, count)."""
+    edges = np.linspace(0, 1, bins + 1)
+    which = np.clip(np.digitize(confidence, edges[1:-1]), 0, bins - 1)
+    table, ece = [], 0.0
+    for b in range(bins):
+        mine = which == b
+        if not mine.any():
+            continue
+        conf, acc = float(confidence[mine].mean()), float(right[mine].mean())
+        table.append((conf, acc, int(mine.sum())))
+        ece += mine.sum() / len(confidence) * abs(conf - acc)
+    return ece, table
