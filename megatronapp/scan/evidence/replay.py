@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit  # type: ignore[import-untyped]
+from numba import njit
 
 from .graph import COMPUTE, SYNC, Graph
 
