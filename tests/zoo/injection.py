@@ -4,7 +4,8 @@ stands in for compute), each active only in the steps a ``Clock`` says:
 - ``ExtraCalls``: the rank repeats each of its matmuls and convolutions,
   same shapes, (F-1)x more calls (forward, and through autograd backward);
 - ``StalledDataset``: a dataset whose ``__getitem__`` does CPU-bound Python
-  work (as decoding or augmenting samples does) before it returns;
+  work (as decoding or augmenting samples does) before it returns, for a
+  set wall time (on a loaded machine it gets less CPU in it, not longer);
 - ``stall_before_optimizer_step``: the rank blocks (sleeps, as a synchronous
   write to a slow file system does) before every ``optimizer.step()``;
 - ``NoisyNeighbour``: a background thread in the rank's process that burns
@@ -90,9 +91,9 @@ def joined(result: Any, copy: Any) -> Any:
 
 @dataclass
 class StalledDataset(Dataset[Any]):
-    """``dataset`` whose items each cost ``ms_per_item`` of this thread's CPU
-    time in Python before they are returned, in the steps ``clock`` hits
-    (read one at a time or a batch at a time, as ``dataset`` is)."""
+    """``dataset`` whose items each cost ``ms_per_item`` of CPU-bound Python
+    before they are returned, in the steps ``clock`` hits (read one at a
+    time or a batch at a time, as ``dataset`` is)."""
     dataset: Dataset[Any]
     ms_per_item: float
     clock: Clock
@@ -112,14 +113,14 @@ class StalledDataset(Dataset[Any]):
 
     def stall(self, items: int) -> None:
         if self.clock.hit():
-            burn_python_cpu(self.ms_per_item * items / 1e3)
+            busy_python(self.ms_per_item * items / 1e3)
 
 
-def burn_python_cpu(seconds: float) -> int:
-    """Pure-Python arithmetic until this thread has used ``seconds`` of CPU
-    (not wall) time: on a loaded machine it takes longer, as real work does."""
-    end, total = time.thread_time() + seconds, 0
-    while time.thread_time() < end:
+def busy_python(seconds: float) -> int:
+    """Pure-Python arithmetic (it holds the GIL) for ``seconds``: the thread
+    keeps a core busy whenever the machine gives it one."""
+    end, total = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end:
         for i in range(200):
             total += i * i % 7
     return total
@@ -159,5 +160,5 @@ class NoisyNeighbour:
             if not self.clock.hit():
                 time.sleep(1e-3)
                 continue
-            burn_python_cpu(1e-3)
+            busy_python(1e-3)
             values.uniform_().sort()

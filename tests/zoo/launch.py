@@ -16,10 +16,10 @@ several at once (several ranks after the option):
   between A and B, the receiver sleeps D ms before ``wait()`` (``receive``);
 - ``--extra-rank R --extra-factor F``: rank R calls each of its matmuls,
   convolutions and attentions F times, same shapes (``injection.ExtraCalls``);
-- ``--loader-rank R --loader-ms D``: rank R's data loader spends D ms of
-  CPU (CPU-bound Python) reading each batch, before the step's forward (a
-  job without a data loader of its own gets one that the launcher reads
-  before each step, on every rank);
+- ``--loader-rank R --loader-ms D``: rank R's data loader spends D ms in
+  CPU-bound Python reading each batch, before the step's forward (a job
+  without a data loader of its own gets one that the launcher reads before
+  each step, on every rank);
 - ``--step-stall-rank R --step-stall-ms D``: rank R blocks D ms (sleeps)
   before each ``optimizer.step()`` (a job without an optimizer is untouched);
 - ``--noisy-rank R``: a thread in rank R's process burns CPU (Python and
