@@ -7,8 +7,10 @@ Every run: 4 gloo ranks, 4 traced steps (``ProfilerStep#2`` to ``#5``),
 gzipped traces, the job in a network namespace of its own (so shaped links
 and healthy runs share one loopback setup), under ``nice -n 10``. Ranks,
 links and which runs record shapes are drawn from a generator seeded with
-the run's name; a stall lasts half the job's median healthy iteration, as
-this set's own healthy runs measure it (so the healthy runs come first).
+the run's name; a stall lasts half the job's median iteration in its first
+healthy run (so each job's first healthy run comes first; the other runs
+follow in an order shuffled once, so that the machine's changing load is
+not confounded with the faults).
 
     python -m tests.zoo_heldout.record [--out tests/data/heldout] [--resume]
 
@@ -267,10 +269,10 @@ def machine() -> dict[str, Any]:
 
 
 def stall_ms(entries: list[dict[str, Any]], job: Job) -> float:
-    """Half the job's median healthy iteration, to 5 ms."""
-    steps = [e["realized"]["median_step_ms"] for e in entries
-             if e["job"] == job.name and not e["faults"]]
-    return max(5.0, 5.0 * round(statistics.median(steps) / 2 / 5.0))
+    """Half the median iteration of the job's first healthy run, to 5 ms."""
+    first = healthy_runs(job)[0].name
+    step = next(e["realized"]["median_step_ms"] for e in entries if e["run"] == first)
+    return max(5.0, 5.0 * round(step / 2 / 5.0))
 
 
 def save(path: Path, manifest: dict[str, Any]) -> None:
@@ -289,22 +291,29 @@ def record(out: Path, resume: bool) -> int:
         print("tests/zoo*: uncommitted changes; commit the jobs first, the manifest names "
               "the commit that froze them", file=sys.stderr)
         return 2
-    manifest: dict[str, Any] = (json.loads(manifest_path.read_text()) if manifest_path.exists() else
-                {"frozen_at_commit": git("rev-parse", "HEAD"), "machine": machine(),
-                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "runs": []})
+    manifest: dict[str, Any] = (
+        json.loads(manifest_path.read_text()) if manifest_path.exists() else
+        {"frozen_at_commit": git("rev-parse", "HEAD"), "machine": machine(),
+         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "runs": []})
+    frozen = manifest["frozen_at_commit"]
+    if git("diff", frozen, "HEAD", "--", str(JOBS_DIR), str(LAUNCHER_DIR)):
+        print(f"--resume: tests/zoo* changed since {frozen}, which froze the runs recorded",
+              file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
-    plan = [run for job in JOBS for run in healthy_runs(job)]
-    record_runs(plan, out, manifest, manifest_path, 0, len(plan) + 12 * len(JOBS))
-    faults = [run for job in JOBS for run in fault_runs(job, stall_ms(manifest["runs"], job))]
-    record_runs(faults, out, manifest, manifest_path, len(plan), len(plan) + len(faults))
+    sizing = [healthy_runs(job)[0] for job in JOBS]
+    record_runs(sizing, out, manifest, manifest_path, 0)
+    rest = [run for job in JOBS for run in
+            healthy_runs(job)[1:] + fault_runs(job, stall_ms(manifest["runs"], job))]
+    random.Random("heldout").shuffle(rest)
+    record_runs(rest, out, manifest, manifest_path, len(sizing))
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(manifest['runs'])} runs, {size / 1e6:.1f} MB in {out}")
     return 0
 
 
 def record_runs(runs: list[Run], out: Path, manifest: dict[str, Any], manifest_path: Path,
-                done_before: int, total: int) -> None:
+                done_before: int) -> None:
     recorded = {e["run"] for e in manifest["runs"]}
     for i, run in enumerate(runs, done_before + 1):
         if run.name in recorded:
@@ -317,7 +326,7 @@ def record_runs(runs: list[Run], out: Path, manifest: dict[str, Any], manifest_p
         entry["realized"] = realized(entry, folder)
         manifest["runs"].append(entry)
         save(manifest_path, manifest)
-        print(f"[{i}/~{total}] {run.name}: {entry['wall_s']} s, load {entry['load']['after'][0]}",
+        print(f"[{i}] {run.name}: {entry['wall_s']} s, load {entry['load']['after'][0]}",
               flush=True)
 
 
