@@ -141,3 +141,17 @@ def test_the_detector_never_reads_what_was_injected(tmp_path: Path, monkeypatch,
     verdict = json.loads(capsys.readouterr().out)
     assert "ground_truth.json" not in opened
     assert verdict["root_causes"][0]["rank"] == 2
+
+
+def test_a_throttled_rank_is_named_not_the_last_stages_that_hold_the_output_layer():
+    # tp 1, pp 4, dp 2, a 32k vocabulary: both replicas' last stage compute the
+    # logits too, and each is its replica's peer; the throttled stage-1 rank is named
+    s = parse_scenario({
+        "seed": 9, "iterations": 3,
+        "parallel": {"tp": 1, "pp": 4, "dp": 2, "microbatches": 8},
+        "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024, "vocab": 32000},
+        "cluster": {"jitter": {"compute_sigma": 0.03, "link_sigma": 0.05}},
+        "faults": [{"kind": "throttle", "rank": 3, "factor": 1.3}]})
+    d = megascan(scan_of_result(run_sim(s), scenario=s))
+    assert [c.rank for c in d.root_causes] == [3]
+    assert d.root_causes[0].kind == "compute"
