@@ -185,16 +185,16 @@ def merged(*parts: Drawn) -> Drawn:
 
 
 # ------------------------------------------------------------------ a run
-def command(run: Run, out: Path) -> list[str]:
-    return (["nice", "-n", "10", "python", str(JOBS_DIR / f"{run.job.name}.py"),
+def command(run: Run, out: Path, jobs_dir: Path = JOBS_DIR) -> list[str]:
+    return (["nice", "-n", "10", "python", str(jobs_dir / f"{run.job.name}.py"),
              "--out", str(out), "--world", str(WORLD), "--steps", str(STEPS), "--gzip",
              "--private-network"] + (["--record-shapes"] if run.record_shapes else [])
             + run.flags)
 
 
-def execute(run: Run, out: Path) -> dict[str, Any]:
+def execute(run: Run, out: Path, jobs_dir: Path = JOBS_DIR) -> dict[str, Any]:
     """Run it; its manifest entry (without the realized effects)."""
-    argv = command(run, out)
+    argv = command(run, out, jobs_dir)
     env = {**os.environ, "PYTHONPATH": str(LAUNCHER_DIR)}
     load_before, start = os.getloadavg(), time.monotonic()
     result = subprocess.run([*argv[:3], sys.executable, *argv[4:]], cwd=ROOT, env=env,
@@ -281,13 +281,14 @@ def save(path: Path, manifest: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def record(out: Path, resume: bool) -> int:
+def record(out: Path, resume: bool, jobs: tuple[Job, ...] = JOBS, jobs_dir: Path = JOBS_DIR,
+           shuffle_seed: str = "heldout") -> int:
     manifest_path = out / "manifest.json"
     if manifest_path.exists() and not resume:
         print(f"--out: {manifest_path} exists (the set is frozen; --resume to finish it)",
               file=sys.stderr)
         return 2
-    if git("status", "--porcelain", "--", str(JOBS_DIR), str(LAUNCHER_DIR)):
+    if git("status", "--porcelain", "--", str(jobs_dir), str(LAUNCHER_DIR)):
         print("tests/zoo*: uncommitted changes; commit the jobs first, the manifest names "
               "the commit that froze them", file=sys.stderr)
         return 2
@@ -296,24 +297,24 @@ def record(out: Path, resume: bool) -> int:
         {"frozen_at_commit": git("rev-parse", "HEAD"), "machine": machine(),
          "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "runs": []})
     frozen = manifest["frozen_at_commit"]
-    if git("diff", frozen, "HEAD", "--", str(JOBS_DIR), str(LAUNCHER_DIR)):
+    if git("diff", frozen, "HEAD", "--", str(jobs_dir), str(LAUNCHER_DIR)):
         print(f"--resume: tests/zoo* changed since {frozen}, which froze the runs recorded",
               file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    sizing = [healthy_runs(job)[0] for job in JOBS]
-    record_runs(sizing, out, manifest, manifest_path, 0)
-    rest = [run for job in JOBS for run in
+    sizing = [healthy_runs(job)[0] for job in jobs]
+    record_runs(sizing, out, manifest, manifest_path, 0, jobs_dir)
+    rest = [run for job in jobs for run in
             healthy_runs(job)[1:] + fault_runs(job, stall_ms(manifest["runs"], job))]
-    random.Random("heldout").shuffle(rest)
-    record_runs(rest, out, manifest, manifest_path, len(sizing))
+    random.Random(shuffle_seed).shuffle(rest)
+    record_runs(rest, out, manifest, manifest_path, len(sizing), jobs_dir)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(manifest['runs'])} runs, {size / 1e6:.1f} MB in {out}")
     return 0
 
 
 def record_runs(runs: list[Run], out: Path, manifest: dict[str, Any], manifest_path: Path,
-                done_before: int) -> None:
+                done_before: int, jobs_dir: Path = JOBS_DIR) -> None:
     recorded = {e["run"] for e in manifest["runs"]}
     for i, run in enumerate(runs, done_before + 1):
         if run.name in recorded:
@@ -322,7 +323,8 @@ def record_runs(runs: list[Run], out: Path, manifest: dict[str, Any], manifest_p
         if folder.exists():  # left by an interrupted run
             for path in folder.iterdir():
                 path.unlink()
-        entry = execute(run, folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder)
+        entry = execute(run, folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder,
+                        jobs_dir)
         entry["realized"] = realized(entry, folder)
         manifest["runs"].append(entry)
         save(manifest_path, manifest)
