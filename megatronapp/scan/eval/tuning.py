@@ -18,23 +18,22 @@ import numpy as np
 from megatronapp.scan.diagnosis import RootCause
 from megatronapp.scan.evidence.detect import Evidence, judge, merged
 from megatronapp.scan.evidence.params import Params
+from megatronapp.scan.eval.sets import LabelledRun, Truth
 
-Truth = tuple[str, int, int | None]  # ("rank", rank, None) or ("link", low, high)
 VERDICTS = ("right", "missed", "wrong", "false alarm", "quiet")
 
 
 @dataclass(frozen=True)
 class Case:
-    """One run: where it comes from, what was injected, what the detector saw."""
+    """One labelled run and what MegaScan's detector saw in it (``Detector.evidence``)."""
 
-    name: str
-    job: str
-    fault: str
-    truth: tuple[Truth, ...]  # empty: a healthy run
+    run: LabelledRun
     evidence: tuple[Evidence, ...]
-    realized: float = float("nan")  # the injected fault's realized slowdown, where measured
-    records_peers: bool = True  # the trace records point-to-point peers
-    links: frozenset[tuple[int, int]] | None = None  # pairs with point-to-point (None: unknown)
+    links: frozenset[tuple[int, int]] = frozenset()  # pairs that exchanged a transfer
+
+    @property
+    def truth(self) -> tuple[Truth, ...]:
+        return self.run.truth
 
 
 def matches(cause: RootCause, truth: Truth) -> bool:
@@ -45,29 +44,39 @@ def matches(cause: RootCause, truth: Truth) -> bool:
 
 @dataclass(frozen=True)
 class Outcome:
-    case: Case
+    run: LabelledRun
     verdict: str  # right | missed | wrong (a fault) ; false alarm | quiet (healthy)
     causes: tuple[RootCause, ...]
     all_named: bool  # every injected fault named (two faults at once: both)
-    phantom: bool  # a link named between ranks that exchange no point-to-point
+    phantom: bool  # a link named between ranks that exchanged no transfer
+    wrong_link: bool  # a link named that is not the injected one
 
     @property
     def faulted(self) -> bool:
-        return bool(self.case.truth)
+        return bool(self.run.truth)
+
+
+def outcome_of(run: LabelledRun, causes: Sequence[RootCause],
+               links: frozenset[tuple[int, int]] | None = None) -> Outcome:
+    """What a method's causes (most confident first) make of a run."""
+    causes = tuple(causes)
+    named_links = [(min(c.rank, c.peer or 0), max(c.rank, c.peer or 0)) for c in causes
+                   if c.kind == "link"]
+    phantom = links is not None and any(pair not in links for pair in named_links)
+    wrong_link = any(not any(t[0] == "link" and pair == (t[1], t[2]) for t in run.truth)
+                     for pair in named_links)
+    if not run.truth:
+        return Outcome(run, "false alarm" if causes else "quiet", causes, True, phantom,
+                       wrong_link)
+    if not causes:
+        return Outcome(run, "missed", causes, False, phantom, wrong_link)
+    right = any(matches(causes[0], t) for t in run.truth)
+    every = all(any(matches(c, t) for c in causes[:len(run.truth)]) for t in run.truth)
+    return Outcome(run, "right" if right else "wrong", causes, every, phantom, wrong_link)
 
 
 def outcome(case: Case, p: Params) -> Outcome:
-    causes = tuple(merged(judge(case.evidence, p)))
-    phantom = case.links is not None and any(
-        c.kind == "link" and (min(c.rank, c.peer or 0), max(c.rank, c.peer or 0)) not in case.links
-        for c in causes)
-    if not case.truth:
-        return Outcome(case, "false alarm" if causes else "quiet", causes, True, phantom)
-    if not causes:
-        return Outcome(case, "missed", causes, False, phantom)
-    right = any(matches(causes[0], t) for t in case.truth)
-    every = all(any(matches(c, t) for c in causes[:len(case.truth)]) for t in case.truth)
-    return Outcome(case, "right" if right else "wrong", causes, every, phantom)
+    return outcome_of(case.run, merged(judge(case.evidence, p)), case.links)
 
 
 @dataclass(frozen=True)
@@ -92,9 +101,11 @@ class Scores:
 
 
 def scores(outcomes: Sequence[Outcome]) -> Scores:
+    """Counts over the runs the goals count (``LabelledRun.eligible``)."""
+    outcomes = [o for o in outcomes if o.run.eligible]
     faulted = [o for o in outcomes if o.faulted]
     healthy = [o for o in outcomes if not o.faulted]
-    multi = [o for o in faulted if len(o.case.truth) > 1]
+    multi = [o for o in faulted if len(o.run.truth) > 1]
     return Scores(len(faulted), sum(o.verdict == "right" for o in faulted),
                   sum(o.verdict == "missed" for o in faulted),
                   sum(o.verdict == "wrong" for o in faulted), len(healthy),
@@ -135,7 +146,7 @@ def calibration_points(cases: Sequence[Case], p: Params) -> tuple[np.ndarray, np
     for c in cases:
         for cause in outcome(c, p).causes:
             units.append(float(cause.evidence["noise_units"]))
-            right.append(any(matches(cause, t) for t in c.truth))
+            right.append(any(matches(cause, t) for t in c.run.truth))
     return np.asarray(units), np.asarray(right, bool)
 
 

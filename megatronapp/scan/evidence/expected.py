@@ -237,7 +237,7 @@ def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]
         partner_h.append(keys[int(chosen[0])] if len(chosen) == 1 else None)
         if len(chosen):
             exp_c[i], how = peer_speed[i], "peers"
-        elif speed is not None and len(others):
+        elif model is not None and speed is not None and len(others):
             exp_c[i], how = model[i] * np.median(speed, axis=0), "model"
         elif compute.shape[1] >= 3:
             exp_c[i], how = np.full(compute.shape[1], np.median(compute[i])), "own iterations"
