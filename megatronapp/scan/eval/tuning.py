@@ -118,25 +118,29 @@ def scores(outcomes: Sequence[Outcome]) -> Scores:
 class Fit:
     params: Params
     tuning: Scores
-    grid: tuple[tuple[float, ...], ...] = field(default=())  # (k, share, hits, named, fa)
+    grid: tuple[tuple[float, ...], ...] = field(default=())  # (*thresholds, named, fa)
+
+
+GRID = {"noise_multiple": (2, 3, 4, 5, 6, 8, 10, 15),
+        "min_slowdown": (0.0, 0.1, 0.2, 0.3, 0.5),
+        "min_share": (0.0, 0.001, 0.003, 0.01, 0.03),
+        "min_hit_share": (0.0, 0.25, 0.5)}
 
 
 def fit_thresholds(cases: Sequence[Case], base: Params = Params(),
-                   multiples: Sequence[float] = (2, 3, 4, 5, 6, 8, 10, 15, 20),
-                   shares: Sequence[float] = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
-                   hit_shares: Sequence[float] = (0.0, 0.25, 0.34, 0.5),
+                   grid: dict[str, Sequence[float]] = GRID,
                    max_false_alarms: float = 0.03) -> Fit:
-    """The (noise_multiple, min_share, min_hit_share) that names the most
-    faults first while false alarms stay at most ``max_false_alarms`` of the
-    healthy runs (ties: the fewest false alarms, then the larger thresholds)."""
+    """The thresholds (``grid``) that name the most faults first while false
+    alarms stay at most ``max_false_alarms`` of the healthy runs (ties: the
+    fewest false alarms, then the larger thresholds, in ``grid``'s order)."""
     rows = []
-    for k, share, hits in itertools.product(multiples, shares, hit_shares):
-        p = replace(base, noise_multiple=k, min_share=share, min_hit_share=hits)
+    for values in itertools.product(*grid.values()):
+        p = replace(base, **dict(zip(grid, values)))
         s = scores([outcome(c, p) for c in cases])
-        rows.append((k, share, hits, s.named_rate, s.false_alarm_rate))
-    allowed = [r for r in rows if not r[4] > max_false_alarms] or rows
-    k, share, hits, _, _ = max(allowed, key=lambda r: (r[3], -r[4], r[0], r[1], r[2]))
-    params = replace(base, noise_multiple=k, min_share=share, min_hit_share=hits)
+        rows.append((*values, s.named_rate, s.false_alarm_rate))
+    allowed = [r for r in rows if not r[-1] > max_false_alarms] or rows
+    best = max(allowed, key=lambda r: (r[-2], -r[-1], *r[:-2]))
+    params = replace(base, **dict(zip(grid, best[:-2])))
     return Fit(params, scores([outcome(c, params) for c in cases]), tuple(rows))
 
 

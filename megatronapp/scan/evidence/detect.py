@@ -44,9 +44,7 @@ from .replay import CriticalShare
 from .params import Params
 
 Key = tuple[str, Any]  # (kind, rank or (low, high) link)
-NOISE_FLOOR_S = 1e-6  # a timer's resolution: no finding is more certain than a microsecond
-NOISE_PER_SUSPECT = 64  # noise samples kept per suspect (a bound on memory)
-MIN_NOISE_SAMPLES = 8  # fewer left once a suspect and its partner are left out: use them all
+MANY_SUSPECTS = 64  # of a kind: leaving two out changes their spread by a few percent at most
 
 
 @dataclass
@@ -80,7 +78,7 @@ class Detector:
         self.gpus_per_node, self.scenario, self.params = gpus_per_node, scenario, params
         self._modelled = work if work is not None else ModelledWork(scenario)
         self._records: dict[Key, _Record] = {}
-        self._noise: Reservoirs[Key] = Reservoirs(NOISE_PER_SUSPECT)
+        self._noise: Reservoirs[Key] = Reservoirs(params.capacity)
         self._partners: dict[Key, Key] = {}
         self._duration: dict[int, float] = {}
         self._bases: dict[str, dict[str, int]] = {}
@@ -154,7 +152,7 @@ class Detector:
 
     def evidence(self) -> list[Evidence]:
         """Every shortlisted suspect's figures per iteration, with its noise in seconds."""
-        noise = NoiseModel(self._noise, self._partners)
+        noise = NoiseModel(self._noise, self._partners, self.params.min_noise_samples)
         out = []
         for (kind, who), rec in self._records.items():
             expected = np.asarray(rec.expected)
@@ -162,7 +160,7 @@ class Detector:
             out.append(Evidence(
                 kind, who, rec.basis, np.asarray(rec.iterations), np.asarray(rec.actual),
                 expected, np.asarray(rec.blame),
-                np.maximum(scale_of(kind, sigma, expected), NOISE_FLOOR_S),
+                np.maximum(scale_of(kind, sigma, expected), self.params.noise_floor_s),
                 np.array([self._duration.get(i, np.nan) for i in rec.iterations])))
         return out
 
@@ -191,11 +189,19 @@ class Evidence:
         """How many noise units over its expected time it ran, per iteration."""
         return (self.actual - self.expected) / self.noise
 
+    @property
+    def slowdown(self) -> np.ndarray:
+        """How far over its expected time it ran, relative to it, per iteration."""
+        with np.errstate(all="ignore"):
+            return np.where(self.expected > 0, (self.actual - self.expected) / self.expected,
+                            np.inf)
+
     def hits(self, p: Params) -> np.ndarray:
-        """Iterations it was slow in (``noise_multiple`` noise units over its
-        expected time) and that it delayed (``min_share`` of the iteration)."""
-        return (self.units >= p.noise_multiple) & (self.blame > 0) & (
-            self.blame >= p.min_share * self.duration)
+        """Iterations it was slow in (``noise_multiple`` noise units and
+        ``min_slowdown`` over its expected time) and that it delayed
+        (``min_share`` of the iteration)."""
+        return ((self.units >= p.noise_multiple) & (self.slowdown >= p.min_slowdown)
+                & (self.blame > 0) & (self.blame >= p.min_share * self.duration))
 
 
 def judge(evidence: Iterable[Evidence], p: Params) -> list[RootCause]:
@@ -237,8 +243,8 @@ class NoiseModel:
     expectation came from it alone (or it from them): a pair of peers mirror
     each other's excess."""
 
-    def __init__(self, samples: Reservoirs[Key], partners: Mapping[Key, Key]):
-        self._samples, self._partners = samples, partners
+    def __init__(self, samples: Reservoirs[Key], partners: Mapping[Key, Key], fewest: int):
+        self._samples, self._partners, self._fewest = samples, partners, fewest
         self._by_kind: dict[str, list[Key]] = {}
         for key in samples:
             self._by_kind.setdefault(key[0], []).append(key)
@@ -256,10 +262,12 @@ class NoiseModel:
         if np.isfinite(temporal) and len(self._samples.get(key, ())) >= 3:
             return temporal
         keys = self._by_kind.get(key[0], [])
+        if len(keys) >= MANY_SUSPECTS:  # a suspect and its peer cannot move a median of so many
+            return self._pooled.get(key[0], float("nan"))
         left_out = {key, self._partners.get(key)} | {k for k, p in self._partners.items()
                                                      if p == key}
         kept = [self._samples[k] for k in keys if k not in left_out]
-        if not kept or sum(len(v) for v in kept) < MIN_NOISE_SAMPLES:
+        if not kept or sum(len(v) for v in kept) < self._fewest:
             return self._pooled.get(key[0], float("nan"))
         return sigma_of(np.concatenate(kept))
 

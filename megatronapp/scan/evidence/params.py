@@ -4,8 +4,8 @@ The model (``blame``): a suspect is blamed the seconds by which each
 iteration would end earlier had it taken its expected time. It is named for
 an iteration when it ran ``noise_multiple`` times the noise of its kind of
 quantity over its expected time (the spread of the same excess among all
-suspects, over all iterations) and its blame is at least ``min_share`` of
-the iteration; it is named when that holds in at least ``min_hit_share`` of
+suspects, over all iterations) and ``min_slowdown`` of it over, and its
+blame is at least ``min_share`` of the iteration; it is named when that holds in at least ``min_hit_share`` of
 the iterations it was seen in; its
 confidence is a logistic function of how many noise units its blame holds
 (``confidence_slope``, ``confidence_offset``), fitted so that a confidence
@@ -20,26 +20,35 @@ from typing import Any
 @dataclass(frozen=True)
 class Params:
     noise_multiple: float = 3.0
+    min_slowdown: float = 0.0
     min_share: float = 0.02
     min_hit_share: float = 0.25
     confidence_slope: float = 2.0
     confidence_offset: float = 0.0
     shortlist: int = 16
-    capacity: int = 4096
+    capacity: int = 64
+    min_noise_samples: int = 4
+    noise_floor_s: float = 1e-6
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not (isinstance(value, (int, float)) and value == value and value >= 0):
-                raise ValueError(f"{f.name} must be a number >= 0, got {value!r}")
-        if self.shortlist < 1 or self.capacity < 1:
-            raise ValueError("shortlist and capacity must be >= 1")
+            signed = f.name == "confidence_offset"
+            if not (isinstance(value, (int, float)) and abs(value) < float("inf")
+                    and (signed or value >= 0)):
+                raise ValueError(f"{f.name} must be a finite number{'' if signed else ' >= 0'}, "
+                                 f"got {value!r}")
+        if self.shortlist < 1 or self.capacity < 1 or self.min_noise_samples < 1:
+            raise ValueError("shortlist, capacity and min_noise_samples must be >= 1")
 
 
 # name -> (meaning, where its value comes from)
 PROVENANCE: dict[str, tuple[str, str]] = {
     "noise_multiple": (
         "blame must be this many noise units to count in an iteration",
+        "to be fitted on the tuning set"),
+    "min_slowdown": (
+        "and at least this much over its expected time, relative to it (0.5: 1.5x as long)",
         "to be fitted on the tuning set"),
     "min_share": (
         "blame must also be this share of its iteration to count",
@@ -58,8 +67,17 @@ PROVENANCE: dict[str, tuple[str, str]] = {
         "suspects replayed per batch, most over their expected time first",
         "not fitted: a bound on work (each replay is one pass over the batch)"),
     "capacity": (
-        "noise samples kept per kind of suspect (a uniform reservoir)",
-        "not fitted: a bound on memory"),
+        "noise samples kept per suspect (an evenly thinned reservoir): one per iteration "
+        "while a run is shorter",
+        "not fitted: a bound on memory (98,304 ranks x 64 samples: 50 MB)"),
+    "min_noise_samples": (
+        "fewest samples a suspect's noise is measured from once it and its one peer are "
+        "left out; with fewer, every suspect's samples are used",
+        "not fitted: a median absolute deviation of four values is the least that says "
+        "anything"),
+    "noise_floor_s": (
+        "the smallest noise, in seconds: no finding is surer than the timer's resolution",
+        "not fitted: traces are written in microseconds"),
 }
 
 
