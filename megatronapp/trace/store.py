@@ -327,22 +327,32 @@ class Pieces:
     streams: Mapping[tuple[int, int], pa.Buffer]
     events: Mapping[tuple[int, int], int]
 
-    def stored(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
+    def stored(self, keys: Sequence[tuple[int, int]], ranks: np.ndarray | None = None
+               ) -> EventColumns:
         """The stored rows of the pieces ``keys``, in the file's order (a
-        symmetric store's representatives' only)."""
-        tables = [pa.ipc.open_stream(self.streams[k]).read_all() for k in keys]
+        symmetric store's representatives' only); of ``ranks`` only, when
+        given: one piece is decoded at a time and kept only for them."""
+        wanted = None if ranks is None else pa.array(np.asarray(ranks, np.int64))
+        tables = []
+        for k in keys:
+            table = pa.ipc.open_stream(self.streams[k]).read_all()
+            if wanted is not None:
+                table = table.filter(pc.is_in(pc.cast(table.column("rank"), pa.int64()),
+                                              value_set=wanted))
+            tables.append(table)
         table = pa.concat_tables(tables) if tables else _empty_table(self.path)
         order = np.argsort(table.column(_ROW).to_numpy(), kind="stable")
         return _columns(table.drop_columns([_ROW]).take(order), self.meta)
 
-    def columns(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
-        """The rows of the pieces ``keys``, in the file's order (every rank's)."""
-        cols = self.stored(keys)
+    def columns(self, keys: Sequence[tuple[int, int]], ranks: np.ndarray | None = None
+                ) -> EventColumns:
+        """The rows of the pieces ``keys``, in the file's order (every rank's,
+        or ``ranks``' only)."""
         stand_ins = self.meta.stand_ins
         if stand_ins is None:
-            return cols
-        expansion = Expansion(cols, stand_ins)
-        return expansion.rows(expansion.ranks())
+            return self.stored(keys, ranks)
+        expansion = Expansion(self.stored(keys), stand_ins)
+        return expansion.rows(expansion.ranks() if ranks is None else np.asarray(ranks).tolist())
 
 
 def read_pieces(path: Path, max_rows: int | None = None) -> Pieces:

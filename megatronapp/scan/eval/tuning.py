@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -121,26 +121,26 @@ class Fit:
     grid: tuple[tuple[float, ...], ...] = field(default=())  # (*thresholds, named, fa)
 
 
-GRID = {"noise_multiple": (2, 3, 4, 5, 6, 8, 10, 15),
+GRID: Mapping[str, Sequence[float]] = {"noise_multiple": (2, 3, 4, 5, 6, 8, 10, 15),
         "min_slowdown": (0.0, 0.1, 0.2, 0.3, 0.5),
         "min_share": (0.0, 0.001, 0.003, 0.01, 0.03),
         "min_hit_share": (0.0, 0.25, 0.5)}
 
 
 def fit_thresholds(cases: Sequence[Case], base: Params = Params(),
-                   grid: dict[str, Sequence[float]] = GRID,
+                   grid: Mapping[str, Sequence[float]] = GRID,
                    max_false_alarms: float = 0.03) -> Fit:
     """The thresholds (``grid``) that name the most faults first while false
     alarms stay at most ``max_false_alarms`` of the healthy runs (ties: the
     fewest false alarms, then the larger thresholds, in ``grid``'s order)."""
     rows = []
     for values in itertools.product(*grid.values()):
-        p = replace(base, **dict(zip(grid, values)))
+        p = replace(base, **dict(zip(grid, values)))  # type: ignore[arg-type]
         s = scores([outcome(c, p) for c in cases])
         rows.append((*values, s.named_rate, s.false_alarm_rate))
     allowed = [r for r in rows if not r[-1] > max_false_alarms] or rows
     best = max(allowed, key=lambda r: (r[-2], -r[-1], *r[:-2]))
-    params = replace(base, **dict(zip(grid, best[:-2])))
+    params = replace(base, **dict(zip(grid, best[:-2])))  # type: ignore[arg-type]
     return Fit(params, scores([outcome(c, params) for c in cases]), tuple(rows))
 
 

@@ -47,23 +47,42 @@ Key = tuple[str, Any]  # (kind, rank or (low, high) link)
 MANY_SUSPECTS = 64  # of a kind: leaving two out changes their spread by a few percent at most
 
 
+FIELDS = ("iterations", "actual", "expected", "blame")
+
+
 @dataclass
 class _Record:
-    """A suspect's per-iteration figures, iteration by iteration."""
+    """A suspect's per-iteration figures, iteration by iteration: all of them
+    while they number at most twice ``capacity``, then every other one (then
+    every fourth...), as ``sketch.Reservoir`` thins a stream."""
 
     basis: str
+    capacity: int
     iterations: list[int] = field(default_factory=list)
     actual: list[float] = field(default_factory=list)
     expected: list[float] = field(default_factory=list)
     blame: list[float] = field(default_factory=list)
+    stride: int = 1
+    seen: int = 0
 
     def add(self, f: Finding) -> None:
         for i, a, e, b in zip(f.iterations.tolist(), f.actual.tolist(), f.expected.tolist(),
                               f.blame.tolist()):
+            self.seen += 1
+            if (self.seen - 1) % self.stride:
+                continue
             self.iterations.append(int(i))
             self.actual.append(a)
             self.expected.append(e)
             self.blame.append(b)
+            if len(self.iterations) > 2 * self.capacity:
+                self.stride *= 2
+                self.keep(list(range(0, len(self.iterations), 2)))
+
+    def keep(self, positions: list[int]) -> None:
+        for name in FIELDS:
+            values = getattr(self, name)
+            setattr(self, name, [values[k] for k in positions])
 
 
 class Detector:
@@ -97,7 +116,8 @@ class Detector:
         for i, d in zip(b.iterations.tolist(), b.duration.tolist()):
             self._duration[int(i)] = max(d, self._duration.get(int(i), 0.0))
         for f in b.findings:
-            self._records.setdefault((f.kind, f.key), _Record(f.basis)).add(f)
+            self._records.setdefault((f.kind, f.key),
+                                     _Record(f.basis, self.params.capacity)).add(f)
         for kind, samples in b.noise.items():
             self._noise.add_all({(kind, key): v for key, v in samples.items()})
         for kind, partners in b.partners.items():
@@ -144,9 +164,7 @@ class Detector:
             if not keep:
                 del self._records[key]
                 continue
-            for name in ("iterations", "actual", "expected", "blame"):
-                values = getattr(rec, name)
-                setattr(rec, name, [values[k] for k in keep])
+            rec.keep(keep)
         self._duration = {i: d for i, d in self._duration.items() if i >= iteration}
         self._held, self._critical_s = {}, 0.0  # what the next batches' paths show
 
@@ -163,6 +181,15 @@ class Detector:
                 np.maximum(scale_of(kind, sigma, expected), self.params.noise_floor_s),
                 np.array([self._duration.get(i, np.nan) for i in rec.iterations])))
         return out
+
+    def state_entries(self) -> int:
+        """Values held: each suspect's figures and noise samples, the iterations'
+        lengths, group members and pairs (what the state's size is counted in)."""
+        referenced = {i for rec in self._records.values() for i in rec.iterations}
+        self._duration = {i: d for i, d in self._duration.items() if i in referenced}
+        return (sum(len(FIELDS) * len(r.iterations) for r in self._records.values())
+                + self._noise.entries() + len(self._duration) + len(self._held)
+                + sum(len(m) for m in self._met.values()) + len(self._pairs))
 
     def _unjudged(self) -> dict[str, int]:
         """How many suspects of each kind had no expected time (nothing to judge them by)."""

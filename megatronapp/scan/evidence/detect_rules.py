@@ -396,8 +396,8 @@ class Detector:
         read by replicas: the present replicas' state, and every rank's at
         the collectives that join replicas)."""
         self._twins = self._twins or batch.twins
-        if batch.across is not None:
-            self._feed_across(batch.across)
+        if getattr(batch, 'across', None) is not None:
+            self._feed_across(batch.across)  # type: ignore[attr-defined]
         ranks = np.unique(batch.cols.rank).tolist()
         self._ranks.update(ranks)
         a, b = peer_edges(batch)
