@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import types
-from numba.typed import Dict
 
 # operation codes: megatronapp.program.compiled
 COMPUTE, SEND, RECV, WAIT, COLLECTIVE, RECV_WAIT, ASYNC_COLLECTIVE, COLLECTIVE_WAIT = range(8)
@@ -33,11 +31,20 @@ DONE, PRICE, PROGRESS, GROW = range(4)
 R_READY, R_HEAP, R_SEQ, R_FREE_FLOW, R_NEXT_FLOW, R_FREE_RV, R_NEXT_RV, R_FREE_MEM, R_NEXT_MEM, \
     R_EXECUTED, R_NEED, R_STAMP = range(12)
 N_REG = 12
-EV_BITS = 1 << 32  # in_flight keys: rank * EV_BITS + event
 
 
-def new_dict() -> Dict:
-    return Dict.empty(key_type=types.int64, value_type=types.int64)
+@numba.njit(cache=True)
+def _heap_less(ht, hs, i, j):  # pragma: no cover
+    """Entry ``i`` is due before entry ``j``: earlier, or posted earlier at the same instant."""
+    return ht[i] < ht[j] or (ht[i] == ht[j] and hs[i] < hs[j])
+
+
+@numba.njit(cache=True)
+def _heap_swap(ht, hs, hf, hv, i, j):  # pragma: no cover
+    ht[i], ht[j] = ht[j], ht[i]
+    hs[i], hs[j] = hs[j], hs[i]
+    hf[i], hf[j] = hf[j], hf[i]
+    hv[i], hv[j] = hv[j], hv[i]
 
 
 @numba.njit(cache=True)
@@ -46,12 +53,9 @@ def _heap_push(ht, hs, hf, hv, size, seq, when, flow, version):  # pragma: no co
     ht[i], hs[i], hf[i], hv[i] = when, seq, flow, version
     while i > 0:
         parent = (i - 1) >> 1
-        if ht[parent] < ht[i] or (ht[parent] == ht[i] and hs[parent] < hs[i]):
+        if _heap_less(ht, hs, parent, i):
             break
-        ht[parent], ht[i] = ht[i], ht[parent]
-        hs[parent], hs[i] = hs[i], hs[parent]
-        hf[parent], hf[i] = hf[i], hf[parent]
-        hv[parent], hv[i] = hv[i], hv[parent]
+        _heap_swap(ht, hs, hf, hv, parent, i)
         i = parent
 
 
@@ -62,21 +66,40 @@ def _heap_pop(ht, hs, hf, hv, size):  # pragma: no cover
     ht[0], hs[0], hf[0], hv[0] = ht[last], hs[last], hf[last], hv[last]
     i = 0
     while True:
-        left = 2 * i + 1
-        if left >= last:
+        child = 2 * i + 1
+        if child >= last:
             break
-        child = left
-        right = left + 1
-        if right < last and (ht[right] < ht[left] or (ht[right] == ht[left]
-                                                      and hs[right] < hs[left])):
-            child = right
-        if ht[i] < ht[child] or (ht[i] == ht[child] and hs[i] < hs[child]):
+        if child + 1 < last and _heap_less(ht, hs, child + 1, child):
+            child += 1
+        if _heap_less(ht, hs, i, child):
             break
-        ht[child], ht[i] = ht[i], ht[child]
-        hs[child], hs[i] = hs[i], hs[child]
-        hf[child], hf[i] = hf[i], hf[child]
-        hv[child], hv[i] = hv[i], hv[child]
+        _heap_swap(ht, hs, hf, hv, child, i)
         i = child
+
+
+@numba.njit(cache=True)
+def _allocate(reg, free, bump, links):  # pragma: no cover
+    """An entry of a pool: the first on its free list (chained through ``links``,
+    its head in ``reg[free]``), else the next never used (``reg[bump]``)."""
+    x = reg[free]
+    if x >= 0:
+        reg[free] = links[x]
+    else:
+        x = reg[bump]
+        reg[bump] = x + 1
+    return x
+
+
+@numba.njit(cache=True)
+def _full(reg, free, bump, capacity):  # pragma: no cover
+    """Whether a pool has no entry left to ``_allocate``."""
+    return reg[free] < 0 and reg[bump] >= capacity
+
+
+@numba.njit(cache=True)
+def _release(reg, free, links, x):  # pragma: no cover
+    links[x] = reg[free]
+    reg[free] = x
 
 
 @numba.njit(cache=True)
@@ -130,8 +153,8 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
      ring_pos, ring_worst, ring_const) = coll
     (reg, pc, clock, starts, ends, arrive, posted, wait1, wait2, ready, need_rank, need_start,
      ht, hs, hf, hv, f_rem, f_rate, f_last, f_ver, f_a, f_b, f_slot, f_sender, f_msg,
-     f_lat, p_head, p_count, p_next, p_prev, mark, scratch, rendezvous, rv_left, rv_latest,
-     rv_head, rv_tail, mem_rank, mem_ev, mem_next, in_flight, coll_wait, busy) = st
+     f_lat, p_head, p_count, p_next, p_prev, mark, scratch, ck_open, rv_left, rv_latest,
+     rv_head, rv_tail, mem_rank, mem_ev, mem_next, rv_nth, rv_next, coll_wait, busy) = st
     n_ranks = pc.shape[0]
     stamp = reg[R_STAMP]
     n_ready = reg[R_READY]
@@ -171,39 +194,38 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                     t = t + d
                     ends[e] = t
                 elif code == COLLECTIVE or code == ASYNC_COLLECTIVE:
-                    if ((reg[R_FREE_RV] < 0 and reg[R_NEXT_RV] >= rv_left.shape[0])
-                            or (reg[R_FREE_MEM] < 0 and reg[R_NEXT_MEM] >= mem_rank.shape[0])):
-                        grow = True
+                    grow = (_full(reg, R_FREE_RV, R_NEXT_RV, rv_left.shape[0])
+                            or _full(reg, R_FREE_MEM, R_NEXT_MEM, mem_rank.shape[0]))
+                    if grow:  # issued again once the tables have room
                         t = before
                         break
                     e = eb + op_ev[k]
                     starts[e] = t
                     ck = coll_key[i * 4 + op_x[k]]
-                    key = op_nth[k] * n_keys + ck
-                    rv = rendezvous[key] if key in rendezvous else -1
+                    nth = op_nth[k]
+                    rv = ck_open[ck]  # the communicator's open rendezvous (few: the posted ones)
+                    while rv >= 0 and rv_nth[rv] != nth:
+                        rv = rv_next[rv]
                     member = i if code == COLLECTIVE else ~i
                     if rv >= 0 and rv_left[rv] > 1:
                         rv_left[rv] -= 1
                         if t > rv_latest[rv]:
                             rv_latest[rv] = t
                     elif rv < 0 and need[ck] > 1:
-                        rv = reg[R_FREE_RV]
-                        if rv >= 0:
-                            reg[R_FREE_RV] = rv_head[rv]
-                        else:
-                            rv = reg[R_NEXT_RV]
-                            reg[R_NEXT_RV] = rv + 1
-                        rendezvous[key] = rv
+                        rv = _allocate(reg, R_FREE_RV, R_NEXT_RV, rv_head)
+                        rv_nth[rv] = nth
+                        rv_next[rv] = ck_open[ck]
+                        ck_open[ck] = rv
                         rv_left[rv] = need[ck] - 1
                         rv_latest[rv] = t
                         rv_head[rv] = -1
                         rv_tail[rv] = -1
                     else:
-                        done = _complete(i, k, t, rv, key, ck, op_x, op_nbytes, op_steps,
-                                         ring_of, n_keys, ring_n, ring_minbw, ring_lat,
+                        done = _complete(i, k, t, rv, ck, op_x, op_nbytes, op_steps,
+                                         ring_of, ring_n, ring_minbw, ring_lat,
                                          ring_fixed, ring_lo, ring_pos, ring_worst, ring_const,
-                                         busy, rendezvous, rv_latest, rv_head, mem_rank, mem_ev,
-                                         mem_next, in_flight, coll_wait, clock, pc, ends,
+                                         busy, ck_open, rv_next, rv_latest, rv_head, mem_rank,
+                                         mem_ev, mem_next, coll_wait, clock, pc, ends,
                                          ev_base, ready, n_ready, reg)
                         n_ready = reg[R_READY]
                         ends[e] = done
@@ -211,12 +233,7 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                             t = done
                         p += 1
                         continue
-                    m = reg[R_FREE_MEM]
-                    if m >= 0:
-                        reg[R_FREE_MEM] = mem_next[m]
-                    else:
-                        m = reg[R_NEXT_MEM]
-                        reg[R_NEXT_MEM] = m + 1
+                    m = _allocate(reg, R_FREE_MEM, R_NEXT_MEM, mem_next)
                     mem_rank[m] = member
                     mem_ev[m] = op_ev[k]
                     mem_next[m] = -1
@@ -227,7 +244,7 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                     rv_tail[rv] = m
                     if code == COLLECTIVE:
                         break
-                    in_flight[i * EV_BITS + op_ev[k]] = rv
+                    ends[e] = np.nan  # in flight: its end comes with its last member
                 elif code == RECV_WAIT or code == RECV:
                     e = eb + op_ev[k]
                     starts[e] = t
@@ -249,10 +266,10 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                                 wait2[slot] = i
                             break
                 elif code == SEND:
-                    if op_nbytes[k] > 0 and fixed_p2p < 0.0 and (
-                            heap + 1 >= ht.shape[0]
-                            or (reg[R_FREE_FLOW] < 0 and reg[R_NEXT_FLOW] >= f_rem.shape[0])):
-                        grow = True
+                    grow = op_nbytes[k] > 0 and fixed_p2p < 0.0 and (
+                        heap + 1 >= ht.shape[0] or _full(reg, R_FREE_FLOW, R_NEXT_FLOW,
+                                                         f_rem.shape[0]))
+                    if grow:
                         t = before
                         break
                     e = eb + op_ev[k]
@@ -274,12 +291,7 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                                  ready, reg, n_ready)
                         n_ready = reg[R_READY]
                     else:
-                        f = reg[R_FREE_FLOW]
-                        if f >= 0:
-                            reg[R_FREE_FLOW] = f_slot[f]
-                        else:
-                            f = reg[R_NEXT_FLOW]
-                            reg[R_NEXT_FLOW] = f + 1
+                        f = _allocate(reg, R_FREE_FLOW, R_NEXT_FLOW, f_slot)
                         f_rem[f] = op_nbytes[k] * slow
                         f_rate[f] = 0.0
                         f_last[f] = 0.0
@@ -305,7 +317,7 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                         t = a
                 else:  # COLLECTIVE_WAIT
                     e = eb + op_ev[k]
-                    if (i * EV_BITS + op_ev[k]) not in in_flight:  # ended
+                    if ends[e] == ends[e]:  # ended (not NaN)
                         if ends[e] > t:
                             t = ends[e]
                     else:
@@ -317,20 +329,9 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
             clock[i] = t if p < n else np.inf
             if grow:
                 ready[n_ready] = i  # runs again once there is room
-                n_ready += 1
-                reg[R_READY] = n_ready
-                reg[R_HEAP] = heap
-                reg[R_SEQ] = seq
-                reg[R_EXECUTED] = executed
-                reg[R_NEED] = n_parked
-                reg[R_STAMP] = stamp
+                _save(reg, n_ready + 1, heap, seq, executed, n_parked, stamp)
                 return GROW
-        reg[R_READY] = n_ready
-        reg[R_HEAP] = heap
-        reg[R_SEQ] = seq
-        reg[R_EXECUTED] = executed
-        reg[R_NEED] = n_parked
-        reg[R_STAMP] = stamp
+        _save(reg, n_ready, heap, seq, executed, n_parked, stamp)
         if n_parked > 0:
             return PRICE
         if executed >= progress_every:
@@ -348,52 +349,58 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
         a = f_a[f]
         b = f_b[f]
         if version < 0:  # a start
-            if p_count[a] == 0 and p_count[b] == 0:
-                f_last[f] = now
-                _port_add(p_head, p_count, p_next, p_prev, a, f, 0)
-                _port_add(p_head, p_count, p_next, p_prev, b, f, 1)
-                ra = port_bw[a]
-                rb = port_bw[b]
-                f_rate[f] = ra if ra <= rb else rb
-                f_ver[f] += 1
-                eta = (f_rem[f] if f_rem[f] > 0.0 else 0.0) / f_rate[f]
-                _heap_push(ht, hs, hf, hv, heap, seq, now + eta, f, f_ver[f])
-                heap += 1
-                seq += 1
-            else:
-                f_last[f] = now
+            f_last[f] = now
+            k = 0
+            if p_count[a] > 0 or p_count[b] > 0:  # those already there go on at a new rate
                 stamp += 1
                 k = _ports_flows(p_head, p_next, a, b, mark, stamp, scratch)
-                for j in range(k):
-                    g = scratch[j]
-                    f_rem[g] -= f_rate[g] * (now - f_last[g])
-                    f_last[g] = now
-                _port_add(p_head, p_count, p_next, p_prev, a, f, 0)
-                _port_add(p_head, p_count, p_next, p_prev, b, f, 1)
+                _settle(k, scratch, f_rem, f_rate, f_last, now)
+            _port_add(p_head, p_count, p_next, p_prev, a, f, 0)
+            _port_add(p_head, p_count, p_next, p_prev, b, f, 1)
+            if k:
                 stamp += 1
                 k = _ports_flows(p_head, p_next, a, b, mark, stamp, scratch)
-                heap, seq = _rates(k, scratch, f_a, f_b, port_bw, p_count, f_rate, f_ver, f_rem,
-                                   now, ht, hs, hf, hv, heap, seq)
+            else:  # alone: its rate is the slower port's (bandwidth / 1, bit for bit)
+                scratch[0] = f
+                k = 1
+            heap, seq = _rates(k, scratch, f_a, f_b, port_bw, p_count, f_rate, f_ver, f_rem,
+                               now, ht, hs, hf, hv, heap, seq)
         elif version == f_ver[f]:  # a completion (else stale: its rate changed since)
             _port_remove(p_head, p_count, p_next, p_prev, a, f, 0)
             _port_remove(p_head, p_count, p_next, p_prev, b, f, 1)
             if p_count[a] > 0 or p_count[b] > 0:
                 stamp += 1
                 k = _ports_flows(p_head, p_next, a, b, mark, stamp, scratch)
-                for j in range(k):
-                    g = scratch[j]
-                    f_rem[g] -= f_rate[g] * (now - f_last[g])
-                    f_last[g] = now
+                _settle(k, scratch, f_rem, f_rate, f_last, now)
                 heap, seq = _rates(k, scratch, f_a, f_b, port_bw, p_count, f_rate, f_ver, f_rem,
                                    now, ht, hs, hf, hv, heap, seq)
             f_ver[f] += 1  # versions only grow, so entries of an earlier use of ``f`` are stale
             slot, sender, m_ = f_slot[f], f_sender[f], f_msg[f]
             when = now + f_lat[f]
-            f_slot[f] = reg[R_FREE_FLOW]
-            reg[R_FREE_FLOW] = f
+            _release(reg, R_FREE_FLOW, f_slot, f)
             _deliver(slot, sender, m_, when, arrive, ends, starts, ev_base, send_ev, recv_ev,
                      msg_src, msg_dst, posted, wait1, wait2, clock, pc, ready, reg, n_ready)
             n_ready = reg[R_READY]
+
+
+@numba.njit(cache=True)
+def _save(reg, n_ready, heap, seq, executed, n_parked, stamp):  # pragma: no cover
+    """The loop's scalar state into its registers (it goes on from there)."""
+    reg[R_READY] = n_ready
+    reg[R_HEAP] = heap
+    reg[R_SEQ] = seq
+    reg[R_EXECUTED] = executed
+    reg[R_NEED] = n_parked
+    reg[R_STAMP] = stamp
+
+
+@numba.njit(cache=True)
+def _settle(k, flows, f_rem, f_rate, f_last, now):  # pragma: no cover
+    """``FluidPorts._settle``: what ``flows[:k]`` sent since their last change."""
+    for j in range(k):
+        g = flows[j]
+        f_rem[g] -= f_rate[g] * (now - f_last[g])
+        f_last[g] = now
 
 
 @numba.njit(cache=True)
@@ -457,11 +464,10 @@ def _ring_seconds(r, nbytes, steps, ring_n, ring_minbw, ring_lat, ring_fixed, ri
 
 
 @numba.njit(cache=True)
-def _complete(i, k, t, rv, key, ck, op_x, op_nbytes, op_steps, ring_of, n_keys, ring_n,
-              ring_minbw, ring_lat, ring_fixed, ring_lo, ring_pos, ring_worst, ring_const, busy,
-              rendezvous,
-              rv_latest, rv_head, mem_rank, mem_ev, mem_next, in_flight, coll_wait, clock, pc,
-              ends, ev_base, ready, n_ready, reg):  # pragma: no cover
+def _complete(i, k, t, rv, ck, op_x, op_nbytes, op_steps, ring_of, ring_n, ring_minbw,
+              ring_lat, ring_fixed, ring_lo, ring_pos, ring_worst, ring_const, busy, ck_open,
+              rv_next, rv_latest, rv_head, mem_rank, mem_ev, mem_next, coll_wait, clock, pc, ends,
+              ev_base, ready, n_ready, reg):  # pragma: no cover
     """Rank ``i`` is the last to arrive (at ``t``) at a collective: its end,
     with every rank that waited for it resumed (and every rank that posted it
     and went on given its end)."""
@@ -478,7 +484,13 @@ def _complete(i, k, t, rv, key, ck, op_x, op_nbytes, op_steps, ring_of, n_keys, 
     if rv < 0:
         reg[R_READY] = n_ready
         return done
-    del rendezvous[key]
+    if ck_open[ck] == rv:  # unlinked from its communicator's open rendezvous
+        ck_open[ck] = rv_next[rv]
+    else:
+        prev = ck_open[ck]
+        while rv_next[prev] != rv:
+            prev = rv_next[prev]
+        rv_next[prev] = rv_next[rv]
     m = rv_head[rv]
     while m >= 0:
         j = mem_rank[m]
@@ -486,7 +498,6 @@ def _complete(i, k, t, rv, key, ck, op_x, op_nbytes, op_steps, ring_of, n_keys, 
         if j < 0:  # posted it and went on: resumed only if now waiting for it
             j = ~j
             ends[ev_base[j] + e] = done
-            del in_flight[j * EV_BITS + e]
             if coll_wait[j] == e:
                 coll_wait[j] = -1
                 if done > clock[j]:
@@ -501,10 +512,8 @@ def _complete(i, k, t, rv, key, ck, op_x, op_nbytes, op_steps, ring_of, n_keys, 
             ready[n_ready] = j
             n_ready += 1
         nxt = mem_next[m]
-        mem_next[m] = reg[R_FREE_MEM]
-        reg[R_FREE_MEM] = m
+        _release(reg, R_FREE_MEM, mem_next, m)
         m = nxt
-    rv_head[rv] = reg[R_FREE_RV]
-    reg[R_FREE_RV] = rv
+    _release(reg, R_FREE_RV, rv_head, rv)
     reg[R_READY] = n_ready
     return done

@@ -21,7 +21,7 @@ from megatronapp.program.compiled import (ASYNC_COLLECTIVE, COLLECTIVE, COLLECTI
                                           GROUP_KINDS, RECV, RECV_WAIT, SEND, WAIT, CompiledRun,
                                           PipeProgram, kind_group, pipe_ranks)
 from sim.cluster import Cluster
-from sim.engine import CompiledDeadlock
+from sim.engine import CompiledDeadlock, message_tables
 from sim.network import Ring
 from sim.symmetry import PipeClasses
 
@@ -31,7 +31,13 @@ PROGRESS_EVERY = 1 << 20  # operations between progress reports
 
 
 class NotKernel(Exception):
-    """A job the kernel does not price (time-dependent links or rings)."""
+    """A job the kernel does not price (``kernel_prices``)."""
+
+
+def kernel_prices(cluster: Cluster) -> bool:
+    """Whether the loop prices ``cluster``'s job: not where a slow link has an
+    onset or an end (a transfer's or a ring's cost would depend on its start)."""
+    return not cluster.network.faults.timed
 
 
 def _op_arrays(program: PipeProgram) -> dict[str, np.ndarray]:
@@ -82,17 +88,10 @@ class KernelRun:
         per_stage = np.array([st.events for st in program.stages], np.int64)
         self.ev_base = np.concatenate(([0], np.cumsum(per_stage[self.stage_of])[:-1])).astype(np.int64)
         self.starts = np.zeros(int(per_stage.sum()) * len(reps))
-        self.ends = np.zeros_like(self.starts)
+        self.ends = np.zeros(len(self.starts))
         m_count = len(program.messages)
-        self.send_ev, self.recv_ev = np.zeros(m_count, np.int64), np.zeros(m_count, np.int64)
-        for st in program.stages:
-            for op in st.ops:
-                if op[0] == SEND:
-                    self.send_ev[op[2]] = op[1]
-                elif op[0] in (RECV, RECV_WAIT):
-                    self.recv_ev[op[2]] = op[1]
-        self.msg_src = np.array([s for s, _d in program.messages], np.int64)
-        self.msg_dst = np.array([d for _s, d in program.messages], np.int64)
+        self.send_ev, self.recv_ev, self.msg_src, self.msg_dst = (
+            np.asarray(column, np.int64) for column in message_tables(program))
         self.slot_base = (np.arange(n, dtype=np.int64) // pp) * m_count
         self.overhead = float(op_overhead_s)
         self._price_computes()
@@ -129,13 +128,14 @@ class KernelRun:
         sends: dict[tuple[int, int], np.ndarray] = {}
         for s, st in enumerate(self.program.stages):
             for d in range(pp):
-                evs = [op[1] for op in st.ops
-                       if op[0] == SEND and self.program.messages[op[2]][1] == d]
-                sends[(s, d)] = np.array(evs, np.int64)
+                sends[(s, d)] = np.array([op[1] for op in st.ops if op[0] == SEND
+                                          and self.program.messages[op[2]][1] == d], np.int64)
         port_id: dict[int, int] = {}
         bandwidth: list[float] = []
         link_of = np.full(len(self.ranks) * pp, -1, np.int64)
-        lat, pa, pb = [], [], []
+        lat: list[float] = []
+        pa: list[int] = []
+        pb: list[int] = []
         for i, rank in enumerate(self.ranks):
             s = int(self.stage_of[i])
             base = i - s
@@ -232,10 +232,11 @@ class KernelRun:
                 *self._flow_tables(flows), np.full(ports, -1, np.int64), np.zeros(ports, np.int64),
                 np.full(2 * flows, -1, np.int64), np.full(2 * flows, -1, np.int64),
                 np.zeros(flows, np.int64), np.zeros(flows, np.int64),
-                K.new_dict(), np.zeros(rvs, np.int64), np.zeros(rvs), np.full(rvs, -1, np.int64),
-                np.full(rvs, -1, np.int64), np.zeros(members, np.int64),
-                np.zeros(members, np.int64), np.full(members, -1, np.int64), K.new_dict(),
-                np.full(n, -1, np.int64), np.zeros(n_keys)]
+                np.full(n_keys, -1, np.int64), np.zeros(rvs, np.int64), np.zeros(rvs),
+                np.full(rvs, -1, np.int64), np.full(rvs, -1, np.int64),
+                np.zeros(members, np.int64), np.zeros(members, np.int64),
+                np.full(members, -1, np.int64), np.zeros(rvs, np.int64),
+                np.full(rvs, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n_keys)]
 
     @staticmethod
     def _flow_tables(flows: int) -> list[np.ndarray]:
@@ -302,8 +303,8 @@ class KernelRun:
                 st[j] = np.concatenate((st[j], np.zeros_like(st[j])))
         rvs = len(st[33])
         if reg[K.R_NEXT_RV] + 2 >= rvs:
-            for j in (33, 34, 35, 36):
-                st[j] = np.concatenate((st[j], np.full_like(st[j], -1) if j >= 35
+            for j in (33, 34, 35, 36, 40, 41):
+                st[j] = np.concatenate((st[j], np.full_like(st[j], -1) if j in (35, 36, 41)
                                         else np.zeros_like(st[j])))
         members = len(st[37])
         if reg[K.R_NEXT_MEM] + 2 >= members:

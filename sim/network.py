@@ -232,16 +232,15 @@ class Ring:
             return np.ones(count)
         if self.alike is not None:
             factor, sigma, stream = self.alike
-            z = stream.take(count * self.n).reshape(count, self.n).max(axis=1)
-            return factor * exact_exp(sigma * z)
+            largest = stream.take(count * self.n).reshape(count, self.n).max(axis=1)
+            return factor * exact_exp(sigma * largest)
         noisy = [k for k, (_f, _s, z) in enumerate(self.edges) if z is not None]
         use = np.tile(np.array([f for f, _s, _z in self.edges], np.float64), (count, 1))
-        if noisy and count:
-            stream = self.edges[noisy[0]][2]
-            assert stream is not None
-            z = stream.take(count * len(noisy)).reshape(count, len(noisy))
-            sigma = np.array([self.edges[k][1] for k in noisy])
-            use[:, noisy] = use[:, noisy] * exact_exp(sigma * z)
+        shared = self.edges[noisy[0]][2] if noisy else None  # every noisy edge draws from it
+        if shared is not None and count:
+            draws = shared.take(count * len(noisy)).reshape(count, len(noisy))
+            sigmas = np.array([self.edges[k][1] for k in noisy])
+            use[:, noisy] = use[:, noisy] * exact_exp(sigmas * draws)
         return use.max(axis=1) if self.edges else np.zeros(count)
 
     @property
