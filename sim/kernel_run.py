@@ -40,35 +40,35 @@ def kernel_prices(cluster: Cluster) -> bool:
     return not cluster.network.faults.timed
 
 
+# each operation's fields (event, x, nbytes, nth, steps, cost): where they sit
+# in its tuple (``StageProgram.ops``), by code; -1 for none
+_FIELDS = {COMPUTE: (1, -1, -1, -1, -1, 2), SEND: (1, 2, 3, -1, -1, -1),
+           RECV: (1, 2, -1, -1, -1, -1), RECV_WAIT: (1, 2, -1, -1, -1, -1),
+           WAIT: (-1, 1, -1, -1, -1, -1), COLLECTIVE: (1, 2, 3, 4, 5, -1),
+           ASYNC_COLLECTIVE: (1, 2, 3, 4, 5, -1), COLLECTIVE_WAIT: (1, 2, -1, -1, -1, -1)}
+_NAMES = ("ev", "x", "nbytes", "nth", "steps", "cost")
+
+
 def _op_arrays(program: PipeProgram) -> dict[str, np.ndarray]:
-    """Every stage's operations as flat columns, stage after stage."""
-    cols: dict[str, list[Any]] = {k: [] for k in ("code", "ev", "x", "nbytes", "nth", "steps",
-                                                  "cost")}
-    lo, hi = [], []
-    for st in program.stages:
-        lo.append(len(cols["code"]))
-        for op in st.ops:
-            code = op[0]
-            ev = x = nbytes = nth = steps = 0
-            cost = 0.0
-            if code == COMPUTE:
-                ev, cost = op[1], op[2]
-            elif code == SEND:
-                ev, x, nbytes = op[1], op[2], op[3]
-            elif code in (RECV, RECV_WAIT):
-                ev, x = op[1], op[2]
-            elif code == WAIT:
-                x = op[1]
-            elif code in (COLLECTIVE, ASYNC_COLLECTIVE):
-                ev, x, nbytes, nth, steps = op[1:6]
-            else:  # COLLECTIVE_WAIT
-                ev, x = op[1], op[2]
-            for key, value in (("code", code), ("ev", ev), ("x", x), ("nbytes", nbytes),
-                               ("nth", nth), ("steps", steps), ("cost", cost)):
-                cols[key].append(value)
-        hi.append(len(cols["code"]))
-    out = {k: np.asarray(v, np.float64 if k == "cost" else np.int64) for k, v in cols.items()}
-    out["lo"], out["hi"] = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+    """Every stage's operations as flat columns, stage after stage (``lo``/``hi``:
+    each stage's range)."""
+    ops = [op for st in program.stages for op in st.ops]
+    codes = np.array([op[0] for op in ops], np.int64)
+    table = np.zeros((len(ops), len(_NAMES)))  # values as floats: exact below 2**53
+    for code, fields in _FIELDS.items():
+        rows = np.flatnonzero(codes == code)
+        if not len(rows):
+            continue
+        block = np.array([ops[r][:max(fields) + 1] for r in rows.tolist()], np.float64)
+        for j, at in enumerate(fields):
+            if at >= 0:
+                table[rows, j] = block[:, at]
+    out: dict[str, np.ndarray] = {"code": codes}
+    out.update({name: table[:, j] if name == "cost" else table[:, j].astype(np.int64)
+                for j, name in enumerate(_NAMES)})
+    sizes = np.array([len(st.ops) for st in program.stages], np.int64)
+    out["hi"] = np.cumsum(sizes)
+    out["lo"] = out["hi"] - sizes
     return out
 
 
@@ -109,27 +109,30 @@ class KernelRun:
     def _price_computes(self) -> None:
         """Every compute's duration in its event's ``ends`` slot (NaN: priced
         while running, the device's durations depend on the start)."""
-        stages = self.program.stages
-        events = [np.array([op[1] for op in st.ops if op[0] == COMPUTE], np.int64) for st in stages]
-        work = [np.array([op[2] for op in st.ops if op[0] == COMPUTE], np.float64) for st in stages]
+        ops = self.ops
+        events, work = [], []
+        for lo, hi in zip(ops["lo"], ops["hi"]):
+            compute = np.flatnonzero(ops["code"][lo:hi] == COMPUTE) + lo
+            events.append(ops["ev"][compute])
+            work.append(ops["cost"][compute])
         for i, rank in enumerate(self.ranks):
             s = self.stage_of[i]
             device = self.cluster.devices[rank]
             slots = self.ev_base[i] + events[s]
-            if device.timed:
-                self.ends[slots] = np.nan
-            else:
-                self.ends[slots] = device.durations(np.zeros(len(slots)), work[s])
+            self.ends[slots] = (np.nan if device.timed
+                                else device.durations(np.zeros(len(slots)), work[s]))
 
     def _network(self) -> tuple[Any, ...]:
         """Per simulated rank and stage of its pipeline, the link's id; per link
         its latency and ports; each send's slowdown in its event's ``ends`` slot."""
         net, pp = self.cluster.network, self.cluster.topo.pp
+        ops = self.ops
         sends: dict[tuple[int, int], np.ndarray] = {}
-        for s, st in enumerate(self.program.stages):
+        for s, (lo, hi) in enumerate(zip(ops["lo"], ops["hi"])):
+            send = np.flatnonzero(ops["code"][lo:hi] == SEND) + lo
+            to = self.msg_dst[ops["x"][send]]
             for d in range(pp):
-                sends[(s, d)] = np.array([op[1] for op in st.ops if op[0] == SEND
-                                          and self.program.messages[op[2]][1] == d], np.int64)
+                sends[(s, d)] = ops["ev"][send[to == d]]
         port_id: dict[int, int] = {}
         bandwidth: list[float] = []
         link_of = np.full(len(self.ranks) * pp, -1, np.int64)
