@@ -26,11 +26,11 @@ import numpy as np
 
 # operation codes: megatronapp.program.compiled
 COMPUTE, SEND, RECV, WAIT, COLLECTIVE, RECV_WAIT, ASYNC_COLLECTIVE, COLLECTIVE_WAIT = range(8)
-DONE, PRICE, PROGRESS, GROW = range(4)
+DONE, PRICE, PROGRESS, GROW, EXCHANGE = range(5)
 # scalar registers (State.reg)
 R_READY, R_HEAP, R_SEQ, R_FREE_FLOW, R_NEXT_FLOW, R_FREE_RV, R_NEXT_RV, R_FREE_MEM, R_NEXT_MEM, \
-    R_EXECUTED, R_NEED, R_STAMP = range(12)
-N_REG = 12
+    R_EXECUTED, R_NEED, R_STAMP, R_AWAITED, R_FINISH = range(14)
+N_REG = 14
 
 
 @numba.njit(cache=True)
@@ -149,13 +149,29 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
     (op_code, op_ev, op_x, op_nbytes, op_nth, op_steps, op_cost, op_lo, op_hi, ev_base,
      slot_base, send_ev, recv_ev, msg_src, msg_dst, stage_of, pp, overhead, progress_every) = prog
     (link_of, lat_of, port_a, port_b, port_bw, fixed_p2p) = net
-    (coll_key, ring_of, need, n_keys, ring_n, ring_minbw, ring_lat, ring_fixed, ring_lo,
+    (coll_key, ring_of, need, cross, n_keys, ring_n, ring_minbw, ring_lat, ring_fixed, ring_lo,
      ring_pos, ring_worst, ring_const) = coll
     (reg, pc, clock, starts, ends, arrive, posted, wait1, wait2, ready, need_rank, need_start,
      ht, hs, hf, hv, f_rem, f_rate, f_last, f_ver, f_a, f_b, f_slot, f_sender, f_msg,
      f_lat, p_head, p_count, p_next, p_prev, mark, scratch, ck_open, rv_left, rv_latest,
-     rv_head, rv_tail, mem_rank, mem_ev, mem_next, rv_nth, rv_next, coll_wait, busy) = st
-    n_ranks = pc.shape[0]
+     rv_head, rv_tail, mem_rank, mem_ev, mem_next, rv_nth, rv_next, coll_wait, busy, mem_op,
+     awaited, horizon, finish_rv, finish_at) = st
+    for x in range(reg[R_FINISH]):  # awaited rendezvous whose members elsewhere have arrived
+        rv = finish_rv[x]
+        m = rv_head[rv]
+        j = mem_rank[m] if mem_rank[m] >= 0 else ~mem_rank[m]
+        k = mem_op[m]
+        _complete(j, k, finish_at[x], rv, coll_key[j * 4 + op_x[k]], op_x, op_nbytes, op_steps,
+                  ring_of, ring_n, ring_minbw, ring_lat, ring_fixed, ring_lo, ring_pos, ring_worst,
+                  ring_const, busy, ck_open, rv_next, rv_latest, rv_head, mem_rank, mem_ev,
+                  mem_next, coll_wait, clock, pc, ends, ev_base, ready, reg[R_READY], reg)
+        count = reg[R_AWAITED]
+        for y in range(count):
+            if awaited[y] == rv:
+                awaited[y] = awaited[count - 1]
+                reg[R_AWAITED] = count - 1
+                break
+    reg[R_FINISH] = 0
     stamp = reg[R_STAMP]
     n_ready = reg[R_READY]
     heap = reg[R_HEAP]
@@ -211,7 +227,7 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                         rv_left[rv] -= 1
                         if t > rv_latest[rv]:
                             rv_latest[rv] = t
-                    elif rv < 0 and need[ck] > 1:
+                    elif rv < 0 and (need[ck] > 1 or cross[ck]):
                         rv = _allocate(reg, R_FREE_RV, R_NEXT_RV, rv_head)
                         rv_nth[rv] = nth
                         rv_next[rv] = ck_open[ck]
@@ -220,6 +236,10 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                         rv_latest[rv] = t
                         rv_head[rv] = -1
                         rv_tail[rv] = -1
+                    elif cross[ck]:  # the last one here: the members elsewhere are awaited
+                        rv_left[rv] = 0
+                        if t > rv_latest[rv]:
+                            rv_latest[rv] = t
                     else:
                         done = _complete(i, k, t, rv, ck, op_x, op_nbytes, op_steps,
                                          ring_of, ring_n, ring_minbw, ring_lat,
@@ -236,12 +256,16 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                     m = _allocate(reg, R_FREE_MEM, R_NEXT_MEM, mem_next)
                     mem_rank[m] = member
                     mem_ev[m] = op_ev[k]
+                    mem_op[m] = k
                     mem_next[m] = -1
                     if rv_tail[rv] >= 0:
                         mem_next[rv_tail[rv]] = m
                     else:
                         rv_head[rv] = m
                     rv_tail[rv] = m
+                    if cross[ck] and rv_left[rv] == 0:  # every member here has arrived
+                        awaited[reg[R_AWAITED]] = rv
+                        reg[R_AWAITED] += 1
                     if code == COLLECTIVE:
                         break
                     ends[e] = np.nan  # in flight: its end comes with its last member
@@ -337,10 +361,13 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
         if executed >= progress_every:
             return PROGRESS
         if heap == 0:
-            return DONE
+            return EXCHANGE if reg[R_AWAITED] > 0 else DONE
         # ---------------------------------------- the next due flow start or completion
         if heap + reg[R_NEXT_FLOW] + 2 >= ht.shape[0]:  # room for every live flow's repost
             return GROW
+        if reg[R_AWAITED] > 0 and not _may_pop(ht[0], awaited, reg[R_AWAITED], rv_latest,
+                                                horizon[0]):
+            return EXCHANGE
         now = ht[0]
         f = hf[0]
         version = hv[0]
@@ -381,6 +408,20 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
             _deliver(slot, sender, m_, when, arrive, ends, starts, ev_base, send_ev, recv_ev,
                      msg_src, msg_dst, posted, wait1, wait2, clock, pc, ready, reg, n_ready)
             n_ready = reg[R_READY]
+
+
+@numba.njit(cache=True)
+def _may_pop(due, awaited, count, rv_latest, horizon):  # pragma: no cover
+    """Whether an entry due at ``due`` may be taken while rendezvous are awaited
+    from elsewhere: their members here resume no earlier than their latest
+    arrival here, nor than ``horizon`` (the earliest instant due anywhere, when
+    every part has stopped)."""
+    if due <= horizon:
+        return True
+    for j in range(count):
+        if due >= rv_latest[awaited[j]]:
+            return False
+    return True
 
 
 @numba.njit(cache=True)

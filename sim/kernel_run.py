@@ -13,7 +13,8 @@ priced here (``NotKernel``): the reference engine runs them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -70,6 +71,17 @@ def _op_arrays(program: PipeProgram) -> dict[str, np.ndarray]:
     out["hi"] = np.cumsum(sizes)
     out["lo"] = out["hi"] - sizes
     return out
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """A rendezvous whose every member simulated here has arrived, awaiting
+    those simulated elsewhere: its job-wide key, which one on that
+    communicator, and its latest arrival here."""
+
+    key: Any
+    nth: int
+    latest: float
 
 
 class KernelRun:
@@ -170,12 +182,16 @@ class KernelRun:
         """Rendezvous keys (as ``sim.engine.Engine._collectives``), rings and
         each random ring's slowest-edge multipliers, drawn in bulk."""
         topo, net, classes = self.cluster.topo, self.cluster.network, self.classes
-        rep_of = classes.representative_rank() if classes.reduced else list(range(topo.world_size))
+        whole = sum(len(c) for c in classes.classes) == topo.dp * topo.tp  # else a part's
+        rep_of = (classes.representative_rank() if classes.reduced and whole
+                  else list(range(topo.world_size)))
         counts = [[sum(1 for op in st.ops if op[0] in (COLLECTIVE, ASYNC_COLLECTIVE)
                        and op[2] == kind) for kind in range(len(GROUP_KINDS))]
                   for st in self.program.stages]
         keys: dict[Any, int] = {}
-        need: list[int] = []
+        here = set(self.ranks)
+        need: list[int] = []  # members of each rendezvous simulated here
+        expected: list[int] = []  # and in all: more where a part of the job runs here
         rings: dict[int, tuple[int, Ring]] = {}
         draws: dict[int, int] = {}  # ring id -> collectives it prices
         counted: set[int] = set()
@@ -186,7 +202,9 @@ class KernelRun:
                 key, members = classes.rendezvous(rank, kind, rep_of)
                 if key not in keys:
                     keys[key] = len(keys)
-                    need.append(members)
+                    stand_ins: tuple[int, ...] = cast(tuple, key)[1]
+                    need.append(sum(1 for r in stand_ins if r in here))
+                    expected.append(members)
                 ring = net.ring(kind_group(topo, kind, rank))
                 if id(ring) not in rings:
                     rings[id(ring)] = (len(rings), ring)
@@ -211,9 +229,11 @@ class KernelRun:
             worst.append(values)
             offset += len(values)
         self.busy = np.zeros(len(keys))
+        self.rendezvous_keys = list(keys)  # the job-wide names of the rendezvous, by id
+        cross = np.asarray(expected, np.int64) > np.asarray(need, np.int64)
         ring_lo = np.asarray(lo, np.int64)
         const = np.array([w[0] if len(w) else 1.0 for w in worst], np.float64)
-        return (coll_key, ring_of, np.asarray(need, np.int64), len(keys),
+        return (coll_key, ring_of, np.asarray(need, np.int64), cross.astype(np.int64), len(keys),
                 np.array([ring.n for ring in ordered], np.int64),
                 np.array([ring.min_bandwidth for ring in ordered], np.float64),
                 np.array([ring.latency_s for ring in ordered], np.float64),
@@ -239,7 +259,9 @@ class KernelRun:
                 np.full(rvs, -1, np.int64), np.full(rvs, -1, np.int64),
                 np.zeros(members, np.int64), np.zeros(members, np.int64),
                 np.full(members, -1, np.int64), np.zeros(rvs, np.int64),
-                np.full(rvs, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n_keys)]
+                np.full(rvs, -1, np.int64), np.full(n, -1, np.int64), np.zeros(n_keys),
+                np.zeros(members, np.int64), np.zeros(rvs, np.int64), np.array([-np.inf]),
+                np.zeros(rvs, np.int64), np.zeros(rvs)]
 
     @staticmethod
     def _flow_tables(flows: int) -> list[np.ndarray]:
@@ -250,12 +272,25 @@ class KernelRun:
 
     # ---------------------------------------------------------------- run
     def run(self) -> None:
+        """The whole job (every rendezvous is simulated here)."""
+        if self.advance() is not None:
+            raise AssertionError("a rendezvous awaited from elsewhere in a job simulated whole")
+        self.check_done()
+
+    def advance(self, horizon: float = -np.inf) -> list[Awaited] | None:
+        """Go on until done (None) or until only rendezvous whose members
+        elsewhere have not been heard of can let it go on: those, with their
+        latest arrival here. ``horizon``: entries due until then may be taken
+        meanwhile (the earliest instant due anywhere, every part stopped)."""
         total = int((self.ops["hi"] - self.ops["lo"])[self.stage_of].sum())
+        self.state[46][0] = horizon
         while True:
             status = K.run_kernel(self.prog, self.net, self.coll, tuple(self.state))
             reg = self.state[0]
             if status == K.DONE:
-                break
+                return None
+            if status == K.EXCHANGE:
+                return self._awaited()
             if status == K.PRICE:
                 self._price_parked()
             elif status == K.PROGRESS:
@@ -264,8 +299,39 @@ class KernelRun:
                 reg[K.R_EXECUTED] = 0
             else:
                 self._grow()
+
+    def next_due(self) -> float:
+        """The earliest flow start or completion due here (inf: none)."""
+        return float(self.state[12][0]) if self.state[0][K.R_HEAP] > 0 else np.inf
+
+    def _awaited(self) -> list[Awaited]:
+        st = self.state
+        rvs = st[45][:int(st[0][K.R_AWAITED])]
+        out = []
+        for rv in rvs.tolist():
+            member = int(st[37][st[35][rv]])
+            rank = ~member if member < 0 else member
+            ck = int(self.coll[0][rank * 4 + self.ops["x"][st[44][st[35][rv]]]])
+            out.append(Awaited(self.rendezvous_keys[ck], int(st[40][rv]), float(st[34][rv])))
+        return out
+
+    def complete(self, key: Any, nth: int, latest: float) -> None:
+        """The awaited rendezvous ``(key, nth)`` has every member, the latest at
+        ``latest``: it ends when the loop goes on (in the order of these calls)."""
+        st = self.state
+        for rv, awaited in zip(st[45][:int(st[0][K.R_AWAITED])].tolist(), self._awaited()):
+            if awaited.key == key and awaited.nth == nth:
+                at = int(st[0][K.R_FINISH])
+                st[47][at], st[48][at] = rv, latest
+                st[0][K.R_FINISH] = at + 1
+                return
+        raise KeyError((key, nth))
+
+    def check_done(self) -> None:
+        """Raise ``CompiledDeadlock`` naming each rank that did not finish."""
+        lengths = (self.ops["hi"] - self.ops["lo"])[self.stage_of]
         blocked = {self.ranks[i]: self._describe(i) for i in range(len(self.ranks))
-                   if self.state[1][i] < self.ops["hi"][self.stage_of[i]] - self.ops["lo"][self.stage_of[i]]}
+                   if self.state[1][i] < lengths[i]}
         if blocked:
             raise CompiledDeadlock(blocked)
 
@@ -306,12 +372,12 @@ class KernelRun:
                 st[j] = np.concatenate((st[j], np.zeros_like(st[j])))
         rvs = len(st[33])
         if reg[K.R_NEXT_RV] + 2 >= rvs:
-            for j in (33, 34, 35, 36, 40, 41):
+            for j in (33, 34, 35, 36, 40, 41, 45, 47, 48):
                 st[j] = np.concatenate((st[j], np.full_like(st[j], -1) if j in (35, 36, 41)
                                         else np.zeros_like(st[j])))
         members = len(st[37])
         if reg[K.R_NEXT_MEM] + 2 >= members:
-            for j in (37, 38, 39):
+            for j in (37, 38, 39, 44):
                 st[j] = np.concatenate((st[j], np.full_like(st[j], -1) if j == 39
                                         else np.zeros_like(st[j])))
 
