@@ -80,7 +80,7 @@ class CostModel:
     # (12,288 GPUs with jitter on every link, nothing reduced). The compiled loop
     # (``sim.kernel``) left these as they were: with jitter on every link and
     # device the loop is a tenth of ``run``, the summary and the trace's rows the
-    # rest; ``python -m experiments.scale_table`` measured 90.5 CPU s and 8.62 GB
+    # rest; ``python -m experiments.scale_table`` measured 73.0 CPU s and 8.59 GB
     # at 12,288 GPUs against 87 s and 10.0 GB estimated (results/scale_table.json)
     compiled_bytes_per_simulated_event: float = 200.0
     compiled_bytes_per_batch_row: float = 400.0  # one batch of rows being written
