@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .draws import NormalStream
+from .draws import NormalStream, exact_exp
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,31 @@ class Device:
             return work_s
         return work_s * math.exp(self.jitter_sigma * self._noise.draw())
 
+    @property
+    def timed(self) -> bool:
+        """Whether a duration depends on when the work starts (throttle windows):
+        if not, ``durations`` may be asked before the start times are known."""
+        return bool(self.windows)
+
     def duration(self, start_s: float, work_s: float) -> float:
         """Elapsed time for ``work_s`` of nominal work starting at ``start_s``."""
-        work = self.noisy(work_s)
+        return self._stretched(start_s, self.noisy(work_s))
+
+    def durations(self, starts: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """``duration`` of each piece of ``work`` starting at ``starts``, in this
+        device's program order, in bulk: the noise is drawn for all at once, the
+        same numbers one call each would give. Where the device is not ``timed``
+        the start times are not read."""
+        work = np.asarray(work, np.float64)
+        if self._noise is not None:
+            work = work * exact_exp(self.jitter_sigma * self._noise.take(len(work)))
+        if not self.windows:
+            return work
+        return np.array([self._stretched(t, w) for t, w in zip(np.asarray(starts).tolist(),
+                                                                work.tolist())], np.float64)
+
+    def _stretched(self, start_s: float, work: float) -> float:
+        """Elapsed time for ``work`` (noise applied) inside the throttle windows."""
         if not self.windows:
             return work
         t, left = start_s, work

@@ -17,13 +17,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import simpy
 
 from megatronapp.scenario import seeds
 from megatronapp.parallel.topology import Topology
 
 from .devices import ThrottleWindow, factor_at
-from .draws import NormalStream
+from .draws import NormalStream, exact_exp
 
 Pair = tuple[int, int]
 EdgeWindows = tuple[tuple[ThrottleWindow, ...], ...]  # a ring's slow-link windows, edge by edge
@@ -151,6 +152,21 @@ class Link:
             return factor
         return factor * math.exp(self.sigma * self.noise.draw())
 
+    @property
+    def timed(self) -> bool:
+        """Whether a use's slowdown depends on when it starts (slow-link windows)."""
+        return bool(self.windows)
+
+    def slowdowns(self, starts: np.ndarray) -> np.ndarray:
+        """``slowdown`` of uses starting at ``starts``, in this direction's order,
+        in bulk (the jitter drawn at once: the numbers one call each would give)."""
+        starts = np.asarray(starts, np.float64)
+        factor = (np.array([self.factor * factor_at(self.windows, at) for at in starts.tolist()])
+                  if self.windows else np.full(len(starts), self.factor))
+        if self.noise is None:
+            return factor
+        return factor * exact_exp(self.sigma * self.noise.take(len(starts)))
+
 
 class Ring:
     """A collective group's ring: the α-β cost over its slowest edge.
@@ -203,6 +219,29 @@ class Ring:
             return self.fixed_s * worst
         bw = self.min_bandwidth / worst
         return steps * ((n - 1) / n * nbytes / bw + self.latency_s)
+
+    @property
+    def timed(self) -> bool:
+        """Whether a collective's cost depends on when it starts (slow-link windows)."""
+        return self.windows is not None
+
+    def worsts(self, count: int) -> np.ndarray:
+        """The slowest edge's time multiplier of each of the next ``count``
+        collectives (what ``seconds`` draws, in bulk; untimed rings only)."""
+        if self.n == 1:
+            return np.ones(count)
+        if self.alike is not None:
+            factor, sigma, stream = self.alike
+            largest = stream.take(count * self.n).reshape(count, self.n).max(axis=1)
+            return factor * exact_exp(sigma * largest)
+        noisy = [k for k, (_f, _s, z) in enumerate(self.edges) if z is not None]
+        use = np.tile(np.array([f for f, _s, _z in self.edges], np.float64), (count, 1))
+        shared = self.edges[noisy[0]][2] if noisy else None  # every noisy edge draws from it
+        if shared is not None and count:
+            draws = shared.take(count * len(noisy)).reshape(count, len(noisy))
+            sigmas = np.array([self.edges[k][1] for k in noisy])
+            use[:, noisy] = use[:, noisy] * exact_exp(sigmas * draws)
+        return use.max(axis=1) if self.edges else np.zeros(count)
 
     @property
     def random(self) -> bool:

@@ -64,7 +64,8 @@ class CostModel:
     # compiling one pipeline's program, simulating the representatives' events,
     # writing the stored rows (in batches of at most ``store.ROW_GROUP``), and
     # per rank its device, clock, links and class. Measured with
-    # paper_figs/scale_table.py on MegaScale's 175B configuration at 1k-98k GPUs
+    # paper_figs/scale_table.py (now experiments/scale_table.py) on MegaScale's 175B
+    # configuration at 1k-98k GPUs
     # (CPU time and peak RSS of a child; slopes between sizes: ~60 us and ~1.3 kB
     # a rank, ~0.25 us a stored row); the estimate stays within 3x either way.
     compiled_base_seconds: float = 1.5  # imports, scenario, summary
@@ -76,7 +77,11 @@ class CostModel:
     compiled_bytes_per_program_event: float = 1000.0
     # start and end per event, then per stage the classes' times in trace order
     # (stacked, sorted) while rows are written: 9.5 GB for 47 M events simulated
-    # (12,288 GPUs with jitter on every link, nothing reduced)
+    # (12,288 GPUs with jitter on every link, nothing reduced). The compiled loop
+    # (``sim.kernel``) left these as they were: with jitter on every link and
+    # device the loop is a tenth of ``run``, the summary and the trace's rows the
+    # rest; ``python -m experiments.scale_table`` measured 73.0 CPU s and 8.59 GB
+    # at 12,288 GPUs against 87 s and 10.0 GB estimated (results/scale_table.json)
     compiled_bytes_per_simulated_event: float = 200.0
     compiled_bytes_per_batch_row: float = 400.0  # one batch of rows being written
     compiled_disk_bytes_per_event: float = 24.0
@@ -101,7 +106,7 @@ class CostModel:
     bytes_per_state_value: float = 40.0
     # A symmetric store read by twin replicas: the verdict holds each rank's
     # share of the state (dict entries, scores, waits) and works through it,
-    # measured at 12,288-98,304 GPUs (``paper_figs/scale_table.py``):
+    # measured at 12,288-98,304 GPUs (then ``paper_figs/scale_table.py``):
     # 10 kB and 0.3-0.4 ms a rank of the job
     bytes_per_twin_rank: float = 10e3
     seconds_per_twin_rank: float = 0.35e-3

@@ -9,7 +9,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from ..trace.columns import source_of
+import numpy as np
+
+from ..trace.columns import EventColumns, EventSource, source_of
 from ..scenario.config import ClockSkew, Scenario, adjustments, scenario_to_dict
 from ..errors import UserError
 from ..program.features import feature_hooks
@@ -36,10 +38,28 @@ def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
     return truth
 
 
+class CompactOnce:
+    """An event source whose ``compact`` view is built on first use and kept
+    while the summary is built: the summary and each feature's section read it
+    in turn, and a job with nothing reduced has every event in it."""
+
+    def __init__(self, source: EventSource):
+        self._source = source
+        self._compact: tuple[EventColumns, np.ndarray] | None = None
+
+    def compact(self) -> tuple[EventColumns, np.ndarray]:
+        if self._compact is None:
+            self._compact = self._source.compact()
+        return self._compact
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+
 def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     """One vectorised pass over the run's columns (compact for symmetric runs),
     then the features' sections."""
-    source = source_of(result)
+    source = CompactOnce(source_of(result))
     summary = {"schema_version": SCHEMA_VERSION, "backend": result.backend,
                "world_size": result.topo.world_size, "schedule": s.schedule, **summarize_source(source),
                "faults": ground_truth(s, result)["faults"], **result.summary_items(),
