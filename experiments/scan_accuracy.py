@@ -45,15 +45,19 @@ class Scored:
     baselines: dict[str, list[Outcome]]
 
 
-def score_set(runs: Iterable[LabelledRun], methods: Sequence[str], say: Any) -> Scored:
+def score_set(runs: Iterable[LabelledRun], methods: Sequence[str], say: Any,
+              megascan: bool = True) -> Scored:
     out = Scored([], {m: [] for m in methods})
     for i, run in enumerate(runs, 1):
         start = time.process_time()
         scan = run.load()
-        detector_ = Detector(scan.gpus_per_node, scan.scenario)
-        detector_.feed(scan)
         _, pairs = op_members(scan)
-        out.cases.append(Case(run, tuple(detector_.evidence()), frozenset(pairs)))
+        evidence: tuple = ()
+        if megascan:
+            detector_ = Detector(scan.gpus_per_node, scan.scenario)
+            detector_.feed(scan)
+            evidence = tuple(detector_.evidence())
+        out.cases.append(Case(run, evidence, frozenset(pairs)))
         for m in methods:
             out.baselines[m].append(outcome_of(run, detector(m)(scan).root_causes,
                                                frozenset(pairs)))
@@ -95,14 +99,17 @@ def calibration(cases: Sequence[Case], p: Params) -> dict[str, Any]:
     return {"ece": ece, "bins": bins, "named": int(len(units))}
 
 
-def evaluate(scored: dict[str, Scored], p: Params) -> dict[str, Any]:
+def evaluate(scored: dict[str, Scored], p: Params | None) -> dict[str, Any]:
+    """Per set and method, the scores (MegaScan's at ``p``; None: baselines only)."""
     out: dict[str, Any] = {}
     for name, s in scored.items():
-        mine = [outcome(c, p) for c in s.cases]
-        out[name] = {"megascan": {**summary(scores(mine)), "categories": by_category(mine),
-                                  "links": link_goals(mine), "calibration": calibration(s.cases, p)},
-                     **{m: {**summary(scores(o)), "categories": by_category(o),
-                            "links": link_goals(o)} for m, o in s.baselines.items()}}
+        out[name] = {m: {**summary(scores(o)), "categories": by_category(o),
+                         "links": link_goals(o)} for m, o in s.baselines.items()}
+        if p is not None:
+            mine = [outcome(c, p) for c in s.cases]
+            out[name] = {"megascan": {**summary(scores(mine)), "categories": by_category(mine),
+                                      "links": link_goals(mine),
+                                      "calibration": calibration(s.cases, p)}, **out[name]}
     return out
 
 
@@ -152,7 +159,7 @@ def collect(args: argparse.Namespace) -> dict[str, list[LabelledRun]]:
     return chosen
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m experiments.{NAME}",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--heldout", type=Path, default=Path("tests/data/heldout"))
@@ -165,19 +172,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="*", default=list(BASELINES))
     parser.add_argument("--tuning-only", action="store_true",
                         help="leave the held-out set out (while the model is being changed)")
-    args = parser.parse_args(argv)
-    run = results.start(NAME)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_experiment(NAME, parser().parse_args(argv), megascan=True)
+
+
+def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:
+    run = results.start(name)
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
-    scored = {name: score_set(runs, args.methods, say) for name, runs in collect(args).items()}
-    params = fit(scored["tuning"].cases) if args.fit else Params()
-    data = {"params": asdict(params), "fitted": args.fit,
+    scored = {k: score_set(runs, args.methods, say, megascan) for k, runs in collect(args).items()}
+    params = (fit(scored["tuning"].cases) if args.fit else Params()) if megascan else None
+    data = {"params": asdict(params) if params else {}, "fitted": bool(args.fit and megascan),
             "runs": {k: len(v.cases) for k, v in scored.items()},
             "sets": evaluate(scored, params)}
     path = run.record(data)
-    plot(data, FIGURE)
-    print(f"wrote {path} and {FIGURE}")
+    if megascan:
+        plot(data, FIGURE)
+    print(f"wrote {path}" + (f" and {FIGURE}" if megascan else ""))
     return 0
 
 
@@ -200,14 +215,18 @@ def tables(doc: dict[str, Any]) -> dict[str, str]:
                                "(peers recorded)", "wrong links (no peers)",
                                "two faults: both named", "false alarms", "phantom links"],
                               rows, "llrrrrrr")
+    out = {"accuracy": accuracy}
     cal = [[name, f"{s['megascan']['calibration']['ece']:.3f}",
-            str(s["megascan"]["calibration"]["named"])] for name, s in d["sets"].items()]
-    calibration_table = markdown_table(["set", "expected calibration error",
-                                        "causes named"], cal, "lrr")
-    params = markdown_table(["parameter", "value"],
-                            [[k, f"{v:.4g}" if isinstance(v, float) else str(v)]
-                             for k, v in d["params"].items()], "lr")
-    return {"accuracy": accuracy, "calibration": calibration_table, "params": params}
+            str(s["megascan"]["calibration"]["named"])] for name, s in d["sets"].items()
+           if "megascan" in s]
+    if cal:
+        out["calibration"] = markdown_table(["set", "expected calibration error",
+                                             "causes named"], cal, "lrr")
+    if d["params"]:
+        out["params"] = markdown_table(["parameter", "value"],
+                                       [[k, f"{v:.4g}" if isinstance(v, float) else str(v)]
+                                        for k, v in d["params"].items()], "lr")
+    return out
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 from megatronapp.scan.align.inputs import ScanInput, load_scan_input
 from megatronapp.scan.eval.trials import SIM, Trial
+from megatronapp.scan.ingest.work import job_of
 
 Truth = tuple[str, int, int | None]  # ("rank", rank, None) or ("link", low, high)
 MIN_SLOWDOWN = 1.3  # the goals count rank faults at least this slow (the issue's bar)
@@ -153,9 +154,11 @@ def kept_trials(corpus: Path) -> list[LabelledRun]:
         meta = json.loads((run_dir / TRIAL_FILE).read_text())
         trial = PLANS[meta["plan"]].make(int(meta["seed"]), int(meta["index"]))
         out.append(_trial_run(trial, f"{corpus.name}/{run_dir.name}", "real",
-                              _loader(run_dir)))
+                              _loader(run_dir, trial)))
     return out
 
 
-def _loader(run_dir: Path) -> Callable[[], ScanInput]:
-    return lambda: load_scan_input(run_dir)
+def _loader(run_dir: Path, trial: Trial) -> Callable[[], ScanInput]:
+    """A kept trial as ``validate-detector`` scores it: with its job's
+    scenario, as a run directory's summary records it (never its faults)."""
+    return lambda: replace(load_scan_input(run_dir), scenario=job_of(trial.scenario))

@@ -121,10 +121,11 @@ class Fit:
     grid: tuple[tuple[float, ...], ...] = field(default=())  # (*thresholds, named, fa)
 
 
-GRID: Mapping[str, Sequence[float]] = {"noise_multiple": (2, 3, 4, 5, 6, 8, 10, 15),
-        "min_slowdown": (0.0, 0.1, 0.2, 0.3, 0.5),
-        "min_share": (0.0, 0.001, 0.003, 0.01, 0.03),
-        "min_hit_share": (0.0, 0.25, 0.5)}
+GRID: Mapping[str, Sequence[float]] = {
+    "noise_multiple": (1, 1.5, 2, 3, 4, 6, 8),
+    "min_slowdown": (0.0, 0.1, 0.2, 0.3, 0.5),
+    "min_share": (0.0, 0.003, 0.01, 0.03, 0.05),
+    "min_hit_share": (0.25, 0.34, 0.5, 0.67, 1.0)}
 
 
 def fit_thresholds(cases: Sequence[Case], base: Params = Params(),

@@ -64,8 +64,9 @@ def per_rank_iteration(g: Graph, ranks: np.ndarray, values: np.ndarray,
 def communication(g: Graph, cols: EventColumns, ranks: np.ndarray) -> np.ndarray:
     """Per rank, how many times it took part in each kind of communication: a
     collective by name and group size, a transfer by name and whether its
-    partner is a higher or a lower rank (unknown where unmatched). Ranks
-    doing the same work in a job communicate alike, whatever slows them."""
+    partner is a higher or a lower rank (where every transfer's partner is
+    known). Ranks doing the same work in a job communicate alike, whatever
+    slows them."""
     comm = np.flatnonzero(g.how != COMPUTE)
     rows = g.row[comm]
     size = np.array([len(cols.groups[k]) if k >= 0 else 0 for k in cols.group[rows].tolist()],
@@ -75,7 +76,12 @@ def communication(g: Graph, cols: EventColumns, ranks: np.ndarray) -> np.ndarray
     for n, f in zip(np.flatnonzero(linked).tolist(), g.flow[comm][linked].tolist()):
         sender, receiver, _ = g.flows[f]
         partner[n] = receiver if g.rank[comm[n]] == sender else sender
-    side = np.where(partner < 0, 0, np.where(partner > g.rank[comm], 1, 2))
+    transfer = np.isin(rows, g.row[g.flow >= 0]) | (cols.peer[rows] >= 0) | (size == 0)
+    # a side is known only where every transfer was matched: counts that mix
+    # known and unknown sides would tell alike ranks apart
+    known = bool(np.all(partner[transfer & (size == 0)] >= 0))
+    side = np.where(partner < 0, 0, np.where(partner > g.rank[comm], 1, 2)) if known else \
+        np.zeros(len(comm), np.int64)
     keys, col = np.unique(np.stack([cols.name[rows].astype(np.int64), size, side], axis=1),
                           axis=0, return_inverse=True)
     counts = np.zeros((len(ranks), len(keys)), np.int64)
@@ -221,8 +227,6 @@ def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]
     model = modelled(g, cols, ranks, work)
     profile = None if model is None else model / np.maximum(counts.sum(axis=1), 1)[:, None]
     exact = peer_sets(communication(g, cols, ranks), profile)
-    cls = _class_ids(exact)
-    peer_speed = at_peer_speed(g, cols, ranks, cls)
     keys = ranks.tolist()
     exp_c = np.full(compute.shape, np.nan)
     exp_h = np.full(compute.shape, np.nan)
@@ -232,11 +236,16 @@ def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]
     partner_h: list[object | None] = []
     for i, chosen in enumerate(exact):
         others = np.flatnonzero(np.arange(len(ranks)) != i)
-        exp_h[i] = _peer_median(host, i, chosen if len(chosen) else others)
-        basis_h.append("peers" if len(chosen) else "all ranks")
+        if len(chosen):
+            exp_h[i], basis = _peer_median(host, i, chosen), "peers"
+        elif host.shape[1] >= 3:
+            exp_h[i], basis = np.full(host.shape[1], np.median(host[i])), "own iterations"
+        else:
+            basis = "none"
+        basis_h.append(basis)
         partner_h.append(keys[int(chosen[0])] if len(chosen) == 1 else None)
         if len(chosen):
-            exp_c[i], how = peer_speed[i], "peers"
+            exp_c[i], how = _peer_median(compute, i, chosen), "peers"
         elif model is not None and speed is not None and len(others):
             exp_c[i], how = model[i] * np.median(speed, axis=0), "model"
         elif compute.shape[1] >= 3:
@@ -280,7 +289,7 @@ def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
         classes.setdefault(link_class(g, f, gpus_per_node), []).append(f)
     expected = np.full((n_flows, n_iter), np.nan)
     for members in classes.values():
-        if len(members) < 3:  # a median of one other flow says nothing of which is slow
+        if len(members) < 2:
             continue
         centre = _faster_half_ignoring_nan(unit[members])
         for f in members:
