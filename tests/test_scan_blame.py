@@ -155,3 +155,26 @@ def test_a_throttled_rank_is_named_not_the_last_stages_that_hold_the_output_laye
     d = megascan(scan_of_result(run_sim(s), scenario=s))
     assert [c.rank for c in d.root_causes] == [3]
     assert d.root_causes[0].kind == "compute"
+
+
+def test_the_fits_fast_verdicts_are_the_outcomes_verdicts():
+    """``fit_thresholds`` judges each grid point without building causes; it
+    must reach the verdict ``outcome`` reaches, for any thresholds."""
+    from megatronapp.scan.eval.sets import LabelledRun
+    from megatronapp.scan.eval.tuning import Case, _fast_verdict, _suspects, outcome
+    from megatronapp.scan.evidence.detect import Detector
+    from megatronapp.scan.evidence.params import Params
+
+    for faults, truth in (([{"kind": "throttle", "rank": 1, "factor": 1.5},
+                            {"kind": "throttle", "rank": 2, "factor": 1.2}], (("rank", 1, None),
+                                                                              ("rank", 2, None))),
+                          ([], ())):
+        scan = _scan(1, 2, 2, 13, faults, iterations=4)
+        d = Detector(scan.gpus_per_node, scan.scenario)
+        d.feed(scan)
+        run = LabelledRun("t", "sim", "tp1 pp2 dp2", "x", truth, 1.5, True, True, lambda: scan)
+        case = Case(run, tuple(d.evidence()))
+        for p in (Params(), Params(noise_multiple=1, min_slowdown=0.05, min_share=0.0,
+                                   min_hit_share=0.25), Params(noise_multiple=50)):
+            o = outcome(case, p)
+            assert _fast_verdict(run, _suspects(case), p) == (o.verdict, o.all_named), p

@@ -12,7 +12,6 @@ if TYPE_CHECKING:
 _BASELINES = "megatronapp.scan.eval.baselines"
 DETECTORS = {
     "megascan": "megatronapp.scan.evidence.detect:megascan",
-    "megascan-rules": "megatronapp.scan.evidence.detect_rules:megascan",
     "slowest-mean": f"{_BASELINES}:slowest_mean",
     "nvidia-0.75": f"{_BASELINES}:nvidia_relative",
     "hta-latest": f"{_BASELINES}:hta_latest_arrival",
