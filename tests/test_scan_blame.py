@@ -178,3 +178,19 @@ def test_the_fits_fast_verdicts_are_the_outcomes_verdicts():
                                    min_hit_share=0.25), Params(noise_multiple=50)):
             o = outcome(case, p)
             assert _fast_verdict(run, _suspects(case), p) == (o.verdict, o.all_named), p
+
+
+def test_no_part_of_megascan_but_its_evaluation_mentions_what_was_injected():
+    """Reading, aligning, judging and following a trace never touch a
+    scenario's faults or a run's ground truth (the one exception strips the
+    faults off the scenario the detector is given)."""
+    root = Path(__file__).resolve().parents[1] / "megatronapp" / "scan"
+    found = []
+    for part in ("ingest", "align", "evidence", "online"):
+        for path in sorted((root / part).glob("*.py")):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#")[0]
+                if ("ground_truth" in code or ".faults" in code) and "def job_of" not in code:
+                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert found == ["ingest/work.py:92: return s if s is None or not s.faults else "
+                     "s.model_copy(update={\"faults\": ()})"]

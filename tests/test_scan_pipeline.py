@@ -143,3 +143,55 @@ def causes(scan) -> list[tuple[str, int, int | None]]:
     return [(c.kind, c.rank, c.peer) for c in megascan(scan).root_causes]
 
 
+
+
+def named(scan) -> list[tuple[str, int, int | None]]:
+    return [(c.kind if c.kind == "link" else "rank", c.rank, c.peer)
+            for c in megascan(scan).root_causes]
+
+
+@pytest.mark.parametrize("schedule", [Pipeline, OneFOneB])
+@pytest.mark.parametrize("shapes", [False, True])
+def test_a_slowed_middle_stage_is_named_against_the_other_middle_stage(tmp_path, schedule, shapes):
+    """Stages 1 and 2 communicate alike (a receive and a send each way): each
+    is the other's peer; the end stages, which do not, are not compared."""
+    d = megascan(scan_of(tmp_path, schedule, slow={2: 2.0}, shapes=shapes))
+    first = d.root_causes[0]
+    assert (first.rank, first.kind) == (2, "compute")
+    assert first.evidence["expected_from"] == "peers" and first.evidence["blame_s"] > 0
+    assert 1 in d.victims  # its peer stage waited for it
+
+
+@pytest.mark.parametrize("schedule", [Pipeline, OneFOneB])
+def test_a_healthy_pipeline_names_nobody(tmp_path, schedule):
+    assert named(scan_of(tmp_path, schedule)) == []
+
+
+def test_an_end_stage_with_more_work_is_not_judged_against_the_middle_ones(tmp_path):
+    # the last stage communicates with one neighbour only: it has no peer, and
+    # is the bottleneck (where the time goes) without being a root cause
+    d = megascan(scan_of(tmp_path, slow={STAGES - 1: 1.5}))
+    assert d.healthy
+    assert d.bottleneck["rank"] == STAGES - 1
+
+
+def test_a_slow_link_is_named_as_the_link_it_is(tmp_path):
+    d = megascan(scan_of(tmp_path, link_delay_us=3000.0, shapes=True))
+    top = d.root_causes[0]
+    assert (top.kind, {top.rank, top.peer}) == ("link", {1, 2})
+
+
+@pytest.mark.parametrize("fault", [dict(slow={2: 2.0}), dict(link_delay_us=3000.0)])
+def test_a_link_the_job_never_used_is_never_named(tmp_path, fault):
+    for c in megascan(scan_of(tmp_path, shapes=True, **fault)).root_causes:
+        if c.kind == "link":
+            assert frozenset((c.rank, c.peer)) in USED
+
+
+def test_detect_leads_with_the_blame_of_the_slowed_stage(tmp_path, capsys):
+    folder = write_kineto(tmp_path, OneFOneB(slow={2: 2.0}).files())
+    assert main(["detect", str(folder)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("root cause: rank 2 (compute")
+    assert lines[1].startswith("  blame: ") and "% )" not in lines[1]
+    assert "bottleneck: rank" in "\n".join(lines)

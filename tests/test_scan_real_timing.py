@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from megatronapp.scan.align.align import score_against_truth, trace_span
+from megatronapp.scan.align.align import trace_span
+from megatronapp.scan.eval.clock_truth import score_against_truth
 from megatronapp.scan.align.bounds import Bounds, maximin_line
 from megatronapp.scan.evidence.detect import megascan
 from megatronapp.scan.align.pairwise import shorth

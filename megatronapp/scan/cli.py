@@ -241,9 +241,9 @@ def cmd_align(args: argparse.Namespace) -> int:
     from megatronapp.io.outdirs import check_file, new_file, outputs_folder
     from megatronapp.trace.events import chrome_events, write_json
 
-    from megatronapp.scan.align.align import score_against_truth, trace_span
+    from megatronapp.scan.align.align import trace_span
+    from megatronapp.scan.eval.clock_truth import read_truth_clocks, score_against_truth
     from megatronapp.scan.ingest.deps import annotate
-    from megatronapp.scan.ingest.load import read_truth_clocks
     from megatronapp.scan.placement import check_folder, default_outputs, home_of
 
     run_dir = home_of(Path(args.target))

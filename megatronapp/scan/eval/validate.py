@@ -24,7 +24,8 @@ from megatronapp.trace.on_disk import write_traces
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.events import RunResult, RunScenario, chrome_events
 
-from megatronapp.scan.align.align import score_against_truth, trace_span
+from megatronapp.scan.align.align import trace_span
+from megatronapp.scan.eval.clock_truth import score_against_truth
 from megatronapp.scan.diagnosis import Detector, Diagnosis
 from megatronapp.scan.align.inputs import ScanInput, prepare, prepare_loaded
 from megatronapp.scan.ingest.load import events_from_chrome, load_trace

@@ -44,6 +44,7 @@ from .replay import CriticalShare
 from .params import Params
 
 Key = tuple[str, Any]  # (kind, rank or (low, high) link)
+QUARTILE_Z = 0.6745  # a normal sample's first quartile lies this many deviations below its median
 MANY_SUSPECTS = 64  # of a kind: leaving two out changes their spread by a few percent at most
 
 
@@ -262,13 +263,15 @@ def judged(e: Evidence, p: Params) -> RootCause | None:
 class NoiseModel:
     """The noise of each kind of suspect, in units of its expectation (or
     seconds, for host time). Where suspects were seen in three or more
-    iterations it is how much a suspect's excess moves from one iteration to
-    the next (about its own median, pooled over every suspect of the kind): a
-    slow device or a stalled host that stays slow is not noise, however many
-    suspects it hits. Otherwise it is the spread of the excess across the
-    suspects, leaving out the suspect judged and any suspect whose
-    expectation came from it alone (or it from them): a pair of peers mirror
-    each other's excess."""
+    iterations it has two parts: how much a suspect's excess moves from one
+    iteration to the next (about its own median, pooled over every suspect
+    of the kind), and how far healthy suspects sit apart from each other for
+    good (the spread of their medians: the distance from the median suspect
+    to the first quartile, in standard deviations; only the faster half is
+    read, so that up to half the suspects may be slow without moving it).
+    Otherwise it is the spread of the excess across the suspects, leaving
+    out the suspect judged and any suspect whose expectation came from it
+    alone (or it from them): a pair of peers mirror each other's excess."""
 
     def __init__(self, samples: Reservoirs[Key], partners: Mapping[Key, Key], fewest: int):
         self._samples, self._partners, self._fewest = samples, partners, fewest
@@ -281,8 +284,13 @@ class NoiseModel:
                           for kind, keys in self._by_kind.items()}
 
     def _over_iterations(self, keys: list[Key]) -> float:
-        moves = [v - np.median(v) for k in keys if len(v := self._samples[k]) >= 3]
-        return sigma_of(np.concatenate(moves)) if moves else float("nan")
+        seen = [v for k in keys if len(v := self._samples[k]) >= 3]
+        if not seen:
+            return float("nan")
+        moves = sigma_of(np.concatenate([v - np.median(v) for v in seen]))
+        medians = np.array([np.median(v) for v in seen])
+        apart = (float(np.median(medians)) - float(np.percentile(medians, 25))) / QUARTILE_Z
+        return float(np.hypot(moves, apart))
 
     def sigma(self, key: Key) -> float:
         temporal = self._temporal.get(key[0], float("nan"))

@@ -211,7 +211,7 @@ def read_json(path: Path, max_bytes: float | None = None) -> Any:
 
 
 def read_object(path: Path) -> dict[str, Any]:
-    """A run directory's side file (summary.json, ground_truth.json): a JSON object."""
+    """A run directory's side file (its summary.json, say): a JSON object."""
     data = read_json(path)
     if not isinstance(data, dict):
         raise TraceError(str(path), f"must hold a JSON object, got {type(data).__name__}")
@@ -231,21 +231,7 @@ def dig(data: Mapping[str, Any], path: str, source: Path) -> Any:
     return node
 
 
-def read_truth_clocks(path: Path) -> dict[str, dict[str, float]]:
-    """The injected clocks of ground_truth.json: rank -> {offset_us, drift_ppm}."""
-    clocks = dig(read_object(path), "clocks", path)
-    if not isinstance(clocks, dict):
-        raise TraceError(str(path), "'clocks' must map ranks to {offset_us, drift_ppm}")
-    out: dict[str, dict[str, float]] = {}
-    for rank, clock in clocks.items():
-        if not isinstance(clock, dict):
-            raise TraceError(str(path), f"clocks.{rank} must be an object")
-        out[rank] = {key: _finite_field(clock, key, f"clocks.{rank}", path)
-                     for key in ("offset_us", "drift_ppm")}
-    return out
-
-
-def _finite_field(obj: Mapping[str, Any], key: str, where: str, path: Path) -> float:
+def finite_field(obj: Mapping[str, Any], key: str, where: str, path: Path) -> float:
     value = obj.get(key, 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
             value):
