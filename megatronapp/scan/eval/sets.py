@@ -11,9 +11,10 @@ Three sources, one shape (``LabelledRun``):
 
 Which runs a goal counts (``eligible``): a rank fault whose realized
 slowdown is at least ``MIN_SLOWDOWN`` (the slowed rank's compute over its
-peers', or 1 + a stall's share of the iteration), a link at least
-``MIN_LINK_MS`` slower per message than the job's other links; every
-healthy run.
+peers', or 1 + a stall's share of the iteration; a simulated trial's
+injected factor, which it realizes exactly), a link at least
+``MIN_LINK_MS`` slower per message than the job's other links (a simulated
+one at least ``MIN_SLOWDOWN`` times slower); every healthy run.
 """
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def _trial_run(trial: Trial, name: str, source: str, load: Callable[[], ScanInpu
             factor = float(getattr(f, "factor"))
     p = trial.scenario.parallel
     return LabelledRun(name, source, f"tp{p.tp} pp{p.pp} dp{p.dp}", trial.band, truth,
-                       factor, not truth or factor >= 1.5, True, load)
+                       factor, not truth or factor >= MIN_SLOWDOWN, True, load)
 
 
 def kept_trials(corpus: Path) -> list[LabelledRun]:
