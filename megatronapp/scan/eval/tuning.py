@@ -222,18 +222,24 @@ def calibration_points(cases: Sequence[Case], p: Params) -> tuple[np.ndarray, np
     return np.asarray(units), np.asarray(right, bool)
 
 
+PRIOR = np.array([1.0, 0.0])  # slope and offset before any finding is seen
+PRIOR_WEIGHT = 1.0  # a unit Gaussian prior: with few wrong findings the confidence stays graded
+
+
 def fit_calibration(units: np.ndarray, right: np.ndarray, p: Params) -> Params:
-    """The logistic slope and offset in log(units / noise_multiple) that
-    maximise the likelihood of ``right`` (Newton's method, a little ridge)."""
-    if not len(units) or right.all() or not right.any():
+    """The logistic slope and offset in log(units / noise_multiple) with the
+    highest posterior for ``right`` under ``PRIOR`` (Newton's method): a set
+    whose named causes are nearly all right would otherwise drive the slope
+    to a step."""
+    if not len(units):
         return p
     x = np.log(np.maximum(units, 1e-12)) - np.log(p.noise_multiple)
     design = np.stack([x, np.ones_like(x)], axis=1)
-    w = np.array([p.confidence_slope, p.confidence_offset], float)
+    w = PRIOR.copy()
     for _ in range(100):
-        prob = 1.0 / (1.0 + np.exp(-(design @ w)))
-        grad = design.T @ (right - prob) - 1e-3 * w
-        hess = -(design.T * (prob * (1 - prob))) @ design - 1e-3 * np.eye(2)
+        prob = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -500, 500)))
+        grad = design.T @ (right - prob) - PRIOR_WEIGHT * (w - PRIOR)
+        hess = -(design.T * (prob * (1 - prob))) @ design - PRIOR_WEIGHT * np.eye(2)
         step = np.linalg.solve(hess, grad)
         w = w - step
         if np.max(np.abs(step)) < 1e-9:
