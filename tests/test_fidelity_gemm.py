@@ -104,8 +104,9 @@ def test_a_ranks_gemm_shapes_hold_its_share_of_the_layers_flops(
 def test_a_named_device_prices_a_layer_by_its_gemm_shapes() -> None:
     """On an H100 (132 SMs) a layer whose GEMMs fill 1.x waves takes longer
     than its FLOPs at the device's efficiency; the same layer without the
-    geometry takes exactly that."""
-    s = parse_scenario({**SCENARIO, "cluster": {"gpu": {"device": "h100-sxm"}}})
+    geometry takes exactly that (unfused attention: its core is GEMMs too)."""
+    model = {**SCENARIO["model"], "attention_backend": "unfused"}
+    s = parse_scenario({**SCENARIO, "model": model, "cluster": {"gpu": {"device": "h100-sxm"}}})
     gpu = s.cluster.gpu.model_copy(update={"sm_count": None})
     flat = s.model_copy(update={"cluster": s.cluster.model_copy(update={"gpu": gpu})})
     eff = Efficiency.of(flat)

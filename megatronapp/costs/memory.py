@@ -48,9 +48,9 @@ class StateBytes:
 
 def state_bytes(t: Training, dp: int) -> StateBytes:
     low = t.precision != "fp32"
-    grads = 4 if (not low or t.grad_reduce_in_fp32) else 2
+    grads = 4 if (not low or t.grads_in_fp32) else 2
     optimizer = ADAM_MOMENTS + (4 if low else 0)  # + fp32 master weights
-    if t.precision == "fp16" and not t.grad_reduce_in_fp32:
+    if t.precision == "fp16" and not t.grads_in_fp32:
         optimizer += 4  # fp16 unscales into an fp32 gradient copy
     shards = dp if t.distributed_optimizer else 1
     return StateBytes(BYTES[t.precision], grads, optimizer / shards)
@@ -97,7 +97,7 @@ def stored_scores_bytes(s: Scenario) -> float:
     only the fp32 softmax statistics, one float per head and query (Dao et al.
     2022, FlashAttention), from which backward rebuilds the scores."""
     m = s.model
-    if m.stores_scores:
+    if s.stores_scores:
         return scores_bytes(s)
     return 4 * m.heads * local_seq_len(s) * m.micro_batch_size / (BYTES[s.training.precision] / 2)
 

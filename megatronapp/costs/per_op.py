@@ -157,7 +157,7 @@ def attention_core_s(s: Scenario, eff: Efficiency, name: str, shape: GemmShape) 
     flash attention at the rate measured for their kernel where the device has
     a table, else as a GEMM."""
     core = computed_core_share(s)
-    if s.model.attention_backend == "flash" and eff.flash_attention_flops_per_s is not None:
+    if s.attention_backend == "flash" and eff.flash_attention_flops_per_s is not None:
         return shape.flops * core / eff.flash_attention_flops_per_s
     measured = measured_attention_s(s, eff, shape.flops * core)
     if measured is not None:
@@ -170,8 +170,8 @@ def measured_attention_s(s: Scenario, eff: Efficiency,
     """Forward and backward seconds of ``flops`` of the attention core at the
     rates measured for the scenario's kernel and shape; None where not measured
     (or the scenario sets its own flash rate)."""
-    backend = s.model.attention_backend
-    if (backend is None or eff.kernels is None or not eff.kernels.covers_attention(backend)
+    backend = s.attention_backend
+    if (eff.kernels is None or not eff.kernels.covers_attention(backend)
             or (backend == "flash" and eff.flash_attention_flops_per_s is not None)):
         return None
     fwd, bwd = eff.kernels.attention_s(backend, attention_shape(s), flops)
@@ -212,7 +212,7 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
     """Flash and fused attention's backward computes Q·Kᵀ again from the stored
     softmax statistics (one more scores GEMM per layer); unfused keeps them.
     A measured kernel's backward is what it took beyond ``backward_ratio`` × its forward."""
-    if s.model.stores_scores:
+    if s.stores_scores:
         return 0.0
     shapes = rank_layer_shapes(s)
     core_flops = sum(shapes[n].flops for n in ATTENTION_CORE) * computed_core_share(s)

@@ -49,17 +49,28 @@ def simulate(s: Scenario, replica: bool, quiet: bool = False) -> list[float]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ..scenario.config import load_scenario
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ..scenario.config import (apply_overrides, default_name, parse_scenario,
+                                   read_scenario_data)
+    from ..scenario.megatron_defaults import defaults_used, unset_keys
     from ..dpp.memory import MemoryExceeded
     from .predict import predict, prediction_lines
+    from .published import comparison, published_row_for
 
-    s = load_scenario(args.scenario, args.set)
+    data = apply_overrides(read_scenario_data(args.scenario), args.set)
+    data.setdefault("name", default_name(args.scenario))
+    s = parse_scenario(data)
     try:
         result = predict(s, lambda sc, rep: simulate(sc, rep, args.quiet), replica=args.replica)
     except MemoryExceeded:
         if not args.json:  # show where the memory goes, then fail in one line
             print("\n".join(_memory_only(s)))
         raise
+    row = published_row_for(Path(args.scenario))
+    result = replace(result, defaults=tuple(defaults_used(s, unset_keys(data))),
+                     published=comparison(row, bool(args.set)) if row else None)
     print(json.dumps(result.as_dict(), indent=2) if args.json
           else "\n".join(prediction_lines(result)))
     return 0

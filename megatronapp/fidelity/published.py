@@ -27,6 +27,7 @@ from ..scenario.devices import DEVICES
 from ..costs.flops import (hardware_flops_per_iteration, microbatches_per_iteration,
                            model_flops_per_iteration)
 from .fit import FitResult, Knob, SimulateTime, fit_constants, with_settings
+from .predict import Comparison
 
 # The efficiency model's two constants: the GEMMs' share of peak, and HBM
 # bytes moved per stored activation byte (elementwise work). On A100 both are
@@ -113,12 +114,14 @@ def published_iteration_s(s: Scenario, metric: Metric, value: float) -> float:
     return flops / s.world_size / (value * 1e12)
 
 
+def _entries(root: Path) -> list[_RunEntry]:
+    path = root / RUNS_FILE
+    return [_RunEntry.model_validate(e) for e in load_yaml(read_text(path, str(path)), str(path))]
+
+
 def published_runs(root: Path) -> list[PublishedRun]:
     """Every published row of ``scenarios/published/runs.yaml``, fitted rows marked."""
-    path = root / RUNS_FILE
-    entries = [_RunEntry.model_validate(e)
-               for e in load_yaml(read_text(path, str(path)), str(path))]
-    return [_run_of(root, e) for e in entries]
+    return [_run_of(root, e) for e in _entries(root)]
 
 
 def _run_of(root: Path, e: _RunEntry) -> PublishedRun:
@@ -129,6 +132,22 @@ def _run_of(root: Path, e: _RunEntry) -> PublishedRun:
     (metric, value), = e.published.items()
     s = load_scenario(root / RUNS_FILE.parent / e.scenario)
     return PublishedRun(e.source, s, metric, value, e.role == "fitted", e.device)
+
+
+def published_row_for(path: Path) -> PublishedRun | None:
+    """The published row whose scenario file is ``path``, where ``path`` lies under a
+    ``scenarios/published/`` directory whose ``runs.yaml`` lists it; else None."""
+    path = path.resolve()
+    for parent in path.parents:
+        if (parent / RUNS_FILE).is_file() and path.is_relative_to(parent / RUNS_FILE.parent):
+            return next((r for r, e in zip(published_runs(parent), _entries(parent))
+                         if (parent / RUNS_FILE.parent / e.scenario).resolve() == path), None)
+    return None
+
+
+def comparison(run: PublishedRun, overridden: bool) -> Comparison:
+    return Comparison(run.source, f"{run.value:g} {METRIC_UNITS[run.metric]}", run.iteration_s,
+                      "fitted" if run.fitted else "held out", overridden)
 
 
 def narayanan_row(root: Path, i: int) -> Scenario:
