@@ -77,7 +77,7 @@ def test_a_megatron_core_line_the_table_cites_holds_what_it_mirrors(row: Megatro
 
 
 PLAIN = [d for d in DEFAULTS if not d.why and not d.differs
-         and (isinstance(d.megatron, (bool, int)) or d.megatron is None)]
+         and (isinstance(d.megatron, (bool, int, float)) or d.megatron is None)]
 
 
 @pytest.mark.parametrize("row", PLAIN, ids=[d.key for d in PLAIN])

@@ -34,6 +34,7 @@ from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, loca
 from .grad_accumulation import Accumulation, accumulation
 from .context_parallel import kv_exchange, step_attention_flops
 from .links import Exposed
+from .pipeline_step import pipeline_step_s
 from .tp_overlap import overlaps as tp_overlaps, tp_overlap_exposed
 from .tp_async import runs_async as tp_runs_async, tp_async_exposed
 
@@ -285,6 +286,10 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
     tp_fwd, tp_bwd = _tp_plan(s)
     tied = not m.untie_embeddings and p.pp > 1
     scatter_gather = p.scatter_gather_p2p and p.tp > 1 and not s.sequence_parallel
+    message = act // p.tp if (s.sequence_parallel or scatter_gather) else act
+    step = pipeline_step_s(s, message)  # fixed costs (``costs:``) hold the exchange too
+    fwd_chunk += step if c.forward_s is None else 0.0
+    bwd_chunk += step if c.forward_s is None and c.backward_s is None else 0.0
     # The accumulation pass is compute: fixed costs (``costs:``) hold it
     accumulated = 0 if c.forward_s is not None else (
         params // p.vpp if pp_rank is None else chunk_params(s, pp_rank, chunk))
@@ -293,7 +298,7 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
         backward_chunk_s=bwd_chunk,
         logits_forward_s=logits,
         optimizer_s=optimizer,
-        activation_bytes=act // p.tp if (s.sequence_parallel or scatter_gather) else act,
+        activation_bytes=message,
         grad_bytes=int(params * per_param.grads),
         tp_allreduce_bytes=2 * layers_per_chunk * act if p.tp > 1 else 0,
         params_per_rank=params,

@@ -199,8 +199,12 @@ class Model(_OmitsUnset):
     # Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of
     # this × tp (Scenario.padded_vocab); 1 to a multiple of tp alone.
     make_vocab_size_divisible_by: PositiveInt = 128
+    # Megatron's --hidden-dropout and --attention-dropout (0.1): a layer keeps 1-byte
+    # masks for backward only where they are above 0 (costs/memory.py).
+    hidden_dropout: float = Field(0.1, ge=0, lt=1)
+    attention_dropout: float = Field(0.1, ge=0, lt=1)
     OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type",
-                       "make_vocab_size_divisible_by")
+                       "make_vocab_size_divisible_by", "hidden_dropout", "attention_dropout")
 
     @property
     def position_embedding_params(self) -> int:

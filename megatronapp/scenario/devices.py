@@ -55,31 +55,34 @@ HOPPER_GEMM_MODEL = {"efficiency": 0.71, "gemm_half_gflops": 1.0}
 
 SPECS: dict[str, DeviceProfile] = {
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOP/s bf16 dense,
-    # 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 per direction);
+    # 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s (300 per direction); the 80 GB are
+    # binary, 81,920 MiB (nvidia-smi's memory.total), 85.90 GB here;
     # DGX A100 datasheet: eight 200 Gb/s HDR InfiniBand compute NICs.
     # 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper).
     "a100-80gb": DeviceProfile(
-        gpu={"tflops": 312.0, "memory_gb": 80.0, "hbm_tbps": 2.039, "sm_count": 108,
+        gpu={"tflops": 312.0, "memory_gb": 85.90, "hbm_tbps": 2.039, "sm_count": 108,
              "architecture": "ampere"},
         links={"intra_node_gbps": 2400.0, "inter_node_gbps": 200.0, "nics_per_node": 8}),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s bf16 dense,
-    # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction);
+    # 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s (450 per direction); nvidia-smi shows
+    # 81,559 MiB on an H100 80GB HBM3 (the lent machine, device/KINDS.md), 85.52 GB;
     # DGX H100 datasheet: eight 400 Gb/s NDR InfiniBand (ConnectX-7) NICs.
     # 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5).
     # GEMMs, attention and element-wise kernels as measured on one H100 80GB HBM3
     # (kernels/h100-sxm.json, paper_figs/kernel_bench.py); the analytic GEMM model,
     # for what the table does not price, with its constants fitted on those GEMMs.
     "h100-sxm": DeviceProfile(
-        gpu={"tflops": 989.0, "memory_gb": 80.0, "hbm_tbps": 3.35, "sm_count": 132,
+        gpu={"tflops": 989.0, "memory_gb": 85.52, "hbm_tbps": 3.35, "sm_count": 132,
              "kernels": "h100-sxm", "architecture": "hopper", **HOPPER_GEMM_MODEL},
         links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOP/s bf16 dense,
-    # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: eight 400 Gb/s NDR NICs.
+    # 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: eight 400 Gb/s NDR NICs;
+    # nvidia-smi shows 143,771 MiB (the lent machine), 150.76 GB.
     # Kernels as measured on one H200 (kernels/h200-sxm.json, the same script):
     # GEMMs and attention within 2% of the H100's (the same SMs), element-wise
     # work up to 1.4x faster (its HBM). The H100's fit carries over (SHARED_FITS).
     "h200": DeviceProfile(
-        gpu={"tflops": 989.0, "memory_gb": 141.0, "hbm_tbps": 4.8, "sm_count": 132,
+        gpu={"tflops": 989.0, "memory_gb": 150.76, "hbm_tbps": 4.8, "sm_count": 132,
              "kernels": "h200-sxm", "architecture": "hopper", **HOPPER_GEMM_MODEL},
         links={"intra_node_gbps": 3600.0, "inter_node_gbps": 400.0, "nics_per_node": 8}),
 }

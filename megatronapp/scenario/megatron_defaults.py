@@ -188,6 +188,15 @@ DEFAULTS: tuple[MegatronDefault, ...] = (
         "model.untie_embeddings", "--untie-embeddings-and-output-weights", False,
         "megatron/training/arguments.py:1697", _plain("model", "untie_embeddings")),
     MegatronDefault(
+        "model.hidden_dropout", "--hidden-dropout", 0.1,
+        "megatron/core/transformer/transformer_config.py:137", _plain("model", "hidden_dropout"),
+        "megatron.core.transformer.transformer_config:TransformerConfig.hidden_dropout"),
+    MegatronDefault(
+        "model.attention_dropout", "--attention-dropout", 0.1,
+        "megatron/core/transformer/transformer_config.py:140",
+        _plain("model", "attention_dropout"),
+        "megatron.core.transformer.transformer_config:TransformerConfig.attention_dropout"),
+    MegatronDefault(
         "model.ffn_hidden_size", "--ffn-hidden-size", "4·hidden (swiglu: ⌊8·hidden/3/64⌋·64)",
         "megatron/training/arguments.py:803-811", lambda s: s.model.ffn),
 )
