@@ -11,8 +11,8 @@ from megatronapp.costs.flops import layer_gemms, logits_forward_flops
 from megatronapp.costs.gemm import GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
 from megatronapp.costs.per_op import Efficiency, layer_forward_s
 from megatronapp.fidelity.fit import with_settings
-from megatronapp.fidelity.published import (GEMM_HALF_KNOB, TABLE1_KNOBS, PublishedRun, fit_device,
-                                             published_runs)
+from megatronapp.fidelity.published import (A100_2021, GEMM_HALF_KNOB, TABLE1_KNOBS, PublishedRun,
+                                            fit_generation, published_runs)
 from megatronapp.scenario.config import Scenario, parse_scenario
 from sim import simulate_iteration_times
 
@@ -133,8 +133,8 @@ def test_the_device_fit_recovers_the_constants_its_rows_were_made_with() -> None
     rows = [PublishedRun(f"row {i}", s, "iteration_s",
                          replica_time(with_settings(s, truth)), True, "h100-sxm")
             for i, s in enumerate(small)]
-    constants, fit = fit_device(rows, "h100-sxm", replica_time,
-                                {"a100-80gb": {"elementwise_traffic": 3.0}},
-                                knobs=(TABLE1_KNOBS[0], GEMM_HALF_KNOB))
+    constants, fit = fit_generation(rows, rows[0].generation, replica_time,
+                                    {A100_2021: {"elementwise_traffic": 3.0}},
+                                    knobs=(TABLE1_KNOBS[0], GEMM_HALF_KNOB))
     assert constants == pytest.approx({k.split(".")[-1]: v for k, v in truth.items()}, rel=1e-2)
     assert fit.residuals == pytest.approx([0.0, 0.0], abs=1e-3)

@@ -1,6 +1,7 @@
 """Memory per rank against Megatron's own accounting: report_theoretical_memory
 (megatron/training/theoretical_memory_usage.py at core_v0.16.1), written out
-here from its formulas, and Korthikanti et al.'s Table 2 for what dropout keeps.
+from its formulas in costs/theoretical_memory.py, and Korthikanti et al.'s
+Table 2 for what dropout keeps.
 Where their assumptions hold (multi-head attention, a 4h MLP, sequence
 parallelism with selective recomputation) the two counts agree."""
 from __future__ import annotations
@@ -10,31 +11,16 @@ from typing import Any
 import pytest
 
 from megatronapp.costs.memory import layer_activation_bytes, output_layer_bytes
+from megatronapp.costs.theoretical_memory import theoretical_memory
 from megatronapp.dpp.static_memory import stage_memory
-from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario
+
+from .support import ROOT
 
 
 def megatron_theoretical(s: Scenario) -> tuple[float, float]:
-    """(weights and optimizer, activations) in bytes on the most loaded rank, as
-    report_theoretical_memory counts them with sequence parallelism and selective
-    recomputation (compute_weight_and_optimizer_memory, compute_activation_memory)."""
-    m, p, t = s.model, s.parallel, s.training
-    h, f, layers, vocab = m.hidden, m.ffn, m.layers, s.padded_vocab
-    layer = 2 * h * (f + 2) + 2 * h * h * (1 + m.query_groups / m.heads)  # norms: weight, bias
-    block = layers * layer + 2 * h
-    shard = (block / p.pp + h * vocab) / p.tp
-    if m.untie_embeddings and p.pp == 1:
-        shard += h * vocab / p.tp
-    per_param = 6 + 12 / p.dp if t.distributed_optimizer else 18
-    sbh = m.seq_len * m.micro_batch_size * h
-    act = sbh * (18 + 4 * f / h) * layers + (8 * m.seq_len * m.micro_batch_size + sbh) * p.pp
-    if p.vpp > 1:
-        act *= 1 + (p.pp - 1) / (p.pp * p.vpp)
-    elif p.pp > 1:
-        act *= min(1, p.microbatches / p.pp)
-    if p.pp == 1:
-        act += 4 * sbh * (1 + vocab / h)
-    return shard * per_param, act / p.tp
+    estimate = theoretical_memory(s)
+    return estimate.weights_and_optimizer, estimate.activations
 
 
 def sp_selective(pp: int, vpp: int, dp: int, microbatches: int, **model: Any) -> Scenario:
@@ -82,24 +68,13 @@ def test_the_last_stage_holds_one_microbatchs_fp32_logits() -> None:
     assert extra == 4 * 4096 * (6144 + 51200) / 8
 
 
-NEMOTRON_340B = {
-    "schedule": "interleaved",
-    "parallel": {"tp": 8, "pp": 8, "dp": 2, "vpp": 12, "microbatches": 16,
-                 "sequence_parallel": True, "tp_comm_overlap": True},
-    "model": {"layers": 96, "hidden": 18432, "ffn_hidden_size": 73728, "heads": 96,
-              "num_query_groups": 8, "seq_len": 4096, "vocab": 256000,
-              "untie_embeddings": True, "position_embedding_type": "rope"},
-    "training": {"recompute": "selective", "distributed_optimizer": True,
-                 "overlap_grad_reduce": True, "overlap_param_gather": True},
-    "cluster": {"gpu": {"device": "h100-sxm"}}}
+NEMOTRON_340B = ROOT / "scenarios" / "fidelity" / "nemotron4_340b.yaml"
 
 
 def peak_gb(grads_in_fp32: bool, dropout: float) -> float:
-    s = parse_scenario({**NEMOTRON_340B,
-                        "model": {**NEMOTRON_340B["model"], "hidden_dropout": dropout,
-                                  "attention_dropout": dropout},
-                        "training": {**NEMOTRON_340B["training"],
-                                     "grad_reduce_in_fp32": grads_in_fp32}})
+    s = load_scenario(NEMOTRON_340B, [f"training.grad_reduce_in_fp32={grads_in_fp32}",
+                                      f"model.hidden_dropout={dropout}",
+                                      f"model.attention_dropout={dropout}"])
     return max(m.total for m in stage_memory(s).values()) / 1e9
 
 
@@ -108,9 +83,9 @@ def test_the_340b_row_fits_an_h100_only_with_16_bit_gradients_and_no_dropout() -
     tp 8, pp 8, vpp 12, dp 2): Megatron's own theoretical memory and this count both
     put it above the device with fp32 gradients; 16-bit gradients and no dropout
     masks (as Nemotron trains) bring it within 81,559 MiB."""
-    device_gb = parse_scenario(NEMOTRON_340B).cluster.gpu.memory_gb
+    device_gb = load_scenario(NEMOTRON_340B).cluster.gpu.memory_gb
     assert device_gb == pytest.approx(81559 * 2**20 / 1e9, rel=1e-3)
     assert peak_gb(True, 0.1) > peak_gb(True, 0.0) > device_gb
     assert peak_gb(False, 0.1) > device_gb > peak_gb(False, 0.0)
-    megatron = sum(megatron_theoretical(parse_scenario(NEMOTRON_340B))) / 1e9
+    megatron = sum(megatron_theoretical(load_scenario(NEMOTRON_340B))) / 1e9
     assert megatron > peak_gb(True, 0.1)  # it counts K and V as wide as Q

@@ -110,10 +110,14 @@ class _OmitsUnset(_Strict):
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        for key in self.OMIT_WHEN_UNSET:
+        for key in set(self.OMIT_WHEN_UNSET) - self._kept_when_unset():
             if isinstance(data, dict) and data.get(key) == type(self).model_fields[key].default:
                 data.pop(key, None)
         return data
+
+    def _kept_when_unset(self) -> set[str]:
+        """Keys dumped even at their default (a named device would fill them again)."""
+        return set()
 
 
 class Parallel(_OmitsUnset):
@@ -257,6 +261,10 @@ class Gpu(_OmitsUnset):
     # operation costs beyond its bytes; None: messages move eagerly, as before.
     p2p_op_us: Seconds | None = None
     OMIT_WHEN_UNSET = ("device", "software", "architecture", "p2p_op_us")
+
+    def _kept_when_unset(self) -> set[str]:
+        # unset on a named device means eager messages, not the device's fitted value
+        return {"p2p_op_us"} if self.device is not None else set()
 
     @field_validator("software")
     @classmethod
