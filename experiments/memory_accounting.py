@@ -4,7 +4,7 @@ For five layouts where Megatron's ``report_theoretical_memory`` assumptions
 hold (multi-head attention, a 4h MLP, sequence parallelism with selective
 recomputation, the distributed optimizer) it sets the simulator's count for the
 first stage (``megatronapp predict``'s memory table) beside Megatron's. Then it
-takes ``scenarios/fidelity/nemotron4_340b.yaml``, a run that trained on 128
+takes ``scenarios/memory/nemotron4_340b.yaml``, a run that trained on 128
 H100s, under the four combinations of gradient reduction dtype and dropout,
 beside Megatron's estimate and the device (closed forms, no simulation).
 
@@ -24,7 +24,7 @@ from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario
 
 NAME = "memory_accounting"
 LAYOUTS = ((1, 1, 8, 4), (2, 1, 1, 1), (4, 1, 8, 8), (4, 3, 8, 8), (8, 6, 2, 16))
-ROW_340B = results.ROOT / "scenarios" / "fidelity" / "nemotron4_340b.yaml"
+ROW_340B = results.ROOT / "scenarios" / "memory" / "nemotron4_340b.yaml"
 
 
 def layout(pp: int, vpp: int, dp: int, microbatches: int) -> Scenario:

@@ -135,12 +135,12 @@ def tables(doc: dict[str, Any]) -> dict[str, str]:
     groups = [[g["group"], g["rows"], f"{g['mean'] * 100:.1f}%", _pct(g["worst"]),
                f"{g['flops_only_mean'] * 100:.1f}%", _pct(g["flops_only_worst"])]
               for g in data["summary"]]
-    summary_table = markdown_table(["held out", "rows", "simulator mean |error|", "worst",
+    summary_table = markdown_table(["held out", "rows", "simulator mean abs. error", "worst",
                                     "FLOPs-only mean", "worst"], groups, "lrrrrr")
-    first = data["summary"][0]
-    headline = (f"{first['rows']} held-out rows: mean |error| {first['mean'] * 100:.1f}%, "
-                f"worst {_pct(first['worst'])} (FLOPs-only peer "
-                f"{first['flops_only_mean'] * 100:.1f}%, {_pct(first['flops_only_worst'])})\n")
+    headline = "; ".join(
+        f"{g['group']}: {g['rows']}, mean |error| {g['mean'] * 100:.1f}%, worst "
+        f"{_pct(g['worst'])} (FLOPs-only peer {g['flops_only_mean'] * 100:.1f}%, "
+        f"{_pct(g['flops_only_worst'])})" for g in data["summary"][:2]) + "\n"
     fits = markdown_table(["device", "software", "constants", "fitted on"], [
         [g["device"], g["software"] + (" (the device's default)" if g["default"] else ""),
          ", ".join(f"{k} {v:g}" for k, v in g["constants"].items()), g["fitted_on"]]

@@ -68,7 +68,7 @@ def test_the_last_stage_holds_one_microbatchs_fp32_logits() -> None:
     assert extra == 4 * 4096 * (6144 + 51200) / 8
 
 
-NEMOTRON_340B = ROOT / "scenarios" / "fidelity" / "nemotron4_340b.yaml"
+NEMOTRON_340B = ROOT / "scenarios" / "memory" / "nemotron4_340b.yaml"
 
 
 def peak_gb(grads_in_fp32: bool, dropout: float) -> float:

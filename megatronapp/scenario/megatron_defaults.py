@@ -22,12 +22,13 @@ backward before the weight gradient.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .software import DEFAULT_SOFTWARE, SOFTWARE, Software
 
-if TYPE_CHECKING:
-    from .config import Scenario
+# A scenario (scenario/config.py's Scenario, which imports this module to resolve
+# its unset keys, so it is not imported back here).
+Scenario = Any
 
 MEGATRON_TAG = "core_v0.16.1"  # NVIDIA/Megatron-LM, the release installed here
 # Transformer Engine's backend choice (transformer_engine/pytorch/attention/
@@ -36,11 +37,11 @@ MEGATRON_TAG = "core_v0.16.1"  # NVIDIA/Megatron-LM, the release installed here
 TE_ATTENTION = {"hopper": "fused", "ampere": "flash"}
 
 
-def software_of(s: "Scenario") -> Software:
+def software_of(s: Scenario) -> Software:
     return SOFTWARE[s.cluster.gpu.software or DEFAULT_SOFTWARE]
 
 
-def attention_backend(s: "Scenario") -> str:
+def attention_backend(s: Scenario) -> str:
     """The attention kernel the scenario runs: its own choice, or what ``auto`` picks."""
     chosen = s.model.attention_backend
     if chosen not in (None, "auto"):
@@ -51,7 +52,7 @@ def attention_backend(s: "Scenario") -> str:
     return TE_ATTENTION[arch]
 
 
-def async_tp_backward(s: "Scenario") -> bool:
+def async_tp_backward(s: Scenario) -> bool:
     """Megatron-core's column-parallel backward always reduces its input gradient
     asynchronously on a GPU; the Megatron-LM of 2021 waited, and so do the torch
     backend's stages that a scenario without a named GPU describes."""
@@ -61,7 +62,7 @@ def async_tp_backward(s: "Scenario") -> bool:
     return software_of(s).megatron_core and s.cluster.gpu.architecture is not None
 
 
-def _attention_why(s: "Scenario") -> str:
+def _attention_why(s: Scenario) -> str:
     arch = s.cluster.gpu.architecture
     if not software_of(s).transformer_engine:
         return f"{software_of(s).name} runs no Transformer Engine"
@@ -78,13 +79,13 @@ class MegatronDefault:
     argument: str  # Megatron-LM's command-line argument (or megatron-core's field)
     megatron: Any  # what Megatron takes when the argument is not given
     cited: str  # file:line at MEGATRON_TAG where that is written
-    value: Callable[["Scenario"], Any]  # what the unset key means in a scenario
+    value: Callable[[Scenario], Any]  # what the unset key means in a scenario
     core_field: str = ""  # module:Class.field of installed megatron-core with that default
-    why: Callable[["Scenario"], str] | None = None  # how value() was decided, where not plain
+    why: Callable[[Scenario], str] | None = None  # how value() was decided, where not plain
     differs: str = ""  # where the simulator deliberately does not follow Megatron
 
 
-def _plain(section: str, name: str) -> Callable[["Scenario"], Any]:
+def _plain(section: str, name: str) -> Callable[[Scenario], Any]:
     return lambda s: getattr(getattr(s, section), name)
 
 
@@ -220,7 +221,7 @@ def _shown(value: Any) -> str:
     return "none" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def defaults_used(s: "Scenario", unset: set[str]) -> list[str]:
+def defaults_used(s: Scenario, unset: set[str]) -> list[str]:
     """One line per unset key: the value it takes here, and the Megatron default it mirrors."""
     lines = []
     for d in DEFAULTS:
