@@ -116,6 +116,8 @@ NOT_RUN: dict[str, str] = {
     "megatronapp sweep scenarios/sweeps/throttle_severity.yaml --out /tmp/sw.csv "
     "--report /tmp/sw.html --jobs 2": "the same 48 runs (the page is tested in test_sweep.py)",
     ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run": TORCH,
+    "megatronapp fidelity fit [--generation DEVICE:SOFTWARE]":
+        "a template; a fit simulates every fitted published row several times (minutes)",
     ".venv/bin/megatronapp run SCENARIO --backend torch --stall-timeout 60":
         "a template (SCENARIO) for torch runs",
     ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run "
