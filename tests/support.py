@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections import defaultdict
@@ -25,6 +26,13 @@ from megatronapp.trace.kinds import COMPUTE_NAMES
 from sim import run_sim
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (for launchers that take one, as torchrun)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------ scenarios, CLI

@@ -173,6 +173,17 @@ def own_folder(folder: Path) -> Path:
     return folder
 
 
+@contextmanager
+def scratch_folder(prefix: str) -> Iterator[Path]:
+    """A private folder (mode 0700, in the system's temporary directory) of this
+    process alone, marked as ours and discarded however the block ends."""
+    folder = own_folder(Path(tempfile.mkdtemp(prefix=prefix)))
+    try:
+        yield folder
+    finally:
+        discard(folder)
+
+
 def _marker(folder: Path) -> dict[str, Any] | None:
     data = _read_small_json(folder / STAGING_MARKER, 1 << 16)
     if not isinstance(data, dict) or data.get("kind") != MARKER_KIND:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,14 +133,15 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from ..scan.query import QueryLimits, answer, show
+    from ..scan.query import QueryLimits, answer, read_only, show
     from ..scan.query_options import Output
     from .storage import Capture, find_capture
     from .summary import connect
 
-    path, output = find_capture(args.capture), Output.of(args)
-    show(answer(connect(Capture(path), QueryLimits(memory_limit=args.memory_limit)), args.sql,
-                output, Path(path)), output)
+    read_only(args.sql)
+    path, output, limits = find_capture(args.capture), Output.of(args), QueryLimits.of(args)
+    show(answer(connect(Capture(path), limits), args.sql, output, Path(path),
+                limits.max_seconds), output)
     return 0
 
 
@@ -163,6 +165,7 @@ def _live_model(checkpoint: Path) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from ..host.listen import check_bind
     from .view.server import ServerConfig, ViewApp, bind, log_to_stderr, run_server
     from .view.follow import PartsFollower
     from .view.source import followed_source, open_source
@@ -171,6 +174,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: must be 0..65535, got {args.port}")
     limits = _limits(args)
+    check_bind(args.host, args.allow_remote)
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
     config = ServerConfig.local(args.host, port, args.allow_perturb)
@@ -201,9 +205,12 @@ def _limits(args: argparse.Namespace) -> Any:
 
 def _announce(host: str, port: int, config: Any, source: Any, live: Any,
               follow: bool) -> None:
+    from ..host.listen import host_names, is_loopback, remote_warning
     from .view.server import url_host
 
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else url_host(host)
+    shown = url_host(host_names(host)[0])
+    if not is_loopback(host):
+        print(f"megatronapp: {remote_warning(host, port)}", file=sys.stderr, flush=True)
     print(f"MegaScope view of {source.capture_dir} "
           f"({'live generation on ' + str(source.checkpoint_dir) if live else 'capture only'}"
           f"{', following the run as it writes' if follow else ''}"
@@ -362,7 +369,11 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
                      help="a capture, a run directory (scope/, checkpoint/) or a generate output")
     srv.add_argument("--port", type=int, default=8765, help="default 8765; 0 picks a free port")
     srv.add_argument("--host", default="127.0.0.1",
-                     help="address to bind (default 127.0.0.1: this machine only)")
+                     help="address to bind (default 127.0.0.1: this machine only); another "
+                          "address needs --allow-remote")
+    srv.add_argument("--allow-remote", action="store_true",
+                     help="let --host be an address other machines can reach (0.0.0.0, ::, an "
+                          "interface's address); the token is still required")
     srv.add_argument("--allow-perturb", action="store_true",
                      help="let the page run perturbed generations (bounded parameters)")
     srv.add_argument("--follow", action="store_true",

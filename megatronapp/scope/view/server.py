@@ -53,6 +53,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ...errors import UserError
+from ...host.listen import host_names
 from ..generate import GenerationStep
 from . import analyses
 from .protocol import (MAX_FRAME_BYTES, Analysis, Generate, Refused, Series, Stop,
@@ -97,10 +98,8 @@ class ServerConfig:
 
     @classmethod
     def local(cls, host: str, port: int, allow_perturb: bool) -> "ServerConfig":
-        names = [host] if host in ("127.0.0.1", "localhost") else [host, "127.0.0.1", "localhost"]
-        names += [n for n in ("127.0.0.1", "localhost") if n not in names]
-        origins = frozenset(f"http://{url_host(n)}:{port}" for n in names
-                            if n not in ("0.0.0.0", "::"))
+        names = list(dict.fromkeys([*host_names(host), "127.0.0.1", "localhost"]))
+        origins = frozenset(f"http://{url_host(n)}:{port}" for n in names)
         return cls(secrets.token_urlsafe(24), origins, tuple(url_host(n) for n in names),
                    allow_perturb)
 
