@@ -109,6 +109,9 @@ class CostModel:
     analyze: TraceCost = TraceCost(4000.0, 50e-6)
     align: TraceCost = TraceCost(2200.0, 35e-6)
     export: TraceCost = TraceCost(400.0, 7e-6, held_events=1 << 20)  # store.ROW_GROUP rows
+    # query: the aligned columns and sync ops, then DuckDB's typed rows (the
+    # view spells names, op ids and args out as it is read)
+    query: TraceCost = TraceCost(500.0, 5e-6)
     plot: TraceCost = TraceCost(20e3, 5e-3)
     # A JSON trace is sized in events from its bytes (ours take ~200 B an
     # event; fewer bytes an event is the safe side); parsing the text takes

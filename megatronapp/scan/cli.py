@@ -198,20 +198,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------- query
 def cmd_query(args: argparse.Namespace) -> int:
-    from megatronapp.scan.ingest.deps import annotate
-    from megatronapp.scan.query import Output, QueryLimits, answer, connect_events, show
+    from megatronapp.scan.query import (Output, QueryLimits, answer, read_only, sandboxed,
+                                        scan_loader, show)
 
-    if not args.sql.strip():
-        raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
-                        "rank\")")
+    read_only(args.sql)  # one SELECT, before the trace is read
+    check_trace(args, args.target, "query", COSTS.query)
+    rules = QueryLimits.of(args, args.allow_external_access)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say)
+        scan = _scan_input(args.target, say, limits.json_text_cap(args))
         say("running the query")
-        limits = QueryLimits(external_access=args.allow_external_access,
-                             memory_limit=args.memory_limit)
         output = Output.of(args)
-        result = answer(connect_events(annotate(scan.events, list(scan.ops)), limits), args.sql,
-                        output, Path(args.target))
+        result = answer(sandboxed(scan_loader(scan), rules), args.sql, output,
+                        Path(args.target), rules.max_seconds)
     show(result, output)
     return 0
 

@@ -192,9 +192,16 @@ def read_source(path: Path, with_args: bool = False) -> EventSource:
 def _read_stored(path: Path, meta: StoreMeta, ranks: Sequence[int] | None,
                  iterations: Sequence[int] | None, with_args: bool) -> EventColumns:
     """The rows as stored (a symmetric store: the representatives')."""
-    dataset = ds.dataset(path, format="parquet")
+    dataset = _dataset(path)
     names = [n for n in dataset.schema.names if with_args or n != "args"]
     return _columns(dataset.to_table(columns=names, filter=_filter(ranks, iterations)), meta)
+
+
+def _dataset(path: Path) -> ds.Dataset:
+    """The store as a dataset whose args are read dictionary-encoded, as they
+    are stored: a run's few distinct args are never decoded once per row."""
+    return ds.dataset(path, format=ds.ParquetFileFormat(
+        read_options={"dictionary_columns": ["args"]}))
 
 
 def iter_columns(path: Path, ranks: Sequence[int] | None = None,
@@ -209,7 +216,7 @@ def iter_columns(path: Path, ranks: Sequence[int] | None = None,
         chosen = expansion.ranks() if ranks is None else sorted(set(ranks))
         yield from (cols for cols in expansion.batches(max_rows, chosen) if len(cols))
         return
-    dataset = ds.dataset(path, format="parquet")
+    dataset = _dataset(path)
     for batch in dataset.to_batches(filter=_filter(ranks, iterations), batch_size=max_rows):
         if batch.num_rows:
             yield _columns(pa.Table.from_batches([batch]), meta)
@@ -249,7 +256,12 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]]:
 def _args(column: pa.ChunkedArray) -> np.ndarray:
     """The JSON args column as objects, one string object per distinct value
     (the compiled engine's layer/part arguments repeat across millions of rows)."""
-    encoded = column.combine_chunks().dictionary_encode()
+    if not pa.types.is_dictionary(column.type):
+        encoded = column.combine_chunks().dictionary_encode()
+    elif column.num_chunks:
+        encoded = column.unify_dictionaries().combine_chunks()
+    else:
+        encoded = pa.array([], column.type)
     distinct = np.asarray([*encoded.dictionary.to_pylist(), None], object)  # -1: no args
     return distinct[pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)]
 
