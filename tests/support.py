@@ -1,6 +1,7 @@
 """Helpers more than one test module uses; tests/conftest.py keeps fixtures and hooks only."""
 from __future__ import annotations
 
+import ast
 import gzip
 import io
 import json
@@ -12,7 +13,7 @@ from collections import defaultdict
 from dataclasses import replace
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -26,6 +27,14 @@ from megatronapp.trace.kinds import COMPUTE_NAMES
 from sim import run_sim
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def source_trees() -> Iterator[tuple[str, ast.Module]]:
+    """(path from the repository root, parsed source) of every module of the
+    core, the backends and the simulator."""
+    for top in ("megatronapp", "backends", "sim"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ head_dim)`` for q/k/v, ``(heads, query, key)`` for ``attn.probs``.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -17,6 +16,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from megatronapp.io import gate
 from megatronapp.scenario.checkpoint import Checkpoint, read_checkpoint
 from megatronapp.scenario.config import parse_scenario
 from megatronapp.errors import UserError
@@ -37,8 +37,8 @@ def checkpoint_dir(target: str | Path) -> Path:
         return p / "checkpoint"
     for capture in (p, p / "clean"):
         try:
-            named = json.loads((capture / "manifest.json").read_text()).get("checkpoint")
-        except (OSError, ValueError, AttributeError):
+            named = gate.read_json(capture / "manifest.json", "").get("checkpoint")
+        except (OSError, ValueError, AttributeError):  # a TextError (a FIFO, bad JSON) too
             continue
         if isinstance(named, str):
             return Path(named)

@@ -21,7 +21,8 @@ from typing import Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from ..io.text import load_yaml, read_text
+from ..io import gate
+from ..io.text import load_yaml
 from ..scenario.config import Scenario, load_scenario
 from ..scenario.devices import DEVICES
 from ..costs.flops import (hardware_flops_per_iteration, microbatches_per_iteration,
@@ -117,7 +118,7 @@ def published_runs(root: Path) -> list[PublishedRun]:
     """Every published row of ``scenarios/published/runs.yaml``, fitted rows marked."""
     path = root / RUNS_FILE
     entries = [_RunEntry.model_validate(e)
-               for e in load_yaml(read_text(path, str(path)), str(path))]
+               for e in load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))]
     return [_run_of(root, e) for e in entries]
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..costs.run_size import RunSize
 from ..errors import UserError
+from ..io.gate import readable_bytes
 
 if TYPE_CHECKING:  # the schema (pydantic) loads only when a scenario is estimated
     from ..scenario.config import Scenario
@@ -113,6 +114,12 @@ class CostModel:
     # view spells names, op ids and args out as it is read)
     query: TraceCost = TraceCost(500.0, 5e-6)
     plot: TraceCost = TraceCost(20e3, 5e-3)
+    # A sweep's points, each built and validated before any runs: its scenario as
+    # a dict (19 kB and 1.8 ms a point of scenarios/sweeps/throttle_severity.yaml)
+    sweep_point_bytes: float = 20e3
+    sweep_point_seconds: float = 2e-3
+    # validate-detector keeps each trial's report (outcomes, alignment) to the end
+    trial_report_bytes: float = 2e3
     # A JSON trace is sized in events from its bytes (ours take ~200 B an
     # event; fewer bytes an event is the safe side); parsing the text takes
     # ~3.2 B of memory a byte (the text, its dicts and lists).
@@ -149,7 +156,8 @@ class Estimate:
         size += [f"{self.faults:,} faults"] if self.faults else []
         need = [f"{readable_bytes(self.memory_bytes)} memory"]
         need += [f"{readable_bytes(self.disk_bytes)} disk"] if self.disk_bytes else []
-        return f"{', '.join(size)}: about {', '.join(need)}, {_duration(self.seconds)}"
+        head = f"{', '.join(size)}: " if size else ""
+        return f"{head}about {', '.join(need)}, {_duration(self.seconds)}"
 
     def then(self, other: "Estimate") -> "Estimate":
         """This job followed by ``other`` in the same process: times add, the
@@ -169,14 +177,6 @@ class Limits:
     disk_bytes: float | None  # free space where the result goes (None: not writing)
     max_seconds: float
     max_torch_ranks: int
-
-
-def readable_bytes(n: float) -> str:
-    """Bytes in the largest unit that keeps the number readable."""
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def _duration(seconds: float) -> str:
@@ -323,6 +323,14 @@ def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost,
                                   + text_bytes * c.json_memory_per_byte),
                     disk_bytes=0.0, seconds=(c.base_seconds + worked * cost.seconds_per_event
                                              + twins * c.seconds_per_twin_rank))
+
+
+def estimate_points(points: int) -> Estimate:
+    """Building and validating ``points`` points of a sweep, before any is built."""
+    c = COSTS
+    return Estimate(ranks=0, events=0, group_entries=0, faults=0,
+                    memory_bytes=c.base_bytes + points * c.sweep_point_bytes, disk_bytes=0.0,
+                    seconds=c.base_seconds + points * c.sweep_point_seconds)
 
 
 def estimate_topology(world: int) -> Estimate:

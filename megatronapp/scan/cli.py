@@ -282,7 +282,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from megatronapp.io.outdirs import check_file
 
     from megatronapp.scan.eval.trials import PLANS
-    from megatronapp.scan.eval.validate import replay_trials, run_trials
+    from megatronapp.scan.eval.validate import estimate_trials, replay_trials, run_trials
 
     if args.replay:
         corpora = [Path(d) for d in args.replay]
@@ -299,6 +299,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise UserError("--trials: must be >= 1")
     run, plan = _validation_run(args, backend), PLANS["real" if real else "sim"]
     where = Where() if real else where_from(args)  # real runs: one at a time
+    limits.enforce(args, estimate_trials(plan, args.seed, trials, where, get_backend("sim").size),
+                   what=f"validate-detector ({trials:,} trials)")
     keep = Path(args.save_runs) if args.save_runs else (
         Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if real else None)
     if keep is not None and where.ray_address:
@@ -449,4 +451,5 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                           f"(torch default: {DEFAULT_REAL_CORPUS}/seedS)")
     val.add_argument("--replay", metavar="DIR", nargs="+", default=None,
                      help="score the trials saved in each DIR again (one table), running nothing")
+    limits.add_options(val)
     val.set_defaults(func=cmd_validate)

@@ -14,7 +14,8 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field
                       model_serializer, model_validator)
 
 from ..errors import Recreatable
-from ..io.text import TextError, check_depth, load_yaml, read_text
+from ..io import gate
+from ..io.text import TextError, check_depth, load_yaml
 
 from .devices import DEVICES, expand_device
 from ..parallel.schedules import SCHEDULES
@@ -837,10 +838,10 @@ def _index(part: str, where: str, size: int) -> int:
 def read_scenario_data(path: str | Path) -> dict[str, Any]:
     """The mapping in a UTF-8 YAML file; an empty file is an error, not the defaults."""
     path = Path(path)
-    if path.is_dir():
-        raise ScenarioError("scenario", _what_directory(path))
     try:
-        data = load_yaml(read_text(path, str(path)), str(path))
+        if gate.exists(path, "", "any") and path.is_dir():
+            raise ScenarioError("scenario", _what_directory(path))
+        data = load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))
     except TextError as err:
         raise ScenarioError("scenario", str(err)) from None
     if isinstance(data, dict) and "traceEvents" in data:

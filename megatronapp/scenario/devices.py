@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io.text import load_yaml, read_text
+from ..io import gate
+from ..io.text import load_yaml
 
 FITS_FILE = Path(__file__).with_name("device_fits.yaml")
 KERNELS_DIR = Path(__file__).with_name("kernels")  # measured kernel times, by device
@@ -68,7 +69,7 @@ SPECS: dict[str, DeviceProfile] = {
 
 def load_fits(path: Path = FITS_FILE) -> dict[str, dict[str, Any]]:
     """Each device's fitted constants and the rows they were fitted on."""
-    fits = load_yaml(read_text(path, str(path)), str(path))
+    fits = load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))
     return fits if isinstance(fits, dict) else {}
 
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 
 from ..errors import UserError
 from ..io.outdirs import add_force_option, check_output
@@ -18,13 +17,17 @@ if TYPE_CHECKING:  # the backend loads with the command that needs it
 
 
 def _yaml_arg(text: str, what: str) -> Any:
-    """A YAML value given inline, or the path of a YAML file holding it."""
-    path = Path(text)
+    """A YAML value given inline, or the path of a YAML file holding it (through
+    the input gate); deep nesting and bad YAML are one line."""
+    from ..io import gate
+    from ..io.text import TextError, load_yaml
+
     try:
-        source = path.read_text() if path.is_file() else text
-        return yaml.safe_load(source)
-    except (OSError, yaml.YAMLError) as err:
-        raise UserError(f"{what}: not valid YAML ({type(err).__name__})") from None
+        is_file = gate.names_fit(text) and gate.exists(text, what)
+        source = gate.read_text(text, what, gate.MAX_TEXT_BYTES) if is_file else text
+        return load_yaml(source, what)
+    except TextError as err:
+        raise UserError(str(err)) from None
 
 
 def _perturbations(items: list[str]) -> list[Any]:

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ...errors import UserError
+from ...io import gate
 from .protocol import validation_reason
 
 NAME = re.compile(r"(lens|patch|dla)-[0-9a-f]{12}")
@@ -121,9 +122,9 @@ def read(path: Path) -> View:
     """The validated result in ``path``; ``UserError`` naming the file otherwise."""
     model = MODELS[path.stem.split("-")[0]]
     try:
-        if path.stat().st_size > MAX_RESULT_BYTES:
-            raise UserError(f"{path.name}: over {MAX_RESULT_BYTES} bytes, not read")
-        return model.model_validate_json(path.read_bytes())
+        return model.model_validate_json(gate.read_input(path, "", MAX_RESULT_BYTES, ", not read"))
+    except gate.InputError as err:  # a FIFO or a device is never opened: the server goes on
+        raise UserError(f"{path.name}: {err.reason(path)}") from None
     except OSError as err:
         raise UserError(f"{path.name}: cannot be read ({err.strerror})") from None
     except ValidationError as err:

@@ -134,14 +134,19 @@ class Connection:
         await self.ws.send_json({"kind": "refused", "reason": reason})
 
     async def watch(self) -> None:
-        """Following a run: tell the page whenever new statistics have arrived."""
-        seen = -1
+        """Following a run: tell the page whenever new statistics have arrived,
+        and what is wrong when a file of the run cannot be read."""
+        seen, said = -1, None
         while True:
             version = await self.app.refresh()
             if version != seen:
                 seen = version
                 await self.ws.send_json({"kind": "training",
                                          **self.app.source.training_info()})
+            if self.app.problem != said:
+                said = self.app.problem
+                if said is not None:
+                    await self.ws.send_json({"kind": "error", "message": said})
             await asyncio.sleep(POLL_S)
 
     async def serve(self) -> None:
@@ -288,6 +293,7 @@ class ViewApp:
         self.generation_lock = threading.Lock()
         self.follower = follower
         self.version = 0  # how many times the followed capture has changed
+        self.problem: str | None = None  # what the last read of the followed capture could not read
         self._polled = -POLL_S
         self._poll_lock = asyncio.Lock()
 
@@ -296,7 +302,14 @@ class ViewApp:
         async with self._poll_lock:
             if self.follower is not None and time.monotonic() - self._polled >= POLL_S:
                 self._polled = time.monotonic()
-                snap = await asyncio.to_thread(self.follower.poll)
+                try:
+                    snap = await asyncio.to_thread(self.follower.poll)
+                except UserError as err:
+                    if str(err) != self.problem:
+                        log.warning("%s", err)
+                    self.problem, snap = str(err), None
+                else:
+                    self.problem = None
                 if snap is not None:
                     self.source = replace(self.source, manifest=snap.manifest,
                                           series=TrainingSeries.of(snap.stats))
