@@ -367,6 +367,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from .scan.ingest.load import TraceError
 
     try:
+        _check_utf8(args, list(argv if argv is not None else sys.argv[1:]))
         return int(args.func(args) or 0)
     except ScenarioError as err:
         _report(f"scenario error: {err}", err)
@@ -383,6 +384,26 @@ def _main(argv: Sequence[str] | None) -> int:
                 f"{limits.readable_bytes(limits.available_memory())} available now: try a "
                 "smaller input or a machine with more memory", err)
     return 2
+
+
+def _check_utf8(args: argparse.Namespace, argv: list[str]) -> None:
+    """Every argument is UTF-8 text (bytes that are not arrive as lone surrogates):
+    one line naming the first that is not, before any command reads it."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not _is_utf8(text):
+                flag = "--" + name.replace("_", "-")
+                option = flag if flag in argv else name.upper()
+                raise UserError(f"{option}: {ascii(text)[:80]} is not UTF-8 (megatronapp takes "
+                                "UTF-8 text and file names)")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # What the file system says of a path the user named (the gate says most of it

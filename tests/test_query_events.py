@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from megatronapp.cli import main
 from megatronapp.scan.align.inputs import load_scan_input
 from megatronapp.scan.ingest.deps import annotate
 from megatronapp.scan.query import sandboxed, scan_loader
@@ -67,12 +66,9 @@ def _untagged_trace(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def stored_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("q") / "run"
-    assert main(["run", str(ROOT / "scenarios/throttle.yaml"), "--out", str(out),
-                 "--quiet"]) == 0
-    return out
+@pytest.fixture
+def stored_run(throttle_run: Path) -> Path:
+    return throttle_run
 
 
 def test_a_stored_run_with_skewed_clocks(stored_run: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from megatronapp.scenario.data import UNKNOWN_ID
 from megatronapp.errors import UserError
 from megatronapp.scope.lens import (PATCH_SITES, DlaResult, LensResult, PatchResult, restored,
                                     through_final_norm)
@@ -47,6 +48,8 @@ def _answer(m: LoadedModel, given: str | None, logits: np.ndarray, option: str,
     ids = m.encode(given, option)
     if len(ids) != 1:
         raise UserError(f"{option}: one character, got {given!r}")
+    if ids[0] == UNKNOWN_ID:  # it would stand for every character the model does not know
+        raise UserError(f"{option}: {given!r} is not in the model's vocabulary")
     return ids[0]
 
 

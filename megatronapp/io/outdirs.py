@@ -18,6 +18,7 @@ only what lies in a folder carrying the marker; leftovers of killed commands
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -533,6 +534,9 @@ def check_file(path: Path, option: str, force: bool = False, inputs: Sequence[Pa
         if make_parent and not path.parent.exists():
             path.parent.mkdir(parents=True)
         _check_folder(path.parent, option)
+        # a folder may pass os.access (as root it does) and still refuse a new entry
+        # (/proc, a read-only mount): stage and discard one now, before the work
+        discard(_marked_dir(path.parent, path.name, "probe"))
 
 
 def _check_folder(folder: Path, option: str) -> None:
@@ -623,12 +627,31 @@ def _put_back(folder: Path, directory: Path, aside: Path, touched: list[str],
 
 def _record(directory: Path, names: Sequence[str], scratch: Path) -> None:
     """Files a later command wrote into a result join its manifest's
-    ``added``, so that replacing the result takes them along."""
-    result = _result_of(directory / "-")
-    if result is not None:
+    ``added``, so that replacing the result takes them along. Read, added to
+    and written under the result folder's lock: commands adding files to one
+    result at once each keep theirs."""
+    found = _result_of(directory / "-")
+    if found is None:
+        return
+    with _locked(found.root):
+        result = _result_of(directory / "-")  # again, under the lock: another may have added
+        if result is None:
+            return
         rels = [Path(result.rel).with_name(n).as_posix() for n in names]
         _write_manifest(result.root, Manifest(result.manifest.files,
                                               (*result.manifest.added, *rels)), scratch)
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder`` itself (its inode stays while its
+    manifest is replaced), released however the block ends."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def rename_fresh(src: Path, dst: Path) -> None:

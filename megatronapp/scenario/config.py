@@ -498,8 +498,10 @@ def check_consistency(s: Scenario) -> None:
     _check_combined_factors(s.faults)
     _check_fbd(s)
     _check_scope(s)
-    if s.mitigation is not None and s.fbd is not None:
-        raise ScenarioError("mitigation", "the closed loop does not run with an fbd section")
+    if s.mitigation is not None and s.mitigation.action != "none" and s.fbd is not None:
+        # action none only reports: nothing runs beside MegaFBD's decoupled ranks
+        raise ScenarioError("mitigation.action", f"{s.mitigation.action}: the closed loop does "
+                            "not run with an fbd section (MegaFBD); use action: none, or drop fbd")
 
 
 def _world_formula(p: Parallel) -> str:

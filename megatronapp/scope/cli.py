@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,14 +81,20 @@ def _quiet_model() -> ScopeModel:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    model = _quiet_model()
     from ..scenario.checkpoint import read_checkpoint
 
+    if args.observe:  # its YAML, before anything loads (checked against the model below)
+        _yaml_arg(args.observe, "--observe")
+    _perturbations(args.perturb)
     if args.tokens < 1:
         raise UserError(f"--tokens: must be >= 1, got {args.tokens}")
     if args.top_k < 1:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UserError(f"--temperature: must be a finite number >= 0 (0: greedy), got "
+                        f"{args.temperature}")
     check_output(Path(args.out), args.force)  # before any work
+    model = _quiet_model()
     ckpt = read_checkpoint(model.checkpoint_dir(args.checkpoint))
     scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
     out = Path(args.out)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -27,6 +27,13 @@ MAX_RESULT_BYTES = 16 * 2**20  # a result file above this is not read (the page 
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+def _sized(value: list[Any], of: list[Any] | None, what: str) -> list[Any]:
+    """``value`` with one entry per entry of ``of`` (None: ``of`` failed its own check)."""
+    if of is not None and len(value) != len(of):
+        raise ValueError(f"one per {what} expected, got {len(value)} for {len(of)}")
+    return value
 
 
 class TopToken(_Result):
@@ -46,6 +53,23 @@ class LensView(_Result):
     rank: list[list[int]]
     top: list[list[list[TopToken]]]
 
+    @field_validator("mean_rank", "rank", "top")
+    @classmethod
+    def _one_per_row(cls, value: list[object], info: ValidationInfo) -> list[object]:
+        # the page draws a row of cells per row: a count that disagrees has none to go to
+        return _sized(value, info.data.get("rows"), "row")
+
+    @field_validator("top")
+    @classmethod
+    def _a_choice_per_position(cls, value: list[list[list[TopToken]]], info: ValidationInfo
+                               ) -> list[list[list[TopToken]]]:
+        tokens = info.data.get("tokens")
+        for row in value:
+            _sized(row, tokens, "position")
+            if any(not choices for choices in row):
+                raise ValueError("a position without a top token")
+        return value
+
 
 class PatchView(_Result):
     """``PatchResult.to_json``: the restored metric per site, layer and position."""
@@ -58,6 +82,16 @@ class PatchView(_Result):
     sites: list[str]
     layers: list[int]
     restored: list[list[list[float | None]]] = Field(description="(sites, layers, positions)")
+
+    @field_validator("restored")
+    @classmethod
+    def _shaped(cls, value: list[list[list[float | None]]], info: ValidationInfo
+                ) -> list[list[list[float | None]]]:
+        # (sites, layers, positions): the page draws one map per site, a cell per layer and position
+        for site in _sized(value, info.data.get("sites"), "site"):
+            for layer in _sized(site, info.data.get("layers"), "layer"):
+                _sized(layer, info.data.get("tokens"), "position")
+        return value
 
 
 class DlaView(_Result):
