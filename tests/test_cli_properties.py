@@ -56,7 +56,7 @@ PROFILE = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, datab
 LONG = "n" * 300
 OUTPUT_OPTIONS = {"out", "csv", "report", "save_runs"}
 ADDS_TO_INPUT = {"plot", "align", "export-trace", "report", "scope lens", "scope patch",
-                 "scope dla"}  # with no --out, a file beside the run it reads
+                 "scope dla"}  # with no --out, a file beside (or in) the run or trace it reads
 
 
 def subcommands() -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -133,8 +133,8 @@ def argv_of(draw: st.DrawFn, command: str) -> list[str]:
     argv = command.split()
     actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
     for a in actions:
-        if a.dest == "no_limits":
-            continue  # an explicit choice to go past the limits: bounded time is not asked then
+        if a.dest in ("no_limits", "max_seconds"):
+            continue  # going past the limits is a choice: bounded time is not asked then
         if a.option_strings:
             if not a.required and not draw(st.booleans()):
                 continue
@@ -235,15 +235,22 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def allowed_roots(command: str, argv: list[str]) -> list[str]:
-    """Where ``argv`` may write: its output options, runs/, a result it adds to."""
+def allowed(command: str, argv: list[str], root: Path) -> tuple[list[str], str | None]:
+    """Where ``argv`` may write: its output options, runs/ and a run it adds to
+    (the folders), and the folder beside a trace file it reads, where it may
+    add new files (not replace one)."""
     roots = ["runs"]
     for flag in ("--out", "--csv", "--report", "--save-runs"):
         if flag in argv[:-1]:
             roots.append(os.path.normpath(argv[argv.index(flag) + 1]))
-    if command in ADDS_TO_INPUT:
-        roots.append("run")
-    return roots
+    if command == "calibrate" and "--scenario" in argv[:-1]:
+        roots.append(str(Path(argv[argv.index("--scenario") + 1]).with_suffix(".calibrated.yaml")))
+    read = argv[len(command.split())] if len(argv) > len(command.split()) else ""
+    if command not in ADDS_TO_INPUT or not read:
+        return roots, None
+    if (root / read).is_dir():
+        return [*roots, os.path.normpath(read)], None
+    return roots, os.path.normpath(os.path.dirname(read) or ".")
 
 
 def check(command: str, argv: list[str], root: Path, before: dict[str, str],
@@ -257,10 +264,11 @@ def check(command: str, argv: list[str], root: Path, before: dict[str, str],
         assert len([line for line in lines if line.startswith("megatronapp:")]) == 1, detail
     assert answer["memory"] < MEMORY, f"{detail}; {answer['memory'] / 1e9:.2f} GB"
     after = snapshot(root)
-    roots = allowed_roots(command, argv)
+    roots, beside = allowed(command, argv, root)
     changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
     stray = {p for p in changed
-             if not any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)}
+             if not any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
+             and not (p not in before and os.path.normpath(os.path.dirname(p) or ".") == beside)}
     assert not stray, f"{detail}; written outside its outputs: {sorted(stray)[:5]}"
 
 

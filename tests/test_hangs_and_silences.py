@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -77,6 +78,32 @@ def test_concurrent_exports_into_one_run_each_keep_their_file(throttle_run, tmp_
     assert codes == [0] * 30
     added = json.loads((run / "manifest.json").read_text())["added"]
     assert sorted(added) == sorted(f"export-{i}.json" for i in range(30))
+
+
+def test_files_added_at_once_each_join_the_manifest_however_slow_its_write(
+        throttle_run, tmp_path, monkeypatch):
+    """Sixteen writers add a file each while every manifest write takes 50 ms:
+    without the lock each reads the manifest before the others have written."""
+    from megatronapp.io import outdirs
+
+    run = tmp_path / "run"
+    shutil.copytree(throttle_run, run)
+    write = outdirs._write_manifest
+
+    def slow(*args: object) -> None:
+        time.sleep(0.05)
+        write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(outdirs, "_write_manifest", slow)
+
+    def add(i: int) -> None:
+        with outdirs.new_file(run / f"note-{i}.txt", "--out") as tmp:
+            tmp.write_text(str(i))
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(add, range(16)))
+    added = json.loads((run / "manifest.json").read_text())["added"]
+    assert sorted(added) == sorted(f"note-{i}.txt" for i in range(16))
 
 
 # ------------------------------------------------------------------ silences

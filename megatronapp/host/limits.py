@@ -120,6 +120,9 @@ class CostModel:
     sweep_point_seconds: float = 2e-3
     # validate-detector keeps each trial's report (outcomes, alignment) to the end
     trial_report_bytes: float = 2e3
+    # a real trial (2-4 torch ranks spawned, a thread each, run and scored): 30.6 s
+    # measured here with ``validate-detector --backend torch --trials 3``
+    real_trial_seconds: float = 30.0
     # A JSON trace is sized in events from its bytes (ours take ~200 B an
     # event; fewer bytes an event is the safe side); parsing the text takes
     # ~3.2 B of memory a byte (the text, its dicts and lists).

@@ -299,8 +299,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise UserError("--trials: must be >= 1")
     run, plan = _validation_run(args, backend), PLANS["real" if real else "sim"]
     where = Where() if real else where_from(args)  # real runs: one at a time
-    limits.enforce(args, estimate_trials(plan, args.seed, trials, where, get_backend("sim").size),
-                   what=f"validate-detector ({trials:,} trials)")
+    limits.enforce(args, estimate_trials(plan, args.seed, trials, where, get_backend("sim").size,
+                                         real), what=f"validate-detector ({trials:,} trials)")
     keep = Path(args.save_runs) if args.save_runs else (
         Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if real else None)
     if keep is not None and where.ray_address:

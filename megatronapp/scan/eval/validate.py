@@ -231,15 +231,18 @@ SAMPLED_TRIALS = 16  # trials priced one by one before any runs; the rest at the
 
 
 def estimate_trials(plan: TrialPlan, seed: int, trials: int, where: Where,
-                    count: Callable[[Scenario], RunSize | None] | None = None
-                    ) -> limits.Estimate:
+                    count: Callable[[Scenario], RunSize | None] | None = None,
+                    real: bool = False) -> limits.Estimate:
     """``trials`` trials priced before any runs: the first ``SAMPLED_TRIALS``
-    simulated and detected one by one, the rest at their mean; each trial's
-    report is kept to the end. Local processes share the time."""
+    simulated and detected one by one, the rest at their mean (``real`` trials
+    at least a real job's measured time each); each trial's report is kept to
+    the end. Local processes share the time."""
     sample = [plan.make(seed, i).scenario for i in range(min(trials, SAMPLED_TRIALS))]
     runs = [limits.estimate_run(s, count) for s in sample]
     detect = limits.COSTS.detect_events
     seconds = sum(r.seconds + r.events * detect.seconds_per_event for r in runs) / len(runs)
+    if real:
+        seconds = max(seconds, limits.COSTS.real_trial_seconds)
     most = max(r.memory_bytes + r.events * detect.bytes_per_event for r in runs)
     workers = 1 if where.ray_address else max(1, min(where.jobs, trials))
     return limits.Estimate(ranks=max(r.ranks for r in runs), events=0, group_entries=0,
