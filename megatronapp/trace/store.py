@@ -235,7 +235,11 @@ def _read_stored(path: Path, meta: StoreMeta, ranks: Sequence[int] | None,
     """The rows as stored (a symmetric store: the representatives')."""
     dataset = _dataset(path)
     names = [n for n in dataset.schema.names if with_args or n != "args"]
-    return _columns(dataset.to_table(columns=names, filter=_filter(ranks, iterations)), meta)
+    cols = _columns(dataset.to_table(columns=names, filter=_filter(ranks, iterations)), meta)
+    # the Arrow table is numpy columns now: its pages go back to the system, not
+    # kept by Arrow's allocator beside what the caller builds next
+    pa.default_memory_pool().release_unused()
+    return cols
 
 
 def _dataset(path: Path) -> ds.Dataset:
