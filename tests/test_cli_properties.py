@@ -248,9 +248,16 @@ def allowed(command: str, argv: list[str], root: Path) -> tuple[list[str], str |
     read = argv[len(command.split())] if len(argv) > len(command.split()) else ""
     if command not in ADDS_TO_INPUT or not read:
         return roots, None
-    if (root / read).is_dir():
+    if _is_dir(root / read):
         return [*roots, os.path.normpath(read)], None
     return roots, os.path.normpath(os.path.dirname(read) or ".")
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name too long, a loop: no folder to write in
+        return False
 
 
 def check(command: str, argv: list[str], root: Path, before: dict[str, str],
