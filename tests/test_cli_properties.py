@@ -244,13 +244,15 @@ def allowed(command: str, argv: list[str], root: Path) -> tuple[list[str], str |
         if flag in argv[:-1]:
             roots.append(os.path.normpath(argv[argv.index(flag) + 1]))
     if command == "calibrate" and "--scenario" in argv[:-1]:
-        roots.append(str(Path(argv[argv.index("--scenario") + 1]).with_suffix(".calibrated.yaml")))
+        scenario = argv[argv.index("--scenario") + 1]
+        roots.append(os.path.splitext(os.path.normpath(scenario))[0] + ".calibrated.yaml")
     read = argv[len(command.split())] if len(argv) > len(command.split()) else ""
     if command not in ADDS_TO_INPUT or not read:
         return roots, None
     if _is_dir(root / read):
         return [*roots, os.path.normpath(read)], None
-    return roots, os.path.normpath(os.path.dirname(read) or ".")
+    beside = os.path.normpath(os.path.dirname(read) or ".")
+    return [*roots, os.path.join(beside, "manifest.json")], beside  # a result records what joins it
 
 
 def _is_dir(path: Path) -> bool:
