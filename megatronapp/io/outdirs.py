@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..errors import UserError
-from .gate import read_json, shown
+from .gate import NAME_MAX, read_json, shown
 
 MANIFEST = "manifest.json"
 MANIFEST_KIND = "megatronapp result"
 STAGING_MARKER = ".megatronapp-staging"
 MARKER_KIND = "megatronapp staging"
-NAME_MAX = 255  # bytes in one path component (Linux, macOS)
 PID_MAX = 1 << 22  # the largest pid Linux hands out
 
 
