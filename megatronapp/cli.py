@@ -14,6 +14,7 @@ before the line of an error.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -190,16 +191,20 @@ PlotHook = Callable[[Path, Any, Any], list[Path]]  # (folder, events, PlotFocus)
 
 # ---------------------------------------------------------- export-trace
 def cmd_export(args: argparse.Namespace) -> int:
-    from .trace.chrome import parse_selection
-    from .run.write import TRACE_FILE, export_trace
+    from .trace.chrome import parse_ranges
+    from .run.write import TRACE_FILE, export_trace, selection
     from .scan.cli import check_trace
 
-    ranks = parse_selection(args.ranks, "--ranks")
-    iterations = parse_selection(args.iterations, "--iterations")
+    rank_ranges = parse_ranges(args.ranks, "--ranks")  # nothing expanded yet
+    iteration_ranges = parse_ranges(args.iterations, "--iterations")
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else None
+    ranks = iterations = None
     if (run_dir / TRACE_FILE).is_file():  # else export_trace says what is missing
         check_trace(args, run_dir / TRACE_FILE, "export-trace", limits.COSTS.export)
+        ranks, iterations, note = selection(run_dir / TRACE_FILE, rank_ranges, iteration_ranges)
+        if note:
+            print(f"megatronapp: note: {note}", file=sys.stderr)
     path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out,
                                args.force)
     print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")
@@ -373,11 +378,16 @@ def _main(argv: Sequence[str] | None) -> int:
     from .scan.ingest.load import TraceError
 
     try:
+        _check_utf8(args, list(argv if argv is not None else sys.argv[1:]))
         return int(args.func(args) or 0)
     except ScenarioError as err:
         _report(f"scenario error: {err}", err)
     except (UserError, TraceError) as err:
         _report(str(err), err)
+    except OSError as err:
+        if err.errno not in PATH_ERRNOS or err.filename is None:
+            raise
+        _report(path_error_line(args, err, list(argv or sys.argv[1:])), err)
     except Exception as err:
         if not _out_of_memory(err):
             raise
@@ -385,6 +395,46 @@ def _main(argv: Sequence[str] | None) -> int:
                 f"{limits.readable_bytes(limits.available_memory())} available now: try a "
                 "smaller input or a machine with more memory", err)
     return 2
+
+
+def _check_utf8(args: argparse.Namespace, argv: list[str]) -> None:
+    """Every argument is UTF-8 text (bytes that are not arrive as lone surrogates):
+    one line naming the first that is not, before any command reads it."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not _is_utf8(text):
+                flag = "--" + name.replace("_", "-")
+                option = flag if flag in argv else name.upper()
+                raise UserError(f"{option}: {ascii(text)[:80]} is not UTF-8 (megatronapp takes "
+                                "UTF-8 text and file names)")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# What the file system says of a path the user named (the gate says most of it
+# first; a path a command reaches on its own is said here, as one line)
+PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+               errno.EACCES, errno.EPERM}
+
+
+def path_error_line(args: argparse.Namespace, err: OSError, argv: list[str]) -> str:
+    """``OPTION: PATH: reason``, the option being the argument whose value the path is in."""
+    from .io.gate import shown
+
+    path = os.fsdecode(err.filename)
+    named = [name for name, value in vars(args).items()
+             if any(isinstance(v, str) and v and path.startswith(v)
+                    for v in (value if isinstance(value, list) else [value]))]
+    dest = max(named, key=lambda n: len(str(getattr(args, n))), default=None)
+    flag = None if dest is None else "--" + dest.replace("_", "-")
+    option = flag if flag in argv else (dest.upper() if dest else args.command)
+    return f"{option}: {shown(path)}: {err.strerror or err}"
 
 
 def _out_of_memory(err: Exception) -> bool:

@@ -9,6 +9,7 @@ import json
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..host import limits
 from ..program.backend import RunHooks
 from ..io.outdirs import add_force_option
 from ..io.progress import shown, status
@@ -62,6 +63,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     data = apply_overrides(read_scenario_data(args.scenario), args.set)
     data.setdefault("name", default_name(args.scenario))
     s = parse_scenario(data)
+    _check_limits(args, s)
     try:
         result = predict(s, lambda sc, rep: simulate(sc, rep, args.quiet), replica=args.replica)
     except MemoryExceeded:
@@ -74,6 +76,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(json.dumps(result.as_dict(), indent=2) if args.json
           else "\n".join(prediction_lines(result)))
     return 0
+
+
+def _check_limits(args: argparse.Namespace, s: Scenario) -> None:
+    """The simulation priced as ``run`` prices it (``--replica``: one data-parallel
+    replica), refused before it starts when it does not fit."""
+    from backends.registry import get_backend
+
+    simulated = s
+    if args.replica:
+        simulated = s.model_copy(update={"parallel": s.parallel.model_copy(update={"dp": 1})})
+    limits.enforce(args, limits.in_sequence([limits.estimate_run(simulated,
+                                                                 get_backend("sim").size)]),
+                   what="this prediction")
 
 
 def _memory_only(s: Scenario) -> list[str]:
@@ -134,6 +149,7 @@ def register(sub: Any, plot_hooks: list) -> None:
                            "(exact without faults or jitter; much faster for large dp)")
     pred.add_argument("--json", action="store_true", help="print the prediction as JSON")
     pred.add_argument("--quiet", action="store_true", help="no progress display")
+    limits.add_options(pred)
     pred.set_defaults(func=cmd_predict)
 
     cal = sub.add_parser("calibrate", help="fit the efficiency model to a measured run and "

@@ -21,7 +21,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from ..io.text import load_yaml, read_text
+from ..io import gate
+from ..io.text import load_yaml
 from ..scenario.config import Scenario, load_scenario
 from ..scenario.devices import DEVICES
 from ..scenario.software import DEFAULT_SOFTWARE
@@ -137,7 +138,8 @@ def published_iteration_s(s: Scenario, metric: Metric, value: float) -> float:
 
 def _entries(root: Path) -> list[_RunEntry]:
     path = root / RUNS_FILE
-    return [_RunEntry.model_validate(e) for e in load_yaml(read_text(path, str(path)), str(path))]
+    return [_RunEntry.model_validate(e)
+            for e in load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))]
 
 
 def published_runs(root: Path) -> list[PublishedRun]:

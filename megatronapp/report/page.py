@@ -41,10 +41,19 @@ def verdict_section(data: PlotInput) -> str:
     return section("verdict", "Verdict (megatronapp detect)", body)
 
 
-def curve(values: list[float], ylabel: str, title: str, scale: float = 1.0) -> Figure:
+def scaled(values: list[float | None], scale: float = 1.0) -> list[float]:
+    """Values as numbers to draw; a null (not a finite number when written) is a gap."""
+    return [float("nan") if not isinstance(v, (int, float)) else v * scale for v in values]
+
+
+def curve(values: list[float | None], ylabel: str, title: str, scale: float = 1.0) -> Figure:
     fig = Figure(figsize=(8, 3.2), layout="constrained")
     ax = fig.add_subplot()
-    ax.plot(range(len(values)), [v * scale for v in values], marker="o", label=title)
+    points = scaled(values, scale)
+    ax.plot(range(len(points)), points, marker="o", label=title)
+    if not any(p == p for p in points):  # NaN is not equal to itself
+        ax.text(0.5, 0.5, "no finite value recorded", ha="center", va="center",
+                transform=ax.transAxes)
     ax.set(xlabel="iteration", ylabel=ylabel, title=title)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
@@ -72,10 +81,10 @@ def figures_sections(name: str, data: PlotInput) -> list[str]:
                 "Marey graph of one pipeline"))]
 
 
-def memory_figure(per_rank: list[float], capacity: float | None) -> Figure:
+def memory_figure(per_rank: list[float | None], capacity: float | None) -> Figure:
     fig = Figure(figsize=(8, 3.2), layout="constrained")
     ax = fig.add_subplot()
-    ax.bar(range(len(per_rank)), [b / 1e9 for b in per_rank], color="#4C72B0", label="peak")
+    ax.bar(range(len(per_rank)), scaled(per_rank, 1e-9), color="#4C72B0", label="peak")
     if capacity:
         ax.axhline(capacity / 1e9, color="#D62728", linestyle="--", label="capacity")
     ax.set(xlabel="rank", ylabel="peak memory (GB)", title="peak memory per rank")

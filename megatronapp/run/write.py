@@ -16,7 +16,7 @@ from ..scenario.config import ClockSkew, Scenario, adjustments, scenario_to_dict
 from ..errors import UserError
 from ..program.features import feature_hooks
 from ..trace.store import TRACE_FILE, StoreMeta
-from ..trace.chrome import write_chrome
+from ..trace.chrome import Ranges, write_chrome
 from ..io.outdirs import new_file, staged_dir  # noqa: F401 (runs are written through staged_dir)
 from ..trace.summary import summarize_source
 from ..trace.summary_file import SCHEMA_VERSION
@@ -107,6 +107,23 @@ def run_label(meta: StoreMeta) -> Callable[[int], str]:
         return topo.label(rank) if topo is not None and rank < topo.world_size else f"rank {rank}"
 
     return label
+
+
+def selection(store: Path, rank_ranges: Ranges | None, iteration_ranges: Ranges | None
+              ) -> tuple[list[int] | None, list[int] | None, str | None]:
+    """The ranks and iterations to export, within what the run holds: a rank
+    past its world is refused, iterations past its last are left out (the
+    note says so); memory is bounded by the run, whatever the ranges."""
+    from ..trace.chrome import select
+    from ..trace.store import StoreError, iteration_bound, read_meta
+
+    try:
+        world, last = read_meta(store).world_size, iteration_bound(store)
+    except StoreError as err:
+        raise UserError(f"RUN_DIR: {err}") from None
+    ranks, _ = select(rank_ranges, "--ranks", world)
+    iterations, note = select(iteration_ranges, "--iterations", last, clip=True)
+    return ranks, iterations, note
 
 
 def export_trace(run_dir: Path, ranks: list[int] | None, iterations: list[int] | None,

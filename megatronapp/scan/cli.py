@@ -215,20 +215,18 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------- query
 def cmd_query(args: argparse.Namespace) -> int:
-    from megatronapp.scan.ingest.deps import annotate
-    from megatronapp.scan.query import Output, QueryLimits, answer, connect_events, show
+    from megatronapp.scan.query import (Output, QueryLimits, answer, read_only, sandboxed,
+                                        scan_loader, show)
 
-    if not args.sql.strip():
-        raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
-                        "rank\")")
+    read_only(args.sql)  # one SELECT, before the trace is read
+    check_trace(args, args.target, "query", COSTS.query)
+    rules = QueryLimits.of(args, args.allow_external_access)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say, cycle=args.cycle)
+        scan = _scan_input(args.target, say, limits.json_text_cap(args), args.cycle)
         say("running the query")
-        limits = QueryLimits(external_access=args.allow_external_access,
-                             memory_limit=args.memory_limit)
         output = Output.of(args)
-        result = answer(connect_events(annotate(scan.events, list(scan.ops)), limits), args.sql,
-                        output, Path(args.target))
+        result = answer(sandboxed(scan_loader(scan), rules), args.sql, output,
+                        Path(args.target), rules.max_seconds)
     show(result, output)
     return 0
 
@@ -310,7 +308,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from megatronapp.io.outdirs import check_file
 
     from megatronapp.scan.eval.trials import PLANS
-    from megatronapp.scan.eval.validate import replay_trials, run_trials
+    from megatronapp.scan.eval.validate import estimate_trials, replay_trials, run_trials
 
     if args.replay:
         corpora = [Path(d) for d in args.replay]
@@ -327,6 +325,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise UserError("--trials: must be >= 1")
     run, plan = _validation_run(args, backend), PLANS["real" if real else "sim"]
     where = Where() if real else where_from(args)  # real runs: one at a time
+    limits.enforce(args, estimate_trials(plan, args.seed, trials, where, get_backend("sim").size,
+                                         real), what=f"validate-detector ({trials:,} trials)")
     keep = Path(args.save_runs) if args.save_runs else (
         Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if real else None)
     if keep is not None and where.ray_address:
@@ -483,4 +483,5 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                           f"(torch default: {DEFAULT_REAL_CORPUS}/seedS)")
     val.add_argument("--replay", metavar="DIR", nargs="+", default=None,
                      help="score the trials saved in each DIR again (one table), running nothing")
+    limits.add_options(val)
     val.set_defaults(func=cmd_validate)

@@ -14,7 +14,8 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field
                       model_serializer, model_validator)
 
 from ..errors import Recreatable
-from ..io.text import TextError, check_depth, load_yaml, read_text
+from ..io import gate
+from ..io.text import TextError, check_depth, load_yaml
 
 from .devices import DEVICES, expand_device
 from . import megatron_defaults
@@ -556,8 +557,10 @@ def check_consistency(s: Scenario) -> None:
     _check_combined_factors(s.faults)
     _check_fbd(s)
     _check_scope(s)
-    if s.mitigation is not None and s.fbd is not None:
-        raise ScenarioError("mitigation", "the closed loop does not run with an fbd section")
+    if s.mitigation is not None and s.mitigation.action != "none" and s.fbd is not None:
+        # action none only reports: nothing runs beside MegaFBD's decoupled ranks
+        raise ScenarioError("mitigation.action", f"{s.mitigation.action}: the closed loop does "
+                            "not run with an fbd section (MegaFBD); use action: none, or drop fbd")
 
 
 def _world_formula(p: Parallel) -> str:
@@ -896,10 +899,10 @@ def _index(part: str, where: str, size: int) -> int:
 def read_scenario_data(path: str | Path) -> dict[str, Any]:
     """The mapping in a UTF-8 YAML file; an empty file is an error, not the defaults."""
     path = Path(path)
-    if path.is_dir():
-        raise ScenarioError("scenario", _what_directory(path))
     try:
-        data = load_yaml(read_text(path, str(path)), str(path))
+        if gate.exists(path, "", "any") and path.is_dir():
+            raise ScenarioError("scenario", _what_directory(path))
+        data = load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))
     except TextError as err:
         raise ScenarioError("scenario", str(err)) from None
     if isinstance(data, dict) and "traceEvents" in data:

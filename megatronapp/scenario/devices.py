@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io.text import load_yaml, read_text
+from ..io import gate
+from ..io.text import load_yaml
 from .software import DEFAULT_SOFTWARE
 
 FITS_FILE = Path(__file__).with_name("device_fits.yaml")
@@ -99,7 +100,7 @@ class Fit:
 def load_fits(path: Path = FITS_FILE) -> dict[str, dict[str, Any]]:
     """Each device's fits by software generation (``default``: the generation whose
     constants serve one without rows of its own)."""
-    fits = load_yaml(read_text(path, str(path)), str(path))
+    fits = load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))
     return fits if isinstance(fits, dict) else {}
 
 

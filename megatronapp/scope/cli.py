@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import yaml
 
 from ..errors import UserError
+from ..host import limits as host_limits
 from ..io.outdirs import add_force_option, check_output
 
 if TYPE_CHECKING:  # the backend loads with the command that needs it
@@ -19,13 +20,17 @@ if TYPE_CHECKING:  # the backend loads with the command that needs it
 
 
 def _yaml_arg(text: str, what: str) -> Any:
-    """A YAML value given inline, or the path of a YAML file holding it."""
-    path = Path(text)
+    """A YAML value given inline, or the path of a YAML file holding it (through
+    the input gate); deep nesting and bad YAML are one line."""
+    from ..io import gate
+    from ..io.text import TextError, load_yaml
+
     try:
-        source = path.read_text() if path.is_file() else text
-        return yaml.safe_load(source)
-    except (OSError, yaml.YAMLError) as err:
-        raise UserError(f"{what}: not valid YAML ({type(err).__name__})") from None
+        is_file = gate.names_fit(text) and gate.exists(text, what)
+        source = gate.read_text(text, what, gate.MAX_TEXT_BYTES) if is_file else text
+        return load_yaml(source, what)
+    except TextError as err:
+        raise UserError(str(err)) from None
 
 
 def _perturbations(items: list[str]) -> list[Any]:
@@ -70,17 +75,24 @@ def _model() -> ScopeModel:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    model = _model()
     from ..scenario.checkpoint import read_checkpoint
     from .storage import checkpoint_dir
 
+    if args.observe:  # its YAML, before anything loads (checked against the model below)
+        _yaml_arg(args.observe, "--observe")
+    _perturbations(args.perturb)
     if args.tokens < 1:
         raise UserError(f"--tokens: must be >= 1, got {args.tokens}")
     if args.top_k < 1:
         raise UserError(f"--top-k: must be >= 1, got {args.top_k}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UserError(f"--temperature: must be a finite number >= 0 (0: greedy), got "
+                        f"{args.temperature}")
     check_output(Path(args.out), args.force)  # before any work
     ckpt = read_checkpoint(checkpoint_dir(args.checkpoint))
     scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
+    _check_generation(args, ckpt, 1 + bool(scope.perturb))
+    model = _model()
     out = Path(args.out)
     try:
         with _model_warnings(args):
@@ -92,6 +104,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"wrote {out}/generation.jsonl, {out}/clean/" + (", " + str(out) + "/perturbed/"
                                                                if scope.perturb else ""))
     return 0
+
+
+def _check_generation(args: argparse.Namespace, ckpt: Any, runs: int) -> None:
+    """Refuse a decode too long for --max-seconds or the disk, before it starts."""
+    m = ckpt.model
+    parameters = 12 * m.layers * m.hidden ** 2 + m.vocab * m.hidden
+    window = min(m.seq_len, len(args.prompt) + args.tokens)
+    host_limits.enforce(args, host_limits.estimate_generation(args.tokens, parameters, window, runs),
+                   Path(args.out).parent, what=f"decoding {args.tokens:,} tokens")
 
 
 def _decode(args: argparse.Namespace, ckpt: Any, scope: Any, out: Path, model: ScopeModel
@@ -128,14 +149,15 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from ..scan.query import QueryLimits, answer, show
+    from ..scan.query import QueryLimits, answer, read_only, show
     from ..scan.query_options import Output
     from .storage import Capture, find_capture
     from .summary import connect
 
-    path, output = find_capture(args.capture), Output.of(args)
-    show(answer(connect(Capture(path), QueryLimits(memory_limit=args.memory_limit)), args.sql,
-                output, Path(path)), output)
+    read_only(args.sql)
+    path, output, limits = find_capture(args.capture), Output.of(args), QueryLimits.of(args)
+    show(answer(connect(Capture(path), limits), args.sql, output, Path(path),
+                limits.max_seconds), output)
     return 0
 
 
@@ -159,6 +181,7 @@ def _live_model(checkpoint: Path) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from ..host.listen import check_bind
     from .view.server import ServerConfig, ViewApp, bind, log_to_stderr, run_server
     from .view.follow import PartsFollower
     from .view.source import followed_source, open_source
@@ -167,6 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: must be 0..65535, got {args.port}")
     limits = _limits(args)
+    check_bind(args.host, args.allow_remote)
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
     config = ServerConfig.local(args.host, port, args.allow_perturb)
@@ -198,9 +222,12 @@ def _limits(args: argparse.Namespace) -> Any:
 
 def _announce(host: str, port: int, config: Any, source: Any, live: Any,
               follow: bool) -> None:
+    from ..host.listen import host_names, is_loopback, remote_warning
     from .view.server import url_host
 
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else url_host(host)
+    shown = url_host(host_names(host)[0])
+    if not is_loopback(host):
+        print(f"megatronapp: {remote_warning(host, port)}", file=sys.stderr, flush=True)
     print(f"MegaScope view of {source.capture_dir} "
           f"({'live generation on ' + str(source.checkpoint_dir) if live else 'capture only'}"
           f"{', following the run as it writes' if follow else ''}"
@@ -447,6 +474,7 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
     gen.add_argument("--seed", type=int, default=0,
                      help="seeds sampling, perturbations and the PCA windows (default 0)")
     gen.add_argument("--json", action="store_true", help="print one JSON record per step")
+    host_limits.add_options(gen)
     _verbose_option(gen)
     add_force_option(gen, "a previous capture in --out (only if it holds nothing else)")
     gen.set_defaults(func=cmd_generate)
@@ -470,7 +498,11 @@ def register(subparsers: Any, plot_hooks: list[Any]) -> None:
                      help="a capture, a run directory (scope/, checkpoint/) or a generate output")
     srv.add_argument("--port", type=int, default=8765, help="default 8765; 0 picks a free port")
     srv.add_argument("--host", default="127.0.0.1",
-                     help="address to bind (default 127.0.0.1: this machine only)")
+                     help="address to bind (default 127.0.0.1: this machine only); another "
+                          "address needs --allow-remote")
+    srv.add_argument("--allow-remote", action="store_true",
+                     help="let --host be an address other machines can reach (0.0.0.0, ::, an "
+                          "interface's address); the token is still required")
     srv.add_argument("--allow-perturb", action="store_true",
                      help="let the page run perturbed generations (bounded parameters)")
     srv.add_argument("--follow", action="store_true",

@@ -55,16 +55,18 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
 import re
 import zlib
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Mapping, Sequence, cast
+from typing import Any, Iterable, Mapping, Sequence
 
 from megatronapp.host import limits
 from megatronapp.trace.columns import is_int32
+from megatronapp.io import gate
 from megatronapp.io.text import TextError, load_json_bytes
 from megatronapp.trace.events import Event
 
@@ -135,39 +137,20 @@ def read_json_any(path: Path, max_bytes: float | None = None) -> Any:
     inflates to gigabytes is one line, not a MemoryError."""
     cap = limits.max_json_text() if max_bytes is None else max_bytes
     try:
-        raw = _read_capped(Path(path), cap)
-    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-        raise TraceError(str(path), f"cannot read: {getattr(err, 'strerror', None) or err}") from None
+        raw = gate.read_input(path, "", cap, JSON_CAP_NOTE)  # a regular file; gzip inflated
+    except gate.InputError as err:
+        raise TraceError(str(path), err.reason(path)) \
+            from None
+    except OSError as err:
+        raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
     try:
         return load_json_bytes(raw, "the file")
     except TextError as err:
         raise TraceError(str(path), str(err).removeprefix("the file is ")) from None
 
 
-READ_CHUNK = 1 << 20
-
-
-def _opened(path: Path) -> BinaryIO:
-    """The one place a trace file is opened: its bytes, inflated if gzipped."""
-    if path.name.endswith(".gz"):
-        return cast(BinaryIO, gzip.open(path, "rb"))
-    return open(path, "rb")
-
-
-def _read_capped(path: Path, cap: float) -> bytes:
-    """The file's bytes (inflated if gzipped), refused once they pass ``cap``."""
-    gzipped = path.name.endswith(".gz")
-    chunks, size = [], 0
-    with _opened(path) as fh:
-        while chunk := fh.read(READ_CHUNK):
-            size += len(chunk)
-            if size > cap:
-                what = "inflates to" if gzipped else "holds"
-                raise TraceError(str(path), f"{what} more than {limits.readable_bytes(cap)} of "
-                                 "JSON text, the most this machine's memory can parse "
-                                 f"({limits.OVERRIDE})")
-            chunks.append(chunk)
-    return b"".join(chunks)
+JSON_CAP_NOTE = (f" of JSON text, the most this machine's memory can parse "
+                 f"({limits.OVERRIDE})")
 
 
 def text_size(path: Path) -> int:
@@ -175,12 +158,15 @@ def text_size(path: Path) -> int:
     its inflated size (modulo 4 GiB) in its last four bytes; the cap in
     ``read_json_any`` holds whatever it states."""
     try:
-        size = path.stat().st_size
-        if not path.name.endswith(".gz") or size < 4:
-            return size
-        with open(path, "rb") as fh:
+        with gate.open_checked(path, "") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if not path.name.endswith(".gz") or size < 4:
+                return size
             fh.seek(-4, 2)
             return int.from_bytes(fh.read(4), "little")
+    except gate.InputError as err:
+        raise TraceError(str(path), err.reason(path)) \
+            from None
     except OSError as err:
         raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
 
@@ -208,9 +194,10 @@ def kineto_files(directory: Path) -> list[Path]:
 
 def _kineto_head(path: Path) -> bool:
     try:
-        with _opened(path) as fh:
+        with gate.open_checked(path, "") as raw:
+            fh = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
             head = fh.read(HEAD_BYTES)
-    except (OSError, EOFError, zlib.error):
+    except (OSError, EOFError, zlib.error, ValueError):  # a gate refusal too: read to say why
         return True
     return any(key in head for key in KINETO_HEAD_KEYS)
 

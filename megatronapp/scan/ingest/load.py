@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping
 
 from megatronapp.trace.columns import is_int32
+from megatronapp.io import gate
 from megatronapp.io.progress import Say, quiet
 from megatronapp.io.text import MAX_DEPTH, structure_size
 from megatronapp.trace.events import Event
@@ -302,6 +303,7 @@ class TraceFiles:
 def locate_trace(target: str | Path, raw_clocks: bool = True) -> TraceFiles:
     """The files ``load_trace(target, raw_clocks)`` reads, found without reading them."""
     path = Path(target)
+    _gated(path, "any")  # names, links, special files: before anything is looked at
     if path.is_dir() and (path / TRACE_STORE).is_file():
         return TraceFiles("store", (path / TRACE_STORE,), raw_clocks, path)
     if path.suffix == ".parquet" and path.is_file():
@@ -317,9 +319,16 @@ def locate_trace(target: str | Path, raw_clocks: bool = True) -> TraceFiles:
             return TraceFiles("kineto", tuple(profiles))
         raise TraceError(str(path), "no trace.parquet, ranks/rank*.json, trace.json or "
                          "torch.profiler traces (*.json, *.json.gz) in this directory")
-    if not path.is_file():
-        raise TraceError(str(path), "no such file or directory")
-    return TraceFiles("file", (path,))
+    return TraceFiles("file", (_gated(path, "file"),))
+
+
+def _gated(path: Path, kind: gate.Kind) -> Path:
+    """``path`` through the input gate; what it refuses, as a TraceError naming the path."""
+    try:
+        gate.checked(path, "", kind)
+    except gate.InputError as err:
+        raise TraceError(str(path), err.reason(path)) from None
+    return path
 
 
 @dataclass(frozen=True)
@@ -342,7 +351,7 @@ def _stored_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     try:
-        footer = pq.read_metadata(path)
+        footer = pq.read_metadata(_gated(path, "file"))
         return int(_symmetric_events(footer.metadata) or footer.num_rows)
     except (OSError, pa.ArrowException) as err:
         raise TraceError(str(path), f"not a readable Parquet file ({str(err).splitlines()[0]})") \

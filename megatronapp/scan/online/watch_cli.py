@@ -50,10 +50,20 @@ def _probability(text: str) -> float:
     return value
 
 
+MAX_INTERVAL_S = 3600.0  # a look at least every hour (time.sleep takes no more than ~9e9 s)
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(text)
+    if value > MAX_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INTERVAL_S:g} seconds, got {text}")
     return value
 
 
@@ -63,7 +73,8 @@ def register(subparsers: Any, _plot_hooks: list) -> None:
                       "output) and report MegaScan's verdicts as they come")
     watch.add_argument("dir", metavar="DIR", help="a run directory, or a tensorboard_trace_handler "
                                                   "directory (one file per rank per cycle)")
-    watch.add_argument("--interval", type=_seconds, default=1.0, help="seconds between looks")
+    watch.add_argument("--interval", type=_interval, default=1.0,
+                       help=f"seconds between looks (at most {MAX_INTERVAL_S:g})")
     watch.add_argument("--idle", type=_seconds, default=None,
                        help="end when no file was written for this long (default: follow until "
                             "interrupted)")
