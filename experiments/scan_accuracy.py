@@ -33,6 +33,7 @@ from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.methods import DETECTORS, detector
 
 NAME = "scan_accuracy"
+FIT_NAME = "scan_fit"  # --fit: the thresholds and confidence the defaults were set to
 BASELINES = tuple(m for m in DETECTORS if m != "megascan")
 FIGURE = results.ROOT / "docs" / "img" / "scan_reliability.png"
 
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:
-    run = results.start(name)
+    fitting = args.fit and megascan
+    run = results.start(FIT_NAME if fitting else name)  # the fit's record stays beside the scores
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -190,9 +192,9 @@ def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:
             "runs": {k: len(v.cases) for k, v in scored.items()},
             "sets": evaluate(scored, params)}
     path = run.record(data)
-    if megascan:
+    if megascan and not fitting:
         plot(data, FIGURE)
-    print(f"wrote {path}" + (f" and {FIGURE}" if megascan else ""))
+    print(f"wrote {path}" + (f" and {FIGURE}" if megascan and not fitting else ""))
     return 0
 
 

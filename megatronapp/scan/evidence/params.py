@@ -19,12 +19,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Params:
-    noise_multiple: float = 3.0
-    min_slowdown: float = 0.0
-    min_share: float = 0.02
-    min_hit_share: float = 0.25
-    confidence_slope: float = 2.0
-    confidence_offset: float = 0.0
+    noise_multiple: float = 1.0
+    min_slowdown: float = 0.2
+    min_share: float = 0.0
+    min_hit_share: float = 1.0
+    confidence_slope: float = 0.635
+    confidence_offset: float = 0.328
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
@@ -42,27 +42,34 @@ class Params:
             raise ValueError("shortlist, capacity and min_noise_samples must be >= 1")
 
 
+FITTED = ("fitted on the tuning set (results/scan_fit.json, python -m "
+          "experiments.scan_accuracy --fit --tuning-only): the grid's (scan.eval.tuning.GRID) "
+          "point naming the most faults first with false alarms on at most 3% of the healthy runs")
+CALIBRATED = ("fitted on the tuning set's named causes: the logistic regression of right on "
+              "log(noise units) with the highest posterior under a unit Gaussian prior at "
+              "slope 1, offset 0 (scan.eval.tuning.fit_calibration)")
+
 # name -> (meaning, where its value comes from)
 PROVENANCE: dict[str, tuple[str, str]] = {
     "noise_multiple": (
         "blame must be this many noise units to count in an iteration",
-        "to be fitted on the tuning set"),
+        FITTED),
     "min_slowdown": (
         "and at least this much over its expected time, relative to it (0.5: 1.5x as long)",
-        "to be fitted on the tuning set"),
+        FITTED),
     "min_share": (
         "blame must also be this share of its iteration to count",
-        "to be fitted on the tuning set"),
+        FITTED),
     "min_hit_share": (
         "a suspect must count in this share of the iterations it was seen in (a fault "
         "recurs; a machine's hiccup hits one iteration)",
-        "to be fitted on the tuning set"),
+        FITTED),
     "confidence_slope": (
         "logistic slope of the confidence in log(noise units of blame)",
-        "to be fitted on the tuning set"),
+        CALIBRATED),
     "confidence_offset": (
         "logistic offset of the confidence",
-        "to be fitted on the tuning set"),
+        CALIBRATED),
     "shortlist": (
         "suspects replayed per batch, most over their expected time first",
         "not fitted: a bound on work (each replay is one pass over the batch)"),
