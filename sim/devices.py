@@ -1,73 +1,74 @@
-"""Devices whose compute speed injected throttling changes over time."""
+"""Devices: nominal work (seconds at full speed) to elapsed seconds, as the
+injected faults say (``megatronapp.faults.Speed``: throttle windows, device
+variation), plus background noise; and the host time a rank's faults put
+before an op (``megatronapp.faults.HostStalls``). Both engines ask here, one op
+at a time (``duration``) or in bulk (``durations``)."""
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Hashable
 
 import numpy as np
+
+from megatronapp.faults import HostDelay, HostStalls, Speed
 
 from .draws import NormalStream
 
 
-@dataclass(frozen=True)
-class ThrottleWindow:
-    """A stretch of time in which a device (or a link) is ``factor`` x slow."""
-
-    start_s: float
-    end_s: float  # math.inf for "until the end"
-    factor: float  # compute (or a transfer) takes factor x as long inside the window
-
-
-def factor_at(windows: tuple[ThrottleWindow, ...], t: float) -> float:
-    """The product of the factors of the windows that hold ``t``."""
-    factor = 1.0
-    for w in windows:
-        if w.start_s <= t < w.end_s:
-            factor *= w.factor
-    return factor
-
-
 @dataclass
 class Device:
-    """Turns nominal work (seconds at full speed) into elapsed seconds."""
-
     rank: int
-    windows: tuple[ThrottleWindow, ...] = ()
+    speed: Speed = field(default_factory=Speed)
     jitter_sigma: float = 0.0
     rng: np.random.Generator | None = None
-    _breaks: list[float] = field(init=False, default_factory=list)
+    host: tuple[HostDelay, ...] = ()
     _noise: NormalStream | None = field(init=False, default=None)
+    _stalls: HostStalls = field(init=False)
 
     def __post_init__(self) -> None:
-        points = {w.start_s for w in self.windows} | {w.end_s for w in self.windows}
-        self._breaks = sorted(p for p in points if math.isfinite(p))
         if self.jitter_sigma > 0 and self.rng is not None:
             self._noise = NormalStream(self.rng)
+        self._stalls = HostStalls(self.host)
 
     @property
     def is_noisy(self) -> bool:
         return self._noise is not None
 
-    def slowdown_at(self, t: float) -> float:
-        return factor_at(self.windows, t)
+    @property
+    def faulty(self) -> bool:
+        """Its compute or its host is changed by a fault (each op is priced here)."""
+        return not self.speed.plain or bool(self.host)
+
+    @property
+    def signature(self) -> Hashable:
+        """What its timeline depends on; unique when it draws noise."""
+        if self.is_noisy:
+            return ("noise", self.rank)
+        return self.speed, self.host
+
+    def slowdown_at(self, t: float, iteration: int = -1) -> float:
+        return self.speed.factor_at(t, iteration)
 
     def noisy(self, work_s: float) -> float:
         if self._noise is None:
             return work_s
         return work_s * math.exp(self.jitter_sigma * self._noise.draw())
 
-    def duration(self, start_s: float, work_s: float) -> float:
+    def duration(self, start_s: float, work_s: float, iteration: int = -1) -> float:
         """Elapsed time for ``work_s`` of nominal work starting at ``start_s``."""
-        work = self.noisy(work_s)
-        if not self.windows:
-            return work
-        t, left = start_s, work
-        i = bisect.bisect_right(self._breaks, t)
-        while True:
-            slow = self.slowdown_at(t)
-            nxt = self._breaks[i] if i < len(self._breaks) else math.inf
-            if left * slow <= nxt - t:
-                return t + left * slow - start_s
-            left -= (nxt - t) / slow
-            t, i = nxt, i + 1
+        return self.speed.duration(start_s, self.noisy(work_s), iteration)
+
+    def durations(self, start_s: np.ndarray, work_s: np.ndarray,
+                  iteration: np.ndarray | None = None) -> np.ndarray:
+        """``duration`` over arrays of ops in program order (their noise drawn in
+        that order, as one at a time)."""
+        work = np.asarray(work_s, dtype=float)
+        if self._noise is not None:
+            work = work * np.exp(self.jitter_sigma * np.array(
+                [self._noise.draw() for _ in range(work.size)]).reshape(work.shape))
+        return self.speed.durations(start_s, work, iteration)
+
+    def host_delay_s(self, name: str, iteration: int) -> float:
+        """Host time before this op (a rank's ops come here in program order)."""
+        return self._stalls.before(name, iteration) if self.host else 0.0

@@ -130,8 +130,11 @@ class Engine:
 
     def _devices(self, cluster: Cluster) -> None:
         self.device = [cluster.devices[r] for r in self.ranks]
-        self.pricing = [DEVICE if d.windows else (NOISY if d.is_noisy else PLAIN)
+        self.pricing = [DEVICE if d.faulty else (NOISY if d.is_noisy else PLAIN)
                         for d in self.device]
+        stages = self.program.stages  # a faulty device's ops: their name and iteration
+        self.op_names = [stages[s].names for s in self.stage]
+        self.op_iterations = [stages[s].iteration for s in self.stage]
 
     def _links(self, cluster: Cluster, p_count: int) -> None:
         """Per simulated rank, the link to each stage of its pipeline (itself too:
@@ -273,13 +276,17 @@ class Engine:
                     if overhead and code != WAIT and code != COLLECTIVE_WAIT:
                         t = t + overhead
                     if code == COMPUTE:
+                        if pricing == DEVICE:  # host time its faults put before it
+                            t = t + self.device[i].host_delay_s(self.op_names[i][op[1]],
+                                                                self.op_iterations[i][op[1]])
                         st[op[1]] = t
                         if pricing == PLAIN:
                             t = t + op[2]
                         elif pricing == NOISY:
                             t = t + self.device[i].noisy(op[2])
                         else:
-                            t = t + self.device[i].duration(t, op[2])
+                            t = t + self.device[i].duration(t, op[2],
+                                                            self.op_iterations[i][op[1]])
                         en[op[1]] = t
                     elif code == COLLECTIVE:
                         st[op[1]] = t
@@ -390,6 +397,8 @@ class Engine:
         link = self.link_row[i][self.msg_dst[m]]
         slow = link.slowdown(t)
         note = (slot, i, m, self.latency_row[i][self.msg_dst[m]])
+        if link.outages:  # a flapping link: the transfer waits for it
+            t = t + link.delay_s(t, nbytes, slow)
         if self.fixed_p2p is not None:
             self.deliver(note, t + self.fixed_p2p * slow)
         elif nbytes <= 0:

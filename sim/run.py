@@ -16,6 +16,7 @@ from megatronapp.trace.events import Event, RunResult
 from .cluster import Cluster, build_cluster
 from .engine import CompiledDeadlock, run_compiled
 from .interpreter import SimDeadlock, SimInterpreter
+from .stops import stopped
 from .symmetry import identity_classes, pipe_classes
 
 
@@ -47,10 +48,11 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
             run = run_compiled(cluster, program, classes, progress, op_overhead_s(s))
         except CompiledDeadlock as err:
             raise SimDeadlock(err.blocked) from None
-        return RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks, source=run)
+        return stopped(RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks,
+                                 source=run), cluster.effects)
     interpreter = SimInterpreter(cluster, on_record or watch, op_overhead_s=op_overhead_s(s))
     events = interpreter.run(rank_programs(s, stages_for))
-    return RunResult("sim", cluster.topo, events, cluster.clocks)
+    return stopped(RunResult("sim", cluster.topo, events, cluster.clocks), cluster.effects)
 
 
 def _compiled_program(s: Scenario, cluster: Cluster) -> PipeProgram | None:
@@ -98,4 +100,4 @@ def run_replica(s: Scenario, on_record: Callable[[int, Event], None] | None = No
                                  op_overhead_s=op_overhead_s(s))
     programs = rank_programs(s)
     events = interpreter.run({r: programs[r] for r in sorted(ranks)})
-    return RunResult("sim", cluster.topo, events, cluster.clocks)
+    return stopped(RunResult("sim", cluster.topo, events, cluster.clocks), cluster.effects)

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..trace.columns import source_of
-from ..scenario.config import ClockSkew, Scenario, adjustments, scenario_to_dict
+from ..faults import ground_truth as fault_truth, skewed_ranks
+from ..scenario.config import Scenario, adjustments, fault_job, scenario_to_dict
 from ..errors import UserError
 from ..program.features import feature_hooks
 from ..trace.store import TRACE_FILE, StoreMeta
@@ -29,8 +30,9 @@ def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
     faults = [f.model_dump(mode="json") for f in s.faults]
     clocks = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm}
               for r, c in sorted(result.clocks.items())}
-    skewed = [f.rank for f in s.faults if isinstance(f, ClockSkew)]
-    truth = {"faults": faults, "clocks": clocks, "skewed_ranks": skewed}
+    job = fault_job(s)
+    truth = {"faults": faults, "clocks": clocks, "skewed_ranks": skewed_ranks(s.faults, job),
+             "truth": [t.to_json() for t in fault_truth(s.faults, job)]}
     for feature in feature_hooks():
         truth = feature.ground_truth(result, truth)
     return truth

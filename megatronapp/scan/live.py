@@ -15,7 +15,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from megatronapp.errors import UserError
-from megatronapp.scenario.config import Scenario
+from megatronapp.faults import skewed_ranks
+from megatronapp.scenario.config import Scenario, fault_job
 from megatronapp.trace.columns import EventColumns, columns_from_events
 from megatronapp.trace.events import Event
 
@@ -91,7 +92,7 @@ def scan_for(s: Scenario, config: OnlineConfig | None = None, live: bool = False
         config = (OnlineConfig(confirm=LIVE_CONFIRM, link_window=LIVE_LINK_WINDOW) if live
                   else OnlineConfig())
     if live:
-        config = replace(config, aligned=not any(f.kind == "clock_skew" for f in s.faults))
+        config = replace(config, aligned=not skewed_ranks(s.faults, fault_job(s)))
     return OnlineScan(config, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
 
 
