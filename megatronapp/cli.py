@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
                "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli",
-               "megatronapp.report.cli", "megatronapp.scan.watch_cli", "megatronapp.mitigate.cli")
+               "megatronapp.report.cli", "megatronapp.scan.online.watch_cli",
+               "megatronapp.mitigate.cli")
 
 
 # ------------------------------------------------------------------- run
@@ -139,7 +140,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from .io.outdirs import staged_outputs
     from .io.progress import status
     from .scan.cli import check_trace
-    from .scan.focus import plot_cost
+    from .scan.evidence.focus import plot_cost
 
     run_dir = Path(args.run_dir)
     _check_plot_source(run_dir)
@@ -165,7 +166,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def _check_plot_source(run_dir: Path) -> None:
     """A run directory (trace.parquet or trace.json), else a directory of
     torch.profiler traces (aligned first); the plots go next to them."""
-    from .scan.kineto import kineto_files
+    from .scan.ingest.kineto import kineto_files
 
     if any((run_dir / name).is_file() for name in ("trace.parquet", "trace.json")):
         return
@@ -177,7 +178,7 @@ def _check_plot_source(run_dir: Path) -> None:
 
 def _plot_input(run_dir: Path, max_bytes: float, say: Callable[[str], None]) -> Any:
     from .scan.cli import _side_file
-    from .scan.focus import load_plot_input
+    from .scan.evidence.focus import load_plot_input
 
     return _side_file(lambda target: load_plot_input(target, max_bytes, say), run_dir)
 
@@ -361,7 +362,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except SystemExit as stop:  # --help, --version and usage errors (already printed)
         return stop.code if isinstance(stop.code, int) else 2
     from .scenario.config import ScenarioError  # after parsing: --help and usage errors stay fast
-    from .scan.load import TraceError
+    from .scan.ingest.load import TraceError
 
     try:
         return int(args.func(args) or 0)

@@ -59,12 +59,12 @@ from megatronapp.io.outdirs import staged_dir  # noqa: E402
 from megatronapp.mitigate.loop import close_loop  # noqa: E402
 from megatronapp.mitigate.plan import global_batch  # noqa: E402
 from megatronapp.run.write import write_run  # noqa: E402
-from megatronapp.scan.live import on_device, scan_for  # noqa: E402
-from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,  # noqa: E402
+from megatronapp.scan.online.live import on_device, scan_for  # noqa: E402
+from megatronapp.scan.online.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,  # noqa: E402
                                      iterations_of)
-from megatronapp.scan.table import COMPUTE_KIND  # noqa: E402
-from megatronapp.scan.trials import REAL_P2P_S  # noqa: E402
-from megatronapp.scan.work import scenario_of_run  # noqa: E402
+from megatronapp.scan.align.table import COMPUTE_KIND  # noqa: E402
+from megatronapp.scan.eval.trials import REAL_P2P_S  # noqa: E402
+from megatronapp.scan.ingest.work import scenario_of_run  # noqa: E402
 from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario  # noqa: E402
 from megatronapp.trace.columns import EventColumns, TableSource, source_of  # noqa: E402
 from megatronapp.trace.store import TRACE_FILE, read_columns  # noqa: E402

@@ -80,12 +80,12 @@ import json, sys
 from pathlib import Path
 from megatronapp.host import limits
 from megatronapp.scenario.config import load_scenario
-from megatronapp.scan.load import locate_trace, trace_size
+from megatronapp.scan.ingest.load import locate_trace, trace_size
 from sim import run_size
 if sys.argv[1] == "run":
     e = limits.estimate_run(load_scenario(sys.argv[2], sys.argv[3:]), run_size)
 else:
-    from megatronapp.scan.inputs import batching
+    from megatronapp.scan.align.inputs import batching
     store = locate_trace(Path(sys.argv[2]))
     events = trace_size(store).stored_events
     e = limits.estimate_trace(events, 0, limits.COSTS.detect_columns, batching(store.paths[0]))

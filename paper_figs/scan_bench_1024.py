@@ -28,10 +28,10 @@ def main() -> None:
                         "--quiet"], check=True)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    from megatronapp.scan.critical import critical_path
-    from megatronapp.scan.detect import megascan
-    from megatronapp.scan.inputs import load_table_scan, prepare_loaded
-    from megatronapp.scan.load import load_trace
+    from megatronapp.scan.evidence.critical import critical_path
+    from megatronapp.scan.evidence.detect import megascan
+    from megatronapp.scan.align.inputs import load_table_scan, prepare_loaded
+    from megatronapp.scan.ingest.load import load_trace
 
     stages: list[tuple[str, float, float]] = []
 

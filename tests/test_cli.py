@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp.scan.load import read_events
+from megatronapp.scan.ingest.load import read_events
 
 from .support import ROOT, run_cli
 

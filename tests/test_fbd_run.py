@@ -10,8 +10,8 @@ import pytest
 from megatronapp.cli import main
 from megatronapp.scenario.config import load_scenario
 from megatronapp.fbd.hetero import steady_iteration_s
-from megatronapp.scan.load import read_events
-from megatronapp.scan.load import load_trace
+from megatronapp.scan.ingest.load import read_events
+from megatronapp.scan.ingest.load import load_trace
 from sim import simulate as run_scenario
 from sim.fbd import compare_plans, run_fbd
 

@@ -11,8 +11,8 @@ import pytest
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.costs.per_op import stage_costs
 from megatronapp.parallel.ops import AllGather, AllReduce, ReduceScatter
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.validate import scan_of_result
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.eval.validate import scan_of_result
 from megatronapp.trace.summary import summarize
 from megatronapp.trace.events import Event
 from sim import run_sim, simulate_iteration_times

@@ -8,7 +8,7 @@ import pytest
 
 from megatronapp.trace.kinds import event_kind, p2p_side
 from megatronapp.parallel.ops import AllReduce, Compute, IRecv, ISend, Recv, Send, encode_tag, trace_args
-from megatronapp.scan.deps import reconstruct
+from megatronapp.scan.ingest.deps import reconstruct
 from megatronapp.trace.events import Event, chrome_events
 from sim import run_sim
 

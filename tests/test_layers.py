@@ -41,7 +41,7 @@ def broken_contracts(lint_output: str) -> str:
 @pytest.mark.parametrize("module, bad_import, contract", [
     ("megatronapp/trace/summary.py", "from backends.sim import SimBackend",
      "The core does not import the simulator"),
-    ("megatronapp/scan/detect.py", "from megatronapp.cli import main",  # the CLI imports scan
+    ("megatronapp/scan/evidence/detect.py", "from megatronapp.cli import main",  # the CLI imports scan
      "No import cycles between the core's subpackages"),
     ("megatronapp/dpp/windows.py", "from megatronapp.fidelity import predict",  # predict reads dpp
      "No import cycles between the core's subpackages"),
@@ -60,7 +60,7 @@ def broken_contracts(lint_output: str) -> str:
      "The core's subpackages import no feature module"),
     ("megatronapp/fbd/run.py", "from megatronapp.scope import summary",
      "The features are independent of each other"),
-    ("megatronapp/scan/detect.py", "from megatronapp.run import report",
+    ("megatronapp/scan/evidence/detect.py", "from megatronapp.run import report",
      "The features sit below the run composition"),
     ("megatronapp/run/report.py", "from megatronapp.fbd.run import summary_lines",
      "The run path imports no feature"),

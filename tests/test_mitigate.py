@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 from megatronapp.mitigate.loop import LoopRun, Spans, close_loop
 from megatronapp.mitigate.plan import global_batch, replan, shrunk_parallel
 from megatronapp.program.ranks import static_compute_ops
-from megatronapp.scan.work import ModelledWork, modelled_work
+from megatronapp.scan.ingest.work import ModelledWork, modelled_work
 from megatronapp.scenario.config import Parallel, ScenarioError, load_scenario, parse_scenario
 from megatronapp.trace.columns import RankEventsView, TableSource, concat_same, source_of
 from megatronapp.trace.events import RunResult
@@ -198,7 +198,7 @@ def test_a_segment_works_out_each_ranks_modelled_work_once(monkeypatch: pytest.M
     def counted(scenario: Any, ranks: Any) -> Any:
         asked.extend(ranks)
         return static_compute_ops(scenario, ranks)
-    monkeypatch.setattr("megatronapp.scan.work.static_compute_ops", counted)
+    monkeypatch.setattr("megatronapp.scan.ingest.work.static_compute_ops", counted)
     s = load_scenario(ROOT / "scenarios/megascale_12288.yaml",
                       [*CUT_128[:3], "iterations=10", *CUT_128[4:]])
     loop = close_loop(s, simulate(s), simulate, lambda _: None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from paper_figs import online_table as table
-from megatronapp.scan.live import QUEUED, LiveFeed, scan_for
+from megatronapp.scan.online.live import QUEUED, LiveFeed, scan_for
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.trace.events import Event, RunResult
 from megatronapp.trace.kinds import event_kind

@@ -16,7 +16,7 @@ from megatronapp.scenario.config import load_scenario
 from megatronapp.dpp.plots import windows_figure
 from megatronapp.trace.timeline import MAX_TICK_LABELS, timeline_figure
 from megatronapp.run.write import write_run
-from megatronapp.scan.focus import PlotInput, load_plot_input
+from megatronapp.scan.evidence.focus import PlotInput, load_plot_input
 from megatronapp.scan.plots import heatmap_figure, marey_figure
 from megatronapp.trace.events import Event
 from sim import run_sim

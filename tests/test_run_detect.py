@@ -62,8 +62,8 @@ def test_detect_of_a_decoupled_run_is_one_line_and_writes_nothing(tmp_path: Path
 
 
 def test_events_reported_live_are_fed_as_soon_as_every_rank_has_moved_on() -> None:
-    from megatronapp.scan.live import LiveFeed, scan_for
-    from megatronapp.scan.online import iterations_of
+    from megatronapp.scan.online.live import LiveFeed, scan_for
+    from megatronapp.scan.online.online import iterations_of
     from megatronapp.scenario.config import load_scenario
     from megatronapp.trace.columns import source_of
     from sim import simulate

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.scan.align import robust_line, score_against_truth, trace_span
-from megatronapp.scan.deps import annotate, reconstruct
-from megatronapp.scan.validate import scan_of_result
+from megatronapp.scan.align.align import robust_line, score_against_truth, trace_span
+from megatronapp.scan.ingest.deps import annotate, reconstruct
+from megatronapp.scan.eval.validate import scan_of_result
 from sim import run_sim
 
 SKEWS = [(1, 9_800.0, 95.0), (2, -10_000.0, -100.0), (5, 3_300.0, 0.0), (6, -250.0, 60.0),

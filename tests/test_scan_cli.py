@@ -10,7 +10,7 @@ import pytest
 from megatronapp.cli import main
 from megatronapp.scenario.config import parse_scenario
 from megatronapp.run.write import write_run
-from megatronapp.scan.load import read_events
+from megatronapp.scan.ingest.load import read_events
 from megatronapp.scan.cli import plot_hook
 from megatronapp.scan.plots import mean_durations, pipeline_of
 from sim import run_sim
@@ -132,7 +132,7 @@ def test_bad_input_exits_2_with_one_line(run_dir, tmp_path, capsys, argv, field)
 
 
 def test_reading_a_run_says_what_it_does(run_dir):
-    from megatronapp.scan.inputs import load_scan_input
+    from megatronapp.scan.align.inputs import load_scan_input
 
     phases: list[str] = []
     scan = load_scan_input(run_dir, phases.append)

@@ -6,9 +6,9 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from megatronapp.scan.critical import critical_path, dependency_graph
-from megatronapp.scan.deps import reconstruct
-from megatronapp.scan.load import events_from_chrome
+from megatronapp.scan.evidence.critical import critical_path, dependency_graph
+from megatronapp.scan.ingest.deps import reconstruct
+from megatronapp.scan.ingest.load import events_from_chrome
 from sim import run_sim
 
 from .support import fixed_cost_scenario

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.scan.detect import megascan
+from megatronapp.scan.evidence.detect import megascan
 from megatronapp.scan.diagnosis import Diagnosis
-from megatronapp.scan.trials import CONTROLS, make_sim_trial
-from megatronapp.scan.validate import METHODS, run_trial, scan_of_result
+from megatronapp.scan.eval.trials import CONTROLS, make_sim_trial
+from megatronapp.scan.eval.validate import METHODS, run_trial, scan_of_result
 from megatronapp.parallel.topology import Topology
 from sim import run_sim
 

@@ -14,7 +14,7 @@ import pytest
 from megatronapp.cli import main
 from megatronapp.scenario.config import parse_scenario
 from megatronapp.run.write import write_run
-from megatronapp.scan.load import TraceError, events_from_chrome
+from megatronapp.scan.ingest.load import TraceError, events_from_chrome
 from sim import run_sim
 
 from .support import ROOT

@@ -1,5 +1,5 @@
 """Each rank's time in an op summed per whole iteration
-(``megatronapp.scan.iteration_totals``): the same totals however the
+(``megatronapp.scan.evidence.iteration_totals``): the same totals however the
 trace is cut into time-ordered batches, the last (maybe partial) iteration
 left out, a late row of a closed iteration never counted as one of its own."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatronapp.scan.iteration_totals import IterationTotals
+from megatronapp.scan.evidence.iteration_totals import IterationTotals
 from megatronapp.trace.columns import EventColumns, columns_from_events
 from megatronapp.trace.events import Event
 

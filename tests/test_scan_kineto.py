@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.kineto import LOADED_PHASES, SKIPPED_PHASES, kineto_files, load_kineto
-from megatronapp.scan.load import TraceError, load_trace
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.align.inputs import load_scan_input
+from megatronapp.scan.ingest.kineto import LOADED_PHASES, SKIPPED_PHASES, kineto_files, load_kineto
+from megatronapp.scan.ingest.load import TraceError, load_trace
 from .support import KINETO_BASE_NS, kineto_event, kineto_meta, write_kineto
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from megatronapp.scan.analyze import analyze
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.kineto import kineto_files, load_kineto, parse_kineto
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.align.inputs import load_scan_input
+from megatronapp.scan.ingest.kineto import kineto_files, load_kineto, parse_kineto
 
 from .support import GLOO, MAIN, collective, gloo_file, kineto_event, write_kineto
 

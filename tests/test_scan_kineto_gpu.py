@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.kineto import (LOADED_PHASES, SKIPPED_PHASES, kineto_files, load_kineto,
+from megatronapp.scan.ingest.kineto import (LOADED_PHASES, SKIPPED_PHASES, kineto_files, load_kineto,
                                      parse_kineto, read_json_any)
-from megatronapp.scan.load import load_trace
+from megatronapp.scan.ingest.load import load_trace
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_kineto"
 RUN = DATA / "megatron_run"

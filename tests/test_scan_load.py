@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from megatronapp.scan.analyze import analyze
 from megatronapp.trace.summary import union_length
-from megatronapp.scan.load import TraceError, events_from_chrome, load_trace
+from megatronapp.scan.ingest.load import TraceError, events_from_chrome, load_trace
 
 
 def _be(pid: int, name: str, start: float, end: float, **args) -> list[dict]:

@@ -1,4 +1,4 @@
-"""On-line MegaScan (megatronapp/scan/online.py): verdicts from a window of
+"""On-line MegaScan (megatronapp/scan/online/online.py): verdicts from a window of
 iterations fed one at a time, and withdrawals when later windows contradict."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatronapp.scan.live import scan_for
-from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
+from megatronapp.scan.online.live import scan_for
+from megatronapp.scan.online.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
                                      iterations_of)
 from megatronapp.scenario.config import Scenario, load_scenario
 from megatronapp.trace.columns import EventColumns, source_of

@@ -9,10 +9,10 @@ from collections import Counter, defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.kineto import kineto_files, load_kineto
-from megatronapp.scan.p2p_infer import P2POp, forced_peers
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.align.inputs import load_scan_input
+from megatronapp.scan.ingest.kineto import kineto_files, load_kineto
+from megatronapp.scan.ingest.p2p_infer import P2POp, forced_peers
 
 from .support import GLOO, MAIN, gloo_file, kineto_event, write_kineto
 

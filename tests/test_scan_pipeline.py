@@ -1,4 +1,4 @@
-"""MegaScan on ordinary pipeline jobs' traces (``megatronapp.scan.held``):
+"""MegaScan on ordinary pipeline jobs' traces (``megatronapp.scan.evidence.held``):
 a slowed stage is the one the other stages wait for in their receives,
 with or without recorded peers; a slow link holds even its fastest
 receive, and is named only between ranks the trace shows exchanging
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.detect import durations_of, megascan, wait_members
-from megatronapp.scan.held import held_links, holding_stages
-from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.waits import WaitAccumulator
+from megatronapp.scan.evidence.detect import durations_of, megascan, wait_members
+from megatronapp.scan.evidence.held import held_links, holding_stages
+from megatronapp.scan.align.inputs import load_scan_input
+from megatronapp.scan.evidence.waits import WaitAccumulator
 
 from .support import MAIN, gloo_file, kineto_event, write_kineto
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.kineto import kineto_files, load_kineto
-from megatronapp.scan.range_work import OpMix, op_mixes, same_work, work_names
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.align.inputs import load_scan_input
+from megatronapp.scan.ingest.kineto import kineto_files, load_kineto
+from megatronapp.scan.ingest.range_work import OpMix, op_mixes, same_work, work_names
 
 from .support import GLOO, MAIN, gloo_file, kineto_event, write_kineto
 

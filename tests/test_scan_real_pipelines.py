@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.inputs import prepare_loaded
-from megatronapp.scan.load import load_trace
-from megatronapp.scan.trials import PLANS
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.align.inputs import prepare_loaded
+from megatronapp.scan.ingest.load import load_trace
+from megatronapp.scan.eval.trials import PLANS
 
 KEPT = Path(__file__).parent / "data" / "real_trials"
 

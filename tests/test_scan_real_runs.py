@@ -11,9 +11,9 @@ import yaml
 
 from megatronapp.cli import main
 from megatronapp.trace.store import read_columns
-from megatronapp.scan.inputs import load_scan_input
+from megatronapp.scan.align.inputs import load_scan_input
 from megatronapp.trace.kinds import event_kind
-from megatronapp.scan.trials import REAL, REAL_BANDS, make_real_trial
+from megatronapp.scan.eval.trials import REAL, REAL_BANDS, make_real_trial
 from megatronapp.parallel.topology import Topology
 
 

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatronapp.scan.align import score_against_truth, trace_span
-from megatronapp.scan.bounds import Bounds, maximin_line
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.judge import Thresholds, rank_sum_z
-from megatronapp.scan.pairwise import shorth
-from megatronapp.scan.validate import injected_clocks, scan_of_result
+from megatronapp.scan.align.align import score_against_truth, trace_span
+from megatronapp.scan.align.bounds import Bounds, maximin_line
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.evidence.judge import Thresholds, rank_sum_z
+from megatronapp.scan.align.pairwise import shorth
+from megatronapp.scan.eval.validate import injected_clocks, scan_of_result
 from megatronapp.trace.events import RunResult
 
 from .support import real_like, real_like_run

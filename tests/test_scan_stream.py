@@ -11,12 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megatronapp.cli import main
-from megatronapp.scan import inputs
-from megatronapp.scan.detect import Detector, megascan, megascan_stored
-from megatronapp.scan.inputs import (ScanInput, StoredColumns, load_table_scan, prepare_columns,
+from megatronapp.scan.align import inputs
+from megatronapp.scan.evidence.detect import Detector, megascan, megascan_stored
+from megatronapp.scan.align.inputs import (ScanInput, StoredColumns, load_table_scan, prepare_columns,
                                      read_stored, stored_batches)
-from megatronapp.scan.sketch import Reservoir
-from megatronapp.scan.validate import scan_of_result
+from megatronapp.scan.ingest.sketch import Reservoir
+from megatronapp.scan.eval.validate import scan_of_result
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.trace import store as store_module
 from sim import run_sim

@@ -11,14 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from megatronapp.trace.columns import columns_from_events
-from megatronapp.scan.align import ClockFit, causal_bounds
-from megatronapp.scan.deps import reconstruct
-from megatronapp.scan.detect import _last_to_start, megascan
-from megatronapp.scan.judge import _floors_and_medians, finite_rows, row_medians
-from megatronapp.scan.load import events_from_chrome
-from megatronapp.scan.table import causal_violations, sorted_like_loader, sync_table
-from megatronapp.scan.trials import make_sim_trial
-from megatronapp.scan.validate import scan_of_result
+from megatronapp.scan.align.align import ClockFit, causal_bounds
+from megatronapp.scan.ingest.deps import reconstruct
+from megatronapp.scan.evidence.detect import _last_to_start, megascan
+from megatronapp.scan.evidence.judge import _floors_and_medians, finite_rows, row_medians
+from megatronapp.scan.ingest.load import events_from_chrome
+from megatronapp.scan.align.table import causal_violations, sorted_like_loader, sync_table
+from megatronapp.scan.eval.trials import make_sim_trial
+from megatronapp.scan.eval.validate import scan_of_result
 from megatronapp.trace.events import chrome_events
 from sim import run_sim
 

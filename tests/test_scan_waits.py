@@ -1,4 +1,4 @@
-"""Who waits for whom (``megatronapp.scan.waits``) as MegaScan's evidence:
+"""Who waits for whom (``megatronapp.scan.evidence.waits``) as MegaScan's evidence:
 on traces where a slowed rank's extra work hides among many equal ops, the
 others' waits at the collectives name it; the accumulator gives the same
 answer however its input is cut; annotations holding communication count
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.detect import megascan, stage_peers, wait_members
-from megatronapp.scan.inputs import load_scan_input
-from megatronapp.scan.kineto import kineto_files, load_kineto
-from megatronapp.scan.waits import WaitAccumulator
+from megatronapp.scan.evidence.detect import megascan, stage_peers, wait_members
+from megatronapp.scan.align.inputs import load_scan_input
+from megatronapp.scan.ingest.kineto import kineto_files, load_kineto
+from megatronapp.scan.evidence.waits import WaitAccumulator
 
 from .support import GLOO, MAIN, collective, gloo_file, kineto_event, write_kineto
 

@@ -10,10 +10,10 @@ import pytest
 from megatronapp.cli import main
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.costs.per_op import stage_costs
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.inputs import load_scan_input, load_table_scan
-from megatronapp.scan.validate import scan_of_result
-from megatronapp.scan.work import modelled_work, scenario_of_run
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.align.inputs import load_scan_input, load_table_scan
+from megatronapp.scan.eval.validate import scan_of_result
+from megatronapp.scan.ingest.work import modelled_work, scenario_of_run
 from sim import run_sim
 
 PP = 4

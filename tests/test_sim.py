@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.program.layout import pipe_shape, topology_of
 from megatronapp.parallel.ops import AllReduce, ISend, Recv, Wait
-from megatronapp.scan.critical import critical_path
-from megatronapp.scan.deps import reconstruct
+from megatronapp.scan.evidence.critical import critical_path
+from megatronapp.scan.ingest.deps import reconstruct
 from megatronapp.trace.summary import iteration_spans, summarize
 from megatronapp.trace.events import Event
 from sim import SimDeadlock, run_sim

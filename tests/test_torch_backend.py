@@ -28,7 +28,7 @@ from megatronapp import cli
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.parallel.ops import Compute, Recv
 from megatronapp.program.ranks import NullStages
-from megatronapp.scan.load import load_trace
+from megatronapp.scan.ingest.load import load_trace
 from megatronapp.trace.events import Event
 from sim import injected_faults, run_sim
 

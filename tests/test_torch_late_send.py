@@ -16,7 +16,7 @@ from torch.profiler import record_function  # noqa: E402
 
 from backends.torch.interpreter import SEND_CALL, LateSend  # noqa: E402
 from backends.torch.profile import kineto_profile  # noqa: E402
-from megatronapp.scan.kineto import read_json_any  # noqa: E402
+from megatronapp.scan.ingest.kineto import read_json_any  # noqa: E402
 
 WORK = "gloo:send"
 

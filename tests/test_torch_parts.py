@@ -239,7 +239,7 @@ def test_a_compute_op_on_a_shared_core_says_how_long_it_waited_to_run(
     """Its wall time less that wait is the time it held the core, as a GPU
     kernel's time is; a throttle stretches that time, not the wait."""
     from backends.torch.interpreter import INJECTED, HostClock, Interpreter
-    from megatronapp.scan.live import QUEUED
+    from megatronapp.scan.online.live import QUEUED
     from megatronapp.trace.events import Tracer
 
     monkeypatch.setattr("backends.torch.interpreter.dist.get_backend", lambda: "gloo")

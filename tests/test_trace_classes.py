@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.load import locate_trace, trace_size
+from megatronapp.scan.ingest.load import locate_trace, trace_size
 from megatronapp.scenario.config import load_scenario
 from megatronapp.trace.columns import EventColumns, TableSource, concat_columns
 from megatronapp.trace.store import FORMAT, SYMMETRIC, expanded_view, iter_columns, read_columns, \
@@ -154,8 +154,8 @@ def test_a_store_with_malformed_classes_is_one_line_naming_it(tmp_path, capsys, 
 
 def test_detect_expands_a_symmetric_store_one_batch_at_a_time_with_the_full_stores_verdict(
         tmp_path, monkeypatch):
-    from megatronapp.scan import inputs
-    from megatronapp.scan.detect import megascan_stored
+    from megatronapp.scan.align import inputs
+    from megatronapp.scan.evidence.detect import megascan_stored
     from megatronapp.trace.classes import Expansion
 
     run, every = _run(tmp_path)
@@ -196,8 +196,8 @@ ALIKE = ("parallel: {tp: 1, pp: 2, dp: 12, microbatches: 8}\n"
 ])
 def test_detect_judges_twin_replicas_from_one_with_the_verdict_of_every_rank(
         tmp_path, job, faults):
-    from megatronapp.scan import inputs
-    from megatronapp.scan.detect import megascan_stored
+    from megatronapp.scan.align import inputs
+    from megatronapp.scan.evidence.detect import megascan_stored
 
     path = tmp_path / "job.yaml"
     path.write_text(job)

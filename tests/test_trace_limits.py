@@ -14,8 +14,8 @@ import pytest
 
 from megatronapp.host import limits
 from megatronapp.cli import main
-from megatronapp.scan.kineto import read_json_any
-from megatronapp.scan.load import TraceError, TraceSize, locate_trace, trace_size
+from megatronapp.scan.ingest.kineto import read_json_any
+from megatronapp.scan.ingest.load import TraceError, TraceSize, locate_trace, trace_size
 
 from .support import ROOT, peak_memory_of
 
@@ -56,8 +56,8 @@ def _no_event_reading(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("events were read before the size check")
 
     import megatronapp.trace.store as store
-    import megatronapp.scan.load as load
-    import megatronapp.scan.inputs as inputs
+    import megatronapp.scan.ingest.load as load
+    import megatronapp.scan.align.inputs as inputs
 
     read_json = load.read_json_any
 
@@ -173,7 +173,7 @@ def test_an_honest_bomb_is_refused_by_its_stated_size_before_inflating(tmp_path,
 CAPPED = """
 import resource, sys
 from megatronapp import cli
-import megatronapp.scan.load, megatronapp.scan.inputs, numpy  # what detect loads first
+import megatronapp.scan.ingest.load, megatronapp.scan.align.inputs, numpy  # what detect loads first
 headroom = int(sys.argv[1])
 soft = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize() + headroom
 resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
@@ -204,7 +204,7 @@ def _memory_errors() -> list[BaseException]:
 
 @pytest.mark.parametrize("error", _memory_errors(), ids=lambda e: type(e).__name__)
 def test_running_out_of_memory_anyway_is_one_line(error, run_dir, capsys, monkeypatch):
-    import megatronapp.scan.detect as detect
+    import megatronapp.scan.evidence.detect as detect
 
     def exhausted(*_args: object) -> None:
         raise error
@@ -246,7 +246,7 @@ LONG = SCENARIO.replace("iterations: 3", "iterations: 16")  # many small iterati
 
 def test_detect_is_priced_by_its_largest_batch_and_state_not_by_every_event(
         tmp_path, capsys, monkeypatch):
-    import megatronapp.scan.inputs as inputs
+    import megatronapp.scan.align.inputs as inputs
 
     run, events = _ran(tmp_path, LONG)
     cost = limits.COSTS.detect_columns
@@ -271,7 +271,7 @@ TWINS = ("name: twins\nparallel: {tp: 2, pp: 4, dp: 16, microbatches: 8}\n"
 
 def test_detect_on_twin_replicas_is_priced_by_the_replicas_it_reads_and_every_rank_it_judges(
         tmp_path):
-    import megatronapp.scan.inputs as inputs
+    import megatronapp.scan.align.inputs as inputs
 
     run, events = _ran(tmp_path, TWINS)
     fed = inputs.batching(run / "trace.parquet")

@@ -17,8 +17,8 @@ from megatronapp.trace.store import (StoreMeta, local_clock_view, read_columns, 
                                     write_events)
 from megatronapp.trace.kinds import event_kind
 from megatronapp.io.outdirs import read_manifest
-from megatronapp.scan.load import read_events
-from megatronapp.scan.load import load_trace
+from megatronapp.scan.ingest.load import read_events
+from megatronapp.scan.ingest.load import load_trace
 from megatronapp.trace.events import Event, RankClock, chrome_events, write_json
 
 from .support import ROOT, run_cli
@@ -252,7 +252,7 @@ def test_store_metadata_names_a_foreign_parquet_file(tmp_path: Path) -> None:
 
 
 def test_read_events_takes_a_string_path_as_the_docs_show(tmp_path: Path) -> None:
-    from megatronapp.scan.load import read_events
+    from megatronapp.scan.ingest.load import read_events
 
     out = tmp_path / "res"
     assert run_cli("run", str(ROOT / "scenarios" / "throttle.yaml"), "--out",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.kineto import kineto_files, load_kineto, read_json_any
+from megatronapp.scan.ingest.kineto import kineto_files, load_kineto, read_json_any
 from tests.zoo.measure import fastest_matmul_us, realized_slowdown
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,7 +40,7 @@ from torch.profiler import record_function
 from megatronapp.parallel.ops import (AllGather, AllReduce, Compute, IRecv, ISend, Op, RankProgram, Recv,
                              ReduceScatter, Send, Wait, WaitAny, encode_tag, trace_args)
 from megatronapp.parallel.topology import Group, Topology
-from megatronapp.scan.live import QUEUED
+from megatronapp.scan.online.live import QUEUED
 from megatronapp.trace.events import Tracer
 from sim import InjectedFaults
 

@@ -100,7 +100,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_windows(args: argparse.Namespace) -> int:
     from ..errors import UserError
-    from ..scan.load import load_chrome_file
+    from ..scan.ingest.load import load_chrome_file
     from .windows import window_metrics
 
     trace = Path(args.run_dir) / "trace.json"

@@ -78,7 +78,7 @@ def load_measured(path: Path, scenario_path: Path) -> Measured:
     """A run directory (its summary.json names the scenario that ran), one of
     our trace files, or a torch.profiler trace (a file, or a directory of one
     per rank), the last two described by ``scenario_path``."""
-    from ..scan.load import read_events
+    from ..scan.ingest.load import read_events
     from ..trace.summary_file import SUMMARY_FILE, read_summary
     from .profiled import annotate, is_profile, load_profile
 

@@ -26,7 +26,7 @@ OpMeta = tuple[str, dict[str, Any]]  # (compute op name, its meta) in issue orde
 
 def is_profile(path: Path) -> bool:
     """A torch.profiler file, or a directory of them with none of our traces."""
-    from ..scan.kineto import KINETO_SUFFIXES, kineto_files
+    from ..scan.ingest.kineto import KINETO_SUFFIXES, kineto_files
 
     if path.is_file():
         return path.name.endswith(KINETO_SUFFIXES)
@@ -35,8 +35,8 @@ def is_profile(path: Path) -> bool:
 
 
 def load_profile(path: Path) -> dict[int, list[Event]]:
-    from ..scan.kineto import kineto_files, load_kineto
-    from ..scan.load import TraceError
+    from ..scan.ingest.kineto import kineto_files, load_kineto
+    from ..scan.ingest.load import TraceError
 
     files = [path] if path.is_file() else kineto_files(path)
     try:

@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from megatronapp.errors import UserError
-from megatronapp.scan.live import on_device
-from megatronapp.scan.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
+from megatronapp.scan.online.live import on_device
+from megatronapp.scan.online.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
                                      iterations_of)
 from megatronapp.faults import ground_truth
 from megatronapp.scenario.config import Mitigation, Scenario, fault_job

@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 from megatronapp.errors import UserError
 from megatronapp.program.backend import RunOptions, StopRequest
-from megatronapp.scan.live import (DETECTIONS_FILE, DetectionLog, LiveFeed, detect_iterations,
+from megatronapp.scan.online.live import (DETECTIONS_FILE, DetectionLog, LiveFeed, detect_iterations,
                                    reporter, scan_for)
-from megatronapp.scan.online import SIMULATED, Detection, iterations_of
+from megatronapp.scan.online.online import SIMULATED, Detection, iterations_of
 from megatronapp.faults import effects_of
 from megatronapp.scenario.config import Mitigation, Scenario, fault_job
 from megatronapp.trace.columns import source_of

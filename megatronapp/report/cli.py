@@ -16,7 +16,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from megatronapp.io.outdirs import new_file
     from megatronapp.io.progress import status
     from megatronapp.scan.cli import _side_file, check_trace
-    from megatronapp.scan.focus import load_plot_input, plot_cost
+    from megatronapp.scan.evidence.focus import load_plot_input, plot_cost
 
     run_dir = Path(args.run_dir)
     summary = _summary(run_dir)
@@ -35,7 +35,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _summary(run_dir: Path) -> dict[str, Any]:
     from megatronapp.scan.cli import _side_file
-    from megatronapp.scan.load import read_object
+    from megatronapp.scan.ingest.load import read_object
     from megatronapp.trace.summary_file import summary_model
 
     path = run_dir / "summary.json"

@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 from megatronapp.io.html_page import inline_png, page, pre, section, table
 from megatronapp.trace.timeline import DPI, timeline_figure
 from megatronapp.scan.cli import explain
-from megatronapp.scan.focus import PlotInput
+from megatronapp.scan.evidence.focus import PlotInput
 from megatronapp.scan.plots import heatmap_figure, marey_figure
 
 

@@ -15,9 +15,9 @@ from megatronapp.trace.kinds import event_kind, is_comm
 from megatronapp.io.progress import Say, quiet
 from megatronapp.trace.summary import bubble_fraction, iteration_times, union_length
 
-from .critical import critical_path
-from .deps import SyncOp, reconstruct
-from .load import RankEvents
+from megatronapp.scan.evidence.critical import critical_path
+from megatronapp.scan.ingest.deps import SyncOp, reconstruct
+from megatronapp.scan.ingest.load import RankEvents
 
 
 @dataclass(frozen=True)

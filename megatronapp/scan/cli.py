@@ -12,7 +12,7 @@ from megatronapp.errors import UserError
 from megatronapp.io.outdirs import add_force_option
 from megatronapp.io.progress import Say, status
 
-from .methods import DETECTORS
+from megatronapp.scan.methods import DETECTORS
 
 if TYPE_CHECKING:
     from megatronapp.program.backend import Backend
@@ -28,7 +28,7 @@ SCENARIO_SUFFIXES = (".yaml", ".yml")  # what a trace command is given by mistak
 def _scan_input(target: str, say: Say, max_bytes: float | None = None) -> Any:
     """``target``'s events, each JSON file's text capped at ``max_bytes``
     (default: what this machine's memory can parse)."""
-    from .inputs import load_scan_input
+    from megatronapp.scan.align.inputs import load_scan_input
 
     return _side_file(lambda t: load_scan_input(t, say, max_bytes), target)
 
@@ -40,8 +40,8 @@ def check_trace(args: argparse.Namespace, target: str | Path, what: str,
     ``cost`` per event, against the memory available and ``--max-seconds``;
     a command that feeds a store batch by batch is priced by its largest
     batch and the detector's state (``inputs.batching``)."""
-    from .inputs import batching, store_of
-    from .load import locate_trace, trace_size
+    from megatronapp.scan.align.inputs import batching, store_of
+    from megatronapp.scan.ingest.load import locate_trace, trace_size
 
     if args.no_limits:
         return
@@ -54,7 +54,7 @@ def check_trace(args: argparse.Namespace, target: str | Path, what: str,
 
 def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
     """``read(target)``, its TraceError as one line naming the argument."""
-    from .load import TraceError
+    from megatronapp.scan.ingest.load import TraceError
 
     try:
         return read(target)
@@ -69,7 +69,7 @@ def _side_file(read: Callable[[Any], Any], target: Any) -> Any:
 
 # ---------------------------------------------------------------- detect
 def cmd_detect(args: argparse.Namespace) -> int:
-    from .inputs import store_of
+    from megatronapp.scan.align.inputs import store_of
 
     columns = store_of(args.target) is not None and args.method == "megascan"
     check_trace(args, args.target, "detect", COSTS.detect_columns if columns
@@ -100,9 +100,9 @@ def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> Any:
     the one a run directory records."""
     from dataclasses import replace
 
-    from .detect import megascan_stored
-    from .inputs import store_of
-    from .methods import detector
+    from megatronapp.scan.evidence.detect import megascan_stored
+    from megatronapp.scan.align.inputs import store_of
+    from megatronapp.scan.methods import detector
 
     store, method = store_of(args.target), args.method
     if store is not None and method == "megascan":
@@ -186,7 +186,7 @@ def _waited_for(ev: dict[str, Any]) -> Iterator[str]:
 
 # --------------------------------------------------------------- analyze
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from .analyze import analyze, format_analysis
+    from megatronapp.scan.analyze import analyze, format_analysis
 
     check_trace(args, args.target, "analyze", COSTS.analyze)
     with status("reading the trace") as say:
@@ -198,8 +198,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------- query
 def cmd_query(args: argparse.Namespace) -> int:
-    from .deps import annotate
-    from .query import Output, QueryLimits, answer, connect_events, show
+    from megatronapp.scan.ingest.deps import annotate
+    from megatronapp.scan.query import Output, QueryLimits, answer, connect_events, show
 
     if not args.sql.strip():
         raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
@@ -221,9 +221,9 @@ def cmd_align(args: argparse.Namespace) -> int:
     from megatronapp.io.outdirs import check_file, new_file
     from megatronapp.trace.events import chrome_events, write_json
 
-    from .align import score_against_truth, trace_span
-    from .deps import annotate
-    from .load import read_truth_clocks
+    from megatronapp.scan.align.align import score_against_truth, trace_span
+    from megatronapp.scan.ingest.deps import annotate
+    from megatronapp.scan.ingest.load import read_truth_clocks
 
     run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
     out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
@@ -268,7 +268,7 @@ def _align_inputs(target: Path, run_dir: Path) -> list[Path]:
     run directory's own files its manifest protects)."""
     from megatronapp.io.outdirs import path_errors
 
-    from .kineto import kineto_files
+    from megatronapp.scan.ingest.kineto import kineto_files
 
     with path_errors("RUN_DIR_OR_TRACE", target):
         traces = kineto_files(target) if target.is_dir() else [target]
@@ -283,8 +283,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from megatronapp.host.executors import Where, where_from
     from megatronapp.io.outdirs import check_file
 
-    from .trials import PLANS
-    from .validate import replay_trials, run_trials
+    from megatronapp.scan.eval.trials import PLANS
+    from megatronapp.scan.eval.validate import replay_trials, run_trials
 
     if args.replay:
         corpora = [Path(d) for d in args.replay]
@@ -358,8 +358,8 @@ def _collect(reports: Callable[[Callable[[Any], None]], Iterator[Any]], total: i
 
 def _report(reports: list[Any], args: argparse.Namespace, what: str,
             bands: Any = None) -> int:
-    from .trials import CONTROLS, PLANS
-    from .validate import alignment_line, markdown_table, real_run_lines, summarize, write_csv
+    from megatronapp.scan.eval.trials import CONTROLS, PLANS
+    from megatronapp.scan.eval.validate import alignment_line, markdown_table, real_run_lines, summarize, write_csv
 
     ok = [r for r in reports if r.error is None]
     if bands is None:  # replayed: every plan's bands, controls last
@@ -386,8 +386,8 @@ def _report(reports: list[Any], args: argparse.Namespace, what: str,
 def plot_hook(run_dir: Path, events: dict, focus: Any = None) -> list[Path]:
     """``megatronapp plot`` adds MegaScan's heat map and Marey graph, the root
     cause (``focus``, a ``PlotFocus``) marked on both."""
-    from .focus import PlotFocus
-    from .plots import plot_hook as draw
+    from megatronapp.scan.evidence.focus import PlotFocus
+    from megatronapp.scan.plots import plot_hook as draw
 
     return draw(run_dir, events, focus or PlotFocus())
 
@@ -418,7 +418,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     limits.add_options(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
-    from .query_options import add_output_options  # no DuckDB import: --help stays fast
+    from megatronapp.scan.query_options import add_output_options  # no DuckDB import: --help stays fast
 
     query = subparsers.add_parser("query", help="SQL over the trace's events table (DuckDB)")
     query.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
-from .inputs import ScanInput
+from megatronapp.scan.align.inputs import ScanInput
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,19 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .diagnosis import Detector
+    from megatronapp.scan.diagnosis import Detector
 
-# name -> "module:function" in this package
+# name -> "module:function"
+_BASELINES = "megatronapp.scan.eval.baselines"
 DETECTORS = {
-    "megascan": "detect:megascan", "slowest-mean": "baselines:slowest_mean",
-    "nvidia-0.75": "baselines:nvidia_relative", "hta-latest": "baselines:hta_latest_arrival",
-    "megatronapp-orig": "baselines:megatronapp_original"}
+    "megascan": "megatronapp.scan.evidence.detect:megascan",
+    "slowest-mean": f"{_BASELINES}:slowest_mean",
+    "nvidia-0.75": f"{_BASELINES}:nvidia_relative",
+    "hta-latest": f"{_BASELINES}:hta_latest_arrival",
+    "megatronapp-orig": f"{_BASELINES}:megatronapp_original"}
 
 
 def detector(name: str) -> Detector:
     module, function = DETECTORS[name].split(":")
-    found: Detector = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    found: Detector = getattr(importlib.import_module(module), function)
     return found

@@ -16,7 +16,7 @@ from megatronapp.trace.timeline import COLOURS, mark_row, note, rank_ticks, save
 
 from megatronapp.trace.events import Event
 
-from .focus import PlotFocus
+from megatronapp.scan.evidence.focus import PlotFocus
 
 Events = Mapping[int, Sequence[Event]]  # rank -> its events (a dict, or a view of columns)
 

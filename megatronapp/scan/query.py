@@ -33,8 +33,8 @@ from megatronapp.io.outdirs import discard, new_file, own_folder
 from megatronapp.trace.kinds import event_kind
 from megatronapp.host.limits import available_memory
 
-from .load import RankEvents
-from .query_options import Output
+from megatronapp.scan.ingest.load import RankEvents
+from megatronapp.scan.query_options import Output
 
 MAX_DEFAULT_MEMORY = 4e9  # bytes: the default limit is a quarter of what is free, at most this
 FETCH_ROWS = 2048  # rows per fetch from DuckDB's streamed result

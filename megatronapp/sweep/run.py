@@ -51,8 +51,8 @@ def run_point(task: Task) -> dict[str, Any]:
 
 
 def _detection(result: Any, scenario: Scenario) -> dict[str, Any]:
-    from ..scan.detect import megascan
-    from ..scan.validate import scan_of_result
+    from ..scan.evidence.detect import megascan
+    from ..scan.eval.validate import scan_of_result
 
     diagnosis = megascan(scan_of_result(result, scenario=scenario))
     causes = [(c.kind, c.rank, c.peer) for c in diagnosis.root_causes]

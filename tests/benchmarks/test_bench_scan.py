@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.scan.critical import critical_path
-from megatronapp.scan.detect import megascan
-from megatronapp.scan.validate import scan_of_result
+from megatronapp.scan.evidence.critical import critical_path
+from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.eval.validate import scan_of_result
 from sim import run_sim
 
 

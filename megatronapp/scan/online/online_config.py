@@ -1,4 +1,4 @@
-"""How much evidence on-line MegaScan needs (``megatronapp.scan.online``);
+"""How much evidence on-line MegaScan needs (``megatronapp.scan.online.online``);
 apart so that the command line can show its defaults without loading numpy."""
 from __future__ import annotations
 

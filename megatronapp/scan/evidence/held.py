@@ -30,9 +30,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .diagnosis import RootCause
-from .judge import link_class, medians_without_each
-from .waits import Compute, WaitScores, best_ratio
+from megatronapp.scan.diagnosis import RootCause
+from megatronapp.scan.evidence.judge import link_class, medians_without_each
+from megatronapp.scan.evidence.waits import Compute, WaitScores, best_ratio
 
 Pair = tuple[int, int]
 

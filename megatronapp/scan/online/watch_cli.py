@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from megatronapp.io.progress import status
 
-from .online_config import OnlineConfig
+from megatronapp.scan.online.online_config import OnlineConfig
 
 if TYPE_CHECKING:
-    from .online import OnlineScan
-    from .watch import Iterations
+    from megatronapp.scan.online.online import OnlineScan
+    from megatronapp.scan.online.watch import Iterations
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from .watch import follow  # numpy and the detector load here, not with the command line
+    from megatronapp.scan.online.watch import follow  # numpy and the detector load here, not with the command line
 
     config = OnlineConfig(window=args.window, confirm=args.confirm, clear=args.clear,
                           link_window=args.link_window)

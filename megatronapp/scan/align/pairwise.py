@@ -28,10 +28,10 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .bounds import MIN_SLOPE_SPAN_S, Bounds, maximin_line
-from .components import component_labels
-from .deps import SyncOp
-from .load import RankEvents
+from megatronapp.scan.align.bounds import MIN_SLOPE_SPAN_S, Bounds, maximin_line
+from megatronapp.scan.align.components import component_labels
+from megatronapp.scan.ingest.deps import SyncOp
+from megatronapp.scan.ingest.load import RankEvents
 
 MIN_SIGMA_S = 2e-6  # no pair estimate is trusted beyond timestamp noise
 COMPLETIONS_DISCOUNT = 1e3  # a completions estimate's sigma, scaled against transfers'

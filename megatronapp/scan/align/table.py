@@ -18,9 +18,9 @@ import numpy as np
 from megatronapp.trace.columns import KINDS, TIMELESS_FIELDS, EventColumns, RankEventsView, TableSource
 from megatronapp.trace.metrics import group_ids, nth_in_group
 
-from .align import MIN_RECV_WAIT_S, AnchorFit, ClockFit, freed_ranks, solve_freed
-from .bounds import all_to_all
-from .deps import SyncOp
+from megatronapp.scan.align.align import MIN_RECV_WAIT_S, AnchorFit, ClockFit, freed_ranks, solve_freed
+from megatronapp.scan.align.bounds import all_to_all
+from megatronapp.scan.ingest.deps import SyncOp
 
 COLLECTIVE, P2P = 0, 1
 

@@ -20,8 +20,8 @@ from megatronapp.scenario.config import Scenario, fault_job
 from megatronapp.trace.columns import EventColumns, columns_from_events
 from megatronapp.trace.events import Event
 
-from .online import Detection, OnlineConfig, OnlineScan
-from .table import COMPUTE_KIND
+from megatronapp.scan.online.online import Detection, OnlineConfig, OnlineScan
+from megatronapp.scan.align.table import COMPUTE_KIND
 
 __all__ = ["DETECTIONS_FILE", "LIVE_CONFIRM", "QUEUED", "DetectionLog", "LiveFeed", "Report",
            "detect_iterations", "on_device", "reporter", "scan_for"]

@@ -26,7 +26,7 @@ from megatronapp.scenario import seeds
 from megatronapp.scenario.config import Scenario, fault_job, parse_scenario
 from megatronapp.parallel.topology import Topology
 
-from .diagnosis import RootCause
+from megatronapp.scan.diagnosis import RootCause
 
 CONTROLS = ("clock_skew only", "healthy")
 MAX_SIM_RANKS = 64

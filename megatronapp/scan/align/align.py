@@ -24,10 +24,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .bounds import Bounds, all_to_all, maximin_line
-from .deps import SyncOp
-from .load import RankEvents
-from .pairwise import combine, pair_estimates, transfer_components
+from megatronapp.scan.align.bounds import Bounds, all_to_all, maximin_line
+from megatronapp.scan.ingest.deps import SyncOp
+from megatronapp.scan.ingest.load import RankEvents
+from megatronapp.scan.align.pairwise import combine, pair_estimates, transfer_components
 
 MIN_TRIM_S = 2e-7  # residuals below this are timestamp rounding, never outliers
 # A receive posted after its message arrived ends when posted, not at delivery:

@@ -28,7 +28,7 @@ import numpy as np
 from megatronapp.trace.columns import KINDS, EventColumns
 from megatronapp.trace.metrics import group_ids
 
-from .diagnosis import RootCause
+from megatronapp.scan.diagnosis import RootCause
 
 COLLECTIVE_KIND, P2P_KIND = KINDS.index("collective"), KINDS.index("p2p")
 RECEIVE = 1  # ``columns.ROLES`` index of a receive

@@ -24,8 +24,8 @@ import numpy as np
 from megatronapp.trace.columns import EventColumns
 from megatronapp.trace.metrics import group_ids
 
-from .sketch import DEFAULT_CAPACITY, Reservoirs
-from .table import COMPUTE_KIND
+from megatronapp.scan.ingest.sketch import DEFAULT_CAPACITY, Reservoirs
+from megatronapp.scan.align.table import COMPUTE_KIND
 
 Key = tuple[int, str]  # (rank, op name)
 

@@ -27,14 +27,14 @@ from megatronapp.trace.classes import Expansion
 from megatronapp.trace.store import (TRACE_FILE, Pieces, StoreError, StoreMeta, local_clock_view,
                                      read_columns, read_meta, read_pieces)
 
-from .align import ClockFit
-from .deps import SyncOp, reconstruct
-from .load import (LoadedTrace, RankEvents, TraceError, dig, load_trace, locate_trace,
+from megatronapp.scan.align.align import ClockFit
+from megatronapp.scan.ingest.deps import SyncOp, reconstruct
+from megatronapp.scan.ingest.load import (LoadedTrace, RankEvents, TraceError, dig, load_trace, locate_trace,
                    read_object, trace_size)
-from .sketch import DEFAULT_CAPACITY
-from .table import COLLECTIVE_KIND, SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
-from .twins import Twins, twins_in
-from .work import scenario_of_run
+from megatronapp.scan.ingest.sketch import DEFAULT_CAPACITY
+from megatronapp.scan.align.table import COLLECTIVE_KIND, SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
+from megatronapp.scan.ingest.twins import Twins, twins_in
+from megatronapp.scan.ingest.work import scenario_of_run
 
 DEFAULT_GPUS_PER_NODE = 8
 

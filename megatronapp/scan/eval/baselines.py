@@ -10,9 +10,9 @@ import numpy as np
 from megatronapp.trace.events import Event
 from megatronapp.trace.kinds import event_kind
 
-from .detect import stage_peers
-from .diagnosis import Diagnosis, RootCause, ranked
-from .inputs import ScanInput
+from megatronapp.scan.evidence.detect import stage_peers
+from megatronapp.scan.diagnosis import Diagnosis, RootCause, ranked
+from megatronapp.scan.align.inputs import ScanInput
 
 NVIDIA_THRESHOLD = 0.75  # relative performance score below which a rank is a straggler
 HTA_MIN_SHARE = 0.5  # a "consistent" latest arrival: last at more than half the instances

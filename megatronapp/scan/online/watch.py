@@ -20,11 +20,11 @@ from megatronapp.errors import UserError
 from megatronapp.trace.columns import EventColumns, TableSource, columns_from_events
 from megatronapp.trace.store import TRACE_FILE, StoreError, read_columns
 
-from .inputs import DEFAULT_GPUS_PER_NODE
-from .kineto import is_kineto, kineto_files, load_kineto, read_json_any
-from .live import on_device
-from .load import TraceError
-from .online import OnlineConfig, OnlineScan, iterations_of
+from megatronapp.scan.align.inputs import DEFAULT_GPUS_PER_NODE
+from megatronapp.scan.ingest.kineto import is_kineto, kineto_files, load_kineto, read_json_any
+from megatronapp.scan.online.live import on_device
+from megatronapp.scan.ingest.load import TraceError
+from megatronapp.scan.online.online import OnlineConfig, OnlineScan, iterations_of
 
 __all__ = ["CycleFollower", "WatchState", "follow"]
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from megatronapp.trace.kinds import Stream, event_kind, p2p_side
 from megatronapp.trace.events import Event
 
-from .load import RankEvents
+from megatronapp.scan.ingest.load import RankEvents
 
 Member = tuple[int, int]  # (rank, index into that rank's event list)
 

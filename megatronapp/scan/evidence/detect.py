@@ -41,21 +41,21 @@ from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns
 from megatronapp.trace.metrics import group_ids
 
-from .components import classes_of
-from .diagnosis import Diagnosis, RootCause, ranked
-from .held import middle_stages, with_held
-from .inputs import (DEFAULT_GPUS_PER_NODE, ScanInput, load_table_scan, stored_batches,
+from megatronapp.scan.align.components import classes_of
+from megatronapp.scan.diagnosis import Diagnosis, RootCause, ranked
+from megatronapp.scan.evidence.held import middle_stages, with_held
+from megatronapp.scan.align.inputs import (DEFAULT_GPUS_PER_NODE, ScanInput, load_table_scan, stored_batches,
                      stored_events)
-from .iteration_totals import IterationTotals
-from .judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
+from megatronapp.scan.evidence.iteration_totals import IterationTotals
+from megatronapp.scan.evidence.judge import (MAD_TO_SIGMA, Channel, ComputeScore, PairStats, Thresholds,
                     durations_per_work, finite_rows, flow_of, judge_bandwidth, judge_compute,
                     judge_links, lonely_work, relative_to_peers, row_scores)
-from .sketch import DEFAULT_CAPACITY, Reservoirs
-from .twins import Twins
-from .table import COLLECTIVE, COMPUTE_KIND, P2P
-from .waits import (COLLECTIVE_KIND, P2P_KIND, RECEIVE, PerIteration, WaitAccumulator, WaitScores,
+from megatronapp.scan.ingest.sketch import DEFAULT_CAPACITY, Reservoirs
+from megatronapp.scan.ingest.twins import Twins
+from megatronapp.scan.align.table import COLLECTIVE, COMPUTE_KIND, P2P
+from megatronapp.scan.evidence.waits import (COLLECTIVE_KIND, P2P_KIND, RECEIVE, PerIteration, WaitAccumulator, WaitScores,
                     with_waits)
-from .work import ModelledWork, Work
+from megatronapp.scan.ingest.work import ModelledWork, Work
 
 STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
 LATE_WORDS = STAGE_PEER_WORDS

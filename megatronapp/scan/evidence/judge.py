@@ -11,8 +11,8 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
-from .diagnosis import RootCause
-from .work import ModelledWork
+from megatronapp.scan.diagnosis import RootCause
+from megatronapp.scan.ingest.work import ModelledWork
 
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median = 1.2533·σ/√n for normal data

@@ -20,7 +20,7 @@ from megatronapp.errors import UserError
 from megatronapp.parallel.ops import Compute
 from megatronapp.program.ranks import static_compute_ops
 
-from .load import read_object
+from megatronapp.scan.ingest.load import read_object
 
 Work = Mapping[int, Mapping[str, float]]  # rank -> compute op name -> mean modelled seconds
 

@@ -20,8 +20,8 @@ from megatronapp.io.progress import Say, quiet
 from megatronapp.io.text import MAX_DEPTH, structure_size
 from megatronapp.trace.events import Event
 
-from .errors import TraceError
-from .kineto import is_kineto, kineto_files, load_kineto, read_json_any, text_size
+from megatronapp.scan.errors import TraceError
+from megatronapp.scan.ingest.kineto import is_kineto, kineto_files, load_kineto, read_json_any, text_size
 
 RankEvents = dict[int, list[Event]]
 __all__ = ["LoadedTrace", "RankEvents", "TraceError", "TraceFiles", "TraceSize", "load_trace",

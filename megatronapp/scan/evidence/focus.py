@@ -12,7 +12,7 @@ from megatronapp.host.limits import COSTS, TraceCost
 from megatronapp.io.progress import Say, quiet
 from megatronapp.trace.events import Event
 
-from .diagnosis import Diagnosis
+from megatronapp.scan.diagnosis import Diagnosis
 
 MAX_RANKS = 64  # more rows than this are unreadable on one figure
 
@@ -47,7 +47,7 @@ def focus_of(diagnosis: Diagnosis, selection: str = "") -> PlotFocus:
 def plot_cost(target: Path) -> TraceCost:
     """A stored run is diagnosed from its columns and at most MAX_RANKS ranks
     are drawn, so it costs what detect costs; JSON input is all objects."""
-    from .inputs import store_of
+    from megatronapp.scan.align.inputs import store_of
 
     return COSTS.detect_columns if store_of(target) else COSTS.plot
 
@@ -57,13 +57,13 @@ def load_plot_input(target: Path, max_bytes: float | None = None, say: Say = qui
     """A stored run is diagnosed from its columns, then only the ranks drawn
     are read as events; other inputs (trace.json, torch.profiler files) are
     read once and diagnosed as they are."""
-    from .inputs import store_of
+    from megatronapp.scan.align.inputs import store_of
 
     store = store_of(target)
     if store is not None:
         return _stored_input(store, say, max_ranks)
-    from .detect import megascan
-    from .inputs import load_scan_input
+    from megatronapp.scan.evidence.detect import megascan
+    from megatronapp.scan.align.inputs import load_scan_input
 
     scan = load_scan_input(target, say, max_bytes)
     say("detecting the root cause")
@@ -75,7 +75,7 @@ def _stored_input(store: Path, say: Say, max_ranks: int) -> PlotInput:
     from megatronapp.trace.columns import RankEventsView, TableSource
     from megatronapp.trace.store import read_meta
 
-    from .detect import megascan_stored
+    from megatronapp.scan.evidence.detect import megascan_stored
 
     say(f"detecting the root cause in {store}")
     diagnosis = megascan_stored(store)

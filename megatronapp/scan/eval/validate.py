@@ -24,12 +24,12 @@ from megatronapp.trace.on_disk import write_traces
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.events import RunResult, RunScenario, chrome_events
 
-from .align import score_against_truth, trace_span
-from .diagnosis import Detector, Diagnosis
-from .inputs import ScanInput, prepare, prepare_loaded
-from .load import events_from_chrome, load_trace
-from .methods import DETECTORS, detector
-from .trials import CONTROLS, PLANS, REAL, SIM, Trial, TrialPlan, matches
+from megatronapp.scan.align.align import score_against_truth, trace_span
+from megatronapp.scan.diagnosis import Detector, Diagnosis
+from megatronapp.scan.align.inputs import ScanInput, prepare, prepare_loaded
+from megatronapp.scan.ingest.load import events_from_chrome, load_trace
+from megatronapp.scan.methods import DETECTORS, detector
+from megatronapp.scan.eval.trials import CONTROLS, PLANS, REAL, SIM, Trial, TrialPlan, matches
 
 METHODS: dict[str, Detector] = {name: detector(name) for name in DETECTORS}
 TRIAL_FILE = "trial.json"  # in a saved trial's run directory: plan, seed, index, band

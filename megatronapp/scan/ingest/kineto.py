@@ -61,11 +61,11 @@ from megatronapp.trace.columns import is_int32
 from megatronapp.io.text import TextError, load_json_bytes
 from megatronapp.trace.events import Event
 
-from .errors import TraceError
-from .p2p_infer import P2POp, forced_pairs, forced_peers
+from megatronapp.scan.errors import TraceError
+from megatronapp.scan.ingest.p2p_infer import P2POp, forced_pairs, forced_peers
 # ranks do the same work when the ops they all run alike carry SAME_WORK_SHARE
 # of each one's compute time (a rank's few extra ops leave them peers)
-from .range_work import SAME_WORK_SHARE, OpMix, op_mixes, work_names
+from megatronapp.scan.ingest.range_work import SAME_WORK_SHARE, OpMix, op_mixes, work_names
 
 RankEvents = dict[int, list[Event]]
 Intervals = list[tuple[float, float]]

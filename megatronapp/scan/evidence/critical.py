@@ -34,8 +34,8 @@ from megatronapp.host.gc_pause import paused_gc
 from megatronapp.trace.kinds import EventKind, event_kind
 from megatronapp.trace.events import Event
 
-from .deps import SyncOp
-from .load import RankEvents
+from megatronapp.scan.ingest.deps import SyncOp
+from megatronapp.scan.ingest.load import RankEvents
 
 TOLERANCE_S = 1e-9  # timestamps are written in µs with 3 decimals
 Node = int  # see Nodes

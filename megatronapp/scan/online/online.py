@@ -19,12 +19,12 @@ import numpy as np
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns, EventSource, concat_same
 
-from .detect import Thresholds, megascan, transfer_samples
-from .diagnosis import RootCause
-from .inputs import DEFAULT_GPUS_PER_NODE, ScanInput, prepare_columns
-from .judge import link_class
-from .online_config import SIMULATED, OnlineConfig
-from .work import ModelledWork
+from megatronapp.scan.evidence.detect import Thresholds, megascan, transfer_samples
+from megatronapp.scan.diagnosis import RootCause
+from megatronapp.scan.align.inputs import DEFAULT_GPUS_PER_NODE, ScanInput, prepare_columns
+from megatronapp.scan.evidence.judge import link_class
+from megatronapp.scan.online.online_config import SIMULATED, OnlineConfig
+from megatronapp.scan.ingest.work import ModelledWork
 
 __all__ = ["SIMULATED", "Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
 

@@ -1,0 +1,1 @@
+"""Clock alignment and the aligned, linked input every detector gets (``inputs.ScanInput``)."""

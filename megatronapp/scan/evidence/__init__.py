@@ -1,0 +1,1 @@
+"""The judgement: what the trace says about each suspect, and the verdict."""

@@ -1,0 +1,1 @@
+"""The same judgement fed window by window while a job runs (``run --detect``, ``watch``)."""
