@@ -154,15 +154,23 @@ class Engine:
         self.need: list[int] = []
         self.coll_key: list[list[int]] = []
         self.ring: list[list[Any]] = []
+        # groups of a kind partition the ranks: (kind, first member) names one; its
+        # rendezvous and ring are found once, not once per member (a 12k-rank dp group)
+        met: dict[tuple[int, int], tuple[Any, int, Any]] = {}
         for rank in self.ranks:
             row_keys, row_rings = [], []
             for kind in range(len(GROUP_KINDS)):
-                key, need = classes.rendezvous(rank, kind, rep_of)
+                group = kind_group(topo, kind, rank)
+                found = met.get((kind, group[0]))
+                if found is None:
+                    found = met[(kind, group[0])] = (*classes.rendezvous(rank, kind, rep_of),
+                                                     net.ring(group))
+                key, need, ring = found
                 if key not in keys:
                     keys[key] = len(keys)
                     self.need.append(need)
                 row_keys.append(keys[key])
-                row_rings.append(net.ring(kind_group(topo, kind, rank)))
+                row_rings.append(ring)
             self.coll_key.append(row_keys)
             self.ring.append(row_rings)
         self.n_keys = len(keys)

@@ -71,7 +71,7 @@ def injected(scenario: Scenario) -> list[Truth]:
             if t.should_name is not None]
 
 
-def named_first(causes: list[tuple[str, int, int | None]], truth: list[Truth],
+def named_first(causes: Sequence[tuple[str, int, int | None]], truth: Sequence[Truth],
                 healthy: bool) -> bool:
     """The first cause (kind, rank, peer) names an injected fault; with nothing
     injected, right when healthy."""

@@ -1,0 +1,254 @@
+"""The fault kinds real jobs suffer, each in simulation and on the torch
+backend: what was injected, what the run realised, and what MegaScan named
+(through its public entry points: ``megatronapp.scan.methods.detector`` on
+``scan_of_result``, so the table follows whichever detector is installed).
+
+    python -m experiments.faults_table [--seeds 10] [--backends sim,torch]
+
+Per kind and backend, ``--seeds`` runs of one job, the fault placed and timed
+by the seed in units of the job's healthy iteration time ``T`` (one healthy
+run per backend). Realised effects are measured inside the faulty run where
+they can be (a stalled iteration against the rank's others), against a
+healthy twin of the same seed where they cannot (a flapping link).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from experiments import results
+from experiments.render import markdown_table
+
+NAME = "faults_table"
+SIM_JOB: dict[str, Any] = {"iterations": 6, "schedule": "1f1b",
+           "parallel": {"tp": 1, "pp": 4, "dp": 2, "microbatches": 8},
+           "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024},
+           "cluster": {"jitter": {"compute_sigma": 0.02, "link_sigma": 0.05}}}
+TORCH_JOB: dict[str, Any] = {"iterations": 6, "schedule": "1f1b",
+             "parallel": {"tp": 1, "pp": 2, "dp": 2, "microbatches": 8},
+             "model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 64,
+                       "micro_batch_size": 2},
+             "costs": {"p2p_s": 0.002}}
+JOBS = {"sim": SIM_JOB, "torch": TORCH_JOB}
+TORCH_STALL_TIMEOUT_S = 180.0
+
+Measure = Callable[[Any, Any, Any], tuple[float, float]]  # (scenario, run, twin) -> both
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    unit: str  # of the injected and realised numbers
+    fault: Callable[[np.random.Generator, Any, float], dict[str, Any]]  # rng, topology, T
+    measure: Measure
+    twin: bool = False  # needs the healthy run of the same seed
+
+
+# --------------------------------------------------------- measurements
+def _events(run: Any, rank: int) -> list[Any]:
+    return sorted(run.events[rank], key=lambda e: e.start_s)
+
+
+def _first_forward_gaps(run: Any, rank: int) -> dict[int, float]:
+    """Per iteration: the rank's idle time before its first forward."""
+    events, gaps = _events(run, rank), {}
+    for i, e in enumerate(events):
+        it = e.args.get("iteration", -1)
+        if e.name == "forward" and it not in gaps and i > 0:
+            gaps[it] = e.start_s - max(p.start_s + p.dur_s for p in events[:i])
+    return gaps
+
+
+def _forwards(run: Any, rank: int) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for e in run.events[rank]:
+        if e.name == "forward":
+            out.setdefault(e.args["iteration"], []).append(e.dur_s)
+    return out
+
+
+def _hit(fault: dict[str, Any], iteration: int) -> bool:
+    k = fault.get("every_k_iterations", 1)
+    return iteration % k == k - 1
+
+
+def measure_stall(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
+    fault = s.faults[0]
+    gaps = _first_forward_gaps(run, fault.rank)
+    hit = [g for it, g in gaps.items() if _hit(fault.model_dump(), it)]
+    calm = [g for it, g in gaps.items() if not _hit(fault.model_dump(), it) and it > 0]
+    return fault.seconds, statistics.median(hit) - statistics.median(calm)
+
+
+def measure_throttle(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
+    fault = s.faults[0]
+    by_it = _forwards(run, fault.rank)
+    hit = [d for it, ds in by_it.items() if _hit(fault.model_dump(), it) for d in ds]
+    calm = [d for it, ds in by_it.items() if not _hit(fault.model_dump(), it) and it > 0
+            for d in ds]
+    return fault.factor, statistics.median(hit) / statistics.median(calm)
+
+
+def _end_s(run: Any) -> float:
+    return max(e.start_s + e.dur_s for events in run.events.values() for e in events)
+
+
+def _start_s(run: Any) -> float:
+    return min(e.start_s for events in run.events.values() for e in events)
+
+
+def measure_flap(s: Any, run: Any, twin: Any) -> tuple[float, float]:
+    """The outage time of the drops inside the job, against the time it lost."""
+    outage = s.faults[0].outage
+    drops = [t for t in outage.downs(_end_s(twin)) if t + outage.down_s > _start_s(twin)]
+    injected = len(drops) * (outage.down_s + outage.retry_s)
+    return injected, (_end_s(run) - _start_s(run)) - (_end_s(twin) - _start_s(twin))
+
+
+def measure_crash(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
+    """When the rank was to die, against the end of its last recorded op."""
+    fault = s.faults[0]
+    return fault.at_s, max(e.start_s + e.dur_s for e in run.events[fault.rank])
+
+
+def measure_variation(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
+    """The slowest device's drawn factor over the median draw, against its
+    median forward over the median rank's."""
+    from megatronapp.scenario.config import fault_job
+
+    factors = s.faults[0].factors(fault_job(s))
+    slowest = int(np.argmax(factors))
+    medians = {r: statistics.median(d for ds in _forwards(run, r).values() for d in ds)
+               for r in run.events}
+    return (float(factors[slowest] / np.median(factors)),
+            medians[slowest] / statistics.median(medians.values()))
+
+
+# ---------------------------------------------------------------- cases
+def _rank(rng: np.random.Generator, topo: Any) -> int:
+    return int(rng.integers(topo.world_size))
+
+
+def _pipeline_pair(rng: np.random.Generator, topo: Any) -> list[int]:
+    a = int(rng.choice([r for r in range(topo.world_size) if topo.coord(r).pp < topo.pp - 1]))
+    return [a, topo.pp_neighbor(a, 1)]
+
+
+CASES = (
+    Case("host_stall", "s", lambda rng, topo, t: {
+        "kind": "host_stall", "rank": _rank(rng, topo), "seconds": 0.5 * t,
+        "every_k_iterations": 2}, measure_stall),
+    Case("throttle, every 3rd iteration", "x", lambda rng, topo, t: {
+        "kind": "throttle", "rank": _rank(rng, topo), "factor": 2.0, "every_k_iterations": 3},
+        measure_throttle),
+    Case("link_flap", "s", lambda rng, topo, t: {
+        "kind": "link_flap", "ranks": _pipeline_pair(rng, topo), "down_ms": 200 * t,
+        "every_s": 2 * t, "start_s": float(rng.uniform(0, 2 * t)), "retry_ms": 100 * t},
+        measure_flap, twin=True),
+    Case("crash", "s", lambda rng, topo, t: {
+        "kind": "crash", "rank": _rank(rng, topo), "at_s": float(rng.uniform(2.5 * t, 4.5 * t))},
+        measure_crash),
+    Case("device_variation", "x", lambda rng, topo, t: {
+        "kind": "device_variation", "sigma": 0.1}, measure_variation),
+)
+
+
+# ---------------------------------------------------------------- runs
+def run_function(backend: str) -> Callable[[Any], Any]:
+    from backends.registry import run_function as named
+    from megatronapp.program.backend import RunOptions
+
+    if backend == "torch":
+        return named("torch", RunOptions(stall_timeout_s=TORCH_STALL_TIMEOUT_S))
+    return named("sim")
+
+
+def one_seed(case: Case, backend: str, seed: int, t: float, run: Callable[[Any], Any]
+             ) -> dict[str, Any]:
+    from megatronapp.faults import ground_truth
+    from megatronapp.parallel.topology import Topology
+    from megatronapp.scan.eval.validate import scan_of_result
+    from megatronapp.scan.eval.verdicts import verdict
+    from megatronapp.scan.methods import detector
+    from megatronapp.scenario.config import fault_job, parse_scenario
+
+    job = JOBS[backend]
+    p = job["parallel"]
+    rng = np.random.default_rng([seed, CASES.index(case)])
+    fault = case.fault(rng, Topology(p["tp"], p["pp"], p["dp"]), t)
+    base = {**job, "name": f"{backend}-{seed}", "seed": seed}
+    s = parse_scenario({**base, "faults": [fault]})
+    faulty = run(s)
+    twin = run(parse_scenario(base)) if case.twin else None
+    injected, realized = case.measure(s, faulty, twin)
+    found = verdict(detector("megascan")(scan_of_result(faulty, scenario=s)),
+                    ground_truth(s.faults, fault_job(s)))
+    return {"seed": seed, "fault": s.faults[0].model_dump(mode="json"), "injected": injected,
+            "realized": realized, "verdict": found.to_json(),
+            "truth": [tr.to_json() for tr in ground_truth(s.faults, fault_job(s))]}
+
+
+def healthy_iteration_s(backend: str, run: Callable[[Any], Any]) -> float:
+    from megatronapp.scenario.config import parse_scenario
+    from megatronapp.trace.summary import run_iteration_times
+
+    times = run_iteration_times(run(parse_scenario({**JOBS[backend], "seed": 0})))
+    return statistics.median(times[1:])
+
+
+def summary(case: Case, backend: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    iterations = [r["verdict"]["iterations"] for r in rows]
+    return {"kind": case.label, "backend": backend, "seeds": len(rows), "unit": case.unit,
+            "injected_mean": statistics.fmean(r["injected"] for r in rows),
+            "realized_mean": statistics.fmean(r["realized"] for r in rows),
+            "named_first": sum(r["verdict"]["named_first"] for r in rows),
+            "named": sum(r["verdict"]["named"] for r in rows),
+            "iterations_named": None if all(i is None for i in iterations)
+            else sum(bool(i) for i in iterations),
+            "first_causes": sorted({str(r["verdict"]["first"]) for r in rows})}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--backends", default="sim,torch")
+    args = parser.parse_args(argv)
+    run = results.start(NAME, argv)
+    data: dict[str, Any] = {"rows": [], "seeds": {}, "iteration_s": {}, "wall_s": {}}
+    for backend in args.backends.split(","):
+        started = time.perf_counter()
+        fn = run_function(backend)
+        t = data["iteration_s"][backend] = healthy_iteration_s(backend, fn)
+        for case in CASES:
+            rows = []
+            for seed in range(args.seeds):
+                print(f"{backend} {case.label} seed {seed} (T = {t:.4g} s)", flush=True)
+                rows.append(one_seed(case, backend, seed, t, fn))
+            data["seeds"][f"{backend}/{case.label}"] = rows
+            data["rows"].append(summary(case, backend, rows))
+        data["wall_s"][backend] = time.perf_counter() - started
+    print(run.record(data))
+
+
+def _iterations(row: dict[str, Any]) -> str:
+    return "n/a (not listed)" if row["iterations_named"] is None else \
+        f"{row['iterations_named']} of {row['seeds']}"
+
+
+def tables(doc: dict[str, Any]) -> dict[str, str]:
+    rows = [[r["kind"], r["backend"], r["seeds"],
+             f"{r['injected_mean']:.4g} {r['unit']}", f"{r['realized_mean']:.4g} {r['unit']}",
+             f"{r['named_first']} of {r['seeds']}", f"{r['named']} of {r['seeds']}",
+             _iterations(r)] for r in doc["data"]["rows"]]
+    return {"kinds": markdown_table(
+        ["kind", "backend", "seeds", "injected (mean)", "realised (mean)",
+         "MegaScan named first", "named at all", "iterations named"], rows, "llrrrrrr")}
+
+
+if __name__ == "__main__":
+    main()
