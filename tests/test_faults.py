@@ -312,3 +312,23 @@ def test_a_window_after_the_job_is_refused_after_the_run_and_nothing_is_written(
     assert not out.exists()
     scenario.write_text(json.dumps({**FIXED, "faults": [fault], "allow_idle_faults": True}))
     assert run_cli("run", str(scenario), "--out", str(out), "--quiet").returncode == 0
+
+
+def test_the_torch_backend_is_told_what_each_kind_does_to_a_rank() -> None:
+    """What a real rank asks before each op (no processes here)."""
+    from sim import injected_faults
+
+    s = parse_scenario({**FIXED, "faults": [
+        {"kind": "host_stall", "rank": 1, "seconds": 0.05, "every_k_iterations": 2},
+        {"kind": "link_flap", "ranks": [0, 2], "down_ms": 20, "every_s": 0.1, "retry_ms": 5},
+        {"kind": "crash", "rank": 1, "at_s": 3.0}]})
+    stalled, peer = injected_faults(s, 1), injected_faults(s, 0)
+    assert stalled.host_delay_s("forward", 0) == 0.0
+    assert stalled.host_delay_s("forward", 1) == 0.05
+    assert stalled.host_delay_s("forward", 1) == 0.0  # once an iteration: its first forward
+    assert stalled.host_delay_s("backward", 3) == 0.0
+    assert (stalled.stop_s, peer.stop_s) == (3.0, None)
+    # 5 ms into a 20 ms drop: the rest of it and the retry; between drops nothing
+    assert peer.transfer_extra_s(0, 2, 1000, at=0.105) == pytest.approx(0.015 + 0.005)
+    assert peer.transfer_extra_s(0, 2, 1000, at=0.05) == 0.0
+    assert peer.transfer_extra_s(1, 3, 1000, at=0.105) == 0.0  # another link

@@ -27,7 +27,7 @@ for _kind in (Throttle, SlowLink, LinkJitter, ClockSkew, HostStall, LinkFlap, Cr
 
 __all__ = ["KINDS", "Activity", "ClockSkew", "Crash", "DeviceVariation", "Effects", "FaultCost",
            "FaultSpec", "HostDelay", "HostStall", "HostStalls", "Job", "JobEffects",
-           "LinkEffect", "LinkFault", "LinkFlap", "LinkJitter", "Outage", "RankFault", "SlowLink", "Speed", "Throttle",
-           "Truth", "Window", "check_faults", "effects_of", "exchange_error", "ground_truth",
-           "kind_names", "layout_text", "parse_fault", "parse_faults", "peers_of", "register",
-           "registered", "skewed_ranks"]
+           "LinkEffect", "LinkFault", "LinkFlap", "LinkJitter", "Outage", "RankFault",
+           "SlowLink", "Speed", "Throttle", "Truth", "Window", "check_faults", "effects_of",
+           "exchange_error", "ground_truth", "kind_names", "layout_text", "parse_fault",
+           "parse_faults", "peers_of", "register", "registered", "skewed_ranks"]

@@ -27,7 +27,9 @@ class Crash(FaultSpec):
     at_s: Seconds | None = None
     mtbf_hours: float | None = Field(None, gt=0, le=1e9)  # per device
     cause: str | None = Field(None, max_length=100)  # what fails (a label for reports)
-    OMIT_WHEN_UNSET = ("cause",)
+    # which draws of the seed's failure stream: a job restarted after a failure takes the next
+    restarts: int = Field(0, ge=0, le=2**31 - 1)
+    OMIT_WHEN_UNSET = ("cause", "restarts")
 
     def named_ranks(self) -> tuple[int, ...]:
         return () if self.rank is None else (self.rank,)
@@ -39,6 +41,8 @@ class Crash(FaultSpec):
                                 "(each device's mean time between failures), not both")
         if self.at_s is not None and self.rank is None:
             raise ScenarioError(f"{where}.rank", "at_s needs the rank that fails")
+        if job.decoupled:
+            raise ScenarioError(f"{where}.kind", "a crash does not stop a decoupled (fbd) run yet")
 
     def devices(self, job: Job) -> int:
         """How many devices this fault can stop."""
@@ -55,7 +59,8 @@ class Crash(FaultSpec):
         if self.at_s is not None and self.rank is not None:
             return self.rank, self.at_s
         assert self.mtbf_hours is not None
-        times = job.rng(STREAM).exponential(self.mtbf_hours * 3600.0, self.devices(job))
+        times = job.rng(STREAM, self.restarts).exponential(self.mtbf_hours * 3600.0,
+                                                            self.devices(job))
         first = int(np.argmin(times))
         return (self.rank if self.rank is not None else first), float(times[first])
 
@@ -77,8 +82,10 @@ class Crash(FaultSpec):
         if self.at_s is not None and self.at_s <= elapsed_s:
             return None  # it has happened
         moved = super().moved(place, elapsed_s)
-        if moved is None or self.at_s is None:
-            return moved  # failures without memory: the same rate after a restart
+        if moved is None:
+            return None
+        if self.at_s is None:  # failures without memory: the same rate, new draws
+            return moved.model_copy(update={"restarts": self.restarts + 1})
         return moved.model_copy(update={"at_s": self.at_s - elapsed_s})
 
     @classmethod

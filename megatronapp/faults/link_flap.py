@@ -17,6 +17,7 @@ from ..parallel.topology import Topology
 from .effects import Outage
 from .protocol import Activity, Effects, FaultSpec, Job, LinkFault, Place, Timed, Truth
 from .slow_link import link_span
+from .windows import missed
 
 __all__ = ["LinkFlap"]
 
@@ -53,9 +54,7 @@ class LinkFlap(Timed, LinkFault):
         if span is None or any(t + self.down_ms * 1e-3 > span[0]
                                for t in self.outage.downs(span[1])):
             return None
-        return ScenarioError(f"{where}.start_s", f"no drop of the link falls in the job "
-                             f"({span[0]:.6g}-{span[1]:.6g} s): it changes nothing "
-                             "(allow_idle_faults: true accepts it)")
+        return missed(where, "no drop of the link falls in what its ranks did", span)
 
     def moved(self, place: Place, elapsed_s: float) -> FaultSpec | None:
         moved = super().moved(place, elapsed_s)

@@ -13,7 +13,7 @@ from ..io.schema import Factor, ScenarioError
 from ..parallel.topology import Topology
 from .effects import Window
 from .protocol import Activity, Effects, FaultSpec, Job, LinkFault, Place, Timed, Truth
-from .windows import window_misses
+from .windows import missed, window_misses
 
 __all__ = ["SlowLink", "link_span"]
 
@@ -45,10 +45,8 @@ class SlowLink(Timed, LinkFault):
         span = link_span(activity, self.ranks)
         if span is None or not window_misses(Window(self.start_s, self.end, self.factor), span):
             return None
-        return ScenarioError(f"{where}.start_s", f"the slow link's window misses the job "
-                             f"({span[0]:.6g}-{span[1]:.6g} s on ranks {self.ranks[0]} and "
-                             f"{self.ranks[1]}): it changes nothing (allow_idle_faults: true "
-                             "accepts it)")
+        return missed(where, f"the slow link's window misses what ranks {self.ranks[0]} and "
+                      f"{self.ranks[1]} did", span)
 
     def moved(self, place: Place, elapsed_s: float) -> FaultSpec | None:
         moved = super().moved(place, elapsed_s)

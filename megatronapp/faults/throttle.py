@@ -16,7 +16,7 @@ from ..parallel.topology import Topology
 from .effects import Window, gate_open
 from .protocol import (Activity, Effects, FaultCost, FaultSpec, Job, Place, RankFault, Timed,
                        Truth)
-from .windows import window_misses
+from .windows import missed, window_misses
 
 __all__ = ["Throttle", "hit_iterations"]
 
@@ -67,9 +67,7 @@ class Throttle(Timed, RankFault):
         span = activity.span(self.rank)
         if span is None or not window_misses(self.window, span):
             return None
-        return ScenarioError(f"{where}.start_s", f"the throttle's window misses rank "
-                             f"{self.rank}'s compute ({span[0]:.6g}-{span[1]:.6g} s): it "
-                             "changes nothing (allow_idle_faults: true accepts it)")
+        return missed(where, f"the throttle's window misses rank {self.rank}'s compute", span)
 
     def moved(self, place: Place, elapsed_s: float) -> FaultSpec | None:
         moved = super().moved(place, elapsed_s)

@@ -16,7 +16,8 @@ from ..errors import Recreatable
 from .suggest import did_you_mean, hint, quoted_names
 
 __all__ = ["MAX_COUNT", "MAX_DRIFT_PPM", "MAX_FACTOR", "MAX_OFFSET_US", "MAX_RATE", "MAX_SECONDS",
-           "Factor", "NotANumber", "OmitsUnset", "PositiveInt", "Rank", "Rate", "ScenarioError", "Seconds",
+           "Factor", "NotANumber", "OmitsUnset", "PositiveInt", "Rank", "Rate", "ScenarioError",
+           "Seconds",
            "StrictModel", "keys_at", "unbool", "validation_error"]
 
 

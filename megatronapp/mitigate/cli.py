@@ -13,6 +13,7 @@ from megatronapp.host import limits
 
 def cmd_failstop(args: argparse.Namespace) -> int:
     from backends.registry import run_function
+    from megatronapp.program.backend import RunOptions
     from megatronapp.scenario.config import Mitigation, load_scenario
 
     from .failstop import geometric_grid, sweep, young_daly_s
@@ -21,10 +22,13 @@ def cmd_failstop(args: argparse.Namespace) -> int:
     if not args.ratio > 1 or args.steps < 1:
         raise UserError("--ratio: must be > 1 (and --steps >= 1)")
     s = load_scenario(args.scenario, args.set)
-    limits.enforce(args, limits.estimate_run(without_stops(s, min(STEPS_SIMULATED,
-                                                                      s.iterations))),
-                   what="simulating the first steps")
-    job = failstop_job(s, step_s(s, run_function("sim")))
+    first = without_stops(s, min(STEPS_SIMULATED, s.iterations))
+    if args.replica and first.faults:
+        raise UserError("--replica: one replica stands for all only without faults other "
+                        "than fail-stop ones")
+    if not args.replica:  # one replica is a small fraction of the job: not estimated whole
+        limits.enforce(args, limits.estimate_run(first), what="simulating the first steps")
+    job = failstop_job(s, step_s(s, run_function("sim", RunOptions(replica=args.replica))))
     every = (s.mitigation or Mitigation()).checkpoint_every
     optimum = young_daly_s(job.checkpoint_s, job.mtbf_s) / job.iteration_s
     everies = sorted({every, *geometric_grid(optimum, args.ratio, args.steps)}) \
@@ -75,6 +79,9 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     fs.add_argument("--ratio", type=float, default=1.25, help="the grid's step ratio")
     fs.add_argument("--steps", type=int, default=8, help="grid points each way")
     fs.add_argument("--seed", type=int, default=0, help="seed of the failure draws")
+    fs.add_argument("--replica", action="store_true",
+                    help="the step from data-parallel replica 0 alone (exact without other "
+                         "faults or jitter; for jobs too large to simulate whole)")
     fs.add_argument("--json", action="store_true", help="print JSON instead of a table")
     limits.add_options(fs)
     fs.set_defaults(func=cmd_failstop)
