@@ -3,13 +3,16 @@ backend: what was injected, what the run realised, and what MegaScan named
 (through its public entry points: ``megatronapp.scan.methods.detector`` on
 ``scan_of_result``, so the table follows whichever detector is installed).
 
-    python -m experiments.faults_table [--seeds 10] [--backends sim,torch]
+    python -m experiments.faults_table [--seeds 10] [--backends sim,torch] [--kinds K,K]
 
 Per kind and backend, ``--seeds`` runs of one job, the fault placed and timed
 by the seed in units of the job's healthy iteration time ``T`` (one healthy
 run per backend). Realised effects are measured inside the faulty run where
 they can be (a stalled iteration against the rank's others), against a
-healthy twin of the same seed where they cannot (a flapping link).
+healthy twin of the same seed where they cannot (a flapping link). Real runs
+take a minute each on a loaded 2-core machine, so ``--kinds`` runs some kinds
+(by kind name) and keeps the others' rows of the results file, each part
+with its own date, load and command.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ SIM_JOB: dict[str, Any] = {"iterations": 6, "schedule": "1f1b",
            "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024},
            "cluster": {"jitter": {"compute_sigma": 0.02, "link_sigma": 0.05}}}
 TORCH_JOB: dict[str, Any] = {"iterations": 6, "schedule": "1f1b",
-             "parallel": {"tp": 1, "pp": 2, "dp": 2, "microbatches": 8},
+             "parallel": {"tp": 1, "pp": 2, "dp": 2, "microbatches": 4},
              "model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 64,
                        "micro_batch_size": 2},
              "costs": {"p2p_s": 0.002}}
@@ -117,16 +120,25 @@ def measure_crash(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
 
 
 def measure_variation(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
-    """The slowest device's drawn factor over the median draw, against its
-    median forward over the median rank's."""
+    """The slowest device's drawn factor over the median draw of its pipeline
+    stage (ranks of one stage do the same work), against its median forward
+    over the median of its stage's."""
+    from megatronapp.program.layout import topology_of
     from megatronapp.scenario.config import fault_job
 
     factors = s.faults[0].factors(fault_job(s))
     slowest = int(np.argmax(factors))
+    topo = topology_of(s)
+    stage = [r for r in range(topo.world_size) if topo.coord(r).pp == topo.coord(slowest).pp]
     medians = {r: statistics.median(d for ds in _forwards(run, r).values() for d in ds)
-               for r in run.events}
-    return (float(factors[slowest] / np.median(factors)),
+               for r in stage}
+    return (float(factors[slowest] / np.median(factors[stage])),
             medians[slowest] / statistics.median(medians.values()))
+
+
+def measure_nothing(_s: Any, _run: Any, _twin: Any) -> tuple[float, float]:
+    """A healthy control: nothing injected, nothing to realise."""
+    return 0.0, 0.0
 
 
 # ---------------------------------------------------------------- cases
@@ -155,6 +167,7 @@ CASES = (
         measure_crash),
     Case("device_variation", "x", lambda rng, topo, t: {
         "kind": "device_variation", "sigma": 0.1}, measure_variation),
+    Case("none (healthy control)", "", lambda rng, topo, t: {}, measure_nothing),
 )
 
 
@@ -182,13 +195,14 @@ def one_seed(case: Case, backend: str, seed: int, t: float, run: Callable[[Any],
     rng = np.random.default_rng([seed, CASES.index(case)])
     fault = case.fault(rng, Topology(p["tp"], p["pp"], p["dp"]), t)
     base = {**job, "name": f"{backend}-{seed}", "seed": seed}
-    s = parse_scenario({**base, "faults": [fault]})
+    s = parse_scenario({**base, "faults": [fault] if fault else []})
     faulty = run(s)
     twin = run(parse_scenario(base)) if case.twin else None
     injected, realized = case.measure(s, faulty, twin)
     found = verdict(detector("megascan")(scan_of_result(faulty, scenario=s)),
                     ground_truth(s.faults, fault_job(s)))
-    return {"seed": seed, "fault": s.faults[0].model_dump(mode="json"), "injected": injected,
+    return {"seed": seed, "fault": fault and s.faults[0].model_dump(mode="json"),
+            "injected": injected,
             "realized": realized, "verdict": found.to_json(),
             "truth": [tr.to_json() for tr in ground_truth(s.faults, fault_job(s))]}
 
@@ -213,26 +227,56 @@ def summary(case: Case, backend: str, rows: list[dict[str, Any]]) -> dict[str, A
             "first_causes": sorted({str(r["verdict"]["first"]) for r in rows})}
 
 
+def _previous() -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = results.read(NAME)["data"]
+    except FileNotFoundError:
+        return {"rows": [], "seeds": {}, "iteration_s": {}, "parts": {}}
+    return data
+
+
+def _kind_name(case: Case) -> str:
+    return case.label.split(",")[0].split(" ")[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--backends", default="sim,torch")
+    parser.add_argument("--kinds", default=",".join(_kind_name(c) for c in CASES))
+    parser.add_argument("--first-seed", type=int, default=0)
     args = parser.parse_args(argv)
     run = results.start(NAME, argv)
-    data: dict[str, Any] = {"rows": [], "seeds": {}, "iteration_s": {}, "wall_s": {}}
+    data = _previous()
+    kinds = args.kinds.split(",")
     for backend in args.backends.split(","):
-        started = time.perf_counter()
         fn = run_function(backend)
-        t = data["iteration_s"][backend] = healthy_iteration_s(backend, fn)
-        for case in CASES:
-            rows = []
-            for seed in range(args.seeds):
+        if backend not in data["iteration_s"]:  # every part sizes its faults by the same T
+            data["iteration_s"][backend] = healthy_iteration_s(backend, fn)
+        t = data["iteration_s"][backend]
+        for case in (c for c in CASES if _kind_name(c) in kinds):
+            started, load = time.perf_counter(), results.load()
+            key = f"{backend}/{case.label}"
+            kept = {r["seed"]: r for r in data["seeds"].get(key, [])}
+            seeds = range(args.first_seed, args.first_seed + args.seeds)
+            for seed in seeds:
                 print(f"{backend} {case.label} seed {seed} (T = {t:.4g} s)", flush=True)
-                rows.append(one_seed(case, backend, seed, t, fn))
-            data["seeds"][f"{backend}/{case.label}"] = rows
-            data["rows"].append(summary(case, backend, rows))
-        data["wall_s"][backend] = time.perf_counter() - started
+                kept[seed] = one_seed(case, backend, seed, t, fn)
+            rows = data["seeds"][key] = [kept[k] for k in sorted(kept)]
+            data["parts"][f"{key} seeds {seeds.start}-{seeds.stop - 1}"] = {
+                "command": run.argv, "load_before": load, "load_after": results.load(),
+                "wall_s": time.perf_counter() - started,
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            data["rows"] = [r for r in data["rows"] if (r["backend"], r["kind"])
+                            != (backend, case.label)] + [summary(case, backend, rows)]
+    order = {(b, c.label): i for i, (b, c) in enumerate(
+        (b, c) for b in ("sim", "torch") for c in CASES)}
+    data["rows"].sort(key=lambda r: order[(r["backend"], r["kind"])])
     print(run.record(data))
+
+
+def _amount(value: float, unit: str) -> str:
+    return f"{value:.4g} {unit}" if unit else "-"
 
 
 def _iterations(row: dict[str, Any]) -> str:
@@ -241,13 +285,15 @@ def _iterations(row: dict[str, Any]) -> str:
 
 
 def tables(doc: dict[str, Any]) -> dict[str, str]:
-    rows = [[r["kind"], r["backend"], r["seeds"],
-             f"{r['injected_mean']:.4g} {r['unit']}", f"{r['realized_mean']:.4g} {r['unit']}",
+    rows = [[r["kind"], r["backend"], r["seeds"], _amount(r["injected_mean"], r["unit"]),
+             _amount(r["realized_mean"], r["unit"]),
              f"{r['named_first']} of {r['seeds']}", f"{r['named']} of {r['seeds']}",
-             _iterations(r)] for r in doc["data"]["rows"]]
+             _iterations(r), ", ".join("healthy" if c == "None" else c
+                                       for c in r["first_causes"])] for r in doc["data"]["rows"]]
     return {"kinds": markdown_table(
         ["kind", "backend", "seeds", "injected (mean)", "realised (mean)",
-         "MegaScan named first", "named at all", "iterations named"], rows, "llrrrrrr")}
+         "MegaScan named first (control: called healthy)", "named at all", "iterations named",
+         "first causes named"], rows, "llrrrrrrl")}
 
 
 if __name__ == "__main__":

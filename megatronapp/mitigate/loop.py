@@ -298,7 +298,9 @@ def summary_lines(loop: dict[str, Any], segment_dirs: list[str]) -> list[str]:
                      f"{before['node_left_out']} left out, {plan}; restarted from iteration "
                      f"{after['first_iteration']} (wrote {where})")
     lines += [f"  note: {n}" for n in loop["notes"]]
+    failed = any(seg.get("stopped_by", {}).get("kind") == "stop" for seg in segments)
+    without = "without failures, at the first run's pace" if failed else "without"
     lines.append(f"  goodput: {loop['tokens_per_s']:,.0f} tokens/s with the loop, "
-                 f"{loop['tokens_per_s_without_loop']:,.0f} without ({loop['restarts']} restarts "
+                 f"{loop['tokens_per_s_without_loop']:,.0f} {without} ({loop['restarts']} restarts "
                  f"of {loop['restart_s']:g} s; false alarms cost {loop['false_alarm_s']:.3f} s)")
     return lines

@@ -42,8 +42,12 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     """One vectorised pass over the run's columns (compact for symmetric runs),
     then the features' sections."""
     source = source_of(result)
+    measured = summarize_source(source)
+    if result.stopped is not None:  # the iteration a failure cut short is no iteration time
+        measured["iteration_times_s"] = measured["iteration_times_s"][
+            :result.stopped["iterations_completed"]]
     summary = {"schema_version": SCHEMA_VERSION, "backend": result.backend,
-               "world_size": result.topo.world_size, "schedule": s.schedule, **summarize_source(source),
+               "world_size": result.topo.world_size, "schedule": s.schedule, **measured,
                "faults": ground_truth(s, result)["faults"], **result.summary_items(),
                "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
     for feature in feature_hooks():
