@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import simpy
 
 from megatronapp.faults import JobEffects, Outage, Window
@@ -146,6 +147,28 @@ class Link:
         self.sigma = sigma  # lognormal jitter: the pair's fault and the background
         self.noise = noise
         self.outages = outages  # link_flap faults: drops a transfer waits out
+
+    def slowdowns(self, at: np.ndarray) -> np.ndarray:
+        """``slowdown`` over an array of uses in the link's order (its jitter
+        drawn in that order, as one use at a time)."""
+        at = np.asarray(at, dtype=float)
+        factor = np.full(at.shape, self.factor)
+        for w in self.windows:
+            factor = factor * w.factors(at)
+        if self.noise is None:
+            return factor
+        z = np.array([self.noise.draw() for _ in range(at.size)]).reshape(at.shape)
+        return factor * np.exp(self.sigma * z)
+
+    def delays_s(self, at: np.ndarray, nbytes: np.ndarray, slowdown: np.ndarray | float = 1.0
+                 ) -> np.ndarray:
+        """``delay_s`` over arrays of transfers."""
+        at = np.asarray(at, dtype=float)
+        out = np.zeros(at.shape)
+        nominal = np.asarray(nbytes, dtype=float) * slowdown / self.bandwidth
+        for o in self.outages:
+            out = out + o.delays_s(at, nominal)
+        return out
 
     def delay_s(self, at: float, nbytes: int, slowdown: float = 1.0) -> float:
         """What a transfer of ``nbytes`` starting at ``at`` waits out of the

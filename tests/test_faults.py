@@ -168,6 +168,8 @@ def test_a_window_product_is_integrated_the_same_one_op_or_in_bulk() -> None:
     # from 0.3 s, iteration 2 (a third, gated in): 6.6x until the period's slow 20 ms end, then 2.2x
     assert speed.duration(0.3, 0.005, 2) == pytest.approx(0.02 + (0.005 - 0.02 / 6.6) * 2.2)
     assert speed.duration(0.3, 0.005, 1) == pytest.approx(0.005 * 3.3)  # ends inside the 20 ms
+    periodic = speed.windows[0]
+    assert list(periodic.factors(start)) == [periodic.factor_at(t) for t in start]
 
 
 def test_a_host_stall_delays_the_rank_between_its_ops_not_inside_them() -> None:
@@ -332,3 +334,22 @@ def test_the_torch_backend_is_told_what_each_kind_does_to_a_rank() -> None:
     assert peer.transfer_extra_s(0, 2, 1000, at=0.105) == pytest.approx(0.015 + 0.005)
     assert peer.transfer_extra_s(0, 2, 1000, at=0.05) == 0.0
     assert peer.transfer_extra_s(1, 3, 1000, at=0.105) == 0.0  # another link
+
+
+def test_a_link_is_priced_the_same_one_use_or_in_bulk() -> None:
+    """What a vectorised engine asks of a link (its slowdown and its drops over
+    arrays of transfers) is what the engines ask one transfer at a time."""
+    from sim.cluster import build_cluster
+
+    s = parse_scenario({**FIXED, "cluster": {"jitter": {"link_sigma": 0.3}}, "faults": [
+        {"kind": "slow_link", "ranks": [0, 2], "factor": 2.0, "start_s": 0.05, "end_s": 0.2},
+        {"kind": "link_flap", "ranks": [0, 2], "down_ms": 7, "every_s": 0.03, "retry_ms": 2}]})
+    rng = np.random.default_rng(1)
+    at = np.sort(rng.uniform(0, 0.3, 300))
+    nbytes = rng.integers(1, 10**7, 300)
+    one, bulk = build_cluster(s).network.link(0, 2), build_cluster(s).network.link(0, 2)
+    slow_one = np.array([one.slowdown(t) for t in at])
+    assert bulk.slowdowns(at) == pytest.approx(slow_one, rel=1e-12)
+    delays_one = [one.delay_s(t, int(n), f) for t, n, f in zip(at, nbytes, slow_one)]
+    assert bulk.delays_s(at, nbytes, slow_one) == pytest.approx(delays_one, abs=1e-12)
+    assert max(delays_one) > 0.002 and min(delays_one) == 0.0

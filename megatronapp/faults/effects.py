@@ -85,6 +85,15 @@ class Window:
     def factor_at(self, t: float) -> float:
         return self.factor if self.covers(t) else 1.0
 
+    def factors(self, t: np.ndarray) -> np.ndarray:
+        """``factor_at`` over an array of instants."""
+        t = np.asarray(t, dtype=float)
+        inside = (t >= self.start_s) & (t < self.end_s)
+        if self.period_s is not None:
+            k = np.floor((t - self.start_s) / self.period_s)
+            inside &= t < self.start_s + k * self.period_s + self.duty * self.period_s
+        return np.where(inside, self.factor, 1.0)
+
     def pieces(self, until: float) -> Iterator[tuple[float, float]]:
         """The stretches before ``until`` in which it is slow."""
         stop = min(self.end_s, until)
@@ -257,6 +266,16 @@ class Outage:
         if down > t + nominal_s or down >= self.end_s:
             return 0.0
         return down + self.down_s - max(t, down) + self.retry_s
+
+    def delays_s(self, t: np.ndarray, nominal_s: np.ndarray | float = 0.0) -> np.ndarray:
+        """``delay_s`` over arrays of transfers."""
+        t = np.asarray(t, dtype=float)
+        end = t + nominal_s
+        k = np.maximum(0.0, np.floor((t - self.start_s) / self.every_s))
+        down = self.start_s + k * self.every_s
+        down = np.where(t >= down + self.down_s, down + self.every_s, down)
+        hit = (end >= self.start_s) & (t < self.end_s) & (down <= end) & (down < self.end_s)
+        return np.where(hit, down + self.down_s - np.maximum(t, down) + self.retry_s, 0.0)
 
     def downs(self, until: float) -> Iterator[float]:
         """When the link goes down, before ``until``."""
