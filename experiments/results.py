@@ -102,6 +102,16 @@ def start(name: str, argv: list[str] | None = None) -> Run:
     return Run(name, list(sys.argv[1:] if argv is None else argv), load())
 
 
+def jobs_option(name: str, doc: str | None, argv: list[str] | None) -> int:
+    """An experiment's one option, ``--jobs N`` (what it simulates at once)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"python -m experiments.{name}",
+                                     description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1, help="simulations run at once")
+    return max(1, parser.parse_args(argv).jobs)
+
+
 def read(name: str, root: Path = RESULTS) -> dict[str, Any]:
     """The whole results file ``results/NAME.json`` (data and provenance)."""
     doc: dict[str, Any] = json.loads((root / f"{name}.json").read_text())

@@ -14,6 +14,7 @@ before the line of an error.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -137,35 +138,38 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ plot
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .io.outdirs import staged_outputs
+    from .io.outdirs import outputs_folder, staged_outputs
     from .io.progress import status
     from .scan.cli import check_trace
     from .scan.evidence.focus import plot_cost
+    from .scan.placement import check_folder, default_outputs
 
     run_dir = Path(args.run_dir)
     _check_plot_source(run_dir)
+    out = Path(args.out) if args.out else default_outputs(run_dir)
+    check_folder(out)
     check_trace(args, run_dir, "plot", plot_cost(run_dir))
     written = []
-    with status(f"loading {run_dir}") as say, staged_outputs(run_dir, "run_dir",
-                                                            args.force) as stage:
-        data = _plot_input(run_dir, limits.json_text_cap(args), say)  # all plots, or none
-        say("drawing the timeline")
-        from .trace.timeline import plot_timeline  # matplotlib loads here, under the spinner
+    with status(f"loading {run_dir}") as say:
+        data = _plot_input(run_dir, limits.json_text_cap(args), say, args.cycle)  # all, or none
+        with staged_outputs(outputs_folder(out, "--out"), "--out", args.force) as stage:
+            say("drawing the timeline")
+            from .trace.timeline import plot_timeline  # matplotlib loads here, under the spinner
 
-        f = data.focus
-        written.append(plot_timeline(data.events, stage / "timeline.png", run_dir.name,
-                                     f.root, f.root_label, f.selection))
-        for extra in args.plot_hooks:
-            say("drawing each module's plots")
-            written += extra(stage, data.events, f)
-    for path in [run_dir / Path(p).name for p in written]:
+            f = data.focus
+            written.append(plot_timeline(data.events, stage / "timeline.png", run_dir.name,
+                                         f.root, f.root_label, f.selection))
+            for extra in args.plot_hooks:
+                say("drawing each module's plots")
+                written += extra(stage, data.events, f)
+    for path in [out / Path(p).name for p in written]:
         print(f"wrote {path}")
     return 0
 
 
 def _check_plot_source(run_dir: Path) -> None:
     """A run directory (trace.parquet or trace.json), else a directory of
-    torch.profiler traces (aligned first); the plots go next to them."""
+    torch.profiler traces (aligned first; the plots go beside it, ``placement``)."""
     from .scan.ingest.kineto import kineto_files
 
     if any((run_dir / name).is_file() for name in ("trace.parquet", "trace.json")):
@@ -176,11 +180,13 @@ def _check_plot_source(run_dir: Path) -> None:
                     "torch.profiler traces there (run 'megatronapp run' first)")
 
 
-def _plot_input(run_dir: Path, max_bytes: float, say: Callable[[str], None]) -> Any:
+def _plot_input(run_dir: Path, max_bytes: float, say: Callable[[str], None],
+                cycle: int | str = "all") -> Any:
     from .scan.cli import _side_file
     from .scan.evidence.focus import load_plot_input
 
-    return _side_file(lambda target: load_plot_input(target, max_bytes, say), run_dir)
+    return _side_file(lambda target: load_plot_input(target, max_bytes, say, cycle=cycle),
+                      run_dir)
 
 
 PlotHook = Callable[[Path, Any, Any], list[Path]]  # (folder, events, PlotFocus) -> written
@@ -188,16 +194,20 @@ PlotHook = Callable[[Path, Any, Any], list[Path]]  # (folder, events, PlotFocus)
 
 # ---------------------------------------------------------- export-trace
 def cmd_export(args: argparse.Namespace) -> int:
-    from .trace.chrome import parse_selection
-    from .run.write import TRACE_FILE, export_trace
+    from .trace.chrome import parse_ranges
+    from .run.write import TRACE_FILE, export_trace, selection
     from .scan.cli import check_trace
 
-    ranks = parse_selection(args.ranks, "--ranks")
-    iterations = parse_selection(args.iterations, "--iterations")
+    rank_ranges = parse_ranges(args.ranks, "--ranks")  # nothing expanded yet
+    iteration_ranges = parse_ranges(args.iterations, "--iterations")
     run_dir = Path(args.run_dir)
     out = Path(args.out) if args.out else None
+    ranks = iterations = None
     if (run_dir / TRACE_FILE).is_file():  # else export_trace says what is missing
         check_trace(args, run_dir / TRACE_FILE, "export-trace", limits.COSTS.export)
+        ranks, iterations, note = selection(run_dir / TRACE_FILE, rank_ranges, iteration_ranges)
+        if note:
+            print(f"megatronapp: note: {note}", file=sys.stderr)
     path, count = export_trace(run_dir, ranks, iterations, args.format, args.clock, out,
                                args.force)
     print(f"wrote {path} ({count:,} events; open in https://ui.perfetto.dev)")
@@ -321,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
                                        "traces (timeline.png and more)")
     plot.add_argument("run_dir", help="a directory written by 'megatronapp run', or of "
                       "torch.profiler traces")
+    plot.add_argument("--out", metavar="DIR", help="where the plots go (default: the run "
+                      "directory; beside a folder of torch.profiler traces, FOLDER-megascan, "
+                      "never inside it)")
+    from .scan.cycles import add_cycle_option
+
+    add_cycle_option(plot, each=False)
     limits.add_options(plot)
     add_force_option(plot, "existing plots that megatronapp did not write")
     plot.set_defaults(func=cmd_plot, plot_hooks=plot_hooks)
@@ -365,11 +381,16 @@ def _main(argv: Sequence[str] | None) -> int:
     from .scan.ingest.load import TraceError
 
     try:
+        _check_utf8(args, list(argv if argv is not None else sys.argv[1:]))
         return int(args.func(args) or 0)
     except ScenarioError as err:
         _report(f"scenario error: {err}", err)
     except (UserError, TraceError) as err:
         _report(str(err), err)
+    except OSError as err:
+        if err.errno not in PATH_ERRNOS or err.filename is None:
+            raise
+        _report(path_error_line(args, err, list(argv or sys.argv[1:])), err)
     except Exception as err:
         if not _out_of_memory(err):
             raise
@@ -377,6 +398,46 @@ def _main(argv: Sequence[str] | None) -> int:
                 f"{limits.readable_bytes(limits.available_memory())} available now: try a "
                 "smaller input or a machine with more memory", err)
     return 2
+
+
+def _check_utf8(args: argparse.Namespace, argv: list[str]) -> None:
+    """Every argument is UTF-8 text (bytes that are not arrive as lone surrogates):
+    one line naming the first that is not, before any command reads it."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not _is_utf8(text):
+                flag = "--" + name.replace("_", "-")
+                option = flag if flag in argv else name.upper()
+                raise UserError(f"{option}: {ascii(text)[:80]} is not UTF-8 (megatronapp takes "
+                                "UTF-8 text and file names)")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# What the file system says of a path the user named (the gate says most of it
+# first; a path a command reaches on its own is said here, as one line)
+PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+               errno.EACCES, errno.EPERM}
+
+
+def path_error_line(args: argparse.Namespace, err: OSError, argv: list[str]) -> str:
+    """``OPTION: PATH: reason``, the option being the argument whose value the path is in."""
+    from .io.gate import shown
+
+    path = os.fsdecode(err.filename)
+    named = [name for name, value in vars(args).items()
+             if any(isinstance(v, str) and v and path.startswith(v)
+                    for v in (value if isinstance(value, list) else [value]))]
+    dest = max(named, key=lambda n: len(str(getattr(args, n))), default=None)
+    flag = None if dest is None else "--" + dest.replace("_", "-")
+    option = flag if flag in argv else (dest.upper() if dest else args.command)
+    return f"{option}: {shown(path)}: {err.strerror or err}"
 
 
 def _out_of_memory(err: Exception) -> bool:

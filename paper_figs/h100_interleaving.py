@@ -10,7 +10,7 @@ the published figure (positive: the simulator is optimistic), and the
 published iteration time over the busiest stage's compute as simulated at the
 row's own vpp: about 1 where the pipeline and the data-parallel traffic hide,
 more where the real run loses time the simulator does not charge. Nothing
-here feeds the fit or the table (``published_runs.py``): it is sensitivity
+here feeds the fit or the table (``experiments/published_runs.py``): it is sensitivity
 only.
 
 ``--strong-scaling`` prints instead the README's strong scaling of its 177B

@@ -43,7 +43,8 @@ from megatronapp.costs.kernels import attention_shape  # noqa: E402
 from megatronapp.fidelity.published import PublishedRun, published_runs  # noqa: E402
 from megatronapp.errors import UserError  # noqa: E402
 from megatronapp.io.outdirs import add_force_option, check_file, new_file  # noqa: E402
-from megatronapp.io.text import load_json_bytes, one_line_errors, read_text  # noqa: E402
+from megatronapp.io import gate  # noqa: E402
+from megatronapp.io.text import one_line_errors  # noqa: E402
 from megatronapp.scenario.devices import KERNELS_DIR  # noqa: E402
 
 GRID_M = (512, 1024, 2048, 4096, 8192, 16384)
@@ -311,7 +312,7 @@ def main() -> int:
 
 
 def read_table(path: Path, option: str) -> dict[str, Any]:
-    table = load_json_bytes(read_text(path, option).encode(), f"{option} {path}")
+    table = gate.read_json(path, option)
     if not isinstance(table, dict):
         raise UserError(f"{option} {path}: not a kernel table (expected an object)")
     return table

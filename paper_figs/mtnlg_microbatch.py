@@ -8,7 +8,7 @@ the pipeline's bubble, (pp − 1) slots against that many, weighs more as dp
 grows, and more the larger b is: how much faster the 3,360-GPU run is than
 the 2,240-GPU one depends on b, and hardly at all on the device constants
 (a constant factor on every kernel cancels in the ratio). For each b this
-prints the three rows predicted as ``published_runs.py`` predicts them (one
+prints the three rows predicted as ``experiments/published_runs.py`` predicts them (one
 replica plus its data-parallel collectives, the device's fitted constants),
 their errors, and the speed-up from 2,240 to 3,360 GPUs against the
 published one (60.1 / 44.4 s).

@@ -18,9 +18,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from backends.torch.scope_hooked import HookedModel, load  # noqa: E402
 from backends.torch.scope_lens import (activation_patching,  # noqa: E402
                                        direct_logit_attribution, logit_lens)
-from backends.torch.worker import quiet_megatron_warnings  # noqa: E402
 from megatronapp.errors import UserError  # noqa: E402
 from megatronapp.scope.lens import PatchResult  # noqa: E402
 
@@ -32,21 +32,21 @@ PAIRS = [("is an", "is on"), ("the value", "the valve"), ("a list", "a last"),
          ("in the list", "in the lisp"), ("x = 1", "x + 1"), ("is true", "is trie")]
 
 
-def lens_rows(run: str, pp: int, tp: int) -> list[dict[str, Any]]:
+def lens_rows(model: HookedModel) -> list[dict[str, Any]]:
     rows = []
     for prompt in PROSE:
-        lens = logit_lens(run, prompt, 3, pp=pp, tp=tp)
+        lens = logit_lens(model, prompt, 3)
         rows.append({"prompt": prompt, "rows": lens.rows, "mean_rank": lens.mean_ranks()})
         print(f"{prompt!r}: mean rank of the next character "
               + " -> ".join(f"{r} {m:.2f}" for r, m in zip(lens.rows, lens.mean_ranks())))
     return rows
 
 
-def patched(run: str, pairs: int, pp: int, tp: int) -> list[PatchResult]:
+def patched(model: HookedModel, pairs: int) -> list[PatchResult]:
     found = []
     for clean, corrupt in PAIRS:
         try:
-            found.append(activation_patching(run, clean, corrupt, pp=pp, tp=tp))
+            found.append(activation_patching(model, clean, corrupt))
         except UserError as err:  # both prompts lead to the same answer
             print(f"{clean!r} / {corrupt!r}: {err}")
             continue
@@ -67,13 +67,13 @@ def main() -> int:
     parser.add_argument("--data", default=str(ROOT / "paper_figs" / "data" /
                                               "scope_lens_patching.json"))
     args = parser.parse_args()
-    quiet_megatron_warnings()
-    lens = lens_rows(args.run, args.pp, args.tp)
-    patches = patched(args.run, args.pairs, args.pp, args.tp)
-    if not patches:
-        raise SystemExit("no prompt pair with different answers")
+    with load(args.run, args.pp, args.tp) as model:
+        lens = lens_rows(model)
+        patches = patched(model, args.pairs)
+        if not patches:
+            raise SystemExit("no prompt pair with different answers")
+        dla = direct_logit_attribution(model, PROSE[0])
     patches[0].plot(Path(args.image))
-    dla = direct_logit_attribution(args.run, PROSE[0], pp=args.pp, tp=args.tp)
     print("\n".join(dla.lines()))
     Path(args.data).write_text(json.dumps(
         {"run": args.run, "pp": args.pp, "tp": args.tp, "lens": lens,

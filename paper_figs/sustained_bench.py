@@ -263,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def read_json(path: Path, option: str) -> Any:
-    from megatronapp.io.text import load_json_bytes, read_text
+    from megatronapp.io import gate
 
-    return load_json_bytes(read_text(path, option).encode(), f"{option} {path}")
+    return gate.read_json(path, option)
 
 
 def run_mode(args: argparse.Namespace) -> int:

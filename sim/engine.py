@@ -72,6 +72,20 @@ def blocks_of(stage: list[int], coll_key: list[list[int]]) -> list[int]:
     return block
 
 
+def message_tables(program: PipeProgram) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per message of the pipeline: its send's event, its receive's event, its
+    sender's stage and its receiver's stage."""
+    send_ev, recv_ev = [0] * len(program.messages), [0] * len(program.messages)
+    for st in program.stages:
+        for op in st.ops:
+            if op[0] == SEND:
+                send_ev[op[2]] = op[1]
+            elif op[0] in (RECV, RECV_WAIT):
+                recv_ev[op[2]] = op[1]
+    return (send_ev, recv_ev, [s for s, _d in program.messages],
+            [d for _s, d in program.messages])
+
+
 class CompiledDeadlock(Recreatable, Exception):
     def __init__(self, blocked: dict[int, str]):
         super().__init__(f"{len(blocked)} rank(s) blocked")
@@ -112,16 +126,7 @@ class Engine:
     # ------------------------------------------------------------- set-up
     def _messages(self, program: PipeProgram, p_count: int) -> None:
         m_count = len(program.messages)
-        self.send_ev = [0] * m_count
-        self.recv_ev = [0] * m_count
-        for st in program.stages:
-            for op in st.ops:
-                if op[0] == SEND:
-                    self.send_ev[op[2]] = op[1]
-                elif op[0] in (RECV, RECV_WAIT):
-                    self.recv_ev[op[2]] = op[1]
-        self.msg_src = [s for s, _d in program.messages]
-        self.msg_dst = [d for _s, d in program.messages]
+        self.send_ev, self.recv_ev, self.msg_src, self.msg_dst = message_tables(program)
         n = len(self.ranks)
         self.slot_base = [(i // p_count) * m_count for i in range(n)]
         self.arrive = [-1.0] * (m_count * (n // p_count))  # delivery time, -1 = not yet

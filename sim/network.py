@@ -24,7 +24,7 @@ from megatronapp.faults import JobEffects, Outage, Window
 from megatronapp.scenario import seeds
 from megatronapp.parallel.topology import Topology
 
-from .draws import NormalStream
+from .draws import NormalStream, exact_exp
 
 Pair = tuple[int, int]
 EdgeWindows = tuple[tuple[Window, ...], ...]  # a ring's slow-link windows, edge by edge
@@ -148,18 +148,6 @@ class Link:
         self.noise = noise
         self.outages = outages  # link_flap faults: drops a transfer waits out
 
-    def slowdowns(self, at: np.ndarray) -> np.ndarray:
-        """``slowdown`` over an array of uses in the link's order (its jitter
-        drawn in that order, as one use at a time)."""
-        at = np.asarray(at, dtype=float)
-        factor = np.full(at.shape, self.factor)
-        for w in self.windows:
-            factor = factor * w.factors(at)
-        if self.noise is None:
-            return factor
-        z = np.array([self.noise.draw() for _ in range(at.size)]).reshape(at.shape)
-        return factor * np.exp(self.sigma * z)
-
     def delays_s(self, at: np.ndarray, nbytes: np.ndarray, slowdown: np.ndarray | float = 1.0
                  ) -> np.ndarray:
         """``delay_s`` over arrays of transfers."""
@@ -184,6 +172,25 @@ class Link:
         if self.noise is None:
             return factor
         return factor * math.exp(self.sigma * self.noise.draw())
+
+    @property
+    def timed(self) -> bool:
+        """Whether a use's slowdown depends on when it starts (slow-link windows)."""
+        return bool(self.windows)
+
+    def slowdowns(self, starts: np.ndarray) -> np.ndarray:
+        """``slowdown`` of uses starting at ``starts``, in this direction's order,
+        in bulk (the jitter drawn at once: the numbers one call each would give)."""
+        starts = np.asarray(starts, np.float64)
+        factor = np.full(starts.shape, self.factor)
+        if self.windows:
+            inside = np.ones(starts.shape)  # multiplied in ``factor_at``'s order
+            for w in self.windows:
+                inside = inside * w.factors(starts)
+            factor = factor * inside
+        if self.noise is None:
+            return factor
+        return factor * exact_exp(self.sigma * self.noise.take(starts.size)).reshape(starts.shape)
 
 
 class Ring:
@@ -239,8 +246,32 @@ class Ring:
         if self.fixed_s is not None:
             seconds = self.fixed_s * worst
         else:
-            seconds = steps * ((n - 1) / n * nbytes * worst / self.min_bandwidth + self.latency_s)
+            bw = self.min_bandwidth / worst  # as the compiled loop prices it (sim/kernel.py)
+            seconds = steps * ((n - 1) / n * nbytes / bw + self.latency_s)
         return seconds + outage_delay(self.outages, at, seconds) if self.outages else seconds
+
+    @property
+    def timed(self) -> bool:
+        """Whether a collective's cost depends on when it starts (slow-link windows)."""
+        return self.windows is not None
+
+    def worsts(self, count: int) -> np.ndarray:
+        """The slowest edge's time multiplier of each of the next ``count``
+        collectives (what ``seconds`` draws, in bulk; untimed rings only)."""
+        if self.n == 1:
+            return np.ones(count)
+        if self.alike is not None:
+            factor, sigma, stream = self.alike
+            largest = stream.take(count * self.n).reshape(count, self.n).max(axis=1)
+            return factor * exact_exp(sigma * largest)
+        noisy = [k for k, (_f, _s, z) in enumerate(self.edges) if z is not None]
+        use = np.tile(np.array([f for f, _s, _z in self.edges], np.float64), (count, 1))
+        shared = self.edges[noisy[0]][2] if noisy else None  # every noisy edge draws from it
+        if shared is not None and count:
+            draws = shared.take(count * len(noisy)).reshape(count, len(noisy))
+            sigmas = np.array([self.edges[k][1] for k in noisy])
+            use[:, noisy] = use[:, noisy] * exact_exp(sigmas * draws)
+        return use.max(axis=1) if self.edges else np.zeros(count)
 
     @property
     def random(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from megatronapp.costs.run_size import RunSize
-from megatronapp.program.compiled import PipeProgram
+from megatronapp.program.compiled import CompiledRun, PipeProgram
 from megatronapp.trace.columns import RankEventsView
 from megatronapp.scenario.config import Scenario
 from megatronapp.program.features import feature_hooks, static_schedule
@@ -16,8 +16,9 @@ from megatronapp.trace.events import Event, RunResult
 from .cluster import Cluster, build_cluster
 from .engine import CompiledDeadlock, run_compiled
 from .interpreter import SimDeadlock, SimInterpreter
+from .kernel_run import kernel_prices, run_on_kernel
 from .stops import stopped
-from .symmetry import identity_classes, pipe_classes
+from .symmetry import PipeClasses, identity_classes, pipe_classes
 
 
 def op_overhead_s(s: Scenario) -> float:
@@ -31,21 +32,26 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     """Simulate a scenario end to end.
 
     ``engine``: "auto" runs static schedules (with placeholder stages and no
-    per-event hook or MegaScope capture) on the compiled engine, unless a rank
+    per-event hook or MegaScope capture) on the compiled event loop
+    (``sim.kernel_run``; the reference engine, ``sim.engine``, where the loop
+    does not price a job: ``kernel_prices``, e.g. host stalls, link flaps,
+    slow links with an onset or an end, a crash), unless a rank
     program is not static (``megatronapp.program.compiled.NotStatic``); anything else
-    runs on the SimPy generator path; "generator" forces the latter. ``reduce``
+    runs on the SimPy generator path; "reference" forces the reference engine on
+    static schedules, "generator" the SimPy path. ``reduce``
     simulates one pipeline per class of identical ones (exact; see ``sim.symmetry``).
     ``watch`` sees each event where the SimPy interpreter runs them (it
     does not choose the engine, unlike ``on_record``).
     """
     cluster = build_cluster(s)
     program = None
-    if engine == "auto" and stages_for is None and on_record is None:
+    if engine in ("auto", "reference") and stages_for is None and on_record is None:
         program = _compiled_program(s, cluster)
     if program is not None:
         classes = pipe_classes(cluster) if reduce else identity_classes(cluster.topo)
         try:
-            run = run_compiled(cluster, program, classes, progress, op_overhead_s(s))
+            run = _run_static(cluster, program, classes, progress, op_overhead_s(s),
+                              engine == "reference")
         except CompiledDeadlock as err:
             raise SimDeadlock(err.blocked) from None
         return stopped(RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks,
@@ -53,6 +59,16 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     interpreter = SimInterpreter(cluster, on_record or watch, op_overhead_s=op_overhead_s(s))
     events = interpreter.run(rank_programs(s, stages_for))
     return stopped(RunResult("sim", cluster.topo, events, cluster.clocks), cluster.effects)
+
+
+def _run_static(cluster: Cluster, program: PipeProgram, classes: PipeClasses,
+                progress: Callable[[int, int], None] | None, overhead_s: float,
+                reference: bool) -> CompiledRun:
+    """A static program on the compiled loop, or on the reference engine
+    (asked for, or where the loop does not price the job: ``kernel_prices``)."""
+    if reference or not kernel_prices(cluster):
+        return run_compiled(cluster, program, classes, progress, overhead_s)
+    return run_on_kernel(cluster, program, classes, progress, overhead_s)
 
 
 def _compiled_program(s: Scenario, cluster: Cluster) -> PipeProgram | None:

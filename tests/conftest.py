@@ -78,3 +78,13 @@ def scope_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "--set", f"iterations={SCOPE_TINY_ITERATIONS}")
     assert r.returncode == 0, r.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def throttle_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``megatronapp run scenarios/throttle.yaml`` (16 ranks, 4 iterations, a stored
+    run): read it as it is, or copy it first to change it."""
+    out = tmp_path_factory.mktemp("throttle") / "run"
+    done = run_cli("run", str(ROOT / "scenarios/throttle.yaml"), "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr
+    return out

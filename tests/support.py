@@ -1,17 +1,19 @@
 """Helpers more than one test module uses; tests/conftest.py keeps fixtures and hooks only."""
 from __future__ import annotations
 
+import ast
 import gzip
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import replace
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -25,6 +27,45 @@ from megatronapp.trace.kinds import COMPUTE_NAMES
 from sim import run_sim
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def source_trees() -> Iterator[tuple[str, ast.Module]]:
+    """(path from the repository root, parsed source) of every module of the
+    core, the backends and the simulator."""
+    for top in ("megatronapp", "backends", "sim"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def capped_cli(*args: str, cwd: Path = ROOT, memory: int = 3 << 30,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The real command line in a child capped at ``memory`` bytes of address
+    space and ``timeout`` seconds: an endless read, allocation or wait fails
+    the test instead of hanging it."""
+    def cap() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    return subprocess.run([sys.executable, "-m", "megatronapp.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=cap,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    """The one line ``result`` printed on stderr, with exit status 2 and each of
+    ``words`` in it (no traceback)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (for launchers that take one, as torchrun)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------ scenarios, CLI

@@ -45,6 +45,8 @@ CLI = ("megatronapp", ".venv/bin/megatronapp")
 TORCH = "runs real torch processes (minutes of CPU)"
 NEEDS_TORCH_RUN = "reads a torch-backend run directory (minutes of CPU to make)"
 SERVER = "starts a web server that runs until stopped"
+SCOPE_ANALYSIS = "run on the tiny model the docs train by tests/test_scope_lens.py (slow)"
+HOWTO = "the how-to's folder of a profiled job (tests/test_profile_howto.py makes one and reads it)"
 # Commands the docs show that are not run here, and why (normalized: comments
 # and prompts dropped, continuation lines joined, whitespace collapsed).
 NOT_RUN: dict[str, str] = {
@@ -85,14 +87,20 @@ NOT_RUN: dict[str, str] = {
     "megatronapp run scenarios/scope_tiny.yaml --backend torch --out runs/live &": TORCH,
     "megatronapp scope summary runs/scope_tiny": NEEDS_TORCH_RUN,
     "megatronapp scope lens runs/scope_tiny --prompt \"If the value of the expression is true\"":
-        NEEDS_TORCH_RUN,
-    "megatronapp scope patch runs/scope_tiny --clean \"is an\" --corrupt \"is on\"":
-        NEEDS_TORCH_RUN,
+        SCOPE_ANALYSIS,
+    "megatronapp scope patch runs/scope_tiny --clean \"the value\" --corrupt \"the valve\" "
+    "--clean-answer \" \" --corrupt-answer n": SCOPE_ANALYSIS,
+    "megatronapp scope patch runs/scope_tiny --clean \"the value\" --corrupt \"the valve\" "
+    "--clean-answer \" \" --corrupt-answer n --per head": SCOPE_ANALYSIS,
     "megatronapp scope dla runs/scope_tiny --prompt \"If the value of the expression is true\" "
-    "--tp 2": NEEDS_TORCH_RUN,
-    "megatronapp scope patch runs/scope_tiny --clean \"is an\" --corrupt \"is on\" --pp 2":
-        NEEDS_TORCH_RUN,
+    "--tp 2": SCOPE_ANALYSIS,
     "megatronapp report RUN_DIR [--out FILE] [--force]": "a template (RUN_DIR) for any run",
+    "megatronapp report TRACES [--out FILE] [--cycle N|all]":
+        "a template (TRACES) for any folder of traces",
+    "megatronapp detect traces": HOWTO,
+    "megatronapp analyze traces": HOWTO,
+    "megatronapp report traces": HOWTO,
+    "megatronapp watch traces": "follows a job while it runs (tests/test_scan_watch.py)",
     "megatronapp scope query runs/scope_tiny \"SELECT layer, head, avg(value) FROM stats "
     "WHERE stat = 'entropy' AND step = 1400 GROUP BY ALL ORDER BY ALL\"": NEEDS_TORCH_RUN,
     "megatronapp scope generate runs/scope_tiny --prompt \"The return statement\" "
@@ -108,6 +116,8 @@ NOT_RUN: dict[str, str] = {
     "megatronapp sweep scenarios/sweeps/throttle_severity.yaml --out /tmp/sw.csv "
     "--report /tmp/sw.html --jobs 2": "the same 48 runs (the page is tested in test_sweep.py)",
     ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run": TORCH,
+    "megatronapp fidelity fit [--generation DEVICE:SOFTWARE]":
+        "a template; a fit simulates every fitted published row several times (minutes)",
     ".venv/bin/megatronapp run SCENARIO --backend torch --stall-timeout 60":
         "a template (SCENARIO) for torch runs",
     ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run "

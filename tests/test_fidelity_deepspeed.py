@@ -94,10 +94,11 @@ def test_bf16_and_fp16_zero1_all_reduce_the_whole_gradient_then_gather_the_weigh
     steps its partition and all-gathers the weights. Megatron's distributed
     optimizer reduce-scatters."""
     s = scenario("deepspeed", precision)
-    grads = stage_params(s, 0) * 2  # 16-bit gradients of stage 0
+    weights = stage_params(s, 0) * 2  # 16-bit weights of stage 0
+    grads = weights * (2 if precision == "bf16" else 1)  # Megatron's rule: bf16 reduced in fp32
     ops = record(static_programs(s)[0])
     dp = [(type(o), o.nbytes) for o in ops if getattr(o, "name", "").startswith("dp_")]
-    assert dp == [(AllReduce, grads), (AllGather, grads)]
+    assert dp == [(AllReduce, grads), (AllGather, weights)]
     megatron = record(static_programs(scenario("megatron", precision))[0])
     assert [type(o) for o in megatron
             if getattr(o, "name", "").startswith("dp_")] == [ReduceScatter, AllGather]

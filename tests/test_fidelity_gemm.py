@@ -11,8 +11,8 @@ from megatronapp.costs.flops import layer_gemms, logits_forward_flops
 from megatronapp.costs.gemm import GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
 from megatronapp.costs.per_op import Efficiency, layer_forward_s
 from megatronapp.fidelity.fit import with_settings
-from megatronapp.fidelity.published import (GEMM_HALF_KNOB, TABLE1_KNOBS, PublishedRun, fit_device,
-                                             published_runs)
+from megatronapp.fidelity.published import (A100_2021, GEMM_HALF_KNOB, TABLE1_KNOBS, PublishedRun,
+                                            fit_generation, published_runs)
 from megatronapp.scenario.config import Scenario, parse_scenario
 from sim import simulate_iteration_times
 
@@ -104,8 +104,9 @@ def test_a_ranks_gemm_shapes_hold_its_share_of_the_layers_flops(
 def test_a_named_device_prices_a_layer_by_its_gemm_shapes() -> None:
     """On an H100 (132 SMs) a layer whose GEMMs fill 1.x waves takes longer
     than its FLOPs at the device's efficiency; the same layer without the
-    geometry takes exactly that."""
-    s = parse_scenario({**SCENARIO, "cluster": {"gpu": {"device": "h100-sxm"}}})
+    geometry takes exactly that (unfused attention: its core is GEMMs too)."""
+    model = {**SCENARIO["model"], "attention_backend": "unfused"}
+    s = parse_scenario({**SCENARIO, "model": model, "cluster": {"gpu": {"device": "h100-sxm"}}})
     gpu = s.cluster.gpu.model_copy(update={"sm_count": None})
     flat = s.model_copy(update={"cluster": s.cluster.model_copy(update={"gpu": gpu})})
     eff = Efficiency.of(flat)
@@ -132,8 +133,8 @@ def test_the_device_fit_recovers_the_constants_its_rows_were_made_with() -> None
     rows = [PublishedRun(f"row {i}", s, "iteration_s",
                          replica_time(with_settings(s, truth)), True, "h100-sxm")
             for i, s in enumerate(small)]
-    constants, fit = fit_device(rows, "h100-sxm", replica_time,
-                                {"a100-80gb": {"elementwise_traffic": 3.0}},
-                                knobs=(TABLE1_KNOBS[0], GEMM_HALF_KNOB))
+    constants, fit = fit_generation(rows, rows[0].generation, replica_time,
+                                    {A100_2021: {"elementwise_traffic": 3.0}},
+                                    knobs=(TABLE1_KNOBS[0], GEMM_HALF_KNOB))
     assert constants == pytest.approx({k.split(".")[-1]: v for k, v in truth.items()}, rel=1e-2)
     assert fit.residuals == pytest.approx([0.0, 0.0], abs=1e-3)

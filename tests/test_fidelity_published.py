@@ -16,7 +16,7 @@ from megatronapp.scenario.devices import DEVICES
 from megatronapp.costs.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.predict import predict, steady_state_s
-from megatronapp.fidelity.published import (DEVICE_KNOBS, LEFT_OUT, RUNS_FILE, PublishedRun,
+from megatronapp.fidelity.published import (GENERATION_KNOBS, LEFT_OUT, RUNS_FILE, PublishedRun,
                                             fit_flops_only_efficiency, fit_simulator,
                                             flops_only_iteration_s, held_out_errors,
                                             narayanan_row, narayanan_table1_tflops,
@@ -38,13 +38,14 @@ def tflops_per_gpu(s: Scenario) -> float:
     return predict(s, simulate_iteration_times, replica=True).hardware_tflops_per_gpu
 
 
-def fitted_rows(device: str) -> list[PublishedRun]:
-    return [r for r in published_runs(ROOT) if r.fitted and r.device == device]
+def fitted_rows(device: str, software: str = "") -> list[PublishedRun]:
+    return [r for r in published_runs(ROOT)
+            if r.fitted and r.device == device and software in ("", r.generation[1])]
 
 
 @pytest.fixture(scope="module")
 def fitted() -> dict[str, float]:
-    return fit_simulator(fitted_rows("a100-80gb"), replica_time).values
+    return fit_simulator(fitted_rows("a100-80gb", "megatron-lm-2021"), replica_time).values
 
 
 @pytest.mark.slow
@@ -69,35 +70,34 @@ def test_strong_scaling_loses_throughput_per_gpu(fitted: dict[str, float]) -> No
 
 @pytest.mark.slow
 def test_the_a100_profile_holds_the_constants_the_fit_finds(fitted: dict[str, float]) -> None:
-    profile = DEVICES["a100-80gb"].fitted
+    profile = DEVICES["a100-80gb"].fits["megatron-lm-2021"].constants
     for key, value in fitted.items():
         assert profile[key.split(".")[-1]] == pytest.approx(value, rel=1e-3)
 
 
-@pytest.mark.slow
-def test_the_h100_profile_holds_the_constants_the_fit_on_its_three_rows_finds() -> None:
-    fit = fit_simulator(fitted_rows("h100-sxm"), replica_time,
-                        knobs=DEVICE_KNOBS["h100-sxm"]).values
-    profile = DEVICES["h100-sxm"].fitted
-    for key, value in fit.items():
-        assert profile[key.split(".")[-1]] == pytest.approx(value, rel=1e-2)
-
-
-def test_each_device_is_fitted_on_its_named_rows_only_and_every_other_row_is_held_out() -> None:
+def test_each_generation_is_fitted_on_rows_of_its_own_source_and_the_rest_are_held_out() -> None:
     runs = published_runs(ROOT)
-    assert [r.source for r in fitted_rows("a100-80gb")] == [
+    assert [r.source for r in fitted_rows("a100-80gb", "megatron-lm-2021")] == [
         "Narayanan et al. 2021, Table 1, row 1", "Narayanan et al. 2021, Table 1, row 7"]
-    assert [r.source.rsplit(", ", 1)[1] for r in fitted_rows("h100-sxm")] == ["32B", "119B", "314B"]
-    assert sum(not r.fitted for r in runs) == len(runs) - 5
+    assert [r.source.rsplit(", ", 1)[1] for r in fitted_rows("h100-sxm", "megatron-core-0.8")] \
+        == ["1.7B", "16B", "70B", "177B", "462B"]
+    for generation in GENERATION_KNOBS:
+        rows = [r for r in runs if r.generation == generation]
+        sources = {r.source.split(",")[0] for r in rows if r.fitted}
+        assert len(sources) == 1, generation  # one source per generation's fit
+        assert any(not r.fitted for r in rows if r.source.split(",")[0] in sources), generation
+    assert not any(r.fitted for r in runs if r.generation not in GENERATION_KNOBS)
     assert len({r.source for r in runs}) == len(runs)
     assert all(left.missing for left in LEFT_OUT)
 
 
-def test_every_row_runs_on_the_device_whose_constants_it_fits_or_checks() -> None:
+def test_every_row_runs_with_the_constants_of_its_generation_or_its_devices_default() -> None:
     for r in published_runs(ROOT):
         profile = DEVICES[r.device]
         assert r.scenario.cluster.gpu.tflops == profile.gpu["tflops"], r.source
-        for key, value in profile.fitted.items():
+        fit = profile.fit_for(r.generation[1])
+        assert fit is not None, r.source
+        for key, value in fit.constants.items():
             assert getattr(r.scenario.cluster.gpu, key) == value, (r.source, key)
 
 

@@ -9,9 +9,8 @@ or in the list below with its reason."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-from .support import ROOT
+from .support import source_trees
 
 WRITER = "megatronapp/io/outdirs.py"
 ALLOWED: set[tuple[str, str]] = set()  # (file, call) pairs allowed elsewhere, each with its reason
@@ -39,14 +38,8 @@ def _deletes(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_no_delete_outside_the_writer() -> None:
-    offenders = []
-    for top in ("megatronapp", "backends", "sim"):
-        for path in sorted((ROOT / top).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if rel == WRITER:
-                continue
-            offenders += [f"{rel}:{line} {name}" for line, name in _deletes(ast.parse(
-                path.read_text(encoding="utf-8"))) if (rel, name) not in ALLOWED]
+    offenders = [f"{rel}:{line} {name}" for rel, tree in source_trees() if rel != WRITER
+                 for line, name in _deletes(tree) if (rel, name) not in ALLOWED]
     assert offenders == []
 
 

@@ -9,7 +9,8 @@ import duckdb
 import pytest
 
 from megatronapp.cli import main
-from megatronapp.scan.query import QueryLimits, run_query
+from megatronapp.errors import UserError
+from megatronapp.scan.query import QueryLimits, connect_events, run_query
 from megatronapp.trace.events import Event
 
 EVENTS = {0: [Event("forward", 0.0, 1e-3, {"iteration": 0})],
@@ -24,7 +25,7 @@ def outside(tmp_path: Path) -> Path:
 
 
 def _refused(sql: str, words: str) -> None:
-    with pytest.raises(duckdb.Error, match=words):
+    with pytest.raises((duckdb.Error, UserError), match=words):
         run_query(EVENTS, sql)
 
 
@@ -36,15 +37,15 @@ def test_reading_files_is_refused(outside):
 
 
 def test_writing_and_attaching_files_is_refused(tmp_path):
-    _refused(f"COPY events TO '{tmp_path / 'leak.csv'}'", "disabled")
-    _refused(f"ATTACH '{tmp_path / 'other.db'}' AS other", "disabled")
-    _refused(f"EXPORT DATABASE '{tmp_path / 'dump'}'", "disabled")
+    _refused(f"COPY events TO '{tmp_path / 'leak.csv'}'", "COPY statement is refused")
+    _refused(f"ATTACH '{tmp_path / 'other.db'}' AS other", "ATTACH statement is refused")
+    _refused(f"EXPORT DATABASE '{tmp_path / 'dump'}'", "EXPORT statement is refused")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_extensions_cannot_be_installed_or_loaded():
-    _refused("INSTALL httpfs", "disabled")
-    _refused("LOAD httpfs", "disabled")
+    _refused("INSTALL httpfs", "LOAD statement is refused")
+    _refused("LOAD httpfs", "LOAD statement is refused")
 
 
 @pytest.mark.parametrize("sql", ["SET enable_external_access = true",
@@ -52,7 +53,9 @@ def test_extensions_cannot_be_installed_or_loaded():
                                  "SET memory_limit = '100GB'", "RESET memory_limit",
                                  "PRAGMA memory_limit = '100GB'"])
 def test_the_configuration_is_locked(sql):
-    _refused(sql, "locked")
+    _refused(sql, "statement is refused")  # not even parsed as a query
+    with connect_events(EVENTS) as con, pytest.raises(duckdb.Error, match="locked"):
+        con.execute(sql)  # and the connection itself refuses it
 
 
 def test_a_memory_limit_is_set_by_default_and_can_be_chosen():

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.scan.align.align import robust_line, score_against_truth, trace_span
+from megatronapp.scan.align.align import robust_line, trace_span
+from megatronapp.scan.eval.clock_truth import score_against_truth
 from megatronapp.scan.ingest.deps import annotate, reconstruct
 from megatronapp.scan.eval.validate import scan_of_result
 from sim import run_sim

@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from megatronapp.scan.methods import DETECTORS
+
 from megatronapp.cli import main
 from megatronapp.scenario.config import parse_scenario
 from megatronapp.run.write import write_run
@@ -45,14 +47,20 @@ def test_detect_json_names_the_throttled_rank(run_dir, capsys):
     assert code == 0 and d["healthy"] is False
     top = d["root_causes"][0]
     assert (top["rank"], top["kind"], top["peer"]) == (6, "compute", None)
-    assert 0 < top["confidence"] <= 1 and top["evidence"]["slowdown"] > 1.2
+    ev = top["evidence"]
+    assert 0 < top["confidence"] <= 1 and ev["actual_s"] > 1.2 * ev["expected_s"]
+    assert 0 < ev["blame_s"] <= ev["actual_s"] - ev["expected_s"] + 1e-6
+    assert ev["share"] == pytest.approx(ev["blame_s"] / ev["iteration_s"], rel=0.01)
     assert 6 not in d["victims"] and 7 in d["victims"]  # its TP peer waited
 
 
 def test_detect_text_explains_the_evidence(run_dir, capsys):
     code, out, _ = _run(capsys, "detect", str(run_dir))
     assert code == 0
-    assert "root cause: rank 6" in out and "started last" in out and "victims" in out
+    lines = out.splitlines()
+    assert lines[0].startswith("root cause: rank 6 (compute")
+    assert lines[1].startswith("  blame: ") and "iteration" in lines[1]
+    assert "at its peers' speed" in lines[2] and "victims" in out
 
 
 def test_analyze_matches_a_direct_computation_from_the_trace(run_dir, capsys):
@@ -91,8 +99,7 @@ def test_validate_detector_writes_its_table(tmp_path, capsys):
     code, out, _ = _run(capsys, "validate-detector", "--trials", "3", "--seed", "1", "--csv", str(path))
     rows = list(csv.DictReader(path.open()))
     assert code == 0 and "| megascan |" in out
-    assert {r["method"] for r in rows} == {"megascan", "slowest-mean", "nvidia-0.75", "hta-latest",
-                                          "megatronapp-orig"}
+    assert {r["method"] for r in rows} == set(DETECTORS)
 
 
 def test_plot_hook_adds_heatmap_and_marey(run_dir):

@@ -66,7 +66,7 @@ def test_every_method_shares_the_detector_signature():
     for name, method in METHODS.items():
         d = method(scan)
         assert isinstance(d, Diagnosis), name
-        assert d.to_json().keys() == {"healthy", "root_causes", "victims"}
+        assert {"healthy", "root_causes", "victims"} <= d.to_json().keys()
 
 
 def _score(outcomes) -> float:

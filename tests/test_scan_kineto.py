@@ -199,9 +199,9 @@ def test_a_rank_from_the_file_name_is_read_and_must_fit_32_bits(tmp_path):
         load_trace(tmp_path)
 
 
-def test_two_files_claiming_one_rank_are_refused(tmp_path):
+def test_two_files_claiming_one_rank_of_one_cycle_are_refused_saying_what_to_do(tmp_path):
     write_kineto(tmp_path, {0: nccl_rank_file(0, 1.0, 1), 1: nccl_rank_file(0, 1.0, 1)})
-    with pytest.raises(TraceError, match="rank 0 also appears"):
+    with pytest.raises(TraceError, match="rank 0 twice in one profiling cycle: .* keep one"):
         load_trace(tmp_path)
 
 
@@ -271,7 +271,9 @@ def test_analyze_align_query_and_plot_read_a_profile_directory(slow_job, tmp_pat
     plots = tmp_path / "plots"
     shutil.copytree(slow_job, plots)
     assert main(["plot", str(plots)]) == 0
-    assert (plots / "timeline.png").is_file() and (plots / "scan_heatmap.png").is_file()
+    beside = tmp_path / "plots-megascan"  # never into the traces' folder
+    assert (beside / "timeline.png").is_file() and (beside / "scan_heatmap.png").is_file()
+    assert sorted(p.name for p in plots.iterdir()) == sorted(p.name for p in slow_job.iterdir())
 
 
 @pytest.mark.slow

@@ -231,33 +231,3 @@ def test_a_config_without_evidence_is_refused(field: str) -> None:
     counts: dict[str, int] = {"window": 2, "confirm": 2, "clear": 3, field: 0}
     with pytest.raises(ValueError, match=field):
         OnlineConfig(window=counts["window"], confirm=counts["confirm"], clear=counts["clear"])
-
-
-def test_a_negative_link_window_is_refused() -> None:
-    with pytest.raises(ValueError, match="link_window"):
-        OnlineConfig(link_window=-1)
-
-
-def test_an_erratic_link_a_short_window_misses_is_named_over_the_link_window() -> None:
-    # jittered (sigma 0.15) over the background's 0.05: two iterations hold too
-    # few of its transfers to set it apart from its class, ten do
-    s = load_scenario(ROOT / "scenarios/throttle.yaml",
-                      ["seed=2", "iterations=20", "faults=[{kind: link_jitter, ranks: [5, 9], "
-                       "sigma: 0.15}]"])
-    short, _ = fed(s, OnlineConfig(window=2, confirm=3))
-    assert not [d for d in short.records if d.event == "named"]
-    long, _ = fed(s, OnlineConfig(window=2, confirm=3, link_window=10))
-    named = [d for d in long.records if d.event == "named"]
-    assert [d.key for d in named] == [("link", 5, 9)]
-    # judged over ten iterations only once ten are held, then three in a row
-    assert named[0].iteration >= 10 - 1 + 3 - 1
-    assert named[0].evidence["window"][1] - named[0].evidence["window"][0] == 9
-    assert long.window_iterations == (18, 19)  # MegaScan's short window, as before
-
-
-def test_the_link_window_adds_link_findings_only() -> None:
-    s = throttle_job(12, f"[{{kind: throttle, rank: {THROTTLED}, factor: 1.5}}]")
-    short, _ = fed(s, OnlineConfig(window=2, confirm=3))
-    long, _ = fed(s, OnlineConfig(window=2, confirm=3, link_window=6))
-    compute = [d.key for d in short.records if d.kind == "compute"]
-    assert compute and compute == [d.key for d in long.records if d.kind == "compute"]

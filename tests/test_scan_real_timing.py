@@ -10,25 +10,19 @@ the receive completed, as the torch backend injects it.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from megatronapp.scan.align.align import score_against_truth, trace_span
+from megatronapp.scan.align.align import trace_span
+from megatronapp.scan.eval.clock_truth import score_against_truth
 from megatronapp.scan.align.bounds import Bounds, maximin_line
 from megatronapp.scan.evidence.detect import megascan
-from megatronapp.scan.evidence.judge import Thresholds, rank_sum_z
 from megatronapp.scan.align.pairwise import shorth
 from megatronapp.scan.eval.validate import injected_clocks, scan_of_result
 from megatronapp.trace.events import RunResult
 
 from .support import real_like, real_like_run
-
-NO_SLOW_LINK = Thresholds(wait_ratio=math.inf, link_excess=math.inf)  # judge spread only
-
 
 @pytest.fixture(scope="module")
 def pipeline() -> RunResult:
@@ -107,27 +101,17 @@ def test_a_throttle_is_named_and_contention_is_not():
     assert [(c.rank, c.kind) for c in d.root_causes] == [(1, "compute")]
 
 
-def test_contention_alone_is_healthy_though_medians_differ(data_parallel):
+def test_contention_alone_is_healthy(data_parallel):
     real = real_like(data_parallel, seed=5, contended={2: 0.8, 1: 0.2})
-    scan = scan_of_result(real)
-    assert megascan(scan).healthy
-    # without the lower-quartile check, the contended rank's medians blame it
-    blind = Thresholds(agree_share=-math.inf)
-    assert [c.rank for c in megascan(scan, blind).root_causes] == [2]
+    assert megascan(scan_of_result(real)).healthy
 
 
-def test_slow_link_is_late_even_at_its_fastest(pipeline):
+def test_a_slow_link_is_named_with_its_transfers_cost(pipeline):
     real = real_like(pipeline, seed=6, link=((1, 2), "slow", 4e-3))
     d = megascan(scan_of_result(real))
     (top,) = [c for c in d.root_causes if c.kind == "link"]
-    assert (top.kind, {top.rank, top.peer}, top.evidence["problem"]) == ("link", {1, 2}, "slow")
-
-
-def test_erratic_link_is_late_at_its_median(pipeline):
-    real = real_like(pipeline, seed=7, link=((2, 3), "erratic", 6e-3))
-    d = megascan(scan_of_result(real), NO_SLOW_LINK)
-    (top,) = [c for c in d.root_causes if c.kind == "link"]
-    assert (top.kind, {top.rank, top.peer}, top.evidence["problem"]) == ("link", {2, 3}, "erratic")
+    assert {top.rank, top.peer} == {1, 2}
+    assert top.evidence["actual_s"] > top.evidence["expected_s"] + top.evidence["blame_s"] / 2
 
 
 @pytest.mark.parametrize("seed", [8, 9, 10])
@@ -139,16 +123,3 @@ def test_real_like_links_are_not_blamed_without_a_fault(pipeline, seed):
 @pytest.mark.parametrize("seed", [11, 12, 13])
 def test_real_like_healthy_run_is_healthy(data_parallel, seed):
     assert megascan(scan_of_result(real_like(data_parallel, seed=seed, contended={1: 0.5}))).healthy
-
-
-@given(st.lists(st.floats(0, 1), min_size=3, max_size=30),
-       st.lists(st.floats(0, 1), min_size=3, max_size=30), st.floats(0.01, 2))
-def test_rank_sum_z_is_antisymmetric_and_grows_with_a_shift(a, b, shift):
-    x, y = np.asarray(a), np.asarray(b)
-    z = rank_sum_z(x, y)
-    assert z == pytest.approx(-rank_sum_z(y, x), abs=1e-9)
-    assert rank_sum_z(x + shift, y) >= z - 1e-9
-    # every waiting time above the class's: the largest z these sizes allow
-    n1, n2 = len(x), len(y)
-    assert rank_sum_z(y.max() + 1 + x, y) == pytest.approx(
-        n1 * n2 / 2 / math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12))

@@ -7,14 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from megatronapp.trace.columns import columns_from_events
 from megatronapp.scan.align.align import ClockFit, causal_bounds
 from megatronapp.scan.ingest.deps import reconstruct
-from megatronapp.scan.evidence.detect import _last_to_start, megascan
-from megatronapp.scan.evidence.judge import _floors_and_medians, finite_rows, row_medians
+from megatronapp.scan.evidence.detect import megascan
 from megatronapp.scan.ingest.load import events_from_chrome
 from megatronapp.scan.align.table import causal_violations, sorted_like_loader, sync_table
 from megatronapp.scan.eval.trials import make_sim_trial
@@ -91,43 +88,3 @@ def test_sync_ops_link_the_same_events() -> None:
 def _first_rows(cols: Any) -> tuple[list[int], list[int]]:
     bounds = cols.rank_bounds()
     return list(bounds), [lo for lo, _hi in bounds.values()]
-
-
-@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0.0, 1.0, 2.5]),
-                          st.integers(0, 9)), min_size=1, max_size=60), st.booleans())
-def test_the_last_to_start_each_op_is_the_latest_start_then_the_highest_rank(rows, grouped):
-    if grouped:
-        rows = sorted(rows, key=lambda r: r[0])
-    op, start, rank = (np.array(c) for c in zip(*rows))
-    expected = [max((s, r) for o, s, r in rows if o == each)[1] for each in sorted(set(op))]
-    assert _last_to_start(op, start.astype(float), rank).tolist() == expected
-
-
-@given(st.lists(st.lists(st.floats(0, 1e-3), min_size=1, max_size=30), min_size=1, max_size=8),
-       st.booleans())
-def test_floors_and_medians_of_a_class_are_each_channels_own(samples, as_long):
-    if as_long:
-        samples = [(s * 5)[:5] for s in samples]  # one length, values of their own
-    arrays = [np.array(s) for s in samples]
-    floors, medians = _floors_and_medians(arrays, 10.0)
-    assert floors.tolist() == [np.percentile(a, 10.0) for a in arrays]
-    assert medians.tolist() == [np.median(a) for a in arrays]
-
-
-@given(st.lists(st.lists(st.floats(-1, 1), min_size=4, max_size=4), min_size=1, max_size=6),
-       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=6))
-def test_row_medians_are_each_rows_own_over_its_finite_values(rows, holes):
-    lr = np.array(rows)
-    for i, j in holes:  # ops a rank did not run
-        if i < len(lr):
-            lr[i, j] = np.nan
-    kept = finite_rows(lr)
-    medians, spreads = row_medians(kept)
-    for row, values, median, spread in zip(lr, kept, medians, spreads):
-        own = row[np.isfinite(row)]
-        assert values.tolist() == own.tolist()
-        if len(own):
-            assert median == np.median(own)
-            assert spread == np.median(np.abs(own - np.median(own)))
-        else:
-            assert np.isnan(median) and np.isnan(spread)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .support import ROOT, kineto_cycle_file, run_cli
 
 WORLD, STEPS_PER_CYCLE, CYCLES, ONSET = 4, 5, 3, 7  # rank 1 slows down from step 7 on
@@ -25,19 +27,21 @@ for name, text in plan:
 """
 
 
-def profiler_plan() -> list[tuple[str, str]]:
+def profiler_plan(onset: int = ONSET) -> list[tuple[str, str]]:
     plan = []
     for cycle in range(CYCLES):
         steps = range(cycle * STEPS_PER_CYCLE, (cycle + 1) * STEPS_PER_CYCLE)
-        slow = {s: 1.3 for s in steps if s >= ONSET}
+        slow = {s: 1.3 for s in steps if s >= onset}
         for rank in range(WORLD):
             plan.append((f"host_{4000 + rank}.{1000 + cycle}.pt.trace.json",
                          json.dumps(kineto_cycle_file(rank, WORLD, steps, slow))))
     return plan
 
 
-def test_watch_reports_the_slow_rank_while_a_job_writes_its_profiler_files(tmp_path: Path) -> None:
-    (tmp_path / "plan.json").write_text(json.dumps(profiler_plan()))
+@pytest.mark.parametrize("onset", [ONSET, 0])  # slow from a step on, or throughout
+def test_watch_reports_the_slow_rank_while_a_job_writes_its_profiler_files(
+        tmp_path: Path, onset: int) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps(profiler_plan(onset)))
     target = tmp_path / "profile"
     target.mkdir()
     job = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "plan.json"), str(target)])
@@ -48,7 +52,7 @@ def test_watch_reports_the_slow_rank_while_a_job_writes_its_profiler_files(tmp_p
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(r["event"], r["kind"], r["rank"]) for r in records] == [("named", "compute", 1)]
-    assert ONSET <= records[0]["first_seen"] <= records[0]["iteration"] <= ONSET + 3
+    assert onset <= records[0]["first_seen"] <= records[0]["iteration"] <= onset + 3
 
 
 def test_watch_of_a_run_directory_reports_what_the_run_detected(tmp_path: Path) -> None:
@@ -98,7 +102,8 @@ def test_a_profiler_file_of_no_distributed_job_is_one_line_naming_it(tmp_path: P
         f"megatronapp: DIR: {path} is not a torch.profiler trace of a distributed job"]
 
 
-def test_a_negative_link_window_is_one_line_naming_it(tmp_path: Path) -> None:
-    done = run_cli("watch", str(tmp_path), "--link-window", "-1")
+def test_a_confidence_outside_zero_to_one_is_one_line_naming_it(tmp_path: Path) -> None:
+    done = run_cli("watch", str(tmp_path), "--min-confidence", "1.5")
     assert done.returncode == 2
-    assert done.stderr.splitlines() == ["megatronapp: --link-window: must be >= 0 (0: off), got -1"]
+    assert done.stderr.splitlines() == [
+        "megatronapp: --min-confidence: must be a probability in [0, 1], got 1.5"]

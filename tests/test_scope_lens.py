@@ -4,6 +4,7 @@ scenarios/scope_tiny.yaml --backend torch``."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -47,24 +48,26 @@ def test_open_gives_the_tables_scope_query_reads(scope_tiny_run: Path) -> None:
 
 def test_the_cache_holds_what_the_capture_kept(kept: Path) -> None:
     data = ms.open(kept)
-    cache = ms.run_with_cache(kept, PROSE)
-    assert len(cache.tokens) == len(PROSE)
+    with ms.load(kept) as model:
+        logits, cache = model.run_with_cache(PROSE)
+    assert logits.shape[:2] == (1, len(PROSE))
     for name in data.raw_names():  # step0/dp0/mb0/layer{n}/resid_post: the prompt's window
-        layer = int(name.split("/")[3].removeprefix("layer"))
-        np.testing.assert_allclose(cache["resid_post", layer], data.raw(name)[0], rtol=1e-5,
-                                   atol=1e-6)
-    from_capture = ms.run_with_cache(kept / "clean", PROSE)  # its manifest names the checkpoint
-    np.testing.assert_array_equal(from_capture.logits, cache.logits)
-    layers = {n for _, n in cache.keys()}
-    assert {s for s, _ in cache.keys()} >= {"resid_pre", "attn.q", "attn.probs", "mlp.post"}
-    assert cache["attn.q", min(layers)].shape[0] == len(PROSE)
+        layer = int(name.split("/")[3].removeprefix("layer"))  # a capture counts from 1
+        np.testing.assert_allclose(cache["resid_post", layer - 1][0].numpy(), data.raw(name)[0],
+                                   rtol=1e-5, atol=1e-6)
+    with ms.load(kept / "clean") as from_capture:  # its manifest names the checkpoint
+        np.testing.assert_array_equal(from_capture(PROSE).numpy(), logits.numpy())
+    assert {"blocks.0.hook_resid_pre", "blocks.0.attn.hook_q", "blocks.1.attn.hook_pattern",
+            "blocks.1.mlp.hook_post"} <= set(cache.keys())
+    assert cache["attn.q", 0].shape == (1, len(PROSE), 4, 32)
 
 
 def test_the_lens_at_the_last_layer_is_the_model_and_ranks_fall_layer_by_layer(
         scope_tiny_run: Path) -> None:
-    lens = ms.logit_lens(scope_tiny_run, PROSE, k=3)
-    cache = ms.run_with_cache(scope_tiny_run, PROSE, sites=["resid_post"])
-    model_choice = [int(np.argmax(row)) for row in cache.logits]
+    with ms.load(scope_tiny_run) as model:
+        lens = ms.logit_lens(model, PROSE, k=3)
+        logits = model(PROSE)[0]
+    model_choice = [int(i) for i in logits.argmax(-1)]
     assert [pos[0].token_id for pos in lens.top[-1]] == model_choice
     means = lens.mean_ranks()
     assert all(a > b for a, b in zip(means, means[1:])), means
@@ -75,7 +78,7 @@ def test_scope_lens_prints_a_table_and_stores_it_with_the_capture(scope_tiny_run
     assert r.returncode == 0, r.stderr
     printed = json.loads(r.stdout)
     stored = [json.loads(p.read_text()) for p in (scope_tiny_run / "scope").glob("lens-*.json")]
-    assert printed in stored and printed["rows"][0] == "resid_pre 1"
+    assert printed in stored and printed["rows"][0] == "resid_pre 0"
     again = run_cli("scope", "lens", str(scope_tiny_run), "--prompt", "is true")
     assert again.returncode == 0 and "mean rank of the next token" in again.stdout
 
@@ -138,8 +141,27 @@ def test_a_mistyped_site_is_refused_before_any_model_loads(scope_tiny_run: Path,
 def test_attribution_against_the_model_s_choice_is_the_mirror_image(scope_tiny_run: Path) -> None:
     """Answer the model's runner-up: the baseline becomes its first choice,
     and every share changes sign."""
-    first = ms.direct_logit_attribution(scope_tiny_run, PROSE)
-    mirror = ms.direct_logit_attribution(scope_tiny_run, PROSE, answer=first.answers[1])
+    with ms.load(scope_tiny_run) as model:
+        first = ms.direct_logit_attribution(model, PROSE)
+        mirror = ms.direct_logit_attribution(model, PROSE, answer=first.answers[1])
     assert mirror.answers == first.answers[::-1]
     assert mirror.logit_diff == pytest.approx(-first.logit_diff, abs=1e-6)
     np.testing.assert_allclose(mirror.heads, -first.heads, atol=1e-9)
+
+
+def test_the_docs_analysis_commands_run_on_the_model_the_docs_train(
+        scope_tiny_run: Path) -> None:
+    """Every ``scope lens/patch/dla`` command docs/megascope.md shows runs, as
+    written, on the tiny model trained as the docs say (its prompts work)."""
+    from tests.test_docs import ROOT as DOCS_ROOT
+    from tests.test_docs import SCOPE_ANALYSIS, NOT_RUN, doc_commands
+
+    shown = [c.text for c in doc_commands(DOCS_ROOT / "docs" / "megascope.md")
+             if c.text.split()[1:3] in (["scope", "lens"], ["scope", "patch"], ["scope", "dla"])]
+    assert len(shown) >= 4 and all(NOT_RUN.get(text) == SCOPE_ANALYSIS for text in shown)
+    for text in shown:
+        argv = [str(scope_tiny_run) if w == "runs/scope_tiny" else w
+                for w in shlex.split(text)[1:]]
+        r = run_cli(*argv, "--force")
+        assert r.returncode == 0, f"{text}: {r.stderr}"
+        assert "Warning" not in r.stderr  # megatron-core's only with --verbose

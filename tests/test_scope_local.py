@@ -390,7 +390,8 @@ def test_cli_generate_runs_and_refuses_bad_input(checkpoint: Path, tmp_path: Pat
     assert "KL" in ok.stdout and (out / "clean" / "manifest.json").is_file()
     for args, field in [(["--perturb", "{kind: p2p_zero, direction: forward}"], "scope.perturb"),
                         (["--perturb", "{kind: act_noise, site: nowhere, sigma: 1}"], "site"),
-                        (["--tokens", "0"], "--tokens")]:
+                        (["--tokens", "0"], "--tokens"),
+                        (["--tokens", "10000000000"], "limits: decoding")]:
         bad = run_cli("scope", "generate", str(checkpoint), "--prompt", "x", "--out",
                       str(tmp_path / "no"), *args)
         assert bad.returncode == 2 and field in bad.stderr, bad.stderr

@@ -23,9 +23,12 @@ def python_blocks(text: str) -> list[str]:
 
 def test_the_page_has_code_for_each_part() -> None:
     code = "\n".join(python_blocks(PAGE.read_text()))
-    for call in ("ms.open(", "ms.run_with_cache(", "ms.logit_lens(", "ms.activation_patching(",
-                 "ms.direct_logit_attribution("):
+    for call in ("ms.load(", "model.run_with_cache(", "model.run_with_hooks(", "model.hooks(",
+                 "ms.logit_lens(", "ms.activation_patching(", "ms.direct_logit_attribution(",
+                 "ms.import_checkpoint("):
         assert call in code
+    loads = re.findall(r"^\s*(?:\w+ = |with )ms\.load\(", code, flags=re.M)
+    assert len(loads) == 2  # the tiny model and the imported GPT-2, each loaded once
 
 
 def test_the_notebook_page_runs(scope_tiny_run: Path, tmp_path: Path) -> None:
@@ -38,4 +41,6 @@ def test_the_notebook_page_runs(scope_tiny_run: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     assert "mean rank of the next character" in r.stdout
     assert "each head's direct share" in r.stdout
-    assert (tmp_path / "patching.png").is_file()
+    assert "patched heads: (2, 4)" in r.stdout
+    assert "Warning" not in r.stderr  # megatron-core's are kept in model.warnings
+    assert (tmp_path / "patching-heads.png").is_file()

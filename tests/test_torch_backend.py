@@ -32,8 +32,8 @@ from megatronapp.scan.ingest.load import load_trace
 from megatronapp.trace.events import Event
 from sim import injected_faults, run_sim
 
-from .support import (ROOT, SGD, TINY_MODEL, compute_sequence, full_model, sample_losses,
-                      torch_scenario)
+from .support import (ROOT, SGD, TINY_MODEL, compute_sequence, free_port, full_model,
+                      sample_losses, torch_scenario)
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +208,7 @@ def test_torchrun_worker_writes_a_run_dir(tmp_path: Path):
     torchrun = str(Path(sys.executable).parent / "torchrun")
     # one node on loopback (--standalone would look up this host's name)
     proc = subprocess.run([torchrun, "--nnodes", "1", "--nproc-per-node", "2",
-                           "--master-addr", "127.0.0.1", "--master-port", str(launch.free_port()),
+                           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                            "--local-addr", "127.0.0.1", "-m",
                            "backends.torch.worker", str(_write(tmp_path / "p.yaml", SKEWED_PIPE)),
                            "--out", str(out)],

@@ -144,7 +144,7 @@ def test_inflating_stops_at_the_cap_and_names_the_file_and_the_cap(lying_bomb):
 def test_a_plain_file_over_the_cap_is_refused_too(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": []}))
-    with pytest.raises(TraceError, match="holds more than 5 B of JSON text"):
+    with pytest.raises(TraceError, match="more than 5 B of JSON text"):
         read_json_any(path, max_bytes=5)
     assert read_json_any(path, max_bytes=1e3) == {"traceEvents": []}
 
@@ -158,7 +158,7 @@ def test_detect_refuses_a_bomb_by_the_memory_it_has_and_no_limits_lifts_the_cap(
     assert str(lying_bomb) in err[0] and "inflates to more than 50 MB of JSON text" in err[0]
     code, err = _main(capsys, ["detect", str(lying_bomb), "--no-limits"])
     assert code == 2 and len(err) == 1 and "inflates" not in err[0]
-    assert "Incorrect length" in err[0]  # inflated to its end, where the stated size lies
+    assert "incorrect length" in err[0].lower()  # inflated to its end, where the stated size lies
 
 
 def test_an_honest_bomb_is_refused_by_its_stated_size_before_inflating(tmp_path, capsys,
@@ -190,7 +190,7 @@ def test_under_an_address_space_cap_a_bomb_is_one_line_not_a_memory_error(lying_
                           timeout=300)
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(err) == 1, done.stderr
-    assert "inflates to more than" in err[0] and str(lying_bomb) in err[0]
+    assert "inflates" in err[0] and str(lying_bomb) in err[0]  # past the cap, or the ratio
 
 
 # ------------------------------------------------------- out of memory

@@ -99,14 +99,14 @@ def check_supported(s: Scenario) -> None:
     if s.parallel.tp_comm_overlap:
         raise ScenarioError("parallel.tp_comm_overlap", "the torch backend's stages run their "
                             "collectives after the GEMMs; simulate the overlap with --backend sim")
-    if s.parallel.async_tp_backward and s.parallel.tp > 1:
+    if s.async_tp_backward and s.parallel.tp > 1:
         raise ScenarioError("parallel.async_tp_backward", "the torch backend's stages reduce "
                             "input gradients before the weight gradients; simulate the overlap "
                             "with --backend sim")
     if s.parallel.cp > 1:
         raise ScenarioError("parallel.context_parallel_size", "the torch backend's stages run "
                             "without context parallelism; simulate it with --backend sim")
-    if not s.model.stores_scores:
+    if not s.stores_scores:
         raise ScenarioError("model.attention_backend", "the torch backend's stages run "
                             "megatron-core's unfused attention; simulate flash or fused "
                             "attention with --backend sim")

@@ -14,12 +14,13 @@ bounded (see lifetime.py); an exception or signal that ends the run early
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue as queue_mod
 import signal
-import socket
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from megatronapp.errors import UserError
 from megatronapp.faults import effects_of
+from megatronapp.io.outdirs import scratch_folder
 from megatronapp.program.layout import topology_of
 from megatronapp.scenario.config import Scenario, ScenarioError, fault_job
 from megatronapp.trace.summary import stop_record
@@ -86,37 +88,52 @@ class TorchDeadlock(TorchRunError):
         self.blocked = blocked
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+STORE_FILE = "rendezvous"  # the file store's name in the run's private folder
 
 
-def rendezvous_store() -> dist.TCPStore:
-    """The job's rendezvous store, listening from now on: its port stays
-    taken while the ranks start (a port only looked up free may be another
-    job's by the time rank 0 would listen on it)."""
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                         timeout=default_pg_timeout)
+def loopback_only() -> None:
+    """Every rank of this launcher is on this host: gloo's and NCCL's sockets
+    on the loopback device (no host name resolved, nothing reachable from
+    another machine), whatever the environment names."""
+    os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
 
 
-def _spawned(rank: int, s: Scenario, port: int, options: TrainOptions, coalesce: bool | None,
+def file_store(folder: Path) -> dist.FileStore:
+    """The job's rendezvous: a file in a folder private to this run, made by
+    the launcher before any rank starts (no port to race for, and no TCP
+    listener: torch's TCPStore listens on every interface whatever host it is
+    given)."""
+    store = dist.FileStore(str(folder / STORE_FILE), -1)
+    store.set_timeout(default_pg_timeout)
+    return store
+
+
+@contextlib.contextmanager
+def one_process_group() -> Iterator[None]:
+    """A process group of this process alone (gloo), its rendezvous a file
+    store in a private folder: nothing listens."""
+    with scratch_folder("megatronapp-rendezvous-") as folder:
+        loopback_only()
+        dist.init_process_group("gloo", store=file_store(folder), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def _spawned(rank: int, s: Scenario, rendezvous: Path, options: TrainOptions, coalesce: bool | None,
              threads: int, out: Any, counters: Any, stall_flag: Any, job: Job,
              programs: ProgramsFor, launcher_pid: int, switch: StopSwitch | None) -> None:
     die_with_parent(launcher_pid)
     ignore_terminal_signals()  # the launcher owns the stop
     quiet_megatron_warnings()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # every rank is on this host: gloo on loopback, without resolving the host name
-    # (which warns on stderr, or fails, where /etc/hosts does not name it)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    loopback_only()
     torch.set_num_threads(threads)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     beacon = OpBeacon(counters, rank)
     beacon.answer_when(stall_flag, lambda what: out.put(("blocked", rank, what)))
     try:
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=default_pg_timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=job.processes(s))
+        dist.init_process_group(backend, store=file_store(rendezvous), rank=rank, world_size=job.processes(s))
         result = job.run_rank(s, rank, rank, options, coalesce,
                               on_record=lambda r, e: out.put(("event", r, e)),
                               beacon=beacon, programs=programs,
@@ -298,31 +315,37 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
     out, stall_flag = ctx.Queue(), ctx.RawValue("b", 0)
     counters = ctx.RawArray("q", world)  # ops entered per rank
     threads = max(1, (os.cpu_count() or 1) // world)
-    store = rendezvous_store()  # held by this process until the ranks are done
-    port = store.port
     build = programs if programs is not None else job.programs
     switch = StopSwitch(ctx, world) if stop is not None else None
-    procs = [ctx.Process(target=_spawned, args=(r, s, port, options, coalesce, threads, out,
-                                                counters, stall_flag, job, build, os.getpid(),
-                                                switch))
-             for r in range(world)]
-    on_phase(f"spawning {world} ranks")
-    try:
-        with terminal_signals_held():
-            for p in procs:
-                p.start()
+    with scratch_folder("megatronapp-rendezvous-") as rendezvous:
+        file_store(rendezvous)  # the file exists before any rank opens it
+        procs = [ctx.Process(target=_spawned, args=(r, s, rendezvous, options, coalesce, threads,
+                                                    out, counters, stall_flag, job, build,
+                                                    os.getpid(), switch))
+                 for r in range(world)]
+        on_phase(f"spawning {world} ranks")
         stopping = None if stop is None or switch is None else (stop, switch)
         gatherer = _Gatherer(procs, out, counters, stall_flag, stall_timeout_s, on_record,
                              on_phase, stopping, crash_rank(s, world))
         try:
-            results = gatherer.run()
+            results = _gather(procs, gatherer)
         except InjectedCrash as crash:  # the job stops: what it recorded is its run
-            stop_processes([p for p in procs if p.pid is not None])
             return crashed_run(s, gatherer.events, crash.rank), []
+    return job.assemble(s, results), results
+
+
+def _gather(procs: list[Any], gatherer: _Gatherer) -> list[WorkerResult]:
+    """Start every rank and gather their results; a failure, or Interrupted by a
+    signal, stops every rank first."""
+    try:
+        with terminal_signals_held():
+            for p in procs:
+                p.start()
+        results = gatherer.run()
         join_or_stop(procs, EXIT_WAIT_S)
-    except BaseException as err:  # a failure, or Interrupted by a signal: stop every rank
+    except BaseException as err:
         stopped = stop_processes([p for p in procs if p.pid is not None])
         if stopped:
             err.add_note(f"stopped {stopped} rank{'s' if stopped > 1 else ''}")
         raise
-    return job.assemble(s, results), results
+    return results

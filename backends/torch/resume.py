@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from megatronapp.io import gate
 from megatronapp.errors import UserError
 from megatronapp.io.outdirs import discard, rename_fresh
 
@@ -55,8 +56,9 @@ def load_shard(path: Path, iteration: int) -> dict[str, Any]:
         raise UserError(f"checkpoint: {path} not found (no checkpoint after iteration "
                         f"{iteration} for this stage)")
     try:
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError) as err:
+        state: dict[str, Any] = torch.load(gate.checked(path, "checkpoint"), map_location="cpu",
+                                           weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError) as err:  # an InputError too
         raise UserError(f"checkpoint: {path}: not a checkpoint shard ({err})") from None
     if not isinstance(state, dict) or state.get("iteration") != iteration:
         raise UserError(f"checkpoint: {path}: does not hold the state after iteration {iteration}")

@@ -12,7 +12,6 @@ maps, KL and ‖Δh‖/‖h‖. The captures go to ``OUT/clean`` and ``OUT/pertu
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,7 +31,7 @@ from megatronapp.scope.storage import merge_capture, record_tables
 from megatronapp.scenario.scope_spec import PARAM_KINDS, Scope
 
 from . import megatron_compat
-from .launch import free_port
+from .launch import one_process_group
 from .scope import RankPlace, ScopeSession, session_for
 from .stages import partition_dim_of, transformer_config
 
@@ -44,22 +43,16 @@ def one_rank() -> Iterator[None]:
     """A one-process gloo group and megatron's parallel state (tp = pp = 1)."""
     from megatron.core import parallel_state
 
-    owned = not dist.is_initialized()
-    if owned:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        dist.init_process_group("gloo", rank=0, world_size=1,
-                                init_method=f"tcp://127.0.0.1:{free_port()}")
-    megatron_compat.apply()
-    reuse = parallel_state.model_parallel_is_initialized()  # a caller's one-rank state
-    if not reuse:
-        parallel_state.initialize_model_parallel(1, 1)
-    try:
-        yield
-    finally:
+    with contextlib.nullcontext() if dist.is_initialized() else one_process_group():
+        megatron_compat.apply()
+        reuse = parallel_state.model_parallel_is_initialized()  # a caller's one-rank state
         if not reuse:
-            parallel_state.destroy_model_parallel()
-        if owned:
-            dist.destroy_process_group()
+            parallel_state.initialize_model_parallel(1, 1)
+        try:
+            yield
+        finally:
+            if not reuse:
+                parallel_state.destroy_model_parallel()
 
 
 def local_scenario(ckpt: Checkpoint, scope: Scope, seed: int) -> Scenario:

@@ -69,8 +69,7 @@ def transformer_config(s: Scenario) -> Any:
         num_layers=m.layers, hidden_size=m.hidden, num_attention_heads=m.heads,
         num_query_groups=m.query_groups, ffn_hidden_size=m.ffn,
         gated_linear_unit=m.activation == "swiglu",
-        activation_func=torch.nn.functional.silu if m.activation == "swiglu"
-        else torch.nn.functional.gelu,
+        activation_func=activation_of(m),
         sequence_parallel=s.sequence_parallel, **recompute_options(s),
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
@@ -79,6 +78,17 @@ def transformer_config(s: Scenario) -> Any:
         use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
         bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
         apply_rope_fusion=False, persist_layer_norm=False)
+
+
+def activation_of(m: Any) -> Any:
+    """Megatron's activation: silu for swiglu, gelu (tanh-approximated with --openai-gelu)."""
+    if m.activation == "swiglu":
+        return torch.nn.functional.silu
+    return openai_gelu if m.openai_gelu else torch.nn.functional.gelu
+
+
+def openai_gelu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh")
 
 
 def recompute_options(s: Scenario) -> dict[str, Any]:

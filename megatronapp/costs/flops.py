@@ -57,7 +57,7 @@ def computed_core_share(s: Scenario) -> float:
     computes: flash and fused attention skip the blocks above the diagonal
     (FlashAttention-2, Dao 2023, §3.1.1), unfused attention computes them all
     and masks them."""
-    return 1.0 if s.model.stores_scores else 0.5
+    return 1.0 if s.stores_scores else 0.5
 
 
 def layer_forward_flops(s: Scenario) -> float:

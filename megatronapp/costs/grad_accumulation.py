@@ -59,7 +59,7 @@ def _bytes_and_first(s: Scenario) -> tuple[int, int] | None:
         return AUTOGRAD_BYTES_PER_PARAM[t.precision], 1
     if t.gradient_accumulation_fusion:
         return None
-    if t.precision == "bf16" or t.grad_reduce_in_fp32:
+    if t.precision == "bf16" or s.grad_reduce_in_fp32:
         return MEGATRON_MAIN_GRAD_BYTES_PER_PARAM, 0
     return AUTOGRAD_BYTES_PER_PARAM[t.precision], 1
 

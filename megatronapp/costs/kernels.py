@@ -23,7 +23,7 @@ from pathlib import Path
 from statistics import harmonic_mean
 from typing import Any
 
-from ..io.text import load_json_bytes
+from ..io import gate
 from ..scenario.config import Scenario
 from ..scenario.devices import KERNELS_DIR
 from .gemm import GemmShape
@@ -128,4 +128,4 @@ def _log_table(rows: list[tuple[tuple[int, ...], float]]) -> LogTable:
 @lru_cache(maxsize=8)
 def load_kernel_table(name: str, directory: Path = KERNELS_DIR) -> KernelTable:
     path = directory / f"{name}.json"
-    return kernel_table(load_json_bytes(path.read_bytes(), str(path)))
+    return kernel_table(gate.read_json(path, ""))

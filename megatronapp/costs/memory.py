@@ -48,9 +48,9 @@ class StateBytes:
 
 def state_bytes(t: Training, dp: int) -> StateBytes:
     low = t.precision != "fp32"
-    grads = 4 if (not low or t.grad_reduce_in_fp32) else 2
+    grads = 4 if (not low or t.grads_in_fp32) else 2
     optimizer = ADAM_MOMENTS + (4 if low else 0)  # + fp32 master weights
-    if t.precision == "fp16" and not t.grad_reduce_in_fp32:
+    if t.precision == "fp16" and not t.grads_in_fp32:
         optimizer += 4  # fp16 unscales into an fp32 gradient copy
     shards = dp if t.distributed_optimizer else 1
     return StateBytes(BYTES[t.precision], grads, optimizer / shards)
@@ -69,8 +69,12 @@ def _sbh(s: Scenario) -> float:
 
 
 def replicated_bytes(s: Scenario) -> float:
-    """The 10·s·b·h tensor parallelism does not split (sequence parallelism does)."""
-    return 10 * _sbh(s)
+    """The 10·s·b·h tensor parallelism does not split (sequence parallelism does):
+    the two layer norms' inputs (4), the QKV and first MLP projections' inputs (4)
+    and the attention's and the MLP's 1-byte dropout masks (2), which a layer
+    without hidden dropout does not keep."""
+    masks = 2 if s.model.hidden_dropout > 0 else 0
+    return (8 + masks) * _sbh(s)
 
 
 def split_bytes(s: Scenario) -> float:
@@ -85,9 +89,11 @@ def split_bytes(s: Scenario) -> float:
 
 
 def scores_bytes(s: Scenario) -> float:
-    """5·a·s²·b: softmax output, its dropout mask and dropout output."""
+    """5·a·s²·b: softmax output (2), its dropout mask (1) and dropout output (2);
+    without attention dropout the softmax output alone (2·a·s²·b)."""
     m = s.model
-    return 5 * m.heads * local_seq_len(s) * m.seq_len * m.micro_batch_size
+    per_score = 5 if m.attention_dropout > 0 else 2
+    return per_score * m.heads * local_seq_len(s) * m.seq_len * m.micro_batch_size
 
 
 def stored_scores_bytes(s: Scenario) -> float:
@@ -97,7 +103,7 @@ def stored_scores_bytes(s: Scenario) -> float:
     only the fp32 softmax statistics, one float per head and query (Dao et al.
     2022, FlashAttention), from which backward rebuilds the scores."""
     m = s.model
-    if m.stores_scores:
+    if s.stores_scores:
         return scores_bytes(s)
     return 4 * m.heads * local_seq_len(s) * m.micro_batch_size / (BYTES[s.training.precision] / 2)
 
@@ -197,7 +203,7 @@ class RankMemory:
     grads: float
     optimizer: float
     activations: float  # stored for backward at the schedule's peak
-    transient: float  # recomputation's working set
+    transient: float  # recomputation's working set; the last stage's logits for the loss
     buffers: float  # p2p buffers
 
     @property
@@ -220,4 +226,15 @@ def rank_memory(s: Scenario, pp_rank: int, peak_chunks: int, buffers: float) -> 
         pp_rank=pp_rank, weights=params * per.weights, grads=params * per.grads,
         optimizer=params * per.optimizer,
         activations=peak_chunks * rank_chunk_activation_bytes(s, pp_rank),
-        transient=transient_activation_bytes(s), buffers=buffers)
+        transient=transient_activation_bytes(s) + (
+            output_layer_bytes(s) if pp_rank == s.parallel.pp - 1 else 0.0),
+        buffers=buffers)
+
+
+def output_layer_bytes(s: Scenario) -> float:
+    """What the output layer and the loss keep for one microbatch until its backward,
+    on the last stage: fp32 logits and the 4·s·b·h around them, split over tp
+    (Megatron's report_theoretical_memory, megatron/training/theoretical_memory_usage.py
+    at core_v0.16.1: 4·s·b·h·(1 + V/h)/t; it counts them where pp = 1)."""
+    sb = local_seq_len(s) * s.model.micro_batch_size
+    return 4 * sb * (s.model.hidden + s.padded_vocab) / s.parallel.tp

@@ -34,6 +34,7 @@ from .memory import (BYTES, chunk_activation_bytes, layer_activation_bytes, loca
 from .grad_accumulation import Accumulation, accumulation
 from .context_parallel import kv_exchange, step_attention_flops
 from .links import Exposed
+from .pipeline_step import pipeline_step_s
 from .tp_overlap import overlaps as tp_overlaps, tp_overlap_exposed
 from .tp_async import runs_async as tp_runs_async, tp_async_exposed
 
@@ -157,7 +158,7 @@ def attention_core_s(s: Scenario, eff: Efficiency, name: str, shape: GemmShape) 
     flash attention at the rate measured for their kernel where the device has
     a table, else as a GEMM."""
     core = computed_core_share(s)
-    if s.model.attention_backend == "flash" and eff.flash_attention_flops_per_s is not None:
+    if s.attention_backend == "flash" and eff.flash_attention_flops_per_s is not None:
         return shape.flops * core / eff.flash_attention_flops_per_s
     measured = measured_attention_s(s, eff, shape.flops * core)
     if measured is not None:
@@ -170,8 +171,8 @@ def measured_attention_s(s: Scenario, eff: Efficiency,
     """Forward and backward seconds of ``flops`` of the attention core at the
     rates measured for the scenario's kernel and shape; None where not measured
     (or the scenario sets its own flash rate)."""
-    backend = s.model.attention_backend
-    if (backend is None or eff.kernels is None or not eff.kernels.covers_attention(backend)
+    backend = s.attention_backend
+    if (eff.kernels is None or not eff.kernels.covers_attention(backend)
             or (backend == "flash" and eff.flash_attention_flops_per_s is not None)):
         return None
     fwd, bwd = eff.kernels.attention_s(backend, attention_shape(s), flops)
@@ -212,7 +213,7 @@ def scores_rebuild_s(s: Scenario, eff: Efficiency) -> float:
     """Flash and fused attention's backward computes Q·Kᵀ again from the stored
     softmax statistics (one more scores GEMM per layer); unfused keeps them.
     A measured kernel's backward is what it took beyond ``backward_ratio`` × its forward."""
-    if s.model.stores_scores:
+    if s.stores_scores:
         return 0.0
     shapes = rank_layer_shapes(s)
     core_flops = sum(shapes[n].flops for n in ATTENTION_CORE) * computed_core_share(s)
@@ -285,6 +286,10 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
     tp_fwd, tp_bwd = _tp_plan(s)
     tied = not m.untie_embeddings and p.pp > 1
     scatter_gather = p.scatter_gather_p2p and p.tp > 1 and not s.sequence_parallel
+    message = act // p.tp if (s.sequence_parallel or scatter_gather) else act
+    step = pipeline_step_s(s, message)  # fixed costs (``costs:``) hold the exchange too
+    fwd_chunk += step if c.forward_s is None else 0.0
+    bwd_chunk += step if c.forward_s is None and c.backward_s is None else 0.0
     # The accumulation pass is compute: fixed costs (``costs:``) hold it
     accumulated = 0 if c.forward_s is not None else (
         params // p.vpp if pp_rank is None else chunk_params(s, pp_rank, chunk))
@@ -293,7 +298,7 @@ def stage_costs(s: Scenario, pp_rank: int | None = None, chunk: int = 0) -> Stag
         backward_chunk_s=bwd_chunk,
         logits_forward_s=logits,
         optimizer_s=optimizer,
-        activation_bytes=act // p.tp if (s.sequence_parallel or scatter_gather) else act,
+        activation_bytes=message,
         grad_bytes=int(params * per_param.grads),
         tp_allreduce_bytes=2 * layers_per_chunk * act if p.tp > 1 else 0,
         params_per_rank=params,

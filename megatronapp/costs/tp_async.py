@@ -28,7 +28,7 @@ def runs_async(s: Scenario) -> bool:
     """Whether the column-parallel backward collectives run under GEMMs (and
     are no operations of their own); tp_comm_overlap's userbuffers take them
     over where it is on."""
-    return s.parallel.async_tp_backward and s.parallel.tp > 1 and not overlaps(s)
+    return s.async_tp_backward and s.parallel.tp > 1 and not overlaps(s)
 
 
 def tp_async_exposed(s: Scenario, gemm_s: dict[str, float]) -> Exposed:

@@ -64,6 +64,17 @@ class JobEffects:
         return bool(self._links)
 
     @property
+    def timed_links(self) -> bool:
+        """Some link's slowdown depends on when a use starts (a window with an
+        onset, an end or a period)."""
+        return any(link.windows for link in self._links.values())
+
+    @property
+    def flapping_links(self) -> bool:
+        """Some link goes down (a use may wait for it)."""
+        return any(link.outages for link in self._links.values())
+
+    @property
     def stop(self) -> tuple[int, float] | None:
         """The first failure (rank, seconds), if any."""
         return min(self.effects.stops, key=lambda s: (s[1], s[0]), default=None)

@@ -9,6 +9,7 @@ import json
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..host import limits
 from ..program.backend import RunHooks
 from ..io.outdirs import add_force_option
 from ..io.progress import shown, status
@@ -49,20 +50,45 @@ def simulate(s: Scenario, replica: bool, quiet: bool = False) -> list[float]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ..scenario.config import load_scenario
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ..scenario.config import (apply_overrides, default_name, parse_scenario,
+                                   read_scenario_data)
+    from ..scenario.megatron_defaults import defaults_used, unset_keys
     from ..dpp.memory import MemoryExceeded
     from .predict import predict, prediction_lines
+    from .published import comparison, published_row_for
 
-    s = load_scenario(args.scenario, args.set)
+    data = apply_overrides(read_scenario_data(args.scenario), args.set)
+    data.setdefault("name", default_name(args.scenario))
+    s = parse_scenario(data)
+    _check_limits(args, s)
     try:
         result = predict(s, lambda sc, rep: simulate(sc, rep, args.quiet), replica=args.replica)
     except MemoryExceeded:
         if not args.json:  # show where the memory goes, then fail in one line
             print("\n".join(_memory_only(s)))
         raise
+    row = published_row_for(Path(args.scenario))
+    result = replace(result, defaults=tuple(defaults_used(s, unset_keys(data))),
+                     published=comparison(row, bool(args.set)) if row else None)
     print(json.dumps(result.as_dict(), indent=2) if args.json
           else "\n".join(prediction_lines(result)))
     return 0
+
+
+def _check_limits(args: argparse.Namespace, s: Scenario) -> None:
+    """The simulation priced as ``run`` prices it (``--replica``: one data-parallel
+    replica), refused before it starts when it does not fit."""
+    from backends.registry import get_backend
+
+    simulated = s
+    if args.replica:
+        simulated = s.model_copy(update={"parallel": s.parallel.model_copy(update={"dp": 1})})
+    limits.enforce(args, limits.in_sequence([limits.estimate_run(simulated,
+                                                                 get_backend("sim").size)]),
+                   what="this prediction")
 
 
 def _memory_only(s: Scenario) -> list[str]:
@@ -83,6 +109,35 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return calibrate_command(args, lambda sc: simulate(sc, False, quiet=True))
 
 
+def replica_steady_s(s: Scenario) -> float:
+    """One replica's steady-state iteration time (what the published rows are judged by)."""
+    from .predict import steady_state_s
+
+    return steady_state_s(simulate(s, True, quiet=True))
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..errors import UserError
+    from concurrent.futures import ProcessPoolExecutor
+
+    from .fit_published import fit_command, parse_generation
+
+    root = Path(args.root)
+    if not (root / "scenarios" / "published" / "runs.yaml").is_file():
+        raise UserError(f"--root: {root} holds no scenarios/published/runs.yaml")
+    try:
+        wanted = [parse_generation(g) for g in args.generation]
+    except ValueError as err:
+        raise UserError(f"--generation: {err}") from None
+    with status("fitting", shown() and not args.quiet) as say, \
+            ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        lines = fit_command(root, wanted, replica_steady_s, say, pool.map, args.steps)
+    print("\n".join(lines))
+    return 0
+
+
 def register(sub: Any, plot_hooks: list) -> None:
     pred = sub.add_parser("predict", help="iteration time, MFU and memory per rank of a "
                           "scenario, simulated without writing a trace")
@@ -94,6 +149,7 @@ def register(sub: Any, plot_hooks: list) -> None:
                            "(exact without faults or jitter; much faster for large dp)")
     pred.add_argument("--json", action="store_true", help="print the prediction as JSON")
     pred.add_argument("--quiet", action="store_true", help="no progress display")
+    limits.add_options(pred)
     pred.set_defaults(func=cmd_predict)
 
     cal = sub.add_parser("calibrate", help="fit the efficiency model to a measured run and "
@@ -109,3 +165,19 @@ def register(sub: Any, plot_hooks: list) -> None:
     cal.add_argument("--json", action="store_true", help="print the fit as JSON")
     add_force_option(cal, "an existing --out file")
     cal.set_defaults(func=cmd_calibrate)
+
+    fid = sub.add_parser("fidelity", help="the simulator against published runs")
+    fid_sub = fid.add_subparsers(dest="fidelity_command", required=True)
+    fit = fid_sub.add_parser(
+        "fit", help="fit each software generation's constants on its fitted published rows "
+                    "and write them into the device profiles (megatronapp/scenario/"
+                    "device_fits.yaml)")
+    fit.add_argument("--generation", action="append", default=[], metavar="DEVICE:SOFTWARE",
+                     help="fit only this generation, e.g. h100-sxm:megatron-core-0.8 "
+                          "(repeatable; default: every fitted generation)")
+    fit.add_argument("--root", default=".", help="the checkout whose scenarios/published/ "
+                     "holds the rows (default: the current directory)")
+    fit.add_argument("--jobs", type=int, default=1, help="simulations run at once")
+    fit.add_argument("--steps", type=int, default=6, help="Gauss-Newton steps at most")
+    fit.add_argument("--quiet", action="store_true", help="no progress display")
+    fit.set_defaults(func=cmd_fit)

@@ -8,7 +8,7 @@ every target scenario once per constant plus once at the current point.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -20,8 +20,8 @@ SimulateTime = Callable[[Scenario], float]  # a backend's iteration time, handed
 def with_settings(s: Scenario, settings: Mapping[str, Any]) -> Scenario:
     """``s`` with dotted keys set (validated like ``--set``)."""
     plain = {k: v.item() if hasattr(v, "item") else v for k, v in settings.items()}
-    return parse_scenario(apply_overrides(scenario_to_dict(s),
-                                          [f"{k}={v!r}" for k, v in plain.items()]))
+    return parse_scenario(apply_overrides(scenario_to_dict(s), [
+        f"{k}=null" if v is None else f"{k}={v!r}" for k, v in plain.items()]))
 
 
 @dataclass(frozen=True)
@@ -58,31 +58,42 @@ def _backtracked(x: np.ndarray, err: np.ndarray, delta: np.ndarray, knobs: Seque
     return x_new, err_new
 
 
+Mapper = Callable[[SimulateTime, list[Scenario]], Iterable[float]]  # map, or a pool's
+
+
 def fit_constants(targets: Sequence[tuple[Scenario, float]], knobs: Sequence[Knob],
                   simulate: SimulateTime, steps: int = 6, tol: float = 1e-4,
-                  progress: Callable[[str], None] | None = None) -> FitResult:
-    """Least squares on relative errors; needs at least as many targets as knobs."""
+                  progress: Callable[[str], None] | None = None,
+                  mapper: Mapper = map) -> FitResult:
+    """Least squares on relative errors; needs at least as many targets as knobs.
+    ``mapper`` runs the simulations of a step (every target at the point and at
+    each knob's probe) together, so a process pool's map spreads them."""
     if len(targets) < len(knobs):
         raise ValueError(f"{len(knobs)} constants need at least as many measured runs, "
                          f"got {len(targets)}")
     x = np.array([k.start for k in knobs], dtype=float)
 
+    def errors_at(points: Sequence[np.ndarray]) -> list[np.ndarray]:
+        scenarios = [with_settings(s, {k.key: float(v) for k, v in zip(knobs, point)})
+                     for point in points for s, _ in targets]
+        times = np.array(list(mapper(simulate, scenarios))).reshape(len(points), len(targets))
+        return [row / np.array([measured for _, measured in targets]) - 1.0 for row in times]
+
     def errors(point: np.ndarray) -> np.ndarray:
-        settings = {k.key: float(v) for k, v in zip(knobs, point)}
-        return np.array([simulate(with_settings(s, settings)) / measured - 1.0
-                         for s, measured in targets])
+        return errors_at([point])[0]
 
     err = errors(x)
     step = 0
     for step in range(1, steps + 1):
         if progress:
             progress(f"fit step {step}: max error {np.max(np.abs(err)) * 100:.2f}%")
-        jac = np.empty((len(targets), len(knobs)))
+        probes, hs = [], []
         for j, knob in enumerate(knobs):
-            h = 1e-3 * max(abs(x[j]), 1e-3 * (knob.high - knob.low))
+            hs.append(1e-3 * max(abs(x[j]), 1e-3 * (knob.high - knob.low)))
             probe = x.copy()
-            probe[j] += h
-            jac[:, j] = (errors(probe) - err) / h
+            probe[j] += hs[-1]
+            probes.append(probe)
+        jac = np.column_stack([(e - err) / h for e, h in zip(errors_at(probes), hs)])
         delta = np.linalg.lstsq(jac, -err, rcond=None)[0]
         x_new, err_new = _backtracked(x, err, delta, knobs, errors)
         converged = np.max(np.abs(x_new - x) / np.maximum(np.abs(x), 1e-12)) < tol

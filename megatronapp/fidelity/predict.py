@@ -8,11 +8,12 @@ backward FLOPs the model needs, over peak) and hardware TFLOP/s per GPU
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any, Callable, Sequence
 
 from ..scenario.config import Scenario, adjustments
+from ..scenario.devices import fit_note
 from ..errors import UserError
 from ..costs.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from ..dpp.static_memory import stage_memory
@@ -29,6 +30,21 @@ def steady_state_s(times: Sequence[float]) -> float:
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """A published row's figure beside the prediction of its scenario."""
+
+    source: str
+    figure: str  # as the source gives it, e.g. "408.8 model TFLOP/s per GPU"
+    published_s: float  # the figure as seconds per iteration
+    role: str  # fitted | held out
+    overridden: bool  # --set changed the scenario the figure belongs to
+
+    def error(self, predicted_s: float) -> float:
+        """Predicted over published throughput, minus one (positive: optimistic)."""
+        return self.published_s / predicted_s - 1
+
+
+@dataclass(frozen=True)
 class Prediction:
     name: str
     gpus: int
@@ -40,6 +56,8 @@ class Prediction:
     capacity_bytes: float
     notes: tuple[str, ...]
     replica: bool
+    defaults: tuple[str, ...] = ()  # Megatron defaults the scenario left unset, as used
+    published: Comparison | None = field(default=None)
 
     @property
     def iteration_s(self) -> float:
@@ -68,7 +86,16 @@ class Prediction:
                 "memory_per_rank": [m.as_dict() for m in self.memory],
                 "memory_capacity_bytes": self.capacity_bytes,
                 "peak_memory_bytes": self.peak_memory_bytes,
-                "notes": list(self.notes), "method": "replica" if self.replica else "full"}
+                "notes": list(self.notes), "method": "replica" if self.replica else "full",
+                "defaults_used": list(self.defaults), "published": self._published_dict()}
+
+    def _published_dict(self) -> dict[str, Any] | None:
+        c = self.published
+        if c is None:
+            return None
+        return {"source": c.source, "figure": c.figure, "iteration_s": c.published_s,
+                "role": c.role, "overridden": c.overridden,
+                "error": c.error(self.iteration_s)}
 
 
 def check_replica(s: Scenario) -> None:
@@ -90,6 +117,11 @@ def steady_state_caveats(s: Scenario) -> list[str]:
     return []
 
 
+def fit_notes(s: Scenario) -> list[str]:
+    note = fit_note(s.cluster.gpu.device, s.cluster.gpu.software)
+    return [note] if note else []
+
+
 def predict(s: Scenario, iteration_times: IterationTimes, replica: bool = False) -> Prediction:
     """Simulate ``s`` (memory is checked first: a job that does not fit fails)."""
     if replica:
@@ -101,7 +133,7 @@ def predict(s: Scenario, iteration_times: IterationTimes, replica: bool = False)
         iteration_times_s=tuple(times), model_flops=model_flops_per_iteration(s),
         hardware_flops=hardware_flops_per_iteration(s), memory=memory,
         capacity_bytes=s.cluster.gpu.memory_gb * 1e9,
-        notes=tuple(adjustments(s) + steady_state_caveats(s)),
+        notes=tuple(adjustments(s) + steady_state_caveats(s) + fit_notes(s)),
         replica=replica)
 
 
@@ -121,6 +153,7 @@ def prediction_lines(p: Prediction) -> list[str]:
                  f"({len(p.iteration_times_s)} iteration(s) simulated)")
     lines.append(f"  throughput: {_figure(p.hardware_tflops_per_gpu)} TFLOP/s per GPU "
                  f"(recomputation included), MFU {_figure(p.mfu * 100)}%")
+    lines += published_lines(p)
     if not p.memory:
         lines.append("  memory per rank: not predicted (the schedule orders its work at run time)")
     else:
@@ -131,4 +164,19 @@ def prediction_lines(p: Prediction) -> list[str]:
                          f"{m.optimizer / 1e9:>10.2f} {m.activations / 1e9:>12.2f} "
                          f"{m.transient / 1e9:>10.2f} {m.buffers / 1e9:>8.2f} "
                          f"{m.total / 1e9:>7.2f}")
+    if p.defaults:
+        lines.append("  Megatron defaults used (keys the scenario leaves unset):")
+        lines += [f"    {d}" for d in p.defaults]
     return lines
+
+
+def published_lines(p: Prediction) -> list[str]:
+    """The published figure of the row the scenario belongs to, and the error."""
+    c = p.published
+    if c is None:
+        return []
+    changed = " (the scenario changed by --set: not the published run)" if c.overridden else ""
+    return [f"  published: {c.figure} = {c.published_s:.4f} s per iteration ({c.source}, "
+            f"{c.role}){changed}",
+            f"  error: {c.error(p.iteration_s) * 100:+.1f}% (predicted over published "
+            "throughput, minus one: positive is optimistic)"]

@@ -14,19 +14,22 @@ of peak, fitted per device on the same rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import fmean
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from ..io.text import load_yaml, read_text
+from ..io import gate
+from ..io.text import load_yaml
 from ..scenario.config import Scenario, load_scenario
 from ..scenario.devices import DEVICES
+from ..scenario.software import DEFAULT_SOFTWARE
 from ..costs.flops import (hardware_flops_per_iteration, microbatches_per_iteration,
                            model_flops_per_iteration)
-from .fit import FitResult, Knob, SimulateTime, fit_constants, with_settings
+from .fit import FitResult, Knob, Mapper, SimulateTime, fit_constants, with_settings
+from .predict import Comparison
 
 # The efficiency model's two constants: the GEMMs' share of peak, and HBM
 # bytes moved per stored activation byte (elementwise work). On A100 both are
@@ -34,23 +37,37 @@ from .fit import FitResult, Knob, SimulateTime, fit_constants, with_settings
 # pipeline idle time.
 TABLE1_KNOBS = (Knob("cluster.gpu.efficiency", 0.6, 0.05, 1.0),
                 Knob("cluster.gpu.elementwise_traffic", 1.0, 0.0, 20.0))
-# H100: the efficiency only. Its three fitted rows (one sequence length, fused
-# attention, sequence parallelism) do not tell the efficiency and the
-# elementwise traffic apart (fitted together from the A100 values, the second
-# Gauss-Newton step was 86% off), nor the efficiency and the GEMM size at half
-# of it (megatronapp/costs/gemm.py): fitted together, four steps left the
-# rows' worst error at 35%, no better than the first. Bytes moved per stored
-# activation byte belong to the kernels, so the A100 value is kept
-# (KEPT_FROM); the size constant stays 0 (waves and the roofline only).
+EFFICIENCY_KNOB = TABLE1_KNOBS[0]
+# H100 fits neither the elementwise traffic (its rows, one sequence length and
+# fused attention, do not tell it from the efficiency: fitted together, the
+# second Gauss-Newton step was 86% off) nor the GEMM size at half efficiency
+# (megatronapp/costs/gemm.py; fitted with the efficiency, four steps left the
+# worst row at 35%). Bytes moved per stored activation byte belong to the
+# kernels, so the A100's value is kept (KEPT_FROM).
 GEMM_HALF_KNOB = Knob("cluster.gpu.gemm_half_gflops", 10.0, 0.0, 1000.0)
-# Since its kernels were measured (megatronapp/costs/kernels.py), H100 fits only
-# what they cannot give: how much slower a training step runs its kernels than
-# the kernels ran alone (one factor over every measured kernel).
+# With its kernels measured (megatronapp/costs/kernels.py), an H100 generation fits
+# only what they cannot give: how much slower a training step runs its kernels
+# than they ran alone, and what Megatron-core's pipeline exchange costs per
+# point-to-point operation beyond its bytes (costs/pipeline_step.py).
 KERNEL_TIME_KNOB = Knob("cluster.gpu.kernel_time_factor", 1.1, 0.5, 3.0)
-DEVICE_KNOBS: dict[str, tuple[Knob, ...]] = {"a100-80gb": TABLE1_KNOBS,
-                                             "h100-sxm": (KERNEL_TIME_KNOB,)}
-# Constants a device takes from another device's fit: (device, constant).
-KEPT_FROM: dict[str, tuple[str, str]] = {"h100-sxm": ("a100-80gb", "elementwise_traffic")}
+P2P_OP_KNOB = Knob("cluster.gpu.p2p_op_us", 200.0, 0.0, 5000.0)
+Generation = tuple[str, str]  # (device, software)
+A100_2021: Generation = ("a100-80gb", "megatron-lm-2021")
+# The constants fitted per device and software generation, each on rows of its own
+# source (scenarios/published/runs.yaml says which and why), in the order they are fitted.
+GENERATION_KNOBS: dict[Generation, tuple[Knob, ...]] = {
+    A100_2021: TABLE1_KNOBS,
+    ("a100-80gb", "megatron-lm-2022"): (EFFICIENCY_KNOB,),
+    ("a100-80gb", "megatron-deepspeed"): (EFFICIENCY_KNOB,),
+    ("h100-sxm", "megatron-core-0.8"): (KERNEL_TIME_KNOB, P2P_OP_KNOB),
+    ("h100-sxm", "llama3-2024"): (KERNEL_TIME_KNOB,),
+}
+# Constants a generation takes from another's fit: generation -> (generation, constant).
+KEPT_FROM: dict[Generation, tuple[Generation, str]] = {
+    g: (A100_2021, "elementwise_traffic") for g in GENERATION_KNOBS if g != A100_2021}
+# Every constant some fit sets: a generation's rows are fitted with the others at
+# the device profile's values (or the model's), not at another generation's.
+FITTED_KEYS = ("efficiency", "elementwise_traffic", "kernel_time_factor", "p2p_op_us")
 
 RUNS_FILE = Path("scenarios") / "published" / "runs.yaml"
 Metric = Literal["tflops_per_gpu", "model_tflops_per_gpu", "iteration_s"]
@@ -68,6 +85,7 @@ class _RunEntry(BaseModel):
     device: str  # the device profile whose constants the row fits or checks
     published: dict[Metric, float]
     role: Literal["fitted", "held out"]
+    disputed: str = ""  # why it disagrees with its own source's other rows, whatever the model
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,11 @@ class PublishedRun:
     value: float  # the published figure
     fitted: bool
     device: str = "a100-80gb"
+    disputed: str = ""
+
+    @property
+    def generation(self) -> Generation:
+        return self.device, self.scenario.cluster.gpu.software or DEFAULT_SOFTWARE
 
     @property
     def iteration_s(self) -> float:
@@ -113,12 +136,15 @@ def published_iteration_s(s: Scenario, metric: Metric, value: float) -> float:
     return flops / s.world_size / (value * 1e12)
 
 
+def _entries(root: Path) -> list[_RunEntry]:
+    path = root / RUNS_FILE
+    return [_RunEntry.model_validate(e)
+            for e in load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))]
+
+
 def published_runs(root: Path) -> list[PublishedRun]:
     """Every published row of ``scenarios/published/runs.yaml``, fitted rows marked."""
-    path = root / RUNS_FILE
-    entries = [_RunEntry.model_validate(e)
-               for e in load_yaml(read_text(path, str(path)), str(path))]
-    return [_run_of(root, e) for e in entries]
+    return [_run_of(root, e) for e in _entries(root)]
 
 
 def _run_of(root: Path, e: _RunEntry) -> PublishedRun:
@@ -128,7 +154,49 @@ def _run_of(root: Path, e: _RunEntry) -> PublishedRun:
         raise ValueError(f"{e.source}: unknown device {e.device!r}")
     (metric, value), = e.published.items()
     s = load_scenario(root / RUNS_FILE.parent / e.scenario)
-    return PublishedRun(e.source, s, metric, value, e.role == "fitted", e.device)
+    return PublishedRun(e.source, s, metric, value, e.role == "fitted", e.device, e.disputed)
+
+
+def published_row_for(path: Path) -> PublishedRun | None:
+    """The published row whose scenario file is ``path``, where ``path`` lies under a
+    ``scenarios/published/`` directory whose ``runs.yaml`` lists it; else None."""
+    path = path.resolve()
+    for parent in path.parents:
+        if (parent / RUNS_FILE).is_file() and path.is_relative_to(parent / RUNS_FILE.parent):
+            return next((r for r, e in zip(published_runs(parent), _entries(parent))
+                         if (parent / RUNS_FILE.parent / e.scenario).resolve() == path), None)
+    return None
+
+
+def comparison(run: PublishedRun, overridden: bool) -> Comparison:
+    return Comparison(run.source, f"{run.value:g} {METRIC_UNITS[run.metric]}", run.iteration_s,
+                      "fitted" if run.fitted else "held out", overridden)
+
+
+def over_memory_gb(s: Scenario) -> float | None:
+    """The heaviest stage's peak (GB) where it exceeds the device, else None."""
+    from ..dpp.static_memory import static_peaks
+
+    peak = max(static_peaks(s).values()) / 1e9
+    return peak if peak > s.cluster.gpu.memory_gb else None
+
+
+def predicted_row_s(run: PublishedRun, simulate: SimulateTime) -> tuple[float, float | None]:
+    """A row's simulated iteration time and, where Megatron's memory accounting puts
+    it over its device (a run its source evidently fitted otherwise), its peak in
+    GB: timed then with the memory check lifted, as a static schedule's time does
+    not depend on it."""
+    lifted = memory_lifted(run.scenario)
+    s = with_settings(run.scenario, lifted) if lifted else run.scenario
+    return simulate(s), over_memory_gb(run.scenario)
+
+
+def memory_lifted(s: Scenario) -> dict[str, float]:
+    """The setting that lifts the memory check from a row over its device (its time
+    does not depend on it), or none."""
+    from ..scenario.config import MAX_RATE
+
+    return {} if over_memory_gb(s) is None else {"cluster.gpu.memory_gb": MAX_RATE}
 
 
 def narayanan_row(root: Path, i: int) -> Scenario:
@@ -176,28 +244,45 @@ def held_out_errors(errors: Sequence[float]) -> tuple[float, float]:
     return fmean(abs(e) for e in errors), max(errors, key=abs)
 
 
-def fit_device(runs: Sequence[PublishedRun], device: str, simulate: SimulateTime,
-               fitted: Mapping[str, Mapping[str, float]],
-               progress: Callable[[str], None] | None = None,
-               knobs: Sequence[Knob] | None = None) -> tuple[dict[str, float], FitResult]:
-    """A device's constants fitted on its fitted rows: its knobs (``DEVICE_KNOBS``
-    unless given) fitted, what it keeps from another device's constants
-    (``fitted``: by device) set first."""
+def unfitted(s: Scenario, device: str) -> dict[str, Any]:
+    """Settings that put every fitted constant of ``s`` back at its device
+    profile's value (or the model's default), whichever generation it came from."""
+    from ..scenario.config import Gpu
+
+    profile = DEVICES[device].gpu
+    return {f"cluster.gpu.{k}": profile.get(k, Gpu.model_fields[k].default) for k in FITTED_KEYS}
+
+
+def fit_generation(runs: Sequence[PublishedRun], generation: Generation, simulate: SimulateTime,
+                   fitted: Mapping[Generation, Mapping[str, float]],
+                   progress: Callable[[str], None] | None = None,
+                   knobs: Sequence[Knob] | None = None,
+                   mapper: Mapper = map, steps: int = 6) -> tuple[dict[str, float], FitResult]:
+    """A generation's constants fitted on its fitted rows: its knobs
+    (``GENERATION_KNOBS`` unless given) fitted, with every other fitted constant
+    at the device's own value and what it keeps from another generation's fit
+    (``fitted``: by generation) set first."""
     kept: dict[str, float] = {}
-    if device in KEPT_FROM:
-        other, name = KEPT_FROM[device]
+    if generation in KEPT_FROM:
+        other, name = KEPT_FROM[generation]
         kept[name] = fitted[other][name]
-    settings = {f"cluster.gpu.{k}": v for k, v in kept.items()}
-    rows = [PublishedRun(r.source, with_settings(r.scenario, settings), r.metric, r.value,
-                         r.fitted, r.device) for r in runs if r.fitted and r.device == device]
-    fit = fit_simulator(rows, simulate, progress, knobs or DEVICE_KNOBS[device])
+    rows = [PublishedRun(r.source, with_settings(r.scenario, {
+                **unfitted(r.scenario, r.device), **memory_lifted(r.scenario),
+                **{f"cluster.gpu.{k}": v for k, v in kept.items()}}),
+                r.metric, r.value, r.fitted, r.device)
+            for r in runs if r.fitted and r.generation == generation]
+    own = fitted.get(generation, {})  # a refit starts where the last fit ended
+    knobs = [replace(k, start=own.get(k.key.split(".")[-1], k.start))
+             for k in (knobs or GENERATION_KNOBS[generation])]
+    fit = fit_simulator(rows, simulate, progress, knobs, mapper, steps)
     return {**kept, **{k.split(".")[-1]: v for k, v in fit.values.items()}}, fit
 
 
 def fit_simulator(runs: Sequence[PublishedRun], simulate: SimulateTime,
                   progress: Callable[[str], None] | None = None,
-                  knobs: Sequence[Knob] = TABLE1_KNOBS) -> FitResult:
+                  knobs: Sequence[Knob] = TABLE1_KNOBS, mapper: Mapper = map,
+                  steps: int = 6) -> FitResult:
     """The efficiency model's constants (``knobs``) fitted on ``runs`` (their
     published figures as iteration times)."""
     targets = [(r.scenario, r.iteration_s) for r in runs]
-    return fit_constants(targets, knobs, simulate, progress=progress)
+    return fit_constants(targets, knobs, simulate, steps, progress=progress, mapper=mapper)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..costs.run_size import RunSize
 from ..errors import UserError
+from ..io.gate import readable_bytes
 
 if TYPE_CHECKING:  # the schema (pydantic) loads only when a scenario is estimated
     from ..scenario.config import Scenario
@@ -64,7 +65,8 @@ class CostModel:
     # compiling one pipeline's program, simulating the representatives' events,
     # writing the stored rows (in batches of at most ``store.ROW_GROUP``), and
     # per rank its device, clock, links and class. Measured with
-    # paper_figs/scale_table.py on MegaScale's 175B configuration at 1k-98k GPUs
+    # paper_figs/scale_table.py (now experiments/scale_table.py) on MegaScale's 175B
+    # configuration at 1k-98k GPUs
     # (CPU time and peak RSS of a child; slopes between sizes: ~60 us and ~1.3 kB
     # a rank, ~0.25 us a stored row); the estimate stays within 3x either way.
     compiled_base_seconds: float = 1.5  # imports, scenario, summary
@@ -76,7 +78,11 @@ class CostModel:
     compiled_bytes_per_program_event: float = 1000.0
     # start and end per event, then per stage the classes' times in trace order
     # (stacked, sorted) while rows are written: 9.5 GB for 47 M events simulated
-    # (12,288 GPUs with jitter on every link, nothing reduced)
+    # (12,288 GPUs with jitter on every link, nothing reduced). The compiled loop
+    # (``sim.kernel``) left these as they were: with jitter on every link and
+    # device the loop is a tenth of ``run``, the summary and the trace's rows the
+    # rest; ``python -m experiments.scale_table`` measured 73.0 CPU s and 8.59 GB
+    # at 12,288 GPUs against 87 s and 10.0 GB estimated (results/scale_table.json)
     compiled_bytes_per_simulated_event: float = 200.0
     compiled_bytes_per_batch_row: float = 400.0  # one batch of rows being written
     compiled_disk_bytes_per_event: float = 24.0
@@ -101,7 +107,7 @@ class CostModel:
     bytes_per_state_value: float = 40.0
     # A symmetric store read by twin replicas: the verdict holds each rank's
     # share of the state (dict entries, scores, waits) and works through it,
-    # measured at 12,288-98,304 GPUs (``paper_figs/scale_table.py``):
+    # measured at 12,288-98,304 GPUs (then ``paper_figs/scale_table.py``):
     # 10 kB and 0.3-0.4 ms a rank of the job
     bytes_per_twin_rank: float = 10e3
     seconds_per_twin_rank: float = 0.35e-3
@@ -109,7 +115,19 @@ class CostModel:
     analyze: TraceCost = TraceCost(4000.0, 50e-6)
     align: TraceCost = TraceCost(2200.0, 35e-6)
     export: TraceCost = TraceCost(400.0, 7e-6, held_events=1 << 20)  # store.ROW_GROUP rows
+    # query: the aligned columns and sync ops, then DuckDB's typed rows (the
+    # view spells names, op ids and args out as it is read)
+    query: TraceCost = TraceCost(500.0, 5e-6)
     plot: TraceCost = TraceCost(20e3, 5e-3)
+    # A sweep's points, each built and validated before any runs: its scenario as
+    # a dict (19 kB and 1.8 ms a point of scenarios/sweeps/throttle_severity.yaml)
+    sweep_point_bytes: float = 20e3
+    sweep_point_seconds: float = 2e-3
+    # validate-detector keeps each trial's report (outcomes, alignment) to the end
+    trial_report_bytes: float = 2e3
+    # a real trial (2-4 torch ranks spawned, a thread each, run and scored): 30.6 s
+    # measured here with ``validate-detector --backend torch --trials 3``
+    real_trial_seconds: float = 30.0
     # A JSON trace is sized in events from its bytes (ours take ~200 B an
     # event; fewer bytes an event is the safe side); parsing the text takes
     # ~3.2 B of memory a byte (the text, its dicts and lists).
@@ -121,6 +139,12 @@ class CostModel:
     max_counted_pipe_events: float = 2e6
     max_counted_group_entries_per_rank: float = 1e5  # collectives of huge groups
     max_counted_ranks: float = 250_000
+    # scope generate: each step is a forward pass over the whole window (no KV
+    # cache), 2 FLOPs a parameter a token, priced at 1 GFLOP/s (torch's CPU
+    # matmuls on one busy core, rounded down), and a step's record (its top-k,
+    # the statistics captured) at 4 kB
+    cpu_flops_per_second: float = 1e9
+    bytes_per_generated_token: float = 4e3
 
 
 COSTS = CostModel()
@@ -146,7 +170,8 @@ class Estimate:
         size += [f"{self.faults:,} faults"] if self.faults else []
         need = [f"{readable_bytes(self.memory_bytes)} memory"]
         need += [f"{readable_bytes(self.disk_bytes)} disk"] if self.disk_bytes else []
-        return f"{', '.join(size)}: about {', '.join(need)}, {_duration(self.seconds)}"
+        head = f"{', '.join(size)}: " if size else ""
+        return f"{head}about {', '.join(need)}, {_duration(self.seconds)}"
 
     def then(self, other: "Estimate") -> "Estimate":
         """This job followed by ``other`` in the same process: times add, the
@@ -166,14 +191,6 @@ class Limits:
     disk_bytes: float | None  # free space where the result goes (None: not writing)
     max_seconds: float
     max_torch_ranks: int
-
-
-def readable_bytes(n: float) -> str:
-    """Bytes in the largest unit that keeps the number readable."""
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def _duration(seconds: float) -> str:
@@ -324,6 +341,25 @@ def estimate_trace(stored_events: int, text_bytes: int, cost: TraceCost,
                                   + text_bytes * c.json_memory_per_byte),
                     disk_bytes=0.0, seconds=(c.base_seconds + worked * cost.seconds_per_event
                                              + twins * c.seconds_per_twin_rank))
+
+
+def estimate_points(points: int) -> Estimate:
+    """Building and validating ``points`` points of a sweep, before any is built."""
+    c = COSTS
+    return Estimate(ranks=0, events=0, group_entries=0, faults=0,
+                    memory_bytes=c.base_bytes + points * c.sweep_point_bytes, disk_bytes=0.0,
+                    seconds=c.base_seconds + points * c.sweep_point_seconds)
+
+
+def estimate_generation(tokens: int, parameters: float, window: int, runs: int) -> Estimate:
+    """Decoding ``tokens`` tokens ``runs`` times (the clean run and each
+    perturbed one beside it), each step a forward over ``window`` tokens."""
+    c = COSTS
+    steps = tokens * runs
+    return Estimate(ranks=1, events=0, group_entries=0, faults=0, memory_bytes=c.base_bytes,
+                    disk_bytes=steps * c.bytes_per_generated_token,
+                    seconds=c.base_seconds + steps * 2 * parameters * window
+                    / c.cpu_flops_per_second)
 
 
 def estimate_topology(world: int) -> Estimate:

@@ -18,6 +18,7 @@ only what lies in a folder carrying the marker; leftovers of killed commands
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -30,21 +31,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..errors import UserError
+from .gate import NAME_MAX, read_json, shown
 
 MANIFEST = "manifest.json"
 MANIFEST_KIND = "megatronapp result"
 STAGING_MARKER = ".megatronapp-staging"
 MARKER_KIND = "megatronapp staging"
-NAME_MAX = 255  # bytes in one path component (Linux, macOS)
 PID_MAX = 1 << 22  # the largest pid Linux hands out
-_SHOWN = 160  # characters of a path an error line shows
 
 
 # ------------------------------------------------------------- path errors
-def _shown(path: Path | str) -> str:
-    text = str(path)
-    return text if len(text) <= _SHOWN else text[:_SHOWN // 2] + "..." + text[-_SHOWN // 2:]
-
 
 @contextmanager
 def path_errors(option: str, path: Path) -> Iterator[None]:
@@ -53,10 +49,10 @@ def path_errors(option: str, path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as err:
-        raise UserError(f"{option}: {_shown(err.filename or path)}: "
+        raise UserError(f"{option}: {shown(err.filename or path)}: "
                         f"{err.strerror or err}") from None
     except RuntimeError as err:  # Path.resolve on a symbolic-link loop (Python < 3.13)
-        raise UserError(f"{option}: {_shown(path)}: {err}") from None
+        raise UserError(f"{option}: {shown(path)}: {err}") from None
 
 
 # ---------------------------------------------------------------- manifest
@@ -84,8 +80,8 @@ def _read_small_json(path: Path, limit: int) -> Any:
     try:
         if path.is_symlink() or not path.is_file() or path.stat().st_size > limit:
             return None
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        return read_json(path, "", limit)
+    except (OSError, ValueError):  # a TextError is a ValueError
         return None
 
 
@@ -173,6 +169,17 @@ def own_folder(folder: Path) -> Path:
     return folder
 
 
+@contextmanager
+def scratch_folder(prefix: str) -> Iterator[Path]:
+    """A private folder (mode 0700, in the system's temporary directory) of this
+    process alone, marked as ours and discarded however the block ends."""
+    folder = own_folder(Path(tempfile.mkdtemp(prefix=prefix)))
+    try:
+        yield folder
+    finally:
+        discard(folder)
+
+
 def _marker(folder: Path) -> dict[str, Any] | None:
     data = _read_small_json(folder / STAGING_MARKER, 1 << 16)
     if not isinstance(data, dict) or data.get("kind") != MARKER_KIND:
@@ -238,7 +245,7 @@ def discard(path: Path) -> None:
     if not (path.exists() or path.is_symlink()):
         return
     if _marked_owner(path) is None:
-        raise UserError(f"refusing to delete {_shown(path)}: not in a folder megatronapp "
+        raise UserError(f"refusing to delete {shown(path)}: not in a folder megatronapp "
                         "marked as its own")
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, onerror=_make_writable_and_retry)
@@ -312,14 +319,14 @@ def check_output(out: Path, force: bool = False, protect: Sequence[Path] = (),
         target = out.resolve()
         cwd = Path.cwd().resolve()
         if target == cwd or target in cwd.parents:
-            raise UserError(f"{option}: {_shown(out)} is the current directory or one of its "
+            raise UserError(f"{option}: {shown(out)} is the current directory or one of its "
                             "parents; give a new directory for the result")
         for path in protect:
             if target in Path(path).resolve().parents:
-                raise UserError(f"{option}: {_shown(out)} holds {path}; give a new directory "
+                raise UserError(f"{option}: {shown(out)} holds {path}; give a new directory "
                                 "for the result")
         if out.is_symlink():
-            raise UserError(f"{option}: {_shown(out)} is a symbolic link; give a real directory")
+            raise UserError(f"{option}: {shown(out)} is a symbolic link; give a real directory")
         previous = _check_existing(out, force, option) if out.exists() else None
         _check_parent(out, option)
     return previous
@@ -327,20 +334,20 @@ def check_output(out: Path, force: bool = False, protect: Sequence[Path] = (),
 
 def _check_existing(out: Path, force: bool, option: str) -> Manifest | None:
     if not out.is_dir():
-        raise UserError(f"{option}: {_shown(out)} exists and is not a directory")
+        raise UserError(f"{option}: {shown(out)} exists and is not a directory")
     with path_errors(option, out):
         if all(_is_leftover(e) for e in out.iterdir()):
             return None  # empty, or only our killed commands' leftovers
         previous = read_manifest(out)
         if previous is None:
-            raise UserError(f"{option}: {_shown(out)} is not empty and is not a megatronapp "
+            raise UserError(f"{option}: {shown(out)} is not empty and is not a megatronapp "
                             f"result (no {MANIFEST}); give a new directory")
         if not force:
-            raise UserError(f"{option}: {_shown(out)} holds a previous result; pass --force to "
+            raise UserError(f"{option}: {shown(out)} holds a previous result; pass --force to "
                             "replace it, or give a new directory")
         foreign = _foreign_entry(out, previous)
     if foreign is not None:
-        raise UserError(f"{option}: {_shown(out)} holds files the previous result did not write "
+        raise UserError(f"{option}: {shown(out)} holds files the previous result did not write "
                         f"(e.g. {foreign}); move them away before replacing it")
     return previous
 
@@ -350,9 +357,9 @@ def _check_parent(out: Path, option: str) -> None:
     existing = next(p for p in (out.parent.absolute(), *out.parent.absolute().parents)
                     if p.exists() or p.is_symlink())
     if not existing.is_dir():
-        raise UserError(f"{option}: {_shown(existing)} exists and is not a directory")
+        raise UserError(f"{option}: {shown(existing)} exists and is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{option}: {_shown(existing)} is not writable")
+        raise UserError(f"{option}: {shown(existing)} is not writable")
 
 
 def _make_parents(folder: Path) -> list[Path]:
@@ -389,10 +396,10 @@ def _restore(trash: Path, out: Path, option: str, reason: str) -> UserError:
         os.rename(trash / "old", out)
     except OSError:
         discard(trash / STAGING_MARKER)  # unmarked: never deleted
-        return UserError(f"{option}: {_shown(out)}: {reason}; the previous result is kept "
-                         f"in {_shown(trash / 'old')}")
+        return UserError(f"{option}: {shown(out)}: {reason}; the previous result is kept "
+                         f"in {shown(trash / 'old')}")
     discard(trash)
-    return UserError(f"{option}: {_shown(out)}: {reason}; the previous result is unchanged")
+    return UserError(f"{option}: {shown(out)}: {reason}; the previous result is unchanged")
 
 
 def _reason(err: OSError) -> str:
@@ -410,7 +417,7 @@ def publish(tmp: Path, out: Path, force: bool = False, was_there: bool = True,
         _write_manifest(tmp, Manifest(tuple(r for r in _files_under(tmp) if r != STAGING_MARKER)),
                         tmp)
         if out.is_symlink() or (not was_there and out.exists() and not _only_leftovers(out)):
-            raise UserError(f"{option}: {_shown(out)} {APPEARED}")
+            raise UserError(f"{option}: {shown(out)} {APPEARED}")
         previous = _check_existing(out, force, option) if out.exists() else None
         trash = _move_aside(out) if previous is not None or _nonempty(out) else None
     try:
@@ -422,7 +429,7 @@ def publish(tmp: Path, out: Path, force: bool = False, was_there: bool = True,
         restored = None if trash is None else _restore(trash, out, option, reason)
         if not isinstance(err, OSError):
             raise
-        raise restored or UserError(f"{option}: {_shown(out)} {reason}") from None
+        raise restored or UserError(f"{option}: {shown(out)} {reason}") from None
     if trash is not None:
         discard(trash)
 
@@ -452,7 +459,7 @@ def staged_dir(out: Path, force: bool = False, option: str = "--out") -> Iterato
         tmp = _marked_dir(out.parent, out.name, "partial")
     except OSError as err:
         _remove_if_empty(created)
-        raise UserError(f"{option}: cannot write {_shown(out)}: {err.strerror or err}") from None
+        raise UserError(f"{option}: cannot write {shown(out)}: {err.strerror or err}") from None
     try:
         yield tmp
         publish(tmp, out, force, was_there, option)
@@ -502,17 +509,17 @@ def _check_replaceable(path: Path, option: str, force: bool, inputs: Sequence[Pa
     of the run a result holds; an existing file only if a later command of
     ours added it to the result, or with ``force``."""
     if any(_same_file(path, Path(i)) for i in inputs):
-        raise UserError(f"{option}: {_shown(path)} is an input of this command; give another "
+        raise UserError(f"{option}: {shown(path)} is an input of this command; give another "
                         "file name")
     result = _result_of(path)
     if result is not None and result.rel in {*result.manifest.files, MANIFEST}:
-        raise UserError(f"{option}: {_shown(path)} is part of the result in "
-                        f"{_shown(result.root)}; give another file name")
+        raise UserError(f"{option}: {shown(path)} is part of the result in "
+                        f"{shown(result.root)}; give another file name")
     if path.is_dir() and not path.is_symlink():
-        raise UserError(f"{option}: {_shown(path)} is a directory; give a file name")
+        raise UserError(f"{option}: {shown(path)} is a directory; give a file name")
     ours = result is not None and result.rel in result.manifest.added
     if (path.exists() or path.is_symlink()) and not (ours or force):
-        raise UserError(f"{option}: {_shown(path)} exists and megatronapp did not write it; "
+        raise UserError(f"{option}: {shown(path)} exists and megatronapp did not write it; "
                         "pass --force to replace it, or give another file name")
 
 
@@ -526,13 +533,16 @@ def check_file(path: Path, option: str, force: bool = False, inputs: Sequence[Pa
         if make_parent and not path.parent.exists():
             path.parent.mkdir(parents=True)
         _check_folder(path.parent, option)
+        # a folder may pass os.access (as root it does) and still refuse a new entry
+        # (/proc, a read-only mount): stage and discard one now, before the work
+        discard(_marked_dir(path.parent, path.name, "probe"))
 
 
 def _check_folder(folder: Path, option: str) -> None:
     if not folder.is_dir():
-        raise UserError(f"{option}: {_shown(folder)} is not an existing directory")
+        raise UserError(f"{option}: {shown(folder)} is not an existing directory")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"{option}: {_shown(folder)} is not writable")
+        raise UserError(f"{option}: {shown(folder)} is not writable")
 
 
 @contextmanager
@@ -553,7 +563,7 @@ def staged_outputs(directory: Path, option: str, force: bool = False,
         yield inner
         _publish_files(inner, directory, option, force, inputs)
     except OSError as err:  # while writing (a full disk): nothing was published
-        raise UserError(f"{option}: cannot write into {_shown(directory)}: "
+        raise UserError(f"{option}: cannot write into {shown(directory)}: "
                         f"{err.strerror or err}") from None
     finally:
         if _marker(stage) is not None:  # unmarked: it holds what could not be put back
@@ -594,7 +604,7 @@ def _publish_files(folder: Path, directory: Path, option: str, force: bool,
         undone = _put_back(folder, directory, aside, touched, placed)
         if not isinstance(err, OSError):
             raise
-        reason = f"{option}: cannot write into {_shown(directory)}: {err.strerror or err}"
+        reason = f"{option}: cannot write into {shown(directory)}: {err.strerror or err}"
         raise UserError(f"{reason}; {undone}") from None
 
 
@@ -610,18 +620,37 @@ def _put_back(folder: Path, directory: Path, aside: Path, touched: list[str],
                 os.rename(aside / name, directory / name)
     except OSError:
         discard(folder.parent / STAGING_MARKER)
-        return f"the replaced files are kept in {_shown(aside)}"
+        return f"the replaced files are kept in {shown(aside)}"
     return "nothing was changed"
 
 
 def _record(directory: Path, names: Sequence[str], scratch: Path) -> None:
     """Files a later command wrote into a result join its manifest's
-    ``added``, so that replacing the result takes them along."""
-    result = _result_of(directory / "-")
-    if result is not None:
+    ``added``, so that replacing the result takes them along. Read, added to
+    and written under the result folder's lock: commands adding files to one
+    result at once each keep theirs."""
+    found = _result_of(directory / "-")
+    if found is None:
+        return
+    with _locked(found.root):
+        result = _result_of(directory / "-")  # again, under the lock: another may have added
+        if result is None:
+            return
         rels = [Path(result.rel).with_name(n).as_posix() for n in names]
         _write_manifest(result.root, Manifest(result.manifest.files,
                                               (*result.manifest.added, *rels)), scratch)
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on ``folder`` itself (its inode stays while its
+    manifest is replaced), released however the block ends."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def rename_fresh(src: Path, dst: Path) -> None:
@@ -637,3 +666,22 @@ def add_force_option(parser: Any, replaced: str = "an existing output file") -> 
     parser.add_argument("--force", action="store_true",
                         help=f"replace {replaced} (it is deleted only once the new one is in "
                              "place; a command's own inputs are never replaced)")
+
+
+def outputs_folder(folder: Path, option: str) -> Path:
+    """A folder for a command's outputs, made with an empty manifest when it
+    is not there yet, so that what commands put there is recorded as this
+    project's (and the next run of the command may replace it)."""
+    folder = Path(folder)
+    with path_errors(option, folder):
+        if folder.exists() or folder.is_symlink():
+            return folder
+        created = _make_parents(folder.parent)
+        try:
+            folder.mkdir()
+            (folder / MANIFEST).write_text(json.dumps({"kind": MANIFEST_KIND, "files": [],
+                                                       "added": []}, indent=1))
+        except OSError:
+            _remove_if_empty([folder, *created])
+            raise
+    return folder

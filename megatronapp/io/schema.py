@@ -88,10 +88,14 @@ class OmitsUnset(StrictModel):
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        for key in self.OMIT_WHEN_UNSET:
+        for key in set(self.OMIT_WHEN_UNSET) - self._kept_when_unset():
             if isinstance(data, dict) and data.get(key) == type(self).model_fields[key].default:
                 data.pop(key, None)
         return data
+
+    def _kept_when_unset(self) -> set[str]:
+        """Keys dumped even at their default (a named device would fill them again)."""
+        return set()
 
 
 PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT)]

@@ -10,7 +10,6 @@ import codecs
 import json
 import sys
 from collections import deque
-from pathlib import Path
 from typing import Any, Callable
 
 import yaml
@@ -48,14 +47,6 @@ def decode_utf8(raw: bytes, what: str) -> str:
         kind = "binary data" if b"\0" in raw[:4096] else "text in another encoding"
         raise TextError(f"{what} is not UTF-8 (byte 0x{raw[err.start]:02x} at offset "
                         f"{err.start}; looks like {kind})") from None
-
-
-def read_text(path: Path, what: str) -> str:
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as err:
-        raise TextError(f"cannot read {path}: {err.strerror or err}") from None
-    return decode_utf8(raw, what)
 
 
 def _children(node: Any) -> Any:

@@ -82,14 +82,10 @@ class Backend(Protocol):
 
 class ScopeModel(Protocol):
     """What MegaScope's commands on a saved checkpoint (``scope generate``,
-    ``serve`` with live generation, ``lens``, ``patch``, ``dla``; ``pp``/``tp``
-    split the model over that many processes) ask of the backend
-    that runs it, in one process."""
-
-    def quiet(self) -> None:
-        """Silence the model library's import-time warnings."""
-
-    def checkpoint_dir(self, target: str | Path) -> Path: ...
+    ``serve`` with live generation, ``import``, ``lens``, ``patch``, ``dla``)
+    ask of the backend that runs it: ``load`` builds the model object once (in
+    this process, or split ``pp`` × ``tp`` over worker processes), the
+    analyses take it."""
 
     def one_rank(self) -> ContextManager[None]: ...
 
@@ -97,16 +93,20 @@ class ScopeModel(Protocol):
                  k: int = 5, temperature: float = 0.0, out: Path | None = None
                  ) -> Iterator[Any]: ...
 
-    def logit_lens(self, checkpoint: str | Path, prompt: str, k: int, *, pp: int = 1,
-                   tp: int = 1) -> Any: ...
+    def load(self, target: str | Path, pp: int = 1, tp: int = 1,
+             say: Callable[[str], None] | None = None) -> Any: ...
 
-    def activation_patching(self, checkpoint: str | Path, clean: str, corrupt: str,
-                            sites: Sequence[str], clean_answer: str | None,
-                            corrupt_answer: str | None, *, pp: int = 1, tp: int = 1) -> Any: ...
+    def import_checkpoint(self, source: Path) -> Any:
+        """A foreign checkpoint folder read as ``megatronapp.scope.imports.Imported``."""
 
-    def direct_logit_attribution(self, checkpoint: str | Path, prompt: str,
-                                 answer: str | None, baseline: str | None, *, pp: int = 1,
-                                 tp: int = 1) -> Any: ...
+    def logit_lens(self, model: Any, prompt: Any, k: int) -> Any: ...
+
+    def activation_patching(self, model: Any, clean: Any, corrupt: Any,
+                            sites: Sequence[str] | None, per: str, clean_answer: str | None,
+                            corrupt_answer: str | None) -> Any: ...
+
+    def direct_logit_attribution(self, model: Any, prompt: Any, answer: str | None,
+                                 baseline: str | None) -> Any: ...
 
 
 @runtime_checkable

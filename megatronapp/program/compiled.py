@@ -307,19 +307,20 @@ class CompiledRun:
         return (tuple(t.tp_groups) + tuple(t.dp_groups) + tuple(t.model_parallel_groups)
                 + tuple(embedding_group(g) for g in t.pp_groups))
 
-    @cached_property
-    def _in_time_order(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per stage: each class's events ordered as the trace loader orders a
-        rank's events (by start, longest first at a tie, else program order),
-        as (event index, start, end) matrices of shape (classes, events)."""
-        out = []
-        for stage in range(self.topo.pp):
-            start = np.stack([self.starts[c][stage] for c in range(len(self.classes))])
-            end = np.stack([self.ends[c][stage] for c in range(len(self.classes))])
-            order = np.stack([np.lexsort((-(e - s), s)) for s, e in zip(start, end)])
-            out.append((order.astype(np.int32), np.take_along_axis(start, order, 1),
-                        np.take_along_axis(end, order, 1)))
-        return out
+    def _in_time_order(self, stage: int, cls: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The events of ``stage`` of each class in ``cls`` ordered as the trace
+        loader orders a rank's events (by start, longest first at a tie, else
+        program order), as (event index, start, end) matrices of shape
+        (len(cls), events). Built for the classes asked for only: a batch of
+        rows holds its own, never every class's at once."""
+        distinct, back = np.unique(cls, return_inverse=True)
+        start = np.stack([self.starts[c][stage] for c in distinct.tolist()])
+        end = np.stack([self.ends[c][stage] for c in distinct.tolist()])
+        order = np.lexsort((-(end - start), start), axis=-1)
+        start = np.take_along_axis(start, order, 1)
+        end = np.take_along_axis(end, order, 1)
+        return order.astype(np.int32)[back], start[back], end[back]
 
     def rows(self, stage: int, pipes: np.ndarray, cls: np.ndarray | None = None) -> EventColumns:
         """Events of ``stage`` on each of ``pipes`` (in that order): the ranks
@@ -327,7 +328,7 @@ class CompiledRun:
         each rank's rows in time order."""
         t = self.topo
         cls = self.class_of_pipe()[pipes] if cls is None else cls
-        order, start, end = (a[cls] for a in self._in_time_order[stage])
+        order, start, end = self._in_time_order(stage, cls)
         static = {k: v[order] for k, v in self.program.static_fields[stage].items()}
         rank = (stage * t.dp * t.tp + pipes).astype(np.int32)
         dp, tp = (pipes // t.tp)[:, None], (pipes % t.tp)[:, None]

@@ -9,13 +9,15 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from ..trace.columns import source_of
+import numpy as np
+
+from ..trace.columns import EventColumns, EventSource, source_of
 from ..faults import ground_truth as fault_truth, skewed_ranks
 from ..scenario.config import Scenario, adjustments, fault_job, scenario_to_dict
 from ..errors import UserError
 from ..program.features import feature_hooks
 from ..trace.store import TRACE_FILE, StoreMeta
-from ..trace.chrome import write_chrome
+from ..trace.chrome import Ranges, write_chrome
 from ..io.outdirs import new_file, staged_dir  # noqa: F401 (runs are written through staged_dir)
 from ..trace.summary import summarize_source
 from ..trace.summary_file import SCHEMA_VERSION
@@ -38,10 +40,28 @@ def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
     return truth
 
 
+class CompactOnce:
+    """An event source whose ``compact`` view is built on first use and kept
+    while the summary is built: the summary and each feature's section read it
+    in turn, and a job with nothing reduced has every event in it."""
+
+    def __init__(self, source: EventSource):
+        self._source = source
+        self._compact: tuple[EventColumns, np.ndarray] | None = None
+
+    def compact(self) -> tuple[EventColumns, np.ndarray]:
+        if self._compact is None:
+            self._compact = self._source.compact()
+        return self._compact
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+
 def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     """One vectorised pass over the run's columns (compact for symmetric runs),
     then the features' sections."""
-    source = source_of(result)
+    source = CompactOnce(source_of(result))
     measured = summarize_source(source)
     if result.stopped is not None:  # the iteration a failure cut short is no iteration time
         measured["iteration_times_s"] = measured["iteration_times_s"][
@@ -93,6 +113,23 @@ def run_label(meta: StoreMeta) -> Callable[[int], str]:
         return topo.label(rank) if topo is not None and rank < topo.world_size else f"rank {rank}"
 
     return label
+
+
+def selection(store: Path, rank_ranges: Ranges | None, iteration_ranges: Ranges | None
+              ) -> tuple[list[int] | None, list[int] | None, str | None]:
+    """The ranks and iterations to export, within what the run holds: a rank
+    past its world is refused, iterations past its last are left out (the
+    note says so); memory is bounded by the run, whatever the ranges."""
+    from ..trace.chrome import select
+    from ..trace.store import StoreError, iteration_bound, read_meta
+
+    try:
+        world, last = read_meta(store).world_size, iteration_bound(store)
+    except StoreError as err:
+        raise UserError(f"RUN_DIR: {err}") from None
+    ranks, _ = select(rank_ranges, "--ranks", world)
+    iterations, note = select(iteration_ranges, "--iterations", last, clip=True)
+    return ranks, iterations, note
 
 
 def export_trace(run_dir: Path, ranks: list[int] | None, iterations: list[int] | None,

@@ -4,7 +4,11 @@ times, and the critical path through the ranks.
 Works on our traces (each event's recorded kind) and on foreign ones (kinds
 from names, ``megatronapp.trace.kinds``). Times are unions of intervals over the
 trace's window (first start to last end over all ranks): communication is what
-compute does not hide, idle is everything else.
+compute does not hide, idle is everything else. A rank with GPU work (a
+torch.profiler trace of a GPU job) is measured by its streams instead
+(``gpu_time``): its window is its GPU's, its communication what its kernels
+spent in NCCL and memory operations that compute did not hide, and its
+bubble fraction its GPU's idle share.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from megatronapp.trace.summary import bubble_fraction, iteration_times, union_le
 
 from megatronapp.scan.evidence.critical import critical_path
 from megatronapp.scan.ingest.deps import SyncOp, reconstruct
+from megatronapp.scan.ingest.gpu_time import gpu_times, mean_idle_fraction
 from megatronapp.scan.ingest.load import RankEvents
 
 
@@ -30,8 +35,11 @@ class RankTime:
 def rank_times(events: RankEvents) -> dict[int, RankTime]:
     starts = [e.start_s for ev in events.values() for e in ev]
     window = (max(e.end_s for ev in events.values() for e in ev) - min(starts)) if starts else 0.0
-    out = {}
+    gpu = gpu_times(events)
+    out = {r: RankTime(t.compute_s, t.exposed_s, t.idle_s) for r, t in gpu.items()}
     for rank, evs in events.items():
+        if rank in gpu:
+            continue
         kinds = [event_kind(e.name, e.args) for e in evs]
         compute = [(e.start_s, e.end_s) for e, k in zip(evs, kinds) if k == "compute"]
         comm = [(e.start_s, e.end_s) for e, k in zip(evs, kinds) if is_comm(k)]
@@ -50,7 +58,10 @@ def analyze(events: RankEvents, ops: Sequence[SyncOp] | None = None,
     """The JSON of ``megatronapp analyze`` (``ops``: the trace's linked sync ops)."""
     say("splitting each rank's time")
     times = rank_times(events)
-    if _has_iterations(events):
+    gpu_idle = mean_idle_fraction(events)
+    if gpu_idle is not None:
+        bubble, iters = gpu_idle, iteration_times(events)
+    elif _has_iterations(events):
         bubble, iters = bubble_fraction(events), iteration_times(events)
     else:  # no iteration marks: the whole window is one step
         window = [t.compute_s + t.comm_s + t.idle_s for t in times.values()]
@@ -59,7 +70,9 @@ def analyze(events: RankEvents, ops: Sequence[SyncOp] | None = None,
         iters = [max(window)] if window else []
     say(f"finding the critical path through {sum(map(len, events.values()))} events")
     path = critical_path(events, reconstruct(events) if ops is None else ops)
-    return {"ranks": {str(r): {"compute_s": t.compute_s, "comm_s": t.comm_s, "idle_s": t.idle_s}
+    gpu = gpu_times(events)
+    return {"ranks": {str(r): {"compute_s": t.compute_s, "comm_s": t.comm_s, "idle_s": t.idle_s,
+                               **({"gpu": gpu[r].to_json()} if r in gpu else {})}
                       for r, t in sorted(times.items())},
             "bubble_fraction": bubble, "iteration_times_s": iters,
             "critical_path": path.to_json()}

@@ -12,25 +12,43 @@ from megatronapp.errors import UserError
 from megatronapp.io.outdirs import add_force_option
 from megatronapp.io.progress import Say, status
 
+from megatronapp.scan.cycles import (add_cycle_option, per_cycle_json, per_cycle_lines,
+                                     warn_missing)
+from megatronapp.scan.ingest.folders import ALL, EACH
 from megatronapp.scan.methods import DETECTORS
 
 if TYPE_CHECKING:
     from megatronapp.program.backend import Backend
     from megatronapp.trace.events import RunScenario
 
-TARGET_HELP = "a run directory (its per-rank raw clocks are aligned first) or a Chrome trace file"
+TARGET_HELP = ("a run directory (its per-rank raw clocks are aligned first), a folder of "
+               "torch.profiler traces, or a trace file")
 JSON_HELP = "print JSON instead of text"
 
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")  # what a trace command is given by mistake
 
 
-def _scan_input(target: str, say: Say, max_bytes: float | None = None) -> Any:
+def _scan_input(target: str, say: Say, max_bytes: float | None = None,
+                cycle: int | str = ALL) -> Any:
     """``target``'s events, each JSON file's text capped at ``max_bytes``
-    (default: what this machine's memory can parse)."""
-    from megatronapp.scan.align.inputs import load_scan_input
+    (default: what this machine's memory can parse); of a torch.profiler
+    folder its ``cycle`` (merged: ``all``). Ranks missing are named on
+    stderr (``warn_missing``)."""
+    ((trace, scan),) = _scan_inputs(target, say, max_bytes, cycle)
+    return scan
 
-    return _side_file(lambda t: load_scan_input(t, say, max_bytes), target)
+
+def _scan_inputs(target: str, say: Say, max_bytes: float | None = None,
+                 cycle: int | str = EACH) -> list[tuple[Any, Any]]:
+    """(trace, its ScanInput) per profiling cycle read (one for other targets)."""
+    from megatronapp.scan.align.inputs import prepare_loaded
+    from megatronapp.scan.ingest.load import load_traces
+
+    traces = _side_file(lambda t: load_traces(t, say=say, max_bytes=max_bytes, cycle=cycle),
+                        target)
+    warn_missing(traces)  # rich's spinner prints it above itself
+    return [(trace, prepare_loaded(trace, say)) for trace in traces]
 
 
 def check_trace(args: argparse.Namespace, target: str | Path, what: str,
@@ -75,11 +93,11 @@ def cmd_detect(args: argparse.Namespace) -> int:
     check_trace(args, args.target, "detect", COSTS.detect_columns if columns
                 else COSTS.detect_events)
     with status("reading the trace") as say:
-        diagnosis = _diagnose(args, say, _scenario(args.scenario))
+        results = _diagnose(args, say, _scenario(args.scenario))
     if args.json:
-        print(json.dumps(diagnosis.to_json(), indent=2))
+        print(json.dumps(per_cycle_json(results, lambda d: d.to_json()), indent=2))
     else:
-        print("\n".join(explain(diagnosis.to_json())))
+        print("\n".join(per_cycle_lines(results, lambda d: explain(d.to_json()))))
     return 0
 
 
@@ -93,8 +111,9 @@ def _scenario(path: str | None) -> Any:
         raise UserError(f"--scenario: {field}{err.reason}") from None
 
 
-def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> Any:
-    """MegaScan on a stored run reads its typed columns only, a few whole
+def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> list[tuple[Any, Any]]:
+    """(trace, diagnosis) per profiling cycle read (one for other targets).
+    MegaScan on a stored run reads its typed columns only, a few whole
     iterations at a time (millions of events); other inputs, and the
     baselines, read every field at once. ``scenario``, when given, replaces
     the one a run directory records."""
@@ -102,86 +121,81 @@ def _diagnose(args: argparse.Namespace, say: Say, scenario: Any = None) -> Any:
 
     from megatronapp.scan.evidence.detect import megascan_stored
     from megatronapp.scan.align.inputs import store_of
+    from megatronapp.scan.ingest.load import LoadedTrace
     from megatronapp.scan.methods import detector
 
     store, method = store_of(args.target), args.method
     if store is not None and method == "megascan":
         say(f"detecting (megascan) on {store}, a few iterations at a time")
-        return _side_file(lambda s: megascan_stored(s, scenario), store)
-    scan = _scan_input(args.target, say, limits.json_text_cap(args))
-    say(f"detecting ({method})")
-    return detector(method)(scan if scenario is None else replace(scan, scenario=scenario))
+        return [(LoadedTrace({}, True, str(store)),
+                 _side_file(lambda s: megascan_stored(s, scenario), store))]
+    out = []
+    for trace, scan in _scan_inputs(args.target, say, limits.json_text_cap(args), args.cycle):
+        say(f"detecting ({method})")
+        out.append((trace, detector(method)(scan if scenario is None
+                                            else replace(scan, scenario=scenario))))
+    return out
+
+
+def sig(x: float, unit: str = "") -> str:
+    """``x`` with three significant digits (and ``unit``)."""
+    return f"{x:.3g}{unit}"
+
+
+def ms(seconds: float) -> str:
+    return sig(seconds * 1e3, " ms")
+
+
+WHAT = {"compute": "its compute", "host": "its time between ops (host: data loading, Python, "
+        "a stall)", "link": "its transfers"}
+EXPECTED_FROM = {"peers": "its peers' speed", "model": "the scenario's cost model",
+                 "own iterations": "its own typical iteration",
+                 "links of its class": "links of its class", "all ranks": "every rank's"}
 
 
 def explain(d: dict[str, Any]) -> Iterator[str]:
-    """A few lines a person can check against the trace."""
+    """A few lines a person can check against the trace: each root cause's
+    blame first (how much of each iteration it costs), then what it ran
+    against what it should have, then the noise it stands out of."""
     if d["healthy"]:
-        yield "healthy: no rank is consistently slower than its peers, no link stands out"
-        return
+        yield ("healthy: no rank or link costs its iterations time beyond what its peers "
+               "(or the cost model) and the run's own noise allow")
     for c in d["root_causes"]:
         ev = c["evidence"]
-        if c["kind"] == "compute":
-            yield (f"root cause: rank {c['rank']} (compute, confidence {c['confidence']:.2f})")
-            if "slowdown" in ev:
-                yield (f"  its compute ops take {ev['slowdown']:.3f}x as long as the same ops on "
-                       f"its {ev['peers']} peer(s); {100 * ev['slow_op_share']:.0f}% of "
-                       f"{ev['ops_compared']} ops are slow")
-            if "floor_slowdown" in ev:
-                yield (f"  at their fastest, its ops take {ev['floor_slowdown']:.3f}x as long as "
-                       "its peers' fastest (in every op it runs)")
-            if ev.get("collectives"):
-                waited = 2 * ev["last_to_start"] > ev["collectives"]
-                yield (f"  it started last in {ev['last_to_start']} of its {ev['collectives']} "
-                       "TP/DP collectives" + (": the others waited for it" if waited else ""))
-            yield from _waited_for(ev)
-            extra = {k: v for k, v in ev.items() if k not in ("slowdown", "slow_op_share",
-                     "ops_compared", "peers", "last_to_start", "collectives", "z",
-                     "floor_slowdown", "waited_for", "held_stages", "rests_on")}
-            if extra:
-                yield "  " + ", ".join(f"{k}={v}" for k, v in extra.items())
-        else:
-            what = "slow" if ev.get("problem") == "slow" else "erratic"
-            yield (f"root cause: link {c['rank']} <-> {c['peer']} ({what}, confidence "
-                   f"{c['confidence']:.2f})")
-            if "bandwidth_ratio" in ev:
-                yield (f"  effective bandwidth {ev['bandwidth_ratio']:.2f}x its link class over "
-                       f"{ev['transfers']} transfers; spread {ev['spread']:.3f} vs "
-                       f"{ev['class_spread']:.3f}")
-            elif "receive_floor_s" in ev:
-                yield (f"  over {ev['transfers']} transfers, its fastest receive (posted to done) "
-                       f"took {1e3 * ev['receive_floor_s']:.2f} ms both ways, its link class's "
-                       f"{1e3 * ev['class_receive_floor_s']:.2f} ms")
-            else:
-                yield (f"  over {ev['transfers']} transfers, receives end after the send started "
-                       f"{ev['delivery_floor_ratio']:.2f}x later than on its link class at the "
-                       f"fastest, {ev['delivery_median_ratio']:.2f}x at the median")
+        who = (f"link {c['rank']} <-> {c['peer']}" if c["kind"] == "link"
+               else f"rank {c['rank']}")
+        yield f"root cause: {who} ({c['kind']}, confidence {c['confidence']:.2f})"
+        yield (f"  blame: {ms(ev['blame_s'])} of each {ms(ev['iteration_s'])} iteration "
+               f"({100 * ev['share']:.3g}%): how much sooner it would end at the expected time")
+        yield (f"  {WHAT[c['kind']]} took {ms(ev['actual_s'])} per iteration; at "
+               f"{EXPECTED_FROM.get(ev['expected_from'], ev['expected_from'])} "
+               f"{ms(ev['expected_s'])}; the run's noise there is {ms(ev['noise_s'])} "
+               f"({sig(ev['noise_units'])} noise units over)")
+        hit = ev.get("iterations_hit")
+        if isinstance(hit, list):
+            yield (f"  intermittent: in iterations {', '.join(map(str, hit))} of the "
+                   f"{ev['iterations_seen']} seen")
+        also = ev.get("also")
+        if also:
+            yield f"  also {WHAT[also['kind']]}: {ms(also['blame_s'])} of blame"
     if d["victims"]:
         shown = ", ".join(map(str, d["victims"][:16]))
         more = f" and {len(d['victims']) - 16} more" if len(d["victims"]) > 16 else ""
         yield f"victims (waited on a root cause, not faulty themselves): {shown}{more}"
+    yield from _bottleneck(d)
 
 
-def _waited_for(ev: dict[str, Any]) -> Iterator[str]:
-    """The waiting evidence of a compute cause, and what the verdict rests on."""
-    w = ev.get("waited_for")
-    if w:
-        # a trace without iterations (no profiler steps) has no leader per iteration
-        led = (f", most in {w['iterations_led']} of {w['iterations']} iterations"
-               if w["iterations"] else "")
-        fastest = ("in its fastest iterations" if w.get("best_by") == "iteration"
-                   else "at its fastest")
-        best = (f"; {fastest} its {w['best_op']} takes {w['best_ratio']:.2f}x theirs"
-                if w.get("best_op") else "")
-        yield (f"  the others in group {w['group']} waited for it: {100 * w['imposed_share']:.0f}% "
-               f"of their wait ({w['imposed_s']:.3f} s){led}; last to arrive at {w['last']} of "
-               f"{w['joined']}{best}")
-    held = ev.get("held_stages")
-    if held:
-        yield (f"  the other stages waited in their receives {held['others_receive_s']:.3f} s "
-               f"(median), it {held['receive_s']:.3f} s; at its fastest its main op takes "
-               f"{held['best_ratio']:.2f}x theirs")
-    if ev.get("rests_on"):
-        yield "  evidence: " + " and ".join(ev["rests_on"])
+def _bottleneck(d: dict[str, Any]) -> Iterator[str]:
+    b, unjudged = d.get("bottleneck") or {}, d.get("unjudged") or {}
+    if b:
+        yield (f"bottleneck: rank {b['rank']} held {100 * b['share']:.3g}% of the critical path "
+               f"(compute {100 * b['compute_share']:.3g}%, host {100 * b['host_share']:.3g}%, "
+               f"communication {100 * b['communication_share']:.3g}%): where the time goes, "
+               "not a fault by itself")
+    for kind, n in unjudged.items():
+        yield (f"unjudged: {n} {kind} suspect(s) had nothing to be compared with (no peers "
+               "doing the same work, no cost model, too few iterations): a fault there cannot "
+               "be told from its share of the work")
 
 
 # --------------------------------------------------------------- analyze
@@ -190,48 +204,58 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     check_trace(args, args.target, "analyze", COSTS.analyze)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say, limits.json_text_cap(args))
-        result = analyze(scan.events, scan.ops, say)
-    print(json.dumps(result, indent=2) if args.json else format_analysis(result))
+        results = [(trace, analyze(scan.events, scan.ops, say)) for trace, scan in
+                   _scan_inputs(args.target, say, limits.json_text_cap(args), args.cycle)]
+    if args.json:
+        print(json.dumps(per_cycle_json(results, lambda r: r), indent=2))
+    else:
+        print("\n".join(per_cycle_lines(results, lambda r: [format_analysis(r)])))
     return 0
 
 
 # ----------------------------------------------------------------- query
 def cmd_query(args: argparse.Namespace) -> int:
-    from megatronapp.scan.ingest.deps import annotate
-    from megatronapp.scan.query import Output, QueryLimits, answer, connect_events, show
+    from megatronapp.scan.query import (Output, QueryLimits, answer, read_only, sandboxed,
+                                        scan_loader, show)
 
-    if not args.sql.strip():
-        raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
-                        "rank\")")
+    read_only(args.sql)  # one SELECT, before the trace is read
+    check_trace(args, args.target, "query", COSTS.query)
+    rules = QueryLimits.of(args, args.allow_external_access)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say)
+        scan = _scan_input(args.target, say, limits.json_text_cap(args), args.cycle)
         say("running the query")
-        limits = QueryLimits(external_access=args.allow_external_access,
-                             memory_limit=args.memory_limit)
         output = Output.of(args)
-        result = answer(connect_events(annotate(scan.events, list(scan.ops)), limits), args.sql,
-                        output, Path(args.target))
+        result = answer(sandboxed(scan_loader(scan), rules), args.sql, output,
+                        Path(args.target), rules.max_seconds)
     show(result, output)
     return 0
 
 
 # ----------------------------------------------------------------- align
+ALIGNED = "aligned_trace.json"
+
+
 def cmd_align(args: argparse.Namespace) -> int:
-    from megatronapp.io.outdirs import check_file, new_file
+    from megatronapp.io.outdirs import check_file, new_file, outputs_folder
     from megatronapp.trace.events import chrome_events, write_json
 
-    from megatronapp.scan.align.align import score_against_truth, trace_span
+    from megatronapp.scan.align.align import trace_span
+    from megatronapp.scan.eval.clock_truth import read_truth_clocks, score_against_truth
     from megatronapp.scan.ingest.deps import annotate
-    from megatronapp.scan.ingest.load import read_truth_clocks
+    from megatronapp.scan.placement import check_folder, default_outputs, home_of
 
-    run_dir = Path(args.target) if Path(args.target).is_dir() else Path(args.target).parent
-    out = Path(args.out) if args.out else run_dir / "aligned_trace.json"
+    run_dir = home_of(Path(args.target))
+    out = Path(args.out) if args.out else default_outputs(Path(args.target)) / ALIGNED
     inputs = _align_inputs(Path(args.target), run_dir)
-    check_file(out, "--out", args.force, inputs)  # before the work, not after
+    if args.out or out.parent.exists():  # before the work, not after
+        check_file(out, "--out", args.force, inputs)
+    else:
+        check_folder(out.parent)
     check_trace(args, args.target, "align", COSTS.align)
     with status("reading the trace") as say:
-        scan = _scan_input(args.target, say, limits.json_text_cap(args))
+        scan = _scan_input(args.target, say, limits.json_text_cap(args), args.cycle)
+        if not args.out:
+            outputs_folder(out.parent, "--out")
         truth = run_dir / "ground_truth.json"
         truth_clocks = (_side_file(read_truth_clocks, truth)
                         if scan.clocks and truth.is_file() else None)
@@ -284,7 +308,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from megatronapp.io.outdirs import check_file
 
     from megatronapp.scan.eval.trials import PLANS
-    from megatronapp.scan.eval.validate import replay_trials, run_trials
+    from megatronapp.scan.eval.validate import estimate_trials, replay_trials, run_trials
 
     if args.replay:
         corpora = [Path(d) for d in args.replay]
@@ -302,6 +326,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     name = ("real" if real else "sim") + ("-new" if args.fault_kinds == "new" else "")
     run, plan = _validation_run(args, backend), PLANS[name]
     where = Where() if real else where_from(args)  # real runs: one at a time
+    limits.enforce(args, estimate_trials(plan, args.seed, trials, where, get_backend("sim").size,
+                                         real), what=f"validate-detector ({trials:,} trials)")
     keep = Path(args.save_runs) if args.save_runs else (
         Path(DEFAULT_REAL_CORPUS) / f"seed{args.seed}" if real else None)
     if keep is not None and where.ray_address:
@@ -408,6 +434,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                         help="the scenario the traced job ran, where the trace does not record "
                              "it (a torch.profiler trace): pipeline stages without peers are "
                              "then compared per unit of the work each op models")
+    add_cycle_option(detect, each=True)
     limits.add_options(detect)
     detect.set_defaults(func=cmd_detect)
 
@@ -415,6 +442,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
         "analyze", help="per-rank compute/comm/idle time, bubbles, the critical path")
     analyze.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     analyze.add_argument("--json", action="store_true", help=JSON_HELP)
+    add_cycle_option(analyze, each=True)
     limits.add_options(analyze)
     analyze.set_defaults(func=cmd_analyze)
 
@@ -424,6 +452,7 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     query.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
     query.add_argument("sql", help='e.g. "SELECT rank, sum(dur_us) FROM events GROUP BY rank"')
     add_output_options(query)
+    add_cycle_option(query, each=False)
     query.add_argument("--allow-external-access", action="store_true",
                        help="let the SQL read and write files, attach databases and load "
                             "extensions (off by default: the query sees only the events table)")
@@ -431,8 +460,11 @@ def register(subparsers: Any, plot_hooks: list) -> None:
 
     align = subparsers.add_parser("align", help="align per-rank clocks, link sync ops, write trace")
     align.add_argument("target", metavar="RUN_DIR_OR_TRACE", help=TARGET_HELP)
-    align.add_argument("--out", help="output trace (default RUN_DIR/aligned_trace.json)")
+    align.add_argument("--out", help=f"output trace (default: RUN_DIR/{ALIGNED} in a run "
+                       f"directory; beside a folder of torch.profiler traces, "
+                       f"FOLDER-megascan/{ALIGNED}, never inside it)")
     align.add_argument("--json", action="store_true", help=JSON_HELP)
+    add_cycle_option(align, each=False)
     limits.add_options(align)
     add_force_option(align)
     align.set_defaults(func=cmd_align)
@@ -455,4 +487,5 @@ def register(subparsers: Any, plot_hooks: list) -> None:
                           f"(torch default: {DEFAULT_REAL_CORPUS}/seedS)")
     val.add_argument("--replay", metavar="DIR", nargs="+", default=None,
                      help="score the trials saved in each DIR again (one table), running nothing")
+    limits.add_options(val)
     val.set_defaults(func=cmd_validate)

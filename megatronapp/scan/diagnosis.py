@@ -10,7 +10,7 @@ from megatronapp.scan.align.inputs import ScanInput
 @dataclass(frozen=True)
 class RootCause:
     rank: int
-    kind: Literal["compute", "link"]
+    kind: Literal["compute", "host", "link"]  # its compute, its time outside ops, a link
     peer: int | None
     confidence: float  # 0..1
     evidence: Mapping[str, Any] = field(default_factory=dict)
@@ -24,6 +24,10 @@ class RootCause:
 class Diagnosis:
     root_causes: tuple[RootCause, ...] = ()  # most confident first
     victims: tuple[int, ...] = ()
+    unjudged: Mapping[str, int] = field(default_factory=dict)  # kind -> suspects with no expectation
+    # the rank that held most of the iterations' critical path: where time goes,
+    # which is not a fault unless its peers or a model say it should take less
+    bottleneck: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -31,7 +35,8 @@ class Diagnosis:
 
     def to_json(self) -> dict[str, Any]:
         return {"healthy": self.healthy, "root_causes": [c.to_json() for c in self.root_causes],
-                "victims": list(self.victims)}
+                "victims": list(self.victims), "unjudged": dict(self.unjudged),
+                "bottleneck": dict(self.bottleneck)}
 
 
 Detector = Callable[[ScanInput], Diagnosis]

@@ -27,6 +27,7 @@ Events = Mapping[int, Sequence[Event]]  # rank -> its events (a dict, or a view 
 _CALL_SUFFIX = re.compile(r"#.*$")
 AUTOGRAD_WRAPPER = "autograd::engine::evaluate_function: "
 MAX_COLUMNS = 24  # beyond this, the ops with the least time are pooled into one column
+MAX_LABEL = 32  # characters of a column's label (GPU kernels' names run to hundreds)
 OTHER_OPS = "other ops"
 
 
@@ -34,6 +35,10 @@ def op_class(name: str) -> str:
     """``ProfilerStep#7`` -> ``ProfilerStep``; ``autograd::engine::evaluate_function:
     ReluBackward0`` -> ``ReluBackward0``; our own op names are unchanged."""
     return _CALL_SUFFIX.sub("", name.removeprefix(AUTOGRAD_WRAPPER)) or name
+
+
+def short_label(name: str, most: int = MAX_LABEL) -> str:
+    return name if len(name) <= most else name[:most - 1] + "\u2026"
 
 
 def _pooled(sums: dict[tuple[int, str], list[float]]) -> dict[tuple[int, str], list[float]]:
@@ -86,7 +91,7 @@ def heatmap_figure(events: Events, title: str = "", focus: PlotFocus = PlotFocus
     ax = fig.add_subplot()
     im = ax.imshow(relative, aspect="auto", cmap="coolwarm", interpolation="nearest",
                    vmin=-1.0, vmax=1.0)
-    ax.set_xticks(range(len(names)), names, rotation=40, ha="right")
+    ax.set_xticks(range(len(names)), [short_label(n) for n in names], rotation=40, ha="right")
     rank_ticks(ax, ranks, label="{}")
     ax.set_xlabel("operation (class)")
     ax.set_ylabel("rank")

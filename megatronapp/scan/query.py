@@ -14,10 +14,10 @@ every row, written a batch at a time.
 """
 from __future__ import annotations
 
-import csv
+import argparse
 import json
 import sys
-import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait
@@ -29,11 +29,12 @@ from typing import Any, Callable, ContextManager, Iterator, TypeVar
 import duckdb
 
 from megatronapp.errors import UserError
-from megatronapp.io.outdirs import discard, new_file, own_folder
-from megatronapp.trace.kinds import event_kind
-from megatronapp.host.limits import available_memory
+from megatronapp.io.outdirs import new_file, scratch_folder
+from megatronapp.host.limits import DEFAULT_MAX_SECONDS, available_memory, free_disk
 
+from megatronapp.scan.align.inputs import ScanInput, prepare
 from megatronapp.scan.ingest.load import RankEvents
+from megatronapp.scan.query_events import load_events
 from megatronapp.scan.query_options import Output
 
 MAX_DEFAULT_MEMORY = 4e9  # bytes: the default limit is a quarter of what is free, at most this
@@ -48,12 +49,22 @@ WAIT_SECONDS = 0.1  # how long the main thread sleeps between looks at the query
 OUT_KINDS = {".parquet": "parquet", ".csv": "csv"}
 
 
+MAX_SPILL_BYTES = 4e9  # DuckDB's private temporary folder: half the free disk, at most this
+
+
 @dataclass(frozen=True)
 class QueryLimits:
-    """What SQL may do: external access is an explicit choice."""
+    """What SQL may do: external access is an explicit choice; its time is
+    bounded by ``max_seconds`` (None: no bound, ``--no-limits``)."""
 
     external_access: bool = False
     memory_limit: str | None = None  # DuckDB size text ("2GB"); None: the default
+    max_seconds: float | None = DEFAULT_MAX_SECONDS
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, external_access: bool = False) -> "QueryLimits":
+        return cls(external_access, args.memory_limit,
+                   None if args.no_limits else args.max_seconds)
 
     def memory_setting(self) -> str:
         if self.memory_limit is not None:
@@ -62,38 +73,37 @@ class QueryLimits:
         return f"{int(mb)}MB"
 
 
-COLUMNS = {"rank": "INTEGER", "name": "VARCHAR", "kind": "VARCHAR", "start_us": "DOUBLE",
-           "dur_us": "DOUBLE", "end_us": "DOUBLE", "iteration": "INTEGER", "microbatch": "INTEGER",
-           "chunk": "INTEGER", "bytes": "DOUBLE", "peer": "INTEGER", "group_ranks": "VARCHAR",
-           "related_sync_op": "VARCHAR", "args": "VARCHAR"}
+def _spill_setting(scratch: Path) -> str:
+    """What DuckDB may write into its private folder: half the free disk there, capped."""
+    free = free_disk(scratch) or 0.0
+    return f"{int(max(64e6, min(MAX_SPILL_BYTES, free / 2)) / 1e6)}MB"
 
 
-def _row(rank: int, e: Any) -> list[Any]:
-    a = e.args
-    group = a.get("group")
-    return [rank, e.name, event_kind(e.name, a), e.start_s * 1e6, e.dur_s * 1e6, e.end_s * 1e6,
-            a.get("iteration"), a.get("microbatch"), a.get("chunk"), a.get("bytes"), a.get("peer"),
-            ",".join(map(str, group)) if isinstance(group, list) else None,
-            a.get("related_sync_op"), json.dumps(dict(a), default=str)]
+def read_only(sql: str) -> None:
+    """Refuse anything but exactly one SELECT (DuckDB's own parser says what
+    each statement is): no second statement, PREPARE/EXECUTE, COPY, ATTACH,
+    INSTALL/LOAD, PRAGMA, SET, EXPORT, CREATE or any other that writes."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as err:
+        raise UserError(f"SQL: {str(err).splitlines()[0]}") from None
+    if not statements:
+        raise UserError("SQL: empty query (e.g. \"SELECT rank, sum(dur_us) FROM events GROUP BY "
+                        "rank\")")
+    if len(statements) > 1:
+        raise UserError(f"SQL: {len(statements)} statements; a query is exactly one SELECT")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise UserError(f"SQL: a {kind.name} statement is refused; a query is exactly one "
+                        "read-only SELECT")
 
 
 Loader = Callable[[duckdb.DuckDBPyConnection, Path], None]
 
 
-def events_loader(events: RankEvents) -> Loader:
-    """Loads the ``events`` table through a CSV file in the connection's own
-    temporary directory (DuckDB reads it faster than Python inserts rows)."""
-    def load(con: duckdb.DuckDBPyConnection, scratch: Path) -> None:
-        path = scratch / "events.csv"
-        with open(path, "w", newline="") as fh:
-            w = csv.writer(fh)
-            for rank in sorted(events):
-                w.writerows(_row(rank, e) for e in events[rank])
-        columns = ", ".join(f"'{k}': '{v}'" for k, v in COLUMNS.items())
-        con.execute(f"CREATE TABLE events AS SELECT * FROM read_csv('{path}', header=false, "
-                    f"columns={{{columns}}}, nullstr='')")
-        discard(path)  # the events are in DuckDB now; SQL must not read them back as a file
-    return load
+def scan_loader(scan: ScanInput) -> Loader:
+    """Loads the ``events`` view of an aligned, linked trace (``query_events``)."""
+    return lambda con, _scratch: load_events(con, scan)
 
 
 @contextmanager
@@ -105,19 +115,17 @@ def sandboxed(load: Loader,
     ``./.tmp``: the one directory external access keeps allowed is its
     temporary directory, so with the default SQL could read and replace the
     user's files there. It is set before the lock, so SQL cannot move it."""
-    scratch = own_folder(Path(tempfile.mkdtemp(prefix="megatronapp-duckdb-")))
-    try:
+    with scratch_folder("megatronapp-duckdb-") as scratch:
         con = duckdb.connect(config={"autoinstall_known_extensions": False,
                                      "autoload_known_extensions": False,
-                                     "temp_directory": str(scratch)})
+                                     "temp_directory": str(scratch),
+                                     "max_temp_directory_size": _spill_setting(scratch)})
         try:
             interruptible(con, lambda: load(con, scratch))  # a big trace loads for a while
             _lock(con, limits)
             yield con
         finally:
             con.close()
-    finally:
-        discard(scratch)  # made and marked above for this connection alone
 
 
 def _lock(con: duckdb.DuckDBPyConnection, limits: QueryLimits) -> None:
@@ -132,18 +140,30 @@ def _lock(con: duckdb.DuckDBPyConnection, limits: QueryLimits) -> None:
 
 def connect_events(events: RankEvents,
                    limits: QueryLimits = QueryLimits()) -> ContextManager[duckdb.DuckDBPyConnection]:
-    return sandboxed(events_loader(events), limits)
+    """The sandbox over ``events`` (aligned already)."""
+    return sandboxed(scan_loader(prepare(events, aligned=True)), limits)
 
 
 T = TypeVar("T")
 
 
-def interruptible(con: duckdb.DuckDBPyConnection, work: Callable[[], T]) -> T:
-    """``work()`` (which uses ``con``) on a worker thread while this thread waits.
+class QueryTooLong(UserError):
+    """SQL still running at ``--max-seconds``: stopped, one line."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"--max-seconds: the query ran for {seconds:g} s and was stopped "
+                         "(raise --max-seconds, or pass --no-limits)")
+
+
+def interruptible(con: duckdb.DuckDBPyConnection, work: Callable[[], T],
+                  max_seconds: float | None = None) -> T:
+    """``work()`` (which uses ``con``) on a worker thread while this thread waits,
+    at most ``max_seconds`` (None: until it ends).
 
     A signal handler runs only between Python bytecodes of the main thread, never
     while it is inside DuckDB; waiting here in short joins lets a stop signal
     raise ``Interrupted`` at once, and DuckDB is then told to stop the query."""
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="duckdb-query") as pool:
         future = pool.submit(work)
         try:
@@ -151,7 +171,8 @@ def interruptible(con: duckdb.DuckDBPyConnection, work: Callable[[], T]) -> T:
                 try:
                     return future.result(timeout=WAIT_SECONDS)
                 except FutureTimeout:
-                    continue
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise QueryTooLong(max_seconds or 0.0) from None
         except BaseException:
             while not future.done():  # again until it stops: a query may start after the first
                 con.interrupt()
@@ -243,8 +264,9 @@ def python_memory() -> Iterator[None]:
 
 def run_query(events: RankEvents, sql: str, limits: QueryLimits = QueryLimits(),
               max_rows: int = Output.max_rows) -> Rows:
+    read_only(sql)
     with connect_events(events, limits) as con:
-        return interruptible(con, lambda: first_rows(con, sql, max_rows))
+        return interruptible(con, lambda: first_rows(con, sql, max_rows), limits.max_seconds)
 
 
 def format_rows(names: list[str], rows: list[tuple[Any, ...]]) -> str:
@@ -271,15 +293,17 @@ def out_kind(out: Path, force: bool, inputs: Path) -> str:
 
 
 def answer(connection: ContextManager[duckdb.DuckDBPyConnection], sql: str, output: Output,
-           inputs: Path) -> Rows | int:
-    """Run ``sql`` on ``connection``: its first rows, or the number written to ``--out``."""
+           inputs: Path, max_seconds: float | None = None) -> Rows | int:
+    """Run ``sql`` (one SELECT) on ``connection`` for at most ``max_seconds``: its
+    first rows, or the number written to ``--out``."""
+    read_only(sql)
     out = output.out
     kind = out_kind(out, output.force, inputs) if out is not None else ""
     with python_memory(), sql_errors(), connection as con:
         if out is None:
-            return interruptible(con, lambda: first_rows(con, sql, output.max_rows))
+            return interruptible(con, lambda: first_rows(con, sql, output.max_rows), max_seconds)
         with new_file(out, "--out", output.force, [inputs]) as tmp:
-            return interruptible(con, lambda: write_rows(con, sql, tmp, kind))
+            return interruptible(con, lambda: write_rows(con, sql, tmp, kind), max_seconds)
 
 
 def show(result: Rows | int, output: Output) -> None:

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatronapp.host import limits
+
 DEFAULT_MAX_ROWS = 10_000  # rows printed; --out takes every row
 
 
@@ -48,3 +50,4 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-limit", default=None, metavar="SIZE",
                         help="DuckDB memory limit, e.g. 2GB (default: a quarter of the memory "
                              "available, at most 4GB)")
+    limits.add_options(parser)  # the input's size is checked first; the SQL stops at --max-seconds

@@ -19,6 +19,7 @@ import numpy as np
 from .config import Data, Model
 from .data import CharVocab, default_text_path, read_text
 from ..errors import UserError
+from ..io import gate
 from .scope_spec import ModelShape, parameter_shapes
 
 FORMAT = "megatronapp-checkpoint"
@@ -77,17 +78,17 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     from safetensors.numpy import load_file
 
     path = Path(path)
-    if not (path / META).is_file() or not (path / WEIGHTS).is_file():
+    if not gate.exists(path / META, "CHECKPOINT") or not gate.exists(path / WEIGHTS, "CHECKPOINT"):
         raise _fail(path, f"not a checkpoint directory (needs {META} and {WEIGHTS})")
     try:
-        meta = json.loads((path / META).read_text())
+        meta = gate.read_json(path / META, "")
         model = Model.model_validate(meta["model"])
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError) as err:  # a TextError is a ValueError
         raise _fail(path, f"{META} is corrupt ({type(err).__name__})") from None
     if meta.get("format") != FORMAT:
         raise _fail(path, f"{META} is not a {FORMAT} file")
     try:
-        state = load_file(str(path / WEIGHTS))
+        state = load_file(str(gate.checked(path / WEIGHTS, "CHECKPOINT")))
     except (SafetensorError, OSError, ValueError) as err:
         raise _fail(path, f"{WEIGHTS} is corrupt ({err})") from None
     _check_state(path, state, model)

@@ -12,14 +12,17 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, AliasChoices, Field, SerializeAsAny, ValidationError,
                       field_validator, model_validator)
 
+from ..io import gate
 from ..io.schema import (MAX_COUNT, MAX_DRIFT_PPM, MAX_FACTOR, MAX_OFFSET_US, MAX_RATE,  # noqa: F401
                          MAX_SECONDS, Factor, NotANumber as _NotANumber, PositiveInt, Rank, Rate,
                          OmitsUnset as _OmitsUnset, ScenarioError, Seconds,
                          StrictModel as _Strict, validation_error)
-from ..io.text import TextError, check_depth, load_yaml, read_text
+from ..io.text import TextError, check_depth, load_yaml
 
 from . import seeds
 from .devices import DEVICES, expand_device
+from . import megatron_defaults
+from .software import SOFTWARE
 from ..faults import FaultSpec, Job, check_faults, parse_faults
 from ..parallel.topology import Topology
 from ..parallel.schedules import SCHEDULES
@@ -73,7 +76,8 @@ class Parallel(_OmitsUnset):
     # Megatron-LM since 2022 (megatron-core too): the column-parallel layers' backward
     # all-reduce (async_tensor_model_parallel_allreduce) or, with sequence parallelism,
     # reduce-scatter and input re-gather run under their GEMMs (costs/tp_async.py).
-    async_tp_backward: bool = False
+    # Unset: on where the software is megatron-core's (Scenario.async_tp_backward).
+    async_tp_backward: bool | None = None
     # Whose pipeline engine runs the schedule: Megatron's, or DeepSpeed's PipelineEngine
     # (Megatron-DeepSpeed; costs/deepspeed_pipe.py prices what it does differently).
     pipeline_engine: Literal["megatron", "deepspeed"] = "megatron"
@@ -114,23 +118,27 @@ class Model(_OmitsUnset):
         None, validation_alias=AliasChoices("ffn_hidden_size", "ffn_hidden"))
     num_query_groups: PositiveInt | None = None  # grouped-query attention; default heads
     activation: Literal["gelu", "swiglu"] = "gelu"
+    # Megatron's --openai-gelu: gelu's tanh approximation (GPT-2's "gelu_new")
+    openai_gelu: bool = False
     untie_embeddings: bool = False  # Megatron ties input embedding and output layer
     # megatron-core's AttnBackend (transformer/enums.py): unfused (DotProductAttention)
     # stores the a·s² scores; flash and fused (TEDotProductAttention) keep only the
-    # softmax statistics and rebuild the scores in backward. Unset: unfused.
-    attention_backend: Literal["unfused", "flash", "fused"] | None = None
+    # softmax statistics and rebuild the scores in backward. Unset: auto, as Megatron's
+    # --attention-backend (Scenario.attention_backend says what it picks).
+    attention_backend: Literal["auto", "unfused", "flash", "fused"] | None = None
     # megatron-core's position_embedding_type: only learned_absolute has weights
     # (seq_len·hidden on the first stage); rope and none have none. Unset: learned_absolute.
     position_embedding_type: Literal["learned_absolute", "rope", "none"] | None = None
     # Megatron's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of
     # this × tp (Scenario.padded_vocab); 1 to a multiple of tp alone.
     make_vocab_size_divisible_by: PositiveInt = 128
+    # Megatron's --hidden-dropout and --attention-dropout (0.1): a layer keeps 1-byte
+    # masks for backward only where they are above 0 (costs/memory.py).
+    hidden_dropout: float = Field(0.1, ge=0, lt=1)
+    attention_dropout: float = Field(0.1, ge=0, lt=1)
     OMIT_WHEN_UNSET = ("attention_backend", "position_embedding_type",
-                       "make_vocab_size_divisible_by")
-
-    @property
-    def stores_scores(self) -> bool:
-        return self.attention_backend in (None, "unfused")
+                       "make_vocab_size_divisible_by", "openai_gelu", "hidden_dropout",
+                       "attention_dropout")
 
     @property
     def position_embedding_params(self) -> int:
@@ -150,7 +158,13 @@ class Model(_OmitsUnset):
         return self.num_query_groups or self.heads
 
 
-class Gpu(_Strict):
+class Gpu(_OmitsUnset):
+    # The named device (scenario/devices.py) and its software generation
+    # (scenario/software.py; unset: Megatron-Core 0.16): which Megatron defaults and
+    # which fitted constants apply. Unset device: a GPU described by the keys below.
+    device: str | None = None
+    software: str | None = None
+    architecture: Literal["ampere", "hopper"] | None = None  # Transformer Engine's kernel choice
     tflops: Rate = 400.0
     memory_gb: Rate = 80.0
     efficiency: float = Field(0.5, gt=0, le=1)  # achieved share of peak FLOPs on large GEMMs
@@ -173,6 +187,21 @@ class Gpu(_Strict):
     # flash attention and element-wise work at their measured rates; None: the model above.
     kernels: Literal["h100-sxm", "h200-sxm"] | None = None
     kernel_time_factor: Factor = 1.0  # a training step's kernel time over the measured
+    # Megatron-core's pipeline exchange (costs/pipeline_step.py): what one point-to-point
+    # operation costs beyond its bytes; None: messages move eagerly, as before.
+    p2p_op_us: Seconds | None = None
+    OMIT_WHEN_UNSET = ("device", "software", "architecture", "p2p_op_us")
+
+    def _kept_when_unset(self) -> set[str]:
+        # unset on a named device means eager messages, not the device's fitted value
+        return {"p2p_op_us"} if self.device is not None else set()
+
+    @field_validator("software")
+    @classmethod
+    def _known_software(cls, value: str | None) -> str | None:
+        if value is not None and value not in SOFTWARE:
+            raise ValueError(f"unknown software {value!r}; " + hint(value, SOFTWARE, "generations"))
+        return value
 
 
 class Links(_Strict):
@@ -290,16 +319,25 @@ class Training(_OmitsUnset):
     # layers and recomputes them all. Unset: every layer checkpointed on its own.
     recompute_method: Literal["uniform", "block"] | None = None
     recompute_num_layers: PositiveInt | None = None
-    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers", "gradient_accumulation_fusion")
+    OMIT_WHEN_UNSET = ("recompute_method", "recompute_num_layers", "gradient_accumulation_fusion",
+                       "grad_reduce_in_fp32")
     distributed_optimizer: bool = False  # optimizer state (and grad reduce) sharded over dp
     overlap_grad_reduce: bool = False  # bucketed dp reduce overlapped with the last backward
     overlap_param_gather: bool = False  # param all-gather overlapped with the next forward
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # parameters and activations
-    grad_reduce_in_fp32: bool = False  # fp32 main gradients (Megatron-LM's bf16 default)
+    # fp32 main gradients; unset: Megatron-LM's rule, on with bf16 (Scenario.grad_reduce_in_fp32)
+    grad_reduce_in_fp32: bool | None = None
     # Megatron-LM's --no-gradient-accumulation-fusion (before 2022 there was no fusion):
     # false, a pass after each backward folds the gradients in (costs/grad_accumulation.py)
     gradient_accumulation_fusion: bool = True
     bucket_params: PositiveInt | None = None  # default Megatron's max(40 M, 1 M·dp)
+
+    @property
+    def grads_in_fp32(self) -> bool:
+        """grad_reduce_in_fp32, or Megatron-LM's rule for it: bf16 accumulates and reduces
+        gradients in fp32 (megatron/training/arguments.py, megatron_defaults.py)."""
+        return (self.grad_reduce_in_fp32 if self.grad_reduce_in_fp32 is not None
+                else self.precision == "bf16")
 
     @field_validator("recompute", mode="before")
     @classmethod
@@ -366,6 +404,24 @@ class Scenario(_OmitsUnset):
         """Effective sequence parallelism: Megatron disables it at tp = 1."""
         return self.parallel.sequence_parallel and self.parallel.tp > 1
 
+    @property
+    def attention_backend(self) -> str:
+        """The attention kernel that runs: model.attention_backend, or what auto picks."""
+        return megatron_defaults.attention_backend(self)
+
+    @property
+    def stores_scores(self) -> bool:
+        """Unfused attention keeps the a·s² scores for backward; flash and fused do not."""
+        return self.attention_backend == "unfused"
+
+    @property
+    def grad_reduce_in_fp32(self) -> bool:
+        return self.training.grads_in_fp32
+
+    @property
+    def async_tp_backward(self) -> bool:
+        return megatron_defaults.async_tp_backward(self)
+
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
         check_consistency(self)
@@ -401,8 +457,10 @@ def check_consistency(s: Scenario) -> None:
     check_faults(s.faults, fault_job(s))
     _check_fbd(s)
     _check_scope(s)
-    if s.mitigation is not None and s.fbd is not None:
-        raise ScenarioError("mitigation", "the closed loop does not run with an fbd section")
+    if s.mitigation is not None and s.mitigation.action != "none" and s.fbd is not None:
+        # action none only reports: nothing runs beside MegaFBD's decoupled ranks
+        raise ScenarioError("mitigation.action", f"{s.mitigation.action}: the closed loop does "
+                            "not run with an fbd section (MegaFBD); use action: none, or drop fbd")
 
 
 def _world_formula(p: Parallel) -> str:
@@ -463,7 +521,7 @@ def _check_context_parallel(s: Scenario) -> None:
     p, m = s.parallel, s.model
     if p.cp == 1:
         return
-    if m.stores_scores:
+    if s.stores_scores:
         raise ScenarioError("parallel.context_parallel_size", "needs model.attention_backend: "
                             "flash or fused (megatron-core runs it in TEDotProductAttention only)")
     if m.seq_len % (2 * p.cp) or (s.sequence_parallel and m.seq_len // p.cp % p.tp):
@@ -639,10 +697,10 @@ def _index(part: str, where: str, size: int) -> int:
 def read_scenario_data(path: str | Path) -> dict[str, Any]:
     """The mapping in a UTF-8 YAML file; an empty file is an error, not the defaults."""
     path = Path(path)
-    if path.is_dir():
-        raise ScenarioError("scenario", _what_directory(path))
     try:
-        data = load_yaml(read_text(path, str(path)), str(path))
+        if gate.exists(path, "", "any") and path.is_dir():
+            raise ScenarioError("scenario", _what_directory(path))
+        data = load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))
     except TextError as err:
         raise ScenarioError("scenario", str(err)) from None
     if isinstance(data, dict) and "traceEvents" in data:

@@ -22,8 +22,11 @@ import numpy as np
 
 from . import seeds
 from .config import Data, ScenarioError
+from ..io import gate
+from ..io.text import TextError
 
 UNKNOWN_ID = 0  # every character outside the vocabulary
+MAX_TRAINING_TEXT = 1 << 30  # bytes of training text read (held whole, as characters)
 
 
 def default_text_path() -> Path:
@@ -36,11 +39,11 @@ def default_text_path() -> Path:
 def read_text(path: Path | None) -> str:
     path = path or default_text_path()
     try:
-        return path.read_text(encoding="utf-8")
+        return gate.read_text(path, "", MAX_TRAINING_TEXT)
+    except TextError as err:
+        raise ScenarioError("data.path", str(err)) from None
     except OSError as err:
         raise ScenarioError("data.path", f"cannot read {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise ScenarioError("data.path", f"{path} is not UTF-8 text") from None
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,13 @@ the last) goes through the final norm and the unembedding, as if the model
 stopped there; per row and position the top-k next tokens, and the rank of
 the token that really comes next (0: the lens's first choice).
 
-Activation patching: a site's value at one layer and one position of the
-clean run is put into the corrupted run. The metric is the logit difference
-``logit[clean answer] - logit[corrupted answer]`` at the last position,
-normalised as TransformerLens does: ``(patched - corrupted) / (clean -
-corrupted)``, so 1 restores the clean behaviour and 0 changes nothing.
+Activation patching: a site's value at one layer and one position (or one
+head) of the clean run is put into the corrupted run. The default metric is
+the logit difference ``logit[clean answer] - logit[corrupted answer]`` at the
+last position (averaged over a batch), normalised as TransformerLens's
+tutorials do: ``(patched - corrupted) / (clean - corrupted)``, so 1 restores
+the clean behaviour and 0 changes nothing; any other metric of the logits can
+be given. Layers are block indices, counted from 0.
 """
 from __future__ import annotations
 
@@ -24,22 +26,28 @@ import numpy as np
 from ..errors import UserError
 from ..io.outdirs import staged_outputs
 from ..io.suggest import did_you_mean
-from ..scenario.scope_spec import SITES
 from .generate import TopK, softmax, top_k
+from .names import BLOCK_HOOKS, SHORT, TP_SPLIT
 
 PATCH_SITES = ("resid_pre", "attn.out", "mlp.out")  # TransformerLens' "every block" patching
-LAYER_SITES = tuple(s for s in SITES if s != "logits")  # hooked on every decoder layer
+HEAD_SITES = ("attn.z",)  # per head: each head's output, at every position
+PER = ("position", "head")
 
 
-def patch_sites(text: str | None) -> list[str]:
-    """``--sites`` (comma-separated), checked before any model is loaded."""
+def patch_sites(text: str | None, per: str = "position") -> list[str]:
+    """``--sites`` (comma-separated MegaScope or TransformerLens short names),
+    checked before any model is loaded."""
+    if per not in PER:
+        raise UserError(f"--per: {per!r} is not one of {', '.join(PER)}")
     if text is None:
-        return list(PATCH_SITES)
-    sites = [s.strip() for s in text.split(",")]
+        return list(PATCH_SITES if per == "position" else HEAD_SITES)
+    sites = [SHORT.get(s.strip(), s.strip()) for s in text.split(",")]
+    choices = [c for c in BLOCK_HOOKS
+               if per == "position" or TP_SPLIT.get(c, ("", 0))[0] == "heads"]
     for site in sites:
-        if site not in LAYER_SITES:
-            raise UserError(f"--sites: unknown site {site!r}{did_you_mean(site, LAYER_SITES)} "
-                            f"(choose from {', '.join(LAYER_SITES)})")
+        if site not in choices:
+            raise UserError(f"--sites: {site!r} cannot be patched per {per}"
+                            f"{did_you_mean(site, choices)} (choose from {', '.join(choices)})")
     return sites
 
 
@@ -55,7 +63,7 @@ def next_token_ranks(logits: np.ndarray, ids: list[int]) -> np.ndarray:
 class LensResult:
     prompt: str
     tokens: list[str]
-    rows: list[str]  # "resid_pre 1", ..., "resid_post L": where each row reads the stream
+    rows: list[str]  # "resid_pre 0", ..., "resid_post L-1": where each row reads the stream
     top: list[list[list[TopK]]]  # row -> position -> the k most probable next tokens
     ranks: np.ndarray  # (rows, tokens - 1): rank of the next token
 
@@ -96,23 +104,36 @@ class LensResult:
 
 @dataclass(frozen=True)
 class PatchResult:
+    """The metric of the corrupted run with one piece of the clean run put in,
+    per site, layer and position (``per="position"``) or head (``per="head"``:
+    the head at every position)."""
+
     clean: str
     corrupt: str
     tokens: list[str]  # the corrupted prompt's
-    answers: tuple[str, str]  # clean, corrupted
+    answers: tuple[str, str]  # clean, corrupted ("" when a custom metric decides)
     sites: list[str]
     layers: list[int]
-    restored: np.ndarray  # (sites, layers, positions): the normalised metric
+    restored: np.ndarray  # (sites, layers, positions or heads): the metric
+    per: str = "position"
+    metric: str = "restored logit difference (1: clean, 0: corrupted)"
+
+    def columns(self) -> list[str]:
+        if self.per == "head":
+            return [f"head {h}" for h in range(self.restored.shape[2])]
+        return [repr(t) for t in self.tokens]
 
     def to_json(self) -> dict[str, Any]:
         return {"clean": self.clean, "corrupt": self.corrupt, "tokens": self.tokens,
                 "answers": list(self.answers), "sites": self.sites, "layers": self.layers,
-                "restored": self.restored.tolist()}
+                "restored": self.restored.tolist(), "per": self.per, "metric": self.metric}
 
     def lines(self) -> list[str]:
-        out = [f"clean {self.clean!r} -> {self.answers[0]!r}, corrupted {self.corrupt!r} -> "
-               f"{self.answers[1]!r}; restored logit difference (1: clean, 0: corrupted)",
-               "site       layer  " + " ".join(f"{t!r:>6}" for t in self.tokens)]
+        said = (f"clean {self.clean!r} -> {self.answers[0]!r}, corrupted {self.corrupt!r} -> "
+                f"{self.answers[1]!r}" if any(self.answers)
+                else f"clean {self.clean!r}, corrupted {self.corrupt!r}")
+        out = [f"{said}; {self.metric}",
+               "site       layer  " + " ".join(f"{c:>6}" for c in self.columns())]
         for s, site in enumerate(self.sites):
             for n, layer in enumerate(self.layers):
                 out.append(f"{site:<10} {layer:5d}  "
@@ -120,22 +141,23 @@ class PatchResult:
         return out
 
     def plot(self, path: Path) -> None:
-        """One heat map per site: layers down, positions across."""
+        """One heat map per site: layers down, positions (or heads) across."""
         from matplotlib.figure import Figure  # no pyplot: no global figure registry
 
         from ..trace.timeline import save
 
-        fig = Figure(figsize=(max(6.0, 0.35 * len(self.tokens) + 2),
+        columns = self.columns()
+        fig = Figure(figsize=(max(6.0, 0.35 * len(columns) + 2),
                               1.2 + 1.0 * len(self.sites) * len(self.layers) ** 0.5))
         axes = fig.subplots(len(self.sites), 1, squeeze=False)
         for ax, site, grid in zip(axes[:, 0], self.sites, self.restored):
             im = ax.imshow(grid, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
-            ax.set_title(f"{site}: restored logit difference")
-            ax.set_ylabel("layer")
+            ax.set_title(f"{site}: {self.metric}")
+            ax.set_ylabel("layer (block index)")
             ax.set_yticks(range(len(self.layers)), [str(n) for n in self.layers])
-            ax.set_xticks(range(len(self.tokens)), [repr(t) for t in self.tokens], fontsize=7)
-            ax.set_xlabel("position (corrupted prompt)")
-            fig.colorbar(im, ax=ax)
+            ax.set_xticks(range(len(columns)), columns, fontsize=7)
+            ax.set_xlabel("head" if self.per == "head" else "position (corrupted prompt)")
+            fig.colorbar(im, ax=ax, label="metric")
         fig.tight_layout()
         save(fig, path)
 

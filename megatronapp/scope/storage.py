@@ -35,7 +35,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import UserError
+from ..io import gate
 from ..io.outdirs import MANIFEST_KIND, discard, own_folder, rename_fresh
+from ..io.text import TextError
 from ..scenario.scope_spec import parse_stat
 
 FORMAT = "megascope-capture"
@@ -384,41 +386,76 @@ class Capture:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         manifest = self.path / "manifest.json"
-        if not manifest.is_file():
+        if not gate.exists(manifest, "CAPTURE_DIR"):
             raise UserError(f"CAPTURE_DIR: {self.path} is not a MegaScope capture "
                             f"(no manifest.json)")
-        try:
-            self.manifest: dict[str, Any] = json.loads(manifest.read_text())
-        except (OSError, ValueError) as err:
-            raise UserError(f"CAPTURE_DIR: {manifest} is unreadable: {err}") from None
-        if self.manifest.get("format") != FORMAT:
+        data = _capture_json(manifest)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise UserError(f"CAPTURE_DIR: {manifest} is not a {FORMAT} manifest")
+        files = data.get("files")
+        if not isinstance(files, dict) or not all(
+                isinstance(files.get(k), str) for k in ("stats", "raw_index", "injections")):
+            raise UserError(f"CAPTURE_DIR: {manifest}: 'files' must name stats, raw_index and "
+                            "injections")
+        self.manifest: dict[str, Any] = data
+
+    def _file(self, key: str) -> Path:
+        """A file the manifest names, inside the capture (a name, not a path elsewhere)."""
+        name = self.manifest["files"][key]
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise UserError(f"CAPTURE_DIR: {self.path / 'manifest.json'}: files.{key} must be "
+                            f"a file inside the capture, got {name!r:.80}")
+        return self.path / name
 
     def stats(self) -> pa.Table:
         try:
-            return pq.read_table(self.path / self.manifest["files"]["stats"])
-        except (OSError, pa.ArrowInvalid) as err:
-            raise UserError(f"CAPTURE_DIR: cannot read the statistics: {err}") from None
+            return pq.read_table(gate.checked(self._file("stats"), "CAPTURE_DIR"))
+        except (OSError, pa.ArrowException) as err:
+            raise UserError(f"CAPTURE_DIR: cannot read the statistics: "
+                            f"{str(err).splitlines()[0]}") from None
 
     def raw_index(self) -> list[dict[str, Any]]:
-        return json.loads((self.path / self.manifest["files"]["raw_index"]).read_text())
+        return _json_list(self._file("raw_index"))
 
     def raw(self, entry: dict[str, Any]) -> np.ndarray:
         from safetensors import safe_open
 
-        with safe_open(str(self.path / entry["file"]), framework="np") as fh:
+        with safe_open(str(gate.checked(self.path / entry["file"], "CAPTURE_DIR")),
+                       framework="np") as fh:
             return fh.get_tensor(entry["name"])
 
     def injections(self) -> list[dict[str, Any]]:
-        return json.loads((self.path / self.manifest["files"]["injections"]).read_text())
+        return _json_list(self._file("injections"))
+
+
+def _capture_json(path: Path) -> Any:
+    """A capture's JSON file through the input gate; anything unreadable is one line."""
+    try:
+        return gate.read_json(path, "CAPTURE_DIR")
+    except TextError as err:
+        raise UserError(str(err) if isinstance(err, UserError) else f"CAPTURE_DIR: {err}") \
+            from None
+
+
+def _json_list(path: Path) -> list[Any]:
+    data = _capture_json(path)
+    if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+        raise UserError(f"CAPTURE_DIR: {path} must hold a list of objects")
+    return data
 
 
 def _manifest_field(folder: Path, key: str) -> Any:
     """``key`` of ``folder/manifest.json``; None when there is no readable one."""
-    try:
-        return json.loads((folder / "manifest.json").read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
+    manifest = folder / "manifest.json"
+    if not gate.exists(manifest, "CAPTURE_DIR"):  # a FIFO or a device there is refused
         return None
+    try:
+        data = gate.read_json(manifest, "CAPTURE_DIR")
+    except gate.InputError:
+        raise
+    except TextError:
+        return None
+    return data.get(key) if isinstance(data, dict) else None
 
 
 def find_capture(path: str | Path, field: str = "CAPTURE_DIR") -> Path:
@@ -428,7 +465,7 @@ def find_capture(path: str | Path, field: str = "CAPTURE_DIR") -> Path:
     ``UserError`` (naming ``field``, the command's argument) saying what to do
     when there is none."""
     root = Path(path)
-    if not root.is_dir():
+    if not gate.exists(root, field, "any") or not root.is_dir():
         raise UserError(f"{field}: {root} is not a directory")
     found = next((c for c in (root, root / "scope", root / "clean")
                   if _manifest_field(c, "format") == FORMAT), None)
@@ -440,3 +477,19 @@ def find_capture(path: str | Path, field: str = "CAPTURE_DIR") -> Path:
                         "run it again, or use scope generate on its checkpoint")
     raise UserError(f"{field}: {root} is not a MegaScope capture (no {FORMAT} manifest "
                     "there, in scope/ or in clean/)")
+
+
+def checkpoint_dir(target: str | Path) -> Path:
+    """A checkpoint directory, a run directory holding one, or a generation
+    capture (or its ``scope generate`` output) naming the checkpoint it ran on."""
+    p = Path(target)
+    if (p / "checkpoint" / "checkpoint.json").is_file():
+        return p / "checkpoint"
+    for capture in (p, p / "clean"):
+        try:
+            named = gate.read_json(capture / "manifest.json", "").get("checkpoint")
+        except (OSError, ValueError, AttributeError):  # a TextError (a FIFO, bad JSON) too
+            continue
+        if isinstance(named, str):
+            return Path(named)
+    return p

@@ -29,8 +29,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     report = _report_path(args.report, out)
     if report is not None:
         check_file(report, "--report", args.force, [Path(args.spec)], make_parent=True)
+    total = spec.point_count()
+    if total == 0:
+        raise UserError(f"SPEC: {args.spec} makes no runs (a grid key with no values, or "
+                        "seeds: 0)")
+    limits.enforce(args, limits.estimate_points(total), what=f"sweep {spec.name} ({total:,} runs)")
     points = spec.points()
-    total = len(points)
     count = get_backend(spec.model.backend).size
     limits.enforce(args, estimate_sweep(points, where, spec.model.detect, count),
                    what=f"sweep {spec.name} ({total} runs)")
@@ -42,12 +46,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         task = bar.add_task("runs", total=total)
         rows = list(run_sweep(spec, run_function(spec.model.backend), where,
                               lambda: bar.advance(task)))
-    write_table(rows, out, args.force, [Path(args.spec)])
+    def page() -> None:  # the report, or neither: the table waits for it
+        if report is not None:
+            _write_report(report, spec, rows, args.force, Path(args.spec))
+
+    write_table(rows, out, args.force, [Path(args.spec)], then=page)
     failed = sum(1 for r in rows if r.get("error"))
     print(f"wrote {out} ({len(rows)} rows" + (f", {failed} failed: see its error column)"
                                               if failed else ")"))
-    if report is not None:
-        _write_report(report, spec, rows, args.force, Path(args.spec))
     return 0
 
 

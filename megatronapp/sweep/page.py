@@ -3,6 +3,7 @@ for each swept key, how often MegaScan named the injected fault first and the
 iteration time, against the key's value (other keys and seeds pooled)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -33,9 +34,18 @@ def levels(rows: Sequence[Mapping[str, Any]], key: str, detect: bool) -> list[Le
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if numeric and len(set(values)) > MAX_LEVELS:
         return _binned(rows, key, detect)
-    order = sorted(set(values), key=lambda v: (not numeric, v if numeric else str(v)))
-    return [_level(str(v), float(v) if numeric else None,
-                   [r for r in rows if r[key] == v], detect) for v in order]
+    if numeric:
+        return [_level(str(v), float(v), [r for r in rows if r[key] == v], detect)
+                for v in sorted(set(values))]
+    labels = [_text(v) for v in values]  # a grid over lists or mappings: by their text
+    return [_level(label, None, [r for r, own in zip(rows, labels) if own == label], detect)
+            for label in sorted(set(labels))]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
 
 
 def _binned(rows: Sequence[Mapping[str, Any]], key: str, detect: bool) -> list[Level]:

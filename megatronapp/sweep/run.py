@@ -113,8 +113,10 @@ def run_sweep(spec: SweepSpec, run: RunScenario, where: Where,
 
 
 def write_table(rows: list[dict[str, Any]], path: Path, force: bool = False,
-                inputs: Sequence[Path] = ()) -> Path:
-    """Rows sorted by point, as Parquet (``.parquet``) or CSV (``.csv``), atomically."""
+                inputs: Sequence[Path] = (), then: Callable[[], None] | None = None) -> Path:
+    """Rows sorted by point, as Parquet (``.parquet``) or CSV (``.csv``), atomically;
+    ``then`` (another file written beside it) runs before the table is put in
+    place, so that if it fails the table is not left behind either."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -129,4 +131,6 @@ def write_table(rows: list[dict[str, Any]], path: Path, force: bool = False,
             pacsv.write_csv(table, tmp)
         else:
             pq.write_table(table, tmp)
+        if then is not None:
+            then()
     return path

@@ -16,6 +16,7 @@ keys, and seeds. Every point is validated before anything runs.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -24,6 +25,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..io import gate
+from ..io.text import TextError, load_yaml
 from ..scenario.config import (ScenarioError, apply_overrides, parse_scenario, read_scenario_data,
                       scenario_to_dict)
 
@@ -87,6 +90,13 @@ class SweepSpec:
         drawn = list(self.model.random.keys) if self.model.random else []
         return list(self.model.grid) + [k for k in drawn if k not in self.model.grid]
 
+    def point_count(self) -> int:
+        """How many points ``points`` makes, counted without making them."""
+        combos = math.prod(len(values) for values in self.model.grid.values())
+        draws = self.model.random.draws if self.model.random else 1
+        seeds = self.model.seeds
+        return combos * draws * (max(seeds, 0) if isinstance(seeds, int) else len(seeds))
+
     def points(self) -> list[Point]:
         """Every (grid combination x random draw) x seed, each scenario validated."""
         combos = [dict(zip(self.model.grid, values))
@@ -135,11 +145,12 @@ def _draws(random: RandomDraws) -> list[dict[str, Any]]:
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ScenarioError("SPEC", f"cannot read {path}: {err.strerror or err}") from None
-    except yaml.YAMLError:
-        raise ScenarioError("SPEC", f"{path} is not valid YAML") from None
+        data = load_yaml(gate.read_text(path, "", gate.MAX_TEXT_BYTES), str(path))
+    except TextError as err:  # a special file, bad bytes, bad YAML, nested too deeply
+        raise ScenarioError("SPEC", str(err)) from None
+    if not isinstance(data, dict):
+        raise ScenarioError("SPEC", f"{path} must hold a mapping (scenario:, and grid: or "
+                            "random:), got " + ("nothing" if data is None else type(data).__name__))
     try:
         model = SpecModel.model_validate(data if isinstance(data, dict) else {})
     except ValidationError as err:

@@ -22,22 +22,48 @@ from .events import LANES
 BROWSER_EVENTS = 200_000  # above this a run writes no trace.json of its own (see export-trace)
 
 
-def parse_selection(text: str | None, option: str) -> list[int] | None:
-    """``"0-7,12"`` -> [0, ..., 7, 12]; None selects everything."""
+Ranges = list[tuple[int, int]]  # (first, last) pairs, inclusive, as given
+
+
+def parse_ranges(text: str | None, option: str) -> Ranges | None:
+    """``"0-7,12"`` -> [(0, 7), (12, 12)], nothing expanded; None selects everything."""
     if text is None:
         return None
-    out: set[int] = set()
+    out = []
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
         try:
             first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
-            raise UserError(f"{option}: expected numbers and ranges like 0-7,12, got {text!r}") \
-                from None
+            raise UserError(f"{option}: expected numbers and ranges like 0-7,12, got "
+                            f"{text!r:.80}") from None
         if first < 0 or last < first:
-            raise UserError(f"{option}: {part.strip()!r} is not a range of non-negative numbers")
-        out.update(range(first, last + 1))
-    return sorted(out)
+            raise UserError(f"{option}: {part.strip()!r:.80} is not a range of non-negative "
+                            "numbers")
+        out.append((first, last))
+    return out
+
+
+def select(ranges: Ranges | None, option: str, bound: int, clip: bool = False
+           ) -> tuple[list[int] | None, str | None]:
+    """The numbers ``ranges`` select below ``bound`` (what exists), and a note when
+    some were left out (``clip``); without ``clip`` a number past ``bound`` is
+    refused. Checked on the ranges, so memory is bounded by ``bound``."""
+    if ranges is None:
+        return None, None
+    top = max(last for _, last in ranges)
+    if top >= bound and not clip:
+        raise UserError(f"{option}: {top} is out of range 0..{bound - 1}" if bound else
+                        f"{option}: there is nothing to select")
+    kept = sorted({n for first, last in ranges for n in range(first, min(last, bound - 1) + 1)})
+    note = (f"{option}: the run has 0..{bound - 1}; selected {len(kept):,} of them"
+            if top >= bound else None)
+    return kept, note
+
+
+def parse_selection(text: str | None, option: str, bound: int) -> list[int] | None:
+    """``"0-7,12"`` -> [0, ..., 7, 12] below ``bound`` (else refused); None: everything."""
+    return select(parse_ranges(text, option), option, bound)[0]
 
 
 def _args_text(cols: EventColumns, group_text: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ them (``trace.classes``), so their callers see every rank as in format 1.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -35,6 +36,8 @@ import pyarrow.parquet as pq
 from .classes import Expansion, StandIns, rank_groups
 from .columns import DTYPES, KINDS, TIMELESS_FIELDS, EventColumns, EventSource, TableSource
 from .events import RankClock
+from ..io import gate
+from ..io.text import TextError, load_json_bytes
 
 FORMAT = 1  # one row per event of every rank
 SYMMETRIC = 2  # the representatives' rows and the classes they stand for (``classes``)
@@ -43,10 +46,20 @@ TRACE_FILE = "trace.parquet"
 NULLABLE = ("iteration", "microbatch", "chunk", "nbytes", "peer", "group", "role", "tag")
 COLUMN_OF = {"nbytes": "bytes"}  # field -> column name where they differ
 ROW_GROUP = 1 << 20
+INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 class StoreError(ValueError):
     """An unreadable or foreign Parquet file (the message names it)."""
+
+
+def _clock(rank: Any, offset: Any, drift: Any) -> RankClock:
+    """A rank's clock from the metadata: finite numbers only."""
+    values = (float(offset), float(drift))
+    if not all(map(math.isfinite, values)):
+        raise ValueError(f"clocks: rank {rank}: offset and drift must be finite numbers, got "
+                         f"{offset!r}, {drift!r}")
+    return RankClock(*values)
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,7 @@ class StoreMeta:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "StoreMeta":
-        clocks = {int(r): RankClock(float(o), float(d)) for r, (o, d) in data["clocks"].items()}
+        clocks = {int(r): _clock(r, o, d) for r, (o, d) in data["clocks"].items()}
         extra = {k: v for k, v in data.items()
                  if k not in ("format", "world_size", "groups", "clocks")}
         if "classes" in extra:  # a symmetric store's classes, checked before any row is read
@@ -134,22 +147,50 @@ def _chain(first: EventColumns | None, rest: Iterator[EventColumns]) -> Iterator
 # ------------------------------------------------------------------ reading
 def read_meta(path: Path) -> StoreMeta:
     try:
-        schema = pq.read_schema(path)
-    except (OSError, pa.ArrowInvalid) as err:
+        schema = pq.read_schema(gate.checked(path, ""))
+    except (OSError, pa.ArrowException) as err:
         raise StoreError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]})") \
             from None
+    except gate.InputError as err:
+        raise StoreError(str(err)) from None
     raw = (schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise StoreError(f"{path}: not a megatronapp event table (no '{META_KEY.decode()}' "
                          "metadata)")
-    data = json.loads(raw)
-    if data.get("format") not in (FORMAT, SYMMETRIC):
-        raise StoreError(f"{path}: event table format {data.get('format')!r}, this version "
+    try:
+        data = load_json_bytes(raw, "its metadata")
+    except TextError as err:
+        raise StoreError(f"{path}: {err}") from None
+    if not isinstance(data, dict) or data.get("format") not in (FORMAT, SYMMETRIC):
+        shown = data.get("format") if isinstance(data, dict) else data
+        raise StoreError(f"{path}: event table format {shown!r:.40}, this version "
                          f"reads {FORMAT} and {SYMMETRIC}")
     try:
         return StoreMeta.from_json(data)
-    except ValueError as err:
-        raise StoreError(f"{path}: {err}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise StoreError(f"{path}: metadata '{META_KEY.decode()}': {_meta_problem(err)}") \
+            from None
+
+
+def _meta_problem(err: Exception) -> str:
+    if isinstance(err, KeyError):
+        return f"no {err.args[0]!r}"
+    return str(err).splitlines()[0][:120] if isinstance(err, ValueError) else \
+        "a field of the wrong type (world_size, groups, clocks)"
+
+
+def iteration_bound(path: Path) -> int:
+    """One past the largest iteration the store holds, from its footer's column
+    statistics (no row read; 0 when it holds none)."""
+    footer = pq.read_metadata(gate.checked(path, ""))
+    column = footer.schema.names.index("iteration")
+    top = -1
+    for g in range(footer.num_row_groups):
+        stats = footer.row_group(g).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return INT32_MAX  # not stated: only what the int32 column holds bounds it
+        top = max(top, int(stats.max))
+    return top + 1
 
 
 def _filter(ranks: Sequence[int] | None, iterations: Sequence[int] | None) -> Any:
@@ -192,9 +233,20 @@ def read_source(path: Path, with_args: bool = False) -> EventSource:
 def _read_stored(path: Path, meta: StoreMeta, ranks: Sequence[int] | None,
                  iterations: Sequence[int] | None, with_args: bool) -> EventColumns:
     """The rows as stored (a symmetric store: the representatives')."""
-    dataset = ds.dataset(path, format="parquet")
+    dataset = _dataset(path)
     names = [n for n in dataset.schema.names if with_args or n != "args"]
-    return _columns(dataset.to_table(columns=names, filter=_filter(ranks, iterations)), meta)
+    cols = _columns(dataset.to_table(columns=names, filter=_filter(ranks, iterations)), meta)
+    # the Arrow table is numpy columns now: its pages go back to the system, not
+    # kept by Arrow's allocator beside what the caller builds next
+    pa.default_memory_pool().release_unused()
+    return cols
+
+
+def _dataset(path: Path) -> ds.Dataset:
+    """The store as a dataset whose args are read dictionary-encoded, as they
+    are stored: a run's few distinct args are never decoded once per row."""
+    return ds.dataset(gate.checked(path, ""), format=ds.ParquetFileFormat(
+        read_options={"dictionary_columns": ["args"]}))
 
 
 def iter_columns(path: Path, ranks: Sequence[int] | None = None,
@@ -209,7 +261,7 @@ def iter_columns(path: Path, ranks: Sequence[int] | None = None,
         chosen = expansion.ranks() if ranks is None else sorted(set(ranks))
         yield from (cols for cols in expansion.batches(max_rows, chosen) if len(cols))
         return
-    dataset = ds.dataset(path, format="parquet")
+    dataset = _dataset(path)
     for batch in dataset.to_batches(filter=_filter(ranks, iterations), batch_size=max_rows):
         if batch.num_rows:
             yield _columns(pa.Table.from_batches([batch]), meta)
@@ -249,7 +301,12 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]]:
 def _args(column: pa.ChunkedArray) -> np.ndarray:
     """The JSON args column as objects, one string object per distinct value
     (the compiled engine's layer/part arguments repeat across millions of rows)."""
-    encoded = column.combine_chunks().dictionary_encode()
+    if not pa.types.is_dictionary(column.type):
+        encoded = column.combine_chunks().dictionary_encode()
+    elif column.num_chunks:
+        encoded = column.unify_dictionaries().combine_chunks()
+    else:
+        encoded = pa.array([], column.type)
     distinct = np.asarray([*encoded.dictionary.to_pylist(), None], object)  # -1: no args
     return distinct[pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)]
 
@@ -327,29 +384,39 @@ class Pieces:
     streams: Mapping[tuple[int, int], pa.Buffer]
     events: Mapping[tuple[int, int], int]
 
-    def stored(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
+    def stored(self, keys: Sequence[tuple[int, int]], ranks: np.ndarray | None = None
+               ) -> EventColumns:
         """The stored rows of the pieces ``keys``, in the file's order (a
-        symmetric store's representatives' only)."""
-        tables = [pa.ipc.open_stream(self.streams[k]).read_all() for k in keys]
+        symmetric store's representatives' only); of ``ranks`` only, when
+        given: one piece is decoded at a time and kept only for them."""
+        wanted = None if ranks is None else pa.array(np.asarray(ranks, np.int64))
+        tables = []
+        for k in keys:
+            table = pa.ipc.open_stream(self.streams[k]).read_all()
+            if wanted is not None:
+                table = table.filter(pc.is_in(pc.cast(table.column("rank"), pa.int64()),
+                                              value_set=wanted))
+            tables.append(table)
         table = pa.concat_tables(tables) if tables else _empty_table(self.path)
         order = np.argsort(table.column(_ROW).to_numpy(), kind="stable")
         return _columns(table.drop_columns([_ROW]).take(order), self.meta)
 
-    def columns(self, keys: Sequence[tuple[int, int]]) -> EventColumns:
-        """The rows of the pieces ``keys``, in the file's order (every rank's)."""
-        cols = self.stored(keys)
+    def columns(self, keys: Sequence[tuple[int, int]], ranks: np.ndarray | None = None
+                ) -> EventColumns:
+        """The rows of the pieces ``keys``, in the file's order (every rank's,
+        or ``ranks``' only)."""
         stand_ins = self.meta.stand_ins
         if stand_ins is None:
-            return cols
-        expansion = Expansion(cols, stand_ins)
-        return expansion.rows(expansion.ranks())
+            return self.stored(keys, ranks)
+        expansion = Expansion(self.stored(keys), stand_ins)
+        return expansion.rows(expansion.ranks() if ranks is None else np.asarray(ranks).tolist())
 
 
 def read_pieces(path: Path, max_rows: int | None = None) -> Pieces:
     """``path`` split by ``PIECE_FIELDS``, reading ``max_rows`` rows
     (``ROW_GROUP``) at a time."""
     meta = read_meta(path)
-    dataset = ds.dataset(path, format="parquet")
+    dataset = ds.dataset(gate.checked(path, ""), format="parquet")
     names = [n for n in dataset.schema.names if n != "args"]
     weight = _row_weights(meta)
     sinks: dict[tuple[int, int], tuple[pa.BufferOutputStream, Any]] = {}
@@ -395,6 +462,6 @@ def _rows_by_key(key: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
 
 
 def _empty_table(path: Path) -> pa.Table:
-    dataset = ds.dataset(path, format="parquet")
+    dataset = ds.dataset(gate.checked(path, ""), format="parquet")
     schema = pa.schema([f for f in dataset.schema if f.name != "args"] + [pa.field(_ROW, pa.int64())])
     return schema.empty_table()

@@ -13,7 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import UserError
-from ..io.text import TextError, load_json_bytes
+from ..io import gate
+from ..io.text import TextError
 
 SCHEMA_VERSION = 1  # bump when a reader could misread the new layout
 SUMMARY_FILE = "summary.json"
@@ -92,7 +93,7 @@ def summary_model(data: Any, where: Path | str) -> RunSummary:
 def read_summary(path: Path) -> RunSummary:
     """A run directory's summary.json (``path``: the file), validated."""
     try:
-        data = load_json_bytes(path.read_bytes(), str(path))
+        data = gate.read_json(path, "")
     except OSError as err:
         raise SummaryError(f"{path}: cannot read it: {err.strerror or err}") from None
     except TextError as err:

@@ -20,7 +20,9 @@ from .kinds import event_kind
 from .events import Event
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
-           "p2p": "#8C8C8C", "collective": "#C44E52", "other": "#937860"}
+           "compute": "#64B5CD", "p2p": "#8C8C8C", "collective": "#C44E52", "other": "#937860"}
+LEGEND = {"compute": "other compute (GPU kernels, ops)", "other": "steps, memory copies"}
+ALWAYS_IN_LEGEND = ("forward", "backward", "optimizer", "p2p", "collective")
 ROOT_COLOUR = "#D62728"
 MAX_TICK_LABELS = 40  # more labels than this overlap on a figure of any height
 DPI = 110
@@ -104,7 +106,8 @@ def timeline_figure(events: Mapping[int, Sequence[Event]], title: str = "",
     t0 = min((e.start_s for r in ranks for e in events[r]), default=0.0)
     fig = Figure(figsize=(14, max(0.4 * len(ranks), 2.5) + 1.8), layout="constrained")
     ax = fig.add_subplot()
-    for key, xywh in _lanes(events, ranks, t0).items():
+    lanes = _lanes(events, ranks, t0)
+    for key, xywh in lanes.items():
         ax.add_collection(PolyCollection(list(_boxes(xywh, 0.4)), facecolors=COLOURS[key],
                                          linewidths=0, label=key))
     ax.autoscale_view()
@@ -115,7 +118,8 @@ def timeline_figure(events: Mapping[int, Sequence[Event]], title: str = "",
     ax.set_title(title or "timeline")
     if root in ranks:
         mark_row(ax, ranks.index(root), root_label or f"root cause: rank {root}")
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items() if k != "other"],
+    ax.legend(handles=[Patch(color=c, label=LEGEND.get(k, k)) for k, c in COLOURS.items()
+                       if k in lanes or k in ALWAYS_IN_LEGEND],
               title="event", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     note(fig, selection)
     return fig

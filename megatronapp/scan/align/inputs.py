@@ -31,6 +31,7 @@ from megatronapp.scan.align.align import ClockFit
 from megatronapp.scan.ingest.deps import SyncOp, reconstruct
 from megatronapp.scan.ingest.load import (LoadedTrace, RankEvents, TraceError, dig, load_trace, locate_trace,
                    read_object, trace_size)
+from megatronapp.scan.ingest.folders import ALL
 from megatronapp.scan.ingest.sketch import DEFAULT_CAPACITY
 from megatronapp.scan.align.table import COLLECTIVE_KIND, SyncTable, apply_clocks, fit_clocks, sorted_like_loader, sync_table
 from megatronapp.scan.ingest.twins import Twins, twins_in
@@ -49,11 +50,9 @@ class ScanInput:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     clocks: dict[int, ClockFit] = field(default_factory=dict)
     scenario: Scenario | None = None  # what the run ran, when known: the work each op models
-    # A symmetric run read by replicas (``twins``): ``cols`` holds the present
-    # replicas' ranks without the collectives that join replicas, ``across``
-    # those collectives of every rank (None: the batch has none).
+    # A symmetric run read by its present replicas (``twins``): each present
+    # rank's rows stand for its twins'
     twins: Twins | None = None
-    across: "ScanInput | None" = None
 
     @property
     def ranks(self) -> list[int]:
@@ -65,8 +64,7 @@ class ScanInput:
         rank's once per twin, with the collectives across replicas)."""
         if self.twins is None:
             return len(self.cols)
-        across = len(self.across.cols) if self.across is not None else 0
-        return int(self.twins.weight[self.cols.rank].sum()) + across
+        return int(self.twins.weight[self.cols.rank].sum())
 
     @cached_property
     def events(self) -> RankEvents:
@@ -125,9 +123,10 @@ def prepare_loaded(trace: LoadedTrace, say: Say = quiet) -> ScanInput:
 
 
 def load_scan_input(target: str | Path, say: Say = quiet,
-                    max_bytes: float | None = None) -> ScanInput:
-    """``max_bytes``: the cap on each JSON file's text (``load_trace``)."""
-    return prepare_loaded(load_trace(target, say=say, max_bytes=max_bytes), say)
+                    max_bytes: float | None = None, cycle: int | str = ALL) -> ScanInput:
+    """``max_bytes``: the cap on each JSON file's text; ``cycle``: of a
+    torch.profiler folder's profiling cycles, which (``load_trace``)."""
+    return prepare_loaded(load_trace(target, say=say, max_bytes=max_bytes, cycle=cycle), say)
 
 
 def store_of(target: str | Path) -> Path | None:
@@ -209,15 +208,14 @@ def load_table_scan(store: Path, raw_clocks: bool = True) -> ScanInput:
 
 def stored_batches(store: Path) -> Iterator[ScanInput]:
     """A stored run as the detector's batches: a few whole iterations at a
-    time (``iteration_batches``), each linked and aligned on its own. A batch
-    of more than ``BATCH_ROWS`` events (one long iteration) is cut by
-    microbatch: first the events of none (the optimizer's, the gradient
-    all-reduces) with the first microbatch's, which tie every rank (the
-    all-reduces join the replicas and the stage peers, a microbatch's
-    transfers the stages; its clocks are fitted there), then each other
-    microbatch on those clocks. The file is read once, split by iteration and
-    microbatch (``store.read_pieces``): no batch needs more rows decoded than
-    it holds, and a symmetric store is expanded one batch at a time."""
+    time (``iteration_batches``), each linked and aligned on its own. An
+    iteration of more than ``BATCH_ROWS`` events is cut by data-parallel
+    replicas (``replica_cuts``): each batch holds whole iterations of whole
+    pipelines, their collectives with the other replicas joined among the
+    replicas present. A symmetric store is read by its present replicas (one
+    of each kind) only, each standing for its twins. The file is read once,
+    split by iteration and microbatch (``store.read_pieces``), each piece
+    decoded for the ranks of one batch at a time."""
     try:
         pieces = read_pieces(store)
     except StoreError as err:
@@ -226,17 +224,25 @@ def stored_batches(store: Path) -> Iterator[ScanInput]:
     twins = twins_of(pieces.meta, facts.scenario)
     for iterations in iteration_batches(store):
         keys = [k for k in sorted(pieces.streams) if iterations is None or k[0] in iterations]
-        cuts = [keys] if sum(pieces.events[k] for k in keys) <= BATCH_ROWS else \
-            microbatch_cuts(keys)
-        first: ScanInput | None = None
-        for cut in cuts:
-            if twins is not None:
-                yield twin_batch(pieces, cut, facts, twins)
-                continue
-            stored = _on_clocks(facts, pieces.columns(cut), pieces.meta)
-            batch = stored.prepared(clocks=first.clocks if first else None)
-            first = first or batch
-            yield batch
+        if twins is not None:
+            yield twin_batch(pieces, keys, facts, twins)
+            continue
+        rows = sum(pieces.events[k] for k in keys)
+        for ranks in replica_cuts(rows, facts.scenario, pieces.meta.world_size):
+            yield _on_clocks(facts, pieces.columns(keys, ranks), pieces.meta).prepared()
+
+
+def replica_cuts(rows: int, scenario: Scenario | None, world: int) -> list[np.ndarray | None]:
+    """The ranks of each batch an iteration of ``rows`` events is read in:
+    all at once (None) if it fits ``BATCH_ROWS``, else groups of whole
+    data-parallel replicas (two at least, so that each stage has a peer)."""
+    if rows <= BATCH_ROWS or scenario is None or scenario.parallel.dp < 2:
+        return [None]
+    tp, dp = scenario.parallel.tp, scenario.parallel.dp
+    per_cut = max(2, -(-dp * BATCH_ROWS // rows))
+    replica = (np.arange(world) // tp) % dp
+    return [np.flatnonzero((replica >= lo) & (replica < lo + per_cut))
+            for lo in range(0, dp, per_cut)]
 
 
 def twins_of(meta: StoreMeta, scenario: Scenario | None) -> Twins | None:
@@ -249,27 +255,15 @@ def twins_of(meta: StoreMeta, scenario: Scenario | None) -> Twins | None:
     return twins_in(stand_ins, p.tp, p.dp, p.pp, meta.groups)
 
 
-def twin_batch(pieces: Pieces, cut: Sequence[tuple[int, int]], facts: StoredColumns,
+def twin_batch(pieces: Pieces, keys: Sequence[tuple[int, int]], facts: StoredColumns,
                twins: Twins) -> ScanInput:
-    """The pieces ``cut`` of a symmetric store as one batch read by replicas
-    (``ScanInput.twins``): the present replicas' rows, and the collectives
-    that join replicas for every rank."""
-    stored = pieces.stored(cut)
-    joins = (stored.kind == COLLECTIVE_KIND) & np.r_[twins.joining, False][stored.group]
-    own = Expansion(stored.take(~joins), twins.stand_ins, twins.group_table).rows(twins.present)
-    joining = Expansion(stored.take(joins), twins.stand_ins, twins.group_table)
-    across = (prepare_columns(joining.rows(joining.ranks()), True, facts.gpus_per_node)
-              if joins.any() else None)
+    """The pieces ``keys`` of a symmetric store as one batch read by its
+    present replicas (``ScanInput.twins``): their rows, their collectives with
+    the other replicas joined among themselves (a twin arrives when its
+    present replica does)."""
+    own = Expansion(pieces.stored(keys), twins.stand_ins, twins.group_table).rows(twins.present)
     return replace(prepare_columns(own, True, facts.gpus_per_node), scenario=facts.scenario,
-                   twins=twins, across=across)
-
-
-def microbatch_cuts(keys: Sequence[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-    """(iteration, microbatch) pieces cut by microbatch: those of none (-1)
-    with the first microbatch's, then each other microbatch's."""
-    microbatches = sorted({mb for _, mb in keys})
-    cuts = [microbatches[:2]] + [[mb] for mb in microbatches[2:]]
-    return [[k for k in keys if k[1] in cut] for cut in cuts]
+                   twins=twins)
 
 
 BATCH_ROWS = 1 << 22  # events a stored run's batch holds at most (unless one iteration has more)
@@ -303,8 +297,9 @@ def batching(store: Path) -> Batching:
     scenario = scenario_of_run(store.parent if store.name == TRACE_FILE else None)
     iterations = scenario.iterations if scenario is not None and groups != [None] else 1
     largest = events * max(len(g) if g is not None else iterations for g in groups) // iterations
-    if largest > BATCH_ROWS and scenario is not None:
-        largest = min(largest, 2 * largest // max(scenario.parallel.microbatches, 1))
+    cuts = replica_cuts(largest, scenario, scenario.world_size if scenario else 1)
+    if cuts != [None] and scenario is not None:
+        largest = largest * max(len(c) for c in cuts if c is not None) // scenario.world_size
     try:
         meta = read_meta(store)
     except StoreError as err:

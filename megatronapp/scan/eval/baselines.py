@@ -10,7 +10,7 @@ import numpy as np
 from megatronapp.trace.events import Event
 from megatronapp.trace.kinds import event_kind
 
-from megatronapp.scan.evidence.detect import stage_peers
+from megatronapp.scan.align.components import classes_of
 from megatronapp.scan.diagnosis import Diagnosis, RootCause, ranked
 from megatronapp.scan.align.inputs import ScanInput
 
@@ -90,6 +90,21 @@ def hta_latest_arrival(scan: ScanInput) -> Diagnosis:
         return Diagnosis()
     return Diagnosis((RootCause(worst, "compute", None, share,
                                 {"collective": dominant, "last_share": round(share, 3)}),))
+
+
+STAGE_PEER_WORDS = ("tp", "dp", "tensor", "data")  # collectives among ranks doing identical work
+
+
+def stage_peers(scan: ScanInput) -> dict[int, tuple[int, ...]]:
+    """rank -> the ranks its TP and DP collectives (by name) join it with."""
+    a: list[int] = []
+    b: list[int] = []
+    for op in scan.ops:
+        if op.kind == "collective" and op.name.lower().split("_")[0] in STAGE_PEER_WORDS:
+            ranks = op.ranks
+            a += ranks[:-1]
+            b += ranks[1:]
+    return classes_of(sorted(scan.events), np.array(a, np.int64), np.array(b, np.int64))
 
 
 def _slow_flags(scan: ScanInput) -> dict[int, int]:

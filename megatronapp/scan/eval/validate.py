@@ -17,14 +17,19 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from megatronapp.costs.run_size import RunSize
 from megatronapp.errors import UserError
+from megatronapp.host import limits
+from megatronapp.io import gate
+from megatronapp.io.text import TextError
 from megatronapp.host.executors import Where, map_unordered
 from megatronapp.io.outdirs import new_file, remove_result, staged_dir
 from megatronapp.trace.on_disk import write_traces
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.events import RunResult, RunScenario, chrome_events
 
-from megatronapp.scan.align.align import score_against_truth, trace_span
+from megatronapp.scan.align.align import trace_span
+from megatronapp.scan.eval.clock_truth import score_against_truth
 from megatronapp.scan.diagnosis import Detector, Diagnosis
 from megatronapp.scan.align.inputs import ScanInput, prepare, prepare_loaded
 from megatronapp.scan.ingest.load import events_from_chrome, load_trace
@@ -121,13 +126,21 @@ def clear_saved_trials(corpus: Path) -> None:
         remove_result(run_dir, "--save-runs")
 
 
+def _saved_json(path: Path) -> Any:
+    """A saved trial's JSON file, through the input gate; one line naming it otherwise."""
+    try:
+        return gate.read_json(path, "--replay")
+    except TextError as err:
+        raise UserError(str(err)) from None
+
+
 def replay_trial(run_dir: Path) -> "TrialReport":
     """Score a saved trial again from its trace on each rank's clock (no run)."""
     start = time.perf_counter()
-    meta = json.loads((run_dir / TRIAL_FILE).read_text())
+    meta = _saved_json(run_dir / TRIAL_FILE)
     trial = PLANS[meta["plan"]].make(int(meta["seed"]), int(meta["index"]))
     scan = prepare_loaded(load_trace(run_dir))
-    clocks = json.loads((run_dir / "ground_truth.json").read_text())["clocks"]
+    clocks = _saved_json(run_dir / "ground_truth.json")["clocks"]
     outcomes, alignment = score_trial(trial, scan, clocks)
     return TrialReport(trial.index, tuple(outcomes), alignment, time.perf_counter() - start,
                        load=meta.get("machine_load"), shape=shape_of(trial), plan=meta["plan"])
@@ -213,6 +226,30 @@ class TrialReport:
     load: float | None = None  # the machine's 1-minute load average while it ran
     shape: str = ""
     plan: str = ""
+
+
+SAMPLED_TRIALS = 16  # trials priced one by one before any runs; the rest at their mean
+
+
+def estimate_trials(plan: TrialPlan, seed: int, trials: int, where: Where,
+                    count: Callable[[Scenario], RunSize | None] | None = None,
+                    real: bool = False) -> limits.Estimate:
+    """``trials`` trials priced before any runs: the first ``SAMPLED_TRIALS``
+    simulated and detected one by one, the rest at their mean (``real`` trials
+    at least a real job's measured time each); each trial's report is kept to
+    the end. Local processes share the time."""
+    sample = [plan.make(seed, i).scenario for i in range(min(trials, SAMPLED_TRIALS))]
+    runs = [limits.estimate_run(s, count) for s in sample]
+    detect = limits.COSTS.detect_events
+    seconds = sum(r.seconds + r.events * detect.seconds_per_event for r in runs) / len(runs)
+    if real:
+        seconds = max(seconds, limits.COSTS.real_trial_seconds)
+    most = max(r.memory_bytes + r.events * detect.bytes_per_event for r in runs)
+    workers = 1 if where.ray_address else max(1, min(where.jobs, trials))
+    return limits.Estimate(ranks=max(r.ranks for r in runs), events=0, group_entries=0,
+                           faults=0, memory_bytes=most * workers
+                           + trials * limits.COSTS.trial_report_bytes,
+                           disk_bytes=0.0, seconds=seconds * trials / workers)
 
 
 def run_trials(seed: int, trials: int, where: Where, run: RunScenario, plan: TrialPlan = SIM,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from megatronapp.trace.columns import EventColumns
 from megatronapp.host.limits import COSTS, TraceCost
@@ -13,6 +13,9 @@ from megatronapp.io.progress import Say, quiet
 from megatronapp.trace.events import Event
 
 from megatronapp.scan.diagnosis import Diagnosis
+
+if TYPE_CHECKING:
+    from megatronapp.scan.align.inputs import ScanInput
 
 MAX_RANKS = 64  # more rows than this are unreadable on one figure
 
@@ -53,20 +56,26 @@ def plot_cost(target: Path) -> TraceCost:
 
 
 def load_plot_input(target: Path, max_bytes: float | None = None, say: Say = quiet,
-                    max_ranks: int = MAX_RANKS) -> PlotInput:
+                    max_ranks: int = MAX_RANKS, cycle: int | str = "all") -> PlotInput:
     """A stored run is diagnosed from its columns, then only the ranks drawn
-    are read as events; other inputs (trace.json, torch.profiler files) are
-    read once and diagnosed as they are."""
+    are read as events; other inputs (trace.json, torch.profiler files: their
+    profiling ``cycle``, or all) are read once and diagnosed as they are."""
     from megatronapp.scan.align.inputs import store_of
 
     store = store_of(target)
     if store is not None:
         return _stored_input(store, say, max_ranks)
-    from megatronapp.scan.evidence.detect import megascan
     from megatronapp.scan.align.inputs import load_scan_input
 
-    scan = load_scan_input(target, say, max_bytes)
+    scan = load_scan_input(target, say, max_bytes, cycle)
     say("detecting the root cause")
+    return plot_input_of(scan)
+
+
+def plot_input_of(scan: "ScanInput") -> PlotInput:
+    """A read trace's events and MegaScan's diagnosis of them."""
+    from megatronapp.scan.evidence.detect import megascan
+
     diagnosis = megascan(scan)
     return PlotInput(scan.events, diagnosis, focus_of(diagnosis))
 

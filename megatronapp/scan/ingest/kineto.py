@@ -1,24 +1,31 @@
 """torch.profiler (Kineto) traces -> the per-rank events MegaScan reads.
 
-A job profiled with ``torch.profiler`` writes one JSON file per rank
-(``*.pt.trace.json``, often gzipped). What this reader takes from them:
+A job profiled with ``torch.profiler`` writes one JSON file per rank per
+profiling cycle, named any way, often gzipped (``folders`` groups a
+folder's files into cycles). What this reader takes from them:
 
 - the rank, from the top-level ``distributedInfo`` (``rank``, ``world_size``,
-  and ``pg_config``: each process group's ranks and description); ``pid`` is
-  an OS process id (or a string such as ``"Spans"``) and is not the rank;
-- compute: on GPU, the top-level events of each CUDA stream
-  (``gpu_user_annotation`` ranges, else kernels); on CPU, the top-level
-  ``record_function`` annotations of a thread the job annotated (torch's
-  own ranges do not count), else every top-level CPU op, communication
-  aside (an op holding a communication call and other ops, as FSDP2's
-  autograd functions hold the all-gather's wait, counts by its ops);
+  ``backend``, and ``pg_config``: each process group's name, ranks and
+  description; older traces list no groups, and the default group of all
+  ``world_size`` ranks is then taken as known); ``pid`` is an OS process id
+  (or a string such as ``"Spans"``) and is not the rank; without
+  ``distributedInfo`` the rank is the file name's ``rank<N>``;
+- on a GPU trace (``gpu``): every kernel, memory copy and set on every CUDA
+  stream, kernels as compute named by the job's op that launched them
+  (correlation ids), NCCL kernels as communication whatever the version
+  recorded of them; memory operations are kept as other GPU work
+  (``gpu_time`` counts them);
+- on a CPU trace: the top-level ``record_function`` annotations of a thread
+  the job annotated (torch's own ranges do not count), else every top-level
+  CPU op, communication aside (an op holding a communication call and other
+  ops, as FSDP2's autograd functions hold the all-gather's wait, counts by
+  its ops);
 - iterations: each ``ProfilerStep#N`` range makes N the iteration of every
-  event of the rank that starts inside it, on any thread;
-- communication: NCCL kernels with their ``record_param_comms`` metadata
-  (collective name, process-group ranks, message size, dtype; linked to the
-  launch through its correlation id), and gloo's ``c10d::<op>`` calls with the
-  ``gloo:<op>`` annotation that runs them (the pair spans the call's arrival to
-  its completion); the flat-tensor and coalesced variants
+  event of the rank that starts inside it, on any thread (GPU work: whose
+  launch does);
+- communication on CPU: gloo's ``c10d::<op>`` calls with the ``gloo:<op>``
+  annotation that runs them (the pair spans the call's arrival to its
+  completion); the flat-tensor and coalesced variants
   (``c10d::_allgather_base_``, ``_reduce_scatter_base_``: FSDP2's) are read as
   the collective they vary, run by the gloo range of that collective (a
   reduce-scatter by gloo's ``all_reduce``).
@@ -30,9 +37,10 @@ file and the event index.
 
 Files written on one host (the same ``host_name``) share its clock and are
 taken as aligned; files from several hosts are aligned like raw per-rank
-traces. What a trace leaves out is inferred across the files of one job: a gloo
-collective without metadata belongs to the smallest of its rank's process
-groups whose members all made as many such calls; point-to-point ops
+traces. What a trace leaves out is inferred across the files of one job: a
+collective without a recorded group (gloo's; NCCL's in older traces, where
+each communicator runs on its own stream) belongs to the smallest of its
+rank's process groups whose members present all made as many such calls; point-to-point ops
 without recorded peers are paired by whole ranks where one assignment of
 each sending rank to one receiving rank fits their counts and order, else
 each gets the peer that every matching of sends to receives fitting their
@@ -46,8 +54,8 @@ nothing to each other is named as such a peer group (``dp_``).
 from __future__ import annotations
 
 import gzip
-import json
 import math
+import os
 import re
 import zlib
 from bisect import bisect_left, bisect_right
@@ -58,10 +66,17 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from megatronapp.host import limits
 from megatronapp.trace.columns import is_int32
+from megatronapp.io import gate
 from megatronapp.io.text import TextError, load_json_bytes
 from megatronapp.trace.events import Event
 
 from megatronapp.scan.errors import TraceError
+from megatronapp.scan.ingest.kineto_spans import (P2P_OPS, STEP_PREFIX, TORCH_RANGES, Comm,
+                                                  ProcessGroup, Span, is_comm_span, op_of,
+                                                  own_annotation, role_of, shape_bytes)
+from megatronapp.scan.ingest.folders import (ALL, EACH, FileWindow, chosen_cycles, group_cycles,
+                                             missing_ranks)
+from megatronapp.scan.ingest.gpu import MEMORY_CATS, SENDRECV, GpuRead, normal_cat, read_gpu
 from megatronapp.scan.ingest.p2p_infer import P2POp, forced_pairs, forced_peers
 # ranks do the same work when the ops they all run alike carry SAME_WORK_SHARE
 # of each one's compute time (a rank's few extra ops leave them peers)
@@ -74,57 +89,9 @@ SKIPPED_PHASES = frozenset({"M", "i", "I", "C", "s", "t", "f", "b", "e", "n", "N
                             "P", "R", "S", "T", "F", "v", "V", "c"})
 LOADED_PHASES = frozenset({"X"})
 KINETO_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+JSON_SUFFIXES = (".json", ".json.gz")
 CPU_CATS = frozenset({"cpu_op", "user_annotation"})
-P2P_OPS = ("send", "recv")
-DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8,
-               "float64": 8, "long": 8, "int64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-               "short": 2, "int16": 2, "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1,
-               "float8_e4m3fn": 1, "float8_e5m2": 1}
-GROUP_ROLES = (("tensor", "tp"), ("data", "dp"), ("pipeline", "pp"), ("embedding", "embd"),
-               ("context", "cp"), ("expert", "ep"))
-STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
-# ranges torch itself opens around work (FSDP2's hooks, DDP, optimizers): not the job's own
-TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.")
-TORCH_ANNOTATIONS = (STEP_PREFIX, *TORCH_RANGES)
 SAME_WORK = "dp"  # the prefix ``stage_peers`` reads as "these ranks do identical work"
-
-
-@dataclass(frozen=True)
-class Span:
-    """One complete (``X``) event of a Kineto file, in µs on the job's time base."""
-
-    index: int
-    name: str
-    cat: str
-    lane: tuple[Any, Any]  # (pid, tid)
-    start_us: float
-    dur_us: float
-    args: Mapping[str, Any]
-
-    @property
-    def end_us(self) -> float:
-        return self.start_us + self.dur_us
-
-
-@dataclass(frozen=True)
-class Comm:
-    """One communication call on one rank; group/peer may still be unknown."""
-
-    op: str  # allreduce, send, recv, allgather, ...
-    start_us: float
-    end_us: float
-    nbytes: float
-    group: tuple[int, ...] | None = None
-    role: str = ""  # tp, dp, pp, ... from the group's description
-    peer: int | None = None
-    lane: Any = None  # the thread that ran it (gloo runs each process group on its own)
-
-
-@dataclass(frozen=True)
-class ProcessGroup:
-    ranks: tuple[int, ...]
-    desc: str
 
 
 @dataclass(frozen=True)
@@ -154,6 +121,10 @@ class KinetoRank:
     idle: Mapping[int, Intervals] = field(default_factory=dict)
     # what each of the job's named ranges holds (``range_work``)
     work: Mapping[str, OpMix] = field(default_factory=dict)
+    job: Distributed | None = None
+    window: tuple[float, float] = (0.0, 0.0)  # first start, last end (µs)
+    host: str = ""  # the file's host_name
+    gpu: GpuRead | None = None  # the GPU side, on a GPU trace
 
 
 # ------------------------------------------------------------------ files
@@ -166,32 +137,20 @@ def read_json_any(path: Path, max_bytes: float | None = None) -> Any:
     inflates to gigabytes is one line, not a MemoryError."""
     cap = limits.max_json_text() if max_bytes is None else max_bytes
     try:
-        raw = _read_capped(Path(path), cap)
-    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-        raise TraceError(str(path), f"cannot read: {getattr(err, 'strerror', None) or err}") from None
+        raw = gate.read_input(path, "", cap, JSON_CAP_NOTE)  # a regular file; gzip inflated
+    except gate.InputError as err:
+        raise TraceError(str(path), err.reason(path)) \
+            from None
+    except OSError as err:
+        raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
     try:
         return load_json_bytes(raw, "the file")
     except TextError as err:
         raise TraceError(str(path), str(err).removeprefix("the file is ")) from None
 
 
-READ_CHUNK = 1 << 20
-
-
-def _read_capped(path: Path, cap: float) -> bytes:
-    """The file's bytes (inflated if gzipped), refused once they pass ``cap``."""
-    gzipped = path.name.endswith(".gz")
-    chunks, size = [], 0
-    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as fh:
-        while chunk := fh.read(READ_CHUNK):
-            size += len(chunk)
-            if size > cap:
-                what = "inflates to" if gzipped else "holds"
-                raise TraceError(str(path), f"{what} more than {limits.readable_bytes(cap)} of "
-                                 "JSON text, the most this machine's memory can parse "
-                                 f"({limits.OVERRIDE})")
-            chunks.append(chunk)
-    return b"".join(chunks)
+JSON_CAP_NOTE = (f" of JSON text, the most this machine's memory can parse "
+                 f"({limits.OVERRIDE})")
 
 
 def text_size(path: Path) -> int:
@@ -199,24 +158,48 @@ def text_size(path: Path) -> int:
     its inflated size (modulo 4 GiB) in its last four bytes; the cap in
     ``read_json_any`` holds whatever it states."""
     try:
-        size = path.stat().st_size
-        if not path.name.endswith(".gz") or size < 4:
-            return size
-        with open(path, "rb") as fh:
+        with gate.open_checked(path, "") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if not path.name.endswith(".gz") or size < 4:
+                return size
             fh.seek(-4, 2)
             return int.from_bytes(fh.read(4), "little")
+    except gate.InputError as err:
+        raise TraceError(str(path), err.reason(path)) \
+            from None
     except OSError as err:
         raise TraceError(str(path), f"cannot read: {err.strerror or err}") from None
 
 
 def is_kineto(data: Any) -> bool:
     return isinstance(data, dict) and ("distributedInfo" in data or (
-        "schemaVersion" in data and "traceEvents" in data and "baseTimeNanoseconds" in data))
+        "schemaVersion" in data and "traceEvents" in data))
+
+
+# keys Kineto writes ahead of its events, and our Chrome exports never do
+KINETO_HEAD_KEYS = (b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"',
+                    b'"baseTimeNanoseconds"')
+HEAD_BYTES = 1 << 14
 
 
 def kineto_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir()
-                  if p.is_file() and p.name.endswith(KINETO_SUFFIXES))
+    """The torch.profiler files of a directory, named any way: ``*.json`` and
+    ``*.json.gz`` files whose head holds what Kineto writes first (a
+    ``*.pt.trace.json(.gz)`` name suffices; a file whose head cannot be read
+    is kept, so that reading it says what is wrong)."""
+    return sorted(p for p in directory.iterdir() if not p.name.startswith(".")
+                  and p.name.endswith(JSON_SUFFIXES) and p.is_file()
+                  and (p.name.endswith(KINETO_SUFFIXES) or _kineto_head(p)))
+
+
+def _kineto_head(path: Path) -> bool:
+    try:
+        with gate.open_checked(path, "") as raw:
+            fh = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+            head = fh.read(HEAD_BYTES)
+    except (OSError, EOFError, zlib.error, ValueError):  # a gate refusal too: read to say why
+        return True
+    return any(key in head for key in KINETO_HEAD_KEYS)
 
 
 # ---------------------------------------------------------------- parsing
@@ -227,7 +210,18 @@ def _finite(raw: Mapping[str, Any], key: str, source: str, index: int) -> float:
     return float(value)
 
 
-def _rank_info(data: Mapping[str, Any], source: str) -> tuple[int, tuple[ProcessGroup, ...]]:
+@dataclass(frozen=True)
+class Distributed:
+    """What a file says of its job: ``distributedInfo``'s rank, world size,
+    backend and process groups (the rank from the file name where it is absent)."""
+
+    rank: int
+    world_size: int | None = None
+    backend: str = ""
+    groups: tuple[ProcessGroup, ...] = ()
+
+
+def _distributed(data: Mapping[str, Any], source: str) -> Distributed:
     info = data.get("distributedInfo")
     if info is None:
         found = re.search(r"rank[_-]?(\d+)", Path(source).name)
@@ -237,16 +231,23 @@ def _rank_info(data: Mapping[str, Any], source: str) -> tuple[int, tuple[Process
         if not is_int32(rank):
             raise TraceError(source, f"the rank in the file name ({found.group(1)[:20]}) "
                              "does not fit 32 bits")
-        return rank, ()
+        return Distributed(rank)
     if not isinstance(info, dict) or not is_int32(info.get("rank")) or info["rank"] < 0:
         raise TraceError(source, f"'distributedInfo.rank' must be a rank number (32-bit), got "
                          f"{info.get('rank') if isinstance(info, dict) else info!r:.60}")
-    return int(info["rank"]), _groups(info.get("pg_config"), source)
+    world = info.get("world_size")
+    if world is not None and (not is_int32(world) or not info["rank"] < world):
+        raise TraceError(source, f"'distributedInfo.world_size' must be a number of ranks above "
+                         f"the rank ({info['rank']}), got {world!r:.60}")
+    return Distributed(int(info["rank"]), world, str(info.get("backend", "")),
+                       _groups(info.get("pg_config"), source))
 
 
 def _groups(config: Any, source: str) -> tuple[ProcessGroup, ...]:
     if config is None:
         return ()
+    if isinstance(config, dict):  # keyed by group name, as some versions wrote it
+        config = list(config.values())
     if not isinstance(config, list):
         raise TraceError(source, "'distributedInfo.pg_config' must be a list of groups")
     out = []
@@ -255,7 +256,8 @@ def _groups(config: Any, source: str) -> tuple[ProcessGroup, ...]:
         if not isinstance(ranks, list) or not all(map(is_int32, ranks)):
             raise TraceError(source, f"'distributedInfo.pg_config[{i}].ranks' must be a list of "
                              "ranks (32-bit)")
-        out.append(ProcessGroup(tuple(sorted(ranks)), str(pg.get("pg_desc", ""))))
+        out.append(ProcessGroup(tuple(sorted(ranks)), str(pg.get("pg_desc", "")),
+                                str(pg.get("pg_name", ""))))
     return tuple(out)
 
 
@@ -269,7 +271,7 @@ def _span(raw: Mapping[str, Any], index: int, source: str, shift_us: float) -> S
     args = raw.get("args") or {}
     if not isinstance(args, dict):
         raise TraceError(source, "'args' must be an object", index)
-    return Span(index, name, str(raw.get("cat", "")), (raw.get("pid"), raw.get("tid")),
+    return Span(index, name, normal_cat(str(raw.get("cat", ""))), (raw.get("pid"), raw.get("tid")),
                 _finite(raw, "ts", source, index) + shift_us, dur, args)
 
 
@@ -277,14 +279,35 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
     """One Kineto file; times in µs since ``origin_ns`` (default: its own base)."""
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(source, "expected a Kineto trace: {\"traceEvents\": [...], ...}")
-    rank, groups = _rank_info(data, source)
+    job = _distributed(data, source)
     base = data.get("baseTimeNanoseconds", 0)
     if isinstance(base, bool) or not isinstance(base, int):
         raise TraceError(source, f"'baseTimeNanoseconds' must be an integer, got {base!r}")
     shift_us = (base - (base if origin_ns is None else origin_ns)) * 1e-3
+    spans, phases = _spans(data["traceEvents"], source, shift_us)
+    window = (min((s.start_us for s in spans), default=0.0),
+              max((s.end_us for s in spans), default=0.0))
+    steps = _profiler_steps(spans)
+    host = str(data.get("host_name", ""))
+    gpu = read_gpu(spans, _with_world(job), job.rank)
+    if gpu is None:
+        compute, idle = _compute(spans)
+        return KinetoRank(source, job.rank, base, job.groups, tuple(compute),
+                          tuple(_gloo_comms(spans, source)), dict(phases), steps, idle,
+                          _range_work(spans), job, window, host)
+    gloo = _gloo_comms(spans, source) if any(s.name.startswith("gloo:") for s in spans) else []
+    step_ranges = tuple(s for s in spans if s.name.startswith(STEP_PREFIX))
+    return KinetoRank(source, job.rank, base, _with_world(job), gpu.work + step_ranges,
+                      gpu.comms + tuple(gloo), dict(phases), steps, {}, _range_work(spans), job,
+                      window, host, gpu)
+
+
+def _spans(events: list[Any], source: str, shift_us: float) -> tuple[list[Span], Counter[str]]:
+    """The file's complete events (the profiler's own window aside), and how
+    many events of each phase it held; any other phase is an error."""
     phases: Counter[str] = Counter()
     spans = []
-    for index, raw in enumerate(data["traceEvents"]):
+    for index, raw in enumerate(events):
         if not isinstance(raw, dict):
             raise TraceError(source, "not a JSON object", index)
         ph = raw.get("ph")
@@ -296,9 +319,15 @@ def parse_kineto(data: Any, source: str, origin_ns: int | None = None) -> Kineto
         span = _span(raw, index, source, shift_us)
         if span.cat != "Trace":  # the profiler's own window, not work
             spans.append(span)
-    compute, idle = _compute(spans)
-    return KinetoRank(source, rank, base, groups, tuple(compute), tuple(_comms(spans, source)),
-                      dict(phases), _profiler_steps(spans), idle, _range_work(spans))
+    return spans, phases
+
+
+def _with_world(job: Distributed) -> tuple[ProcessGroup, ...]:
+    """The job's groups and, where its ``pg_config`` does not list it, the
+    default group of every rank (older traces list none)."""
+    if job.world_size is None or any(len(g.ranks) == job.world_size for g in job.groups):
+        return job.groups
+    return (*job.groups, ProcessGroup(tuple(range(job.world_size)), "default_pg", "0"))
 
 
 STEP_NUMBER = re.compile(re.escape(STEP_PREFIX) + r"#(\d{1,9})$")
@@ -325,22 +354,8 @@ def _iteration_of(steps: Sequence[ProfilerStep], starts: Sequence[float],
 
 
 # ---------------------------------------------------------------- compute
-VARIANT_SUFFIX = re.compile(r"(base|coalesced|intotensor|tensor)+$")
 # gloo runs some collectives as another: FSDP2's reduce-scatter is an all-reduce
 GLOO_RUNS_AS = {"reducescatter": "allreduce"}
-
-
-def _op_of(name: str) -> str:
-    """c10d::allreduce_, gloo:all_reduce, nccl:all_reduce -> allreduce; the
-    flat-tensor and coalesced variants (c10d::_allgather_base_,
-    reduce_scatter_tensor_coalesced) are the collective they vary."""
-    return VARIANT_SUFFIX.sub("", name.split(":")[-1].strip("_").replace("_", "").lower())
-
-
-def _is_comm(span: Span) -> bool:
-    lowered = span.name.lower()
-    return (lowered.startswith(("c10d::", "gloo:", "nccl:", "record_param_comms"))
-            or (span.cat == "kernel" and lowered.startswith("nccl")))
 
 
 def _top_level(spans: Iterable[Span]) -> list[Span]:
@@ -360,25 +375,20 @@ def _top_level(spans: Iterable[Span]) -> list[Span]:
 
 
 def _compute(spans: list[Span]) -> tuple[list[Span], dict[int, Intervals]]:
-    """GPU work where the trace has any, else the CPU threads' annotations
-    or top-level ops, communication aside (``_holding_comm``); and the job's
-    annotations' idle stretches not yet known as waits (``_less_comm_waits``)."""
-    gpu = [s for s in spans if s.cat in GPU_CATS]
-    idle: dict[int, Intervals] = {}
-    if gpu:
-        annotated = {s.lane for s in gpu if s.cat == "gpu_user_annotation"}
-        pool = [s for s in gpu if s.lane not in annotated or s.cat == "gpu_user_annotation"]
-    else:
-        cpu = [s for s in spans if s.cat in CPU_CATS]
-        split = {s.index for s in _holding_comm(cpu)}
-        # a thread the job annotated is measured by its annotations, the
-        # units it names (the ops between them would swamp them)
-        annotated = {s.lane for s in cpu if _own_annotation(s)}
-        pool = [s for s in cpu if s.index not in split and (
-            s.lane not in annotated or s.cat == "user_annotation" or _is_comm(s))]
-        pool, idle = _less_comm_waits(pool, cpu, split)
+    """A trace without GPU work (``gpu.read_gpu`` reads the others): the CPU
+    threads' annotations or top-level ops, communication aside
+    (``_holding_comm``); and the job's annotations' idle stretches not yet
+    known as waits (``_less_comm_waits``)."""
+    cpu = [s for s in spans if s.cat in CPU_CATS]
+    split = {s.index for s in _holding_comm(cpu)}
+    # a thread the job annotated is measured by its annotations, the
+    # units it names (the ops between them would swamp them)
+    annotated = {s.lane for s in cpu if own_annotation(s)}
+    pool = [s for s in cpu if s.index not in split and (
+        s.lane not in annotated or s.cat == "user_annotation" or is_comm_span(s))]
+    pool, idle = _less_comm_waits(pool, cpu, split)
     steps = [s for s in spans if s.name.startswith(STEP_PREFIX)]
-    return [s for s in _top_level(pool) if not _is_comm(s)] + steps, idle
+    return [s for s in _top_level(pool) if not is_comm_span(s)] + steps, idle
 
 
 # A thread blocked on a communication call resumes within this long of its end;
@@ -399,18 +409,18 @@ def _less_comm_waits(pool: list[Span], cpu: list[Span], holders: set[int]
     so do the range and its name. Also each annotation's other idle
     stretches (by span index): a thread woken late is told from one that
     worked only by the other ranks (``_less_peer_waits``)."""
-    comm = sorted(((s.start_us, s.end_us) for s in cpu if _is_comm(s)), key=lambda c: c[1])
+    comm = sorted(((s.start_us, s.end_us) for s in cpu if is_comm_span(s)), key=lambda c: c[1])
     if not comm:
         return pool, {}
     ops: dict[tuple[Any, Any], list[tuple[float, float]]] = defaultdict(list)
     for s in cpu:
-        if s.cat == "cpu_op" and not _is_comm(s) and s.index not in holders:
+        if s.cat == "cpu_op" and not is_comm_span(s) and s.index not in holders:
             ops[s.lane].append((s.start_us, s.end_us))
     busy = {lane: _merged(spans) for lane, spans in ops.items()}
     out: list[Span] = []
     idle: dict[int, Intervals] = {}
     for s in pool:
-        if _own_annotation(s):
+        if own_annotation(s):
             waited, idle[s.index] = _idle_while(s, comm, busy.get(s.lane, []))
             s = replace(s, dur_us=s.dur_us - waited)
         out.append(s)
@@ -421,12 +431,12 @@ def _range_work(spans: list[Span]) -> dict[str, OpMix]:
     """What each CPU range (the job's or torch's, iterations aside) holds."""
     ops: dict[tuple[Any, Any], list[tuple[float, float, str]]] = defaultdict(list)
     for s in spans:
-        if s.cat == "cpu_op" and not _is_comm(s):
+        if s.cat == "cpu_op" and not is_comm_span(s):
             ops[s.lane].append((s.start_us, s.end_us, s.name))
     for lane_ops in ops.values():
         lane_ops.sort(key=lambda o: (o[0], o[0] - o[1]))
     return op_mixes(((s.name, s.lane, s.start_us, s.end_us) for s in spans
-                     if s.cat == "user_annotation" and not _is_comm(s)
+                     if s.cat == "user_annotation" and not is_comm_span(s)
                      and not s.name.startswith(STEP_PREFIX)), ops)
 
 
@@ -438,12 +448,6 @@ def _by_work(ranks: Mapping[int, KinetoRank]) -> dict[int, KinetoRank]:
                                         if s.name in renamed.get(r, {}) else s
                                         for s in k.compute))
             for r, k in ranks.items()}
-
-
-def _own_annotation(s: Span) -> bool:
-    """A ``record_function`` range of the job's (not torch's, not communication)."""
-    return s.cat == "user_annotation" and not _is_comm(s) \
-        and not s.name.startswith(TORCH_ANNOTATIONS)
 
 
 def _idle_while(span: Span, comm: Intervals, busy: Intervals) -> tuple[float, Intervals]:
@@ -507,11 +511,11 @@ def _holding_comm(cpu: list[Span]) -> list[Span]:
         by_lane[s.lane].append(s)
     out = []
     for lane in by_lane.values():
-        comm = sorted(s.start_us for s in lane if _is_comm(s) and s.cat == "cpu_op")
-        ops = sorted(s.start_us for s in lane if s.cat == "cpu_op" and not _is_comm(s))
+        comm = sorted(s.start_us for s in lane if is_comm_span(s) and s.cat == "cpu_op")
+        ops = sorted(s.start_us for s in lane if s.cat == "cpu_op" and not is_comm_span(s))
         for s in lane:
             own = 1 if s.cat == "cpu_op" else 0  # an op is not inside itself
-            if ((s.cat == "cpu_op" or s.name.startswith(TORCH_RANGES)) and not _is_comm(s)
+            if ((s.cat == "cpu_op" or s.name.startswith(TORCH_RANGES)) and not is_comm_span(s)
                     and _count_within(comm, s) and _count_within(ops, s) > own):
                 out.append(s)
     return out
@@ -523,81 +527,6 @@ def _count_within(starts: Sequence[float], span: Span) -> int:
 
 
 # ---------------------------------------------------------- communication
-def _ranks_list(value: Any) -> tuple[int, ...] | None:
-    """'Process Group Ranks' is a JSON list or its text ("[0, 1]"); never evaluated."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    if isinstance(value, list) and value and all(map(is_int32, value)):
-        return tuple(sorted(value))
-    return None
-
-
-def _role(desc: str) -> str:
-    lowered = desc.lower()
-    return next((role for word, role in GROUP_ROLES if word in lowered), "")
-
-
-def _meta_bytes(args: Mapping[str, Any]) -> float:
-    nelems = args.get("In msg nelems", args.get("Out msg nelems", 0))
-    size = DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
-    return float(nelems) * size if isinstance(nelems, (int, float)) else 0.0
-
-
-def _shape_bytes(args: Mapping[str, Any]) -> float:
-    """Bytes from record_shapes' ``Input Dims``/``Input type`` of a gloo:* range."""
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if not isinstance(dims, list) or not isinstance(types, list) or not dims or not types:
-        return 0.0
-    first = dims[0]
-    if isinstance(first, list) and all(isinstance(d, int) for d in first):
-        return float(math.prod(first)) * DTYPE_BYTES.get(str(types[0]).lower(), 0)
-    return 0.0
-
-
-def _nccl_comms(spans: list[Span]) -> list[Comm]:
-    """NCCL kernels with the record_param_comms call that launched them."""
-    launches = {s.args.get("correlation"): s for s in spans
-                if s.cat in ("cuda_runtime", "cuda_driver") and "correlation" in s.args}
-    meta_by_lane: dict[Any, list[Span]] = defaultdict(list)
-    for s in spans:
-        if s.name == "record_param_comms":
-            meta_by_lane[s.lane].append(s)
-    out = []
-    for k in spans:
-        if k.cat != "kernel" or not k.name.lower().startswith("nccl"):
-            continue
-        meta = k.args if "Collective name" in k.args else _enclosing(
-            launches.get(k.args.get("correlation")), meta_by_lane)
-        if meta is not None:
-            out.append(_comm_from_meta(meta, k.start_us, k.end_us))
-    return out
-
-
-def _enclosing(launch: Span | None, meta_by_lane: Mapping[Any, list[Span]]
-               ) -> Mapping[str, Any] | None:
-    if launch is None:
-        return None
-    for m in meta_by_lane.get(launch.lane, ()):
-        if m.start_us <= launch.start_us <= m.end_us:
-            return m.args
-    return None
-
-
-def _comm_from_meta(args: Mapping[str, Any], start: float, end: float) -> Comm:
-    op = _op_of(str(args.get("Collective name", "")))
-    group = _ranks_list(args.get("Process Group Ranks"))
-    peer = None
-    if op in P2P_OPS:
-        raw = args.get("Dst Rank" if op == "send" else "Src Rank")
-        if is_int32(raw):  # group-local: map through the group when known
-            peer = group[raw] if group and 0 <= raw < len(group) else raw
-    return Comm(op, start, end, _meta_bytes(args), group if op not in P2P_OPS else None,
-                _role(str(args.get("Process Group Description", ""))), peer)
-
-
 def _gloo_comms(spans: list[Span], source: str) -> list[Comm]:
     """c10d::<op> calls, each finished by a gloo:<op> range of that op: the
     one its own thread began during the call (torch makes gloo's work inside
@@ -607,8 +536,8 @@ def _gloo_comms(spans: list[Span], source: str) -> list[Comm]:
     calls = sorted((s for s in spans if s.name.startswith("c10d::")), key=lambda s: s.start_us)
     runs: dict[str, list[Span]] = defaultdict(list)
     for s in sorted((s for s in spans if s.name.startswith("gloo:")), key=lambda s: s.start_us):
-        runs[_op_of(s.name)].append(s)
-    ops = [_run_op(_op_of(call.name), runs) for call in calls]
+        runs[op_of(s.name)].append(s)
+    ops = [_run_op(op_of(call.name), runs) for call in calls]
     inside = _runs_inside(calls, ops, runs)
     used = {id(run) for run in inside.values()}
     left = {op: [r for r in queue if id(r) not in used] for op, queue in runs.items()}
@@ -622,9 +551,9 @@ def _gloo_comms(spans: list[Span], source: str) -> list[Comm]:
             taken[run_op] += 1
             if candidate.end_us >= call.start_us:
                 run = candidate
-        op = _op_of(call.name)
+        op = op_of(call.name)
         end = max(call.end_us, run.end_us) if run is not None else call.end_us
-        nbytes = _shape_bytes(run.args) if run is not None else 0.0
+        nbytes = shape_bytes(run.args) if run is not None else 0.0
         out.append(Comm(op, call.start_us, end, nbytes, peer=_concrete_peer(call, op),
                         lane=run.lane if run is not None else None))
     return out
@@ -663,52 +592,94 @@ def _concrete_peer(call: Span, op: str) -> int | None:
     return None
 
 
-def _comms(spans: list[Span], source: str) -> list[Comm]:
-    if any(s.name == "record_param_comms" for s in spans) and any(s.cat == "kernel" for s in spans):
-        return _nccl_comms(spans)
-    return _gloo_comms(spans, source)
-
-
 # ------------------------------------------------------------------- jobs
 @dataclass(frozen=True)
 class KinetoJob:
     """A job's Kineto files, read: events per rank (seconds since the earliest
-    file's base time), per file how many events of each phase it held, and
-    the hosts the files name."""
+    file's base time), per file how many events of each phase it held, the
+    hosts the files name, the job's world size where a file states it, the
+    profiling cycles read (numbered from 1), and per file its GPU activities
+    set aside (launched before profiling began) and its NCCL kernels."""
 
     events: RankEvents
     phases: dict[str, Mapping[str, int]]
     hosts: frozenset[str]
+    world_size: int | None = None
+    cycles: tuple[int, ...] = (1,)
+    set_aside: Mapping[str, int] = field(default_factory=dict)
+    nccl_kernels: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def one_clock(self) -> bool:
         """Files of one host share its clock: nothing to align."""
         return len(self.hosts) == 1 and "" not in self.hosts
 
+    @property
+    def missing_ranks(self) -> list[int]:
+        return missing_ranks(self.world_size, self.events)
+
 
 def load_kineto(paths: Iterable[Path], max_bytes: float | None = None,
-                by_work: bool = True) -> KinetoJob:
-    """``by_work``: ranges that hold other work than most ranks' same-named
-    ones are renamed (``range_work``); off for a reader that matches the
-    job's own range names to its program (``calibrate``)."""
+                by_work: bool = True, cycle: int | str = ALL) -> KinetoJob:
+    """One job of the files: their profiling cycles merged (``cycle`` ``all``)
+    or one of them (a number from 1). ``by_work``: ranges that hold other
+    work than most ranks' same-named ones are renamed (``range_work``); off
+    for a reader that matches the job's own range names to its program
+    (``calibrate``)."""
+    if cycle == EACH:
+        raise ValueError("load_kineto reads one job; kineto_cycles reads each cycle")
+    (job,) = kineto_cycles(paths, max_bytes, by_work, cycle)
+    return job
+
+
+def kineto_cycles(paths: Iterable[Path], max_bytes: float | None = None, by_work: bool = True,
+                  cycle: int | str = EACH) -> list[KinetoJob]:
+    """The files' profiling cycles (``folders.group_cycles``) as jobs: each
+    on its own (``each``), merged (``all``) or the one numbered ``cycle``."""
+    paths = list(paths)
     datas = [(path, read_json_any(path, max_bytes)) for path in paths]
     bases = [d.get("baseTimeNanoseconds", 0) for _, d in datas if isinstance(d, dict)]
     origin = min((b for b in bases if isinstance(b, int) and not isinstance(b, bool)), default=0)
-    ranks: dict[int, KinetoRank] = {}
-    for path, data in datas:
-        parsed = parse_kineto(data, str(path), origin)
-        if parsed.rank in ranks:
-            raise TraceError(str(path), f"rank {parsed.rank} also appears in "
-                             f"{ranks[parsed.rank].source}")
-        ranks[parsed.rank] = parsed
+    parsed = [parse_kineto(data, str(path), origin) for path, data in datas]
+    cycles = group_cycles([FileWindow(k.source, k.rank, *k.window) for k in parsed])
+    where = str(paths[0].parent) if paths else "<none>"
+    return [_cycles_as_one([_cycle_job([parsed[i] for i in cycles[c]], by_work, c + 1) for c in chosen])
+            for chosen in chosen_cycles(len(cycles), cycle, where)]
+
+
+def _cycle_job(files: Sequence[KinetoRank], by_work: bool, number: int) -> KinetoJob:
+    """One profiling cycle's files (one per rank) as a job."""
+    ranks = {k.rank: k for k in files}
     if by_work:
         ranks = _by_work(ranks)
     comms = _resolve(ranks)
     waiting = _waits_for_peers(comms)
-    hosts = frozenset(str(d.get("host_name", "")) if isinstance(d, dict) else "" for _, d in datas)
+    worlds = [k.job.world_size for k in files if k.job is not None and k.job.world_size]
     return KinetoJob({r: _rank_events(_less_peer_waits(ranks[r], waiting.get(r, [])), comms[r])
                       for r in sorted(ranks)},
-                     {k.source: k.phases for k in ranks.values()}, hosts)
+                     {k.source: k.phases for k in files}, frozenset(k.host for k in files),
+                     max(worlds, default=None), (number,),
+                     {k.source: k.gpu.set_aside for k in files if k.gpu is not None},
+                     {k.source: k.gpu.nccl_kernels for k in files if k.gpu is not None})
+
+
+def _cycles_as_one(jobs: Sequence[KinetoJob]) -> KinetoJob:
+    """Cycles read as one job: each rank's events of every cycle, in time order."""
+    if len(jobs) == 1:
+        return jobs[0]
+    events: RankEvents = defaultdict(list)
+    for job in jobs:
+        for r, evs in job.events.items():
+            events[r] += evs
+    for evs in events.values():
+        evs.sort(key=lambda e: (e.start_s, -e.dur_s))
+    worlds = [j.world_size for j in jobs if j.world_size is not None]
+    return KinetoJob(dict(sorted(events.items())),
+                     {src: ph for j in jobs for src, ph in j.phases.items()},
+                     frozenset().union(*(j.hosts for j in jobs)), max(worlds, default=None),
+                     tuple(c for j in jobs for c in j.cycles),
+                     {src: n for j in jobs for src, n in j.set_aside.items()},
+                     {src: n for j in jobs for src, n in j.nccl_kernels.items()})
 
 
 def _waits_for_peers(comms: Mapping[int, list[Comm]]) -> dict[int, Intervals]:
@@ -757,20 +728,22 @@ def _resolve(ranks: Mapping[int, KinetoRank]) -> dict[int, list[Comm]]:
 def _with_role(c: Comm, k: KinetoRank) -> Comm:
     if c.group is None or c.role:
         return c
-    return replace(c, role=next((_role(g.desc) for g in k.groups if g.ranks == c.group), ""))
+    return replace(c, role=next((role_of(g.desc) for g in k.groups if g.ranks == c.group), ""))
 
 
 def _fitting_group(c: Comm, r: int, ranks: Mapping[int, KinetoRank],
                    by_op: Mapping[tuple[int, str], list[Comm]]) -> ProcessGroup | None:
     """The process group of ``r`` whose every other member made a call of the
     same op overlapping ``c`` (nobody leaves before the last arrives); among
-    several, the one whose calls end closest together."""
+    several, the one whose calls end closest together. Of a group some of
+    whose ranks the folder lacks, the members present are asked (two at least)."""
     fits = []
     for g in ranks[r].groups:
-        if len(g.ranks) < 2 or r not in g.ranks or not all(m in ranks for m in g.ranks):
+        present = [m for m in g.ranks if m in ranks]
+        if len(present) < 2 or r not in g.ranks:
             continue
         ends = [c.end_us]
-        for m in g.ranks:
+        for m in present:
             if m == r:
                 continue
             overlapping = [x.end_us for x in by_op.get((m, c.op), ())
@@ -810,12 +783,12 @@ def _infer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
         if group is not None and 2 * n > sum(counter.values()):
             chosen[key] = (group, n / sum(counter.values()))
     chosen = _trim_surplus(chosen, {k: sum(v.values()) for k, v in votes.items()},
-                           _recorded_calls(comms))
+                           _recorded_calls(comms), set(ranks))
     out = {r: [replace(c, group=chosen[(r, c.op, c.lane)][0].ranks,
-                       role=_role(chosen[(r, c.op, c.lane)][0].desc))
+                       role=role_of(chosen[(r, c.op, c.lane)][0].desc))
                if c.group is None and (r, c.op, c.lane) in chosen else c for c in cs]
            for r, cs in comms.items()}
-    return _drop_unmatched_groups(out)
+    return _drop_unmatched_groups(out, set(ranks))
 
 
 LaneKey = tuple[int, str, Any]  # (rank, op, the thread that ran its calls)
@@ -829,12 +802,13 @@ def _recorded_calls(comms: Mapping[int, list[Comm]]) -> Counter[tuple[tuple[int,
 
 def _trim_surplus(chosen: Mapping[LaneKey, tuple[ProcessGroup, float]],
                   calls: Mapping[LaneKey, int],
-                  recorded: Mapping[tuple[tuple[int, ...], str, int], int]
+                  recorded: Mapping[tuple[tuple[int, ...], str, int], int], present: set[int]
                   ) -> dict[LaneKey, tuple[ProcessGroup, float]]:
     """Every member of a group makes as many calls in it: a member with more
     drops its threads from the group, least supported first (``chosen``
     holds each thread's group and the share of its calls that fit it), as
-    long as it keeps at least as many calls as the member with fewest."""
+    long as it keeps at least as many calls as the member with fewest (of
+    the members ``present`` in the folder)."""
     lanes: dict[tuple[tuple[int, ...], str], dict[int, list[LaneKey]]] = defaultdict(
         lambda: defaultdict(list))
     for key, (group, _) in chosen.items():
@@ -842,7 +816,7 @@ def _trim_surplus(chosen: Mapping[LaneKey, tuple[ProcessGroup, float]],
     kept = dict(chosen)
     for (members, op), per_rank in lanes.items():
         count = {m: recorded.get((members, op, m), 0) + sum(calls[k] for k in per_rank.get(m, ()))
-                 for m in members}
+                 for m in members if m in present}
         fewest = min(count.values())
         for m, keys in per_rank.items():
             for key in sorted(keys, key=lambda k: (chosen[k][1], -calls[k])):
@@ -853,7 +827,9 @@ def _trim_surplus(chosen: Mapping[LaneKey, tuple[ProcessGroup, float]],
     return kept
 
 
-def _drop_unmatched_groups(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]]:
+def _drop_unmatched_groups(comms: dict[int, list[Comm]], present: set[int]
+                           ) -> dict[int, list[Comm]]:
+    """Groups whose present members' calls do not meet in order are not known."""
     calls: dict[tuple[tuple[int, ...], str], dict[int, list[Comm]]] = defaultdict(
         lambda: defaultdict(list))
     for r, cs in comms.items():
@@ -861,7 +837,7 @@ def _drop_unmatched_groups(comms: dict[int, list[Comm]]) -> dict[int, list[Comm]
             if c.group is not None:
                 calls[(c.group, c.op)][r].append(c)
     unmatched = {key for key, per_rank in calls.items() if not _meet_in_order(
-        [sorted(per_rank.get(m, []), key=lambda c: c.start_us) for m in key[0]])}
+        [sorted(per_rank.get(m, []), key=lambda c: c.start_us) for m in key[0] if m in present])}
     return {r: [replace(c, group=None, role="") if (c.group, c.op) in unmatched else c
                 for c in cs] for r, cs in comms.items()}
 
@@ -971,6 +947,8 @@ def _alike(members: Sequence[KinetoRank]) -> bool:
 
 
 def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:
+    """The rank's events; GPU work keeps its stream (``gpu_time`` reads it)
+    and the iteration its launch fell in."""
     starts = [p.start_us for p in k.steps]
 
     def iteration(at_us: float) -> dict[str, int]:
@@ -979,11 +957,15 @@ def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:
 
     # the kind is recorded as our backends record it (megatronapp.trace.kinds reads it back)
     events = [Event(s.name, s.start_us * 1e-6, s.dur_us * 1e-6,
-                    {"cat": s.cat, "kind": "other" if s.name.startswith(STEP_PREFIX) else "compute",
-                     **iteration(s.start_us)})
+                    {"cat": s.cat, "kind": _work_kind(s), **_gpu_args(s.args),
+                     **iteration(s.args.get("launched_us", s.start_us))})
               for s in k.compute]
     for c in comms:
-        args: dict[str, Any] = {"bytes": c.nbytes, "cat": "comm", **iteration(c.start_us)}
+        args: dict[str, Any] = {"bytes": c.nbytes, "cat": "comm", **iteration(
+            c.start_us if c.launched_us is None else c.launched_us)}
+        if c.stream is not None:  # an NCCL kernel: communication, whatever is known of it
+            args.update(cat="kernel", stream=c.stream,
+                        kind="p2p" if c.op in (*P2P_OPS, SENDRECV) else "collective")
         if c.op in P2P_OPS and c.peer is not None:
             args.update(kind="p2p", peer=c.peer)
         elif c.group is not None:
@@ -992,3 +974,12 @@ def _rank_events(k: KinetoRank, comms: list[Comm]) -> list[Event]:
         events.append(Event(name, c.start_us * 1e-6, (c.end_us - c.start_us) * 1e-6, args))
     events.sort(key=lambda e: (e.start_s, -e.dur_s))
     return events
+
+
+def _work_kind(s: Span) -> str:
+    """Kernels are compute; profiler steps and memory copies and sets are not."""
+    return "other" if s.name.startswith(STEP_PREFIX) or s.cat in MEMORY_CATS else "compute"
+
+
+def _gpu_args(args: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: args[k] for k in ("stream", "kernel") if k in args}

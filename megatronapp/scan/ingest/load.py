@@ -16,26 +16,44 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping
 
 from megatronapp.trace.columns import is_int32
+from megatronapp.io import gate
 from megatronapp.io.progress import Say, quiet
 from megatronapp.io.text import MAX_DEPTH, structure_size
 from megatronapp.trace.events import Event
 
 from megatronapp.scan.errors import TraceError
-from megatronapp.scan.ingest.kineto import is_kineto, kineto_files, load_kineto, read_json_any, text_size
+from megatronapp.scan.ingest.folders import ALL, EACH, missing_line, missing_ranks
+from megatronapp.scan.ingest.kineto import (KinetoJob, is_kineto, kineto_cycles, kineto_files,
+                                            read_json_any, text_size)
 
 RankEvents = dict[int, list[Event]]
 __all__ = ["LoadedTrace", "RankEvents", "TraceError", "TraceFiles", "TraceSize", "load_trace",
-           "locate_trace", "trace_size"]
+           "load_traces", "locate_trace", "trace_size"]
 
 
 @dataclass(frozen=True)
 class LoadedTrace:
-    """Events per rank in seconds, and whether their clocks are aligned yet."""
+    """Events per rank in seconds, whether their clocks are aligned yet, and
+    (torch.profiler folders) the job's world size and the profiling cycles read."""
 
     events: Mapping[int, list[Event]]  # a dict, or a stored run's lazy view
     aligned: bool
     source: str
     run_dir: Path | None = None
+    world_size: int | None = None
+    cycles: tuple[int, ...] = ()  # numbered from 1; () where the trace has none
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks of the job the trace holds no events of."""
+        return missing_ranks(self.world_size, self.events)
+
+    def warning(self) -> str | None:
+        """The one line to print about missing ranks, if any."""
+        missing = self.missing_ranks
+        if not missing or self.world_size is None:
+            return None
+        return missing_line(self.source, self.world_size, sorted(self.events), missing)
 
 
 # Arguments our analyses read, and what each must hold when present.
@@ -194,7 +212,7 @@ def read_json(path: Path, max_bytes: float | None = None) -> Any:
 
 
 def read_object(path: Path) -> dict[str, Any]:
-    """A run directory's side file (summary.json, ground_truth.json): a JSON object."""
+    """A run directory's side file (its summary.json, say): a JSON object."""
     data = read_json(path)
     if not isinstance(data, dict):
         raise TraceError(str(path), f"must hold a JSON object, got {type(data).__name__}")
@@ -214,21 +232,7 @@ def dig(data: Mapping[str, Any], path: str, source: Path) -> Any:
     return node
 
 
-def read_truth_clocks(path: Path) -> dict[str, dict[str, float]]:
-    """The injected clocks of ground_truth.json: rank -> {offset_us, drift_ppm}."""
-    clocks = dig(read_object(path), "clocks", path)
-    if not isinstance(clocks, dict):
-        raise TraceError(str(path), "'clocks' must map ranks to {offset_us, drift_ppm}")
-    out: dict[str, dict[str, float]] = {}
-    for rank, clock in clocks.items():
-        if not isinstance(clock, dict):
-            raise TraceError(str(path), f"clocks.{rank} must be an object")
-        out[rank] = {key: _finite_field(clock, key, f"clocks.{rank}", path)
-                     for key in ("offset_us", "drift_ppm")}
-    return out
-
-
-def _finite_field(obj: Mapping[str, Any], key: str, where: str, path: Path) -> float:
+def finite_field(obj: Mapping[str, Any], key: str, where: str, path: Path) -> float:
     value = obj.get(key, 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
             value):
@@ -299,6 +303,7 @@ class TraceFiles:
 def locate_trace(target: str | Path, raw_clocks: bool = True) -> TraceFiles:
     """The files ``load_trace(target, raw_clocks)`` reads, found without reading them."""
     path = Path(target)
+    _gated(path, "any")  # names, links, special files: before anything is looked at
     if path.is_dir() and (path / TRACE_STORE).is_file():
         return TraceFiles("store", (path / TRACE_STORE,), raw_clocks, path)
     if path.suffix == ".parquet" and path.is_file():
@@ -313,10 +318,17 @@ def locate_trace(target: str | Path, raw_clocks: bool = True) -> TraceFiles:
         if profiles:
             return TraceFiles("kineto", tuple(profiles))
         raise TraceError(str(path), "no trace.parquet, ranks/rank*.json, trace.json or "
-                         "torch.profiler *.pt.trace.json(.gz) files in this directory")
-    if not path.is_file():
-        raise TraceError(str(path), "no such file or directory")
-    return TraceFiles("file", (path,))
+                         "torch.profiler traces (*.json, *.json.gz) in this directory")
+    return TraceFiles("file", (_gated(path, "file"),))
+
+
+def _gated(path: Path, kind: gate.Kind) -> Path:
+    """``path`` through the input gate; what it refuses, as a TraceError naming the path."""
+    try:
+        gate.checked(path, "", kind)
+    except gate.InputError as err:
+        raise TraceError(str(path), err.reason(path)) from None
+    return path
 
 
 @dataclass(frozen=True)
@@ -339,7 +351,7 @@ def _stored_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     try:
-        footer = pq.read_metadata(path)
+        footer = pq.read_metadata(_gated(path, "file"))
         return int(_symmetric_events(footer.metadata) or footer.num_rows)
     except (OSError, pa.ArrowException) as err:
         raise TraceError(str(path), f"not a readable Parquet file ({str(err).splitlines()[0]})") \
@@ -359,7 +371,7 @@ def _symmetric_events(metadata: dict[bytes, bytes] | None) -> int | None:
 
 
 def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet,
-               max_bytes: float | None = None) -> LoadedTrace:
+               max_bytes: float | None = None, cycle: int | str = ALL) -> LoadedTrace:
     """A run directory, a directory of torch.profiler (Kineto) traces, or a
     single trace file (gzipped or not).
 
@@ -367,29 +379,48 @@ def load_trace(target: str | Path, raw_clocks: bool = True, say: Say = quiet,
     ``ranks/``, or the merged ``trace.json``); with ``raw_clocks`` every rank
     keeps its own clock (unaligned, as a real job would hand it over). A
     single Chrome file is taken as it is (aligned if its metadata says so);
-    Kineto files from one host share its clock, from several are aligned.
-    ``max_bytes`` caps each JSON file's text (see ``read_json_any``).
+    Kineto files from one host share its clock, from several are aligned;
+    their profiling cycles are merged (``cycle`` ``all``) or one is read (a
+    number from 1). ``max_bytes`` caps each JSON file's text (see ``read_json_any``).
     """
+    if cycle == EACH:
+        raise ValueError("load_trace reads one trace; load_traces reads each cycle")
+    (trace,) = load_traces(target, raw_clocks, say, max_bytes, cycle)
+    return trace
+
+
+def load_traces(target: str | Path, raw_clocks: bool = True, say: Say = quiet,
+                max_bytes: float | None = None, cycle: int | str = EACH) -> list[LoadedTrace]:
+    """``load_trace``, with a torch.profiler folder's cycles each read on its
+    own (``each``): one trace per cycle (one for any other target)."""
     files = locate_trace(target, raw_clocks)
     source = str(Path(target))
     if files.kind == "store":
-        return load_store(files.paths[0], files.raw_clocks, say)
+        return [load_store(files.paths[0], files.raw_clocks, say)]
     if files.kind == "ranks":
         say(f"loading {len(files.paths)} rank files")
-        return LoadedTrace(merge_rank_files(files.paths, max_bytes), False, source, files.run_dir)
+        return [LoadedTrace(merge_rank_files(files.paths, max_bytes), False, source,
+                            files.run_dir)]
     if files.kind == "merged":
         say(f"loading {files.paths[0]}")
-        return LoadedTrace(load_chrome_file(files.paths[0], max_bytes), True, str(files.paths[0]),
-                           files.run_dir)
+        return [LoadedTrace(load_chrome_file(files.paths[0], max_bytes), True,
+                            str(files.paths[0]), files.run_dir)]
     if files.kind == "kineto":
         say(f"loading {len(files.paths)} torch.profiler files")
-        job = load_kineto(files.paths, max_bytes)
-        return LoadedTrace(job.events, job.one_clock, source)
+        return [_from_kineto(job, source) for job in kineto_cycles(files.paths, max_bytes,
+                                                                   cycle=cycle)]
     path = files.paths[0]
     say(f"loading {path}")
     data = read_json_any(path, max_bytes)
     if is_kineto(data):
-        return LoadedTrace(load_kineto([path], max_bytes).events, True, str(path))
+        return [_from_kineto(job, str(path)) for job in kineto_cycles([path], max_bytes,
+                                                                      cycle=cycle)]
     meta = data.get("metadata", {}) if isinstance(data, dict) else {}
     aligned = not isinstance(meta, dict) or meta.get("clock", "aligned") != "local"
-    return LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))
+    return [LoadedTrace(events_from_chrome(data, str(path)), aligned, str(path))]
+
+
+def _from_kineto(job: KinetoJob, source: str) -> LoadedTrace:
+    """One file is on its own clock; files of one host share it."""
+    return LoadedTrace(job.events, job.one_clock or len(job.phases) == 1, source,
+                       world_size=job.world_size, cycles=job.cycles)

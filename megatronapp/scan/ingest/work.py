@@ -67,7 +67,9 @@ def _mean_costs(ops: Iterable[Compute]) -> dict[str, float]:
 
 
 def scenario_of_run(run_dir: Path | None) -> Scenario | None:
-    """The scenario a run directory's summary.json records, if it validates."""
+    """The job a run directory's summary.json records (its layout, model,
+    cluster and costs: what its ops should cost), if it validates, without
+    its faults: what was injected is for scoring a detector, never its input."""
     summary = run_dir / "summary.json" if run_dir else None
     if summary is None or not summary.is_file():
         return None
@@ -75,6 +77,16 @@ def scenario_of_run(run_dir: Path | None) -> Scenario | None:
     if not isinstance(data, dict):
         return None
     try:
-        return parse_scenario(data)
+        return parse_scenario({k: v for k, v in data.items() if k not in FAULT_KEYS})
     except (ScenarioError, UserError, ValueError):
         return None
+
+
+# what a scenario says of its faults (the list, and leave to inject faults that touch no data)
+FAULT_KEYS = frozenset({"faults", "allow_idle_faults"})
+
+
+def job_of(s: Scenario | None) -> Scenario | None:
+    """``s`` without its faults: the job a detector may know of (its layout,
+    model, cluster, costs), never what was injected into it."""
+    return s if s is None or not s.faults else s.model_copy(update={"faults": ()})

@@ -15,15 +15,14 @@ from typing import Callable, Iterable
 import numpy as np
 
 from megatronapp.errors import UserError
-from megatronapp.faults import skewed_ranks
-from megatronapp.scenario.config import Scenario, fault_job
+from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns, columns_from_events
 from megatronapp.trace.events import Event
 
-from megatronapp.scan.online.online import Detection, OnlineConfig, OnlineScan
+from megatronapp.scan.online.online import SIMULATED, Detection, OnlineConfig, OnlineScan
 from megatronapp.scan.align.table import COMPUTE_KIND
 
-__all__ = ["DETECTIONS_FILE", "LIVE_CONFIRM", "QUEUED", "DetectionLog", "LiveFeed", "Report",
+__all__ = ["DETECTIONS_FILE", "QUEUED", "DetectionLog", "LiveFeed", "Report",
            "detect_iterations", "on_device", "reporter", "scan_for"]
 
 DETECTIONS_FILE = "detections.jsonl"
@@ -72,27 +71,14 @@ class DetectionLog:
         self.written += lines.count("\n")
 
 
-# Real ranks on a shared machine: a rank descheduled for a couple of
-# iterations looks throttled to two windows in a row (most of the false alarms
-# of kept torch runs, docs/megascan.md); a third window tells them apart.
-LIVE_CONFIRM = 3
-# An erratic link is fast at its best and slow only now and then: a window of
-# two iterations holds too few of its transfers to tell it from its class, so
-# links are also judged over the last ten iterations (half a 20-iteration run).
-LIVE_LINK_WINDOW = 10
-
-
 def scan_for(s: Scenario, config: OnlineConfig | None = None, live: bool = False
              ) -> OnlineScan:
-    """The on-line detector for a run of ``s`` (its node size, its model for the work of
-    ranks without stage peers). ``live``: events as real ranks record them, each
-    on its own clock, aligned in each window when the scenario skews a clock; a
-    verdict then needs ``LIVE_CONFIRM`` windows in a row unless ``config`` says."""
+    """The on-line detector for a run of ``s``: its node size and its cost
+    model (for the work of ranks without peers), never its faults. ``live``:
+    events as real ranks record them, each on its own clock, so each window
+    is aligned; otherwise ``config`` (default: the simulator's one clock)."""
     if config is None:
-        config = (OnlineConfig(confirm=LIVE_CONFIRM, link_window=LIVE_LINK_WINDOW) if live
-                  else OnlineConfig())
-    if live:
-        config = replace(config, aligned=not skewed_ranks(s.faults, fault_job(s)))
+        config = OnlineConfig() if live else SIMULATED
     return OnlineScan(config, gpus_per_node=s.cluster.gpus_per_node, scenario=s)
 
 

@@ -1,30 +1,32 @@
-"""Everything about on-line MegaScan lives here: a detector fed each iteration's
-events as the iteration completes, holding only a window of the last few
-iterations (columns) and per-rank / per-link counters.
+"""Everything about on-line MegaScan lives here: the same detector as
+``megatronapp detect`` (``evidence.detect``), fed each iteration's events as
+the iteration completes, judging the last ``window`` iterations.
 
-At each iteration boundary MegaScan runs on the window (``megascan`` over
-``prepare_columns``); a small state machine per suspect turns repeated
-findings into a verdict and withdraws a verdict that later windows no longer
-support. Verdicts and withdrawals are ``Detection`` records, in the order
-they were made.
+At each iteration's end the detector names its root causes over the window;
+a small state machine per suspect turns ``confirm`` windows in a row into a
+verdict and withdraws a verdict after ``clear`` windows without it.
+Verdicts and withdrawals are ``Detection`` records, in the order they were
+made. Nothing is read but the events (and the scenario's cost model, where
+the run has one): each window is aligned from its own sync ops unless the
+caller says its events are on one clock.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Iterator, Literal
 
 import numpy as np
 
 from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import EventColumns, EventSource, concat_same
 
-from megatronapp.scan.evidence.detect import Thresholds, megascan, transfer_samples
 from megatronapp.scan.diagnosis import RootCause
-from megatronapp.scan.align.inputs import DEFAULT_GPUS_PER_NODE, ScanInput, prepare_columns
-from megatronapp.scan.evidence.judge import link_class
+from megatronapp.scan.align.inputs import DEFAULT_GPUS_PER_NODE, prepare_columns
+from megatronapp.scan.evidence.detect import Detector
+from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.online.online_config import SIMULATED, OnlineConfig
-from megatronapp.scan.ingest.work import ModelledWork
+from megatronapp.scan.ingest.work import ModelledWork, job_of
 
 __all__ = ["SIMULATED", "Detection", "OnlineConfig", "OnlineScan", "SuspectKey", "iterations_of"]
 
@@ -36,7 +38,7 @@ class Detection:
     """One verdict (``event: named``) or withdrawal (``event: withdrawn``)."""
 
     event: Literal["named", "withdrawn"]
-    kind: str  # compute | link
+    kind: str  # compute | host | link
     rank: int
     peer: int | None
     confidence: float
@@ -58,7 +60,11 @@ class Detection:
         if self.event == "withdrawn":
             return (f"iteration {self.iteration}: withdrawn {where} ({self.kind}): not seen for "
                     f"{self.evidence.get('windows_without', 0)} windows")
-        return (f"iteration {self.iteration}: {where} is slow ({self.kind}, confidence "
+        blame = self.evidence.get("blame_s")
+        cost = "" if blame is None else (
+            f", {blame * 1e3:.3g} ms of each {self.evidence['iteration_s'] * 1e3:.3g} ms "
+            f"iteration")
+        return (f"iteration {self.iteration}: {where} is slow ({self.kind}{cost}, confidence "
                 f"{self.confidence:.2f}, first seen at iteration {self.first_seen})")
 
 
@@ -75,23 +81,24 @@ class _Suspect:
 
 
 def _key(cause: RootCause) -> SuspectKey:
-    return (cause.kind, cause.rank, cause.peer)
+    return (cause.kind if cause.kind == "link" else "rank", cause.rank, cause.peer)
 
 
 class OnlineScan:
     """Feed it each iteration's events (``feed``); it answers the detections
-    that iteration's end decided. State: the last ``window`` iterations, the
-    suspects, and how often each rank or link was found (``found``)."""
+    that iteration's end decided. State: the detector's over the last
+    ``window`` iterations, the suspects, and how often each was found."""
 
     def __init__(self, config: OnlineConfig = OnlineConfig(),
                  gpus_per_node: int = DEFAULT_GPUS_PER_NODE, scenario: Scenario | None = None,
-                 thresholds: Thresholds = Thresholds()):
+                 params: Params = Params()):
+        scenario = job_of(scenario)
         self.config = config
         self.gpus_per_node = gpus_per_node
         self.scenario = scenario
-        self.thresholds = thresholds
-        self._work = ModelledWork(scenario)  # the scenario's, for every window
-        self._window: deque[tuple[int, EventColumns]] = deque(maxlen=config.held)
+        self.detector = Detector(gpus_per_node, scenario, params,
+                                 work=ModelledWork(scenario))  # the scenario's, for every window
+        self._window: deque[int] = deque(maxlen=config.window)
         self._suspects: dict[SuspectKey, _Suspect] = {}
         self.found: dict[SuspectKey, int] = {}  # windows that named each rank or link
         self.records: list[Detection] = []
@@ -99,51 +106,33 @@ class OnlineScan:
 
     @property
     def window_iterations(self) -> tuple[int, ...]:
-        """The iterations of the (short) window MegaScan last looked at."""
-        return tuple(i for i, _ in self._window)[-self.config.window:]
+        """The iterations MegaScan last looked at."""
+        return tuple(self._window)
 
     @property
     def named(self) -> tuple[Detection, ...]:
         """The verdicts standing now (not withdrawn), in the order they were made."""
         standing = {k for k, s in self._suspects.items() if s.named}
         latest = {d.key: d for d in self.records}
-        return tuple(d for d in self.records if d.event == "named" and d.key in standing
+        return tuple(d for d in self.records if d.event == "named" and _key_of(d) in standing
                      and latest[d.key] is d)
 
     def feed(self, iteration: int, cols: EventColumns) -> list[Detection]:
         """The events of one completed iteration; the detections it decided."""
-        self._window.append((iteration, cols))
         self.iterations += 1
-        causes = self._findings()
+        if len(cols):
+            scan = prepare_columns(cols, aligned=self.config.aligned,
+                                   gpus_per_node=self.gpus_per_node)
+            self.detector.feed(replace(scan, scenario=self.scenario))
+        self._window.append(iteration)
+        self.detector.forget_before(self._window[0])
+        causes = {_key(c): replace(c, evidence={**c.evidence,
+                                               "window": [self._window[0], self._window[-1]]})
+                  for c in self.detector.verdict().root_causes
+                  if c.confidence >= self.config.min_confidence}
         decided = self._step(iteration, causes)
         self.records.extend(decided)
         return decided
-
-    def _findings(self) -> dict[SuspectKey, RootCause]:
-        held = list(self._window)
-        found = self._found_in(held[-self.config.window:])
-        if self.config.link_window > self.config.window and len(held) == self.config.link_window:
-            for key, cause in self._found_in(held).items():
-                if cause.kind == "link":
-                    found.setdefault(key, cause)
-        return found
-
-    def _found_in(self, window: list[tuple[int, EventColumns]]) -> dict[SuspectKey, RootCause]:
-        """What MegaScan finds over ``window``'s iterations, each cause with the
-        window it was found in (first and last iteration) in its evidence."""
-        cols = concat_same([c for _, c in window])  # re-coded where tables differ
-        if not len(cols):
-            return {}
-        scan = prepare_columns(cols, aligned=self.config.aligned,
-                               gpus_per_node=self.gpus_per_node)
-        work = None
-        if self.scenario is not None:
-            scan, work = replace(scan, scenario=self.scenario), self._work
-        diagnosis = megascan(scan, self.thresholds, work)
-        span = [window[0][0], window[-1][0]]
-        return {_key(c): replace(c, evidence={**c.evidence, "window": span})
-                for c in without_crowded_links(scan, diagnosis.root_causes, self.thresholds)
-                if c.confidence >= self.config.min_confidence}
 
     def _step(self, iteration: int, causes: dict[SuspectKey, RootCause]) -> list[Detection]:
         out: list[Detection] = []
@@ -168,7 +157,7 @@ class OnlineScan:
                    iteration: int) -> Detection:
         c = suspect.cause
         now = self.window_iterations
-        where = {"window": [now[0], now[-1]]} if event == "withdrawn" else {}
+        where = {"window": [now[0], now[-1]]} if event == "withdrawn" and now else {}
         evidence = {**c.evidence, **where,
                     "windows_with": suspect.hits, "windows_without": suspect.misses,
                     "found_in_windows": self.found.get(_key(c), 0)}
@@ -176,44 +165,8 @@ class OnlineScan:
                          iteration, evidence)
 
 
-def without_crowded_links(scan: ScanInput, causes: Sequence[RootCause], th: Thresholds
-                          ) -> list[RootCause]:
-    """``causes`` less the links a compute cause among them explains. A slow
-    rank shifts its pipeline's schedule, so transfers that ran apart now
-    cross a port together or wait on each other: links slow or erratic at
-    their median transfer, fast at their best. A slow link is slow in every
-    transfer; so while a compute cause is found, a link stays only if its
-    fastest transfers (``floor_quantile``) are slow too, as the compute rule
-    judges a rank delayed by contention: by time per byte (``link_excess``
-    over its class's) or by delivery (``wait_ratio`` times its class's)."""
-    if not any(c.kind == "compute" for c in causes):
-        return list(causes)
-    floor_excess = link_floor_excess(scan, th.floor_quantile)
-
-    def slow_at_best(c: RootCause) -> bool:
-        if "delivery_floor_ratio" in c.evidence:
-            return float(c.evidence["delivery_floor_ratio"]) > th.wait_ratio
-        return c.peer is None or floor_excess(c.rank, c.peer) > np.log1p(th.link_excess)
-    return [c for c in causes if c.kind != "link" or slow_at_best(c)]
-
-
-def link_floor_excess(scan: ScanInput, quantile: float) -> Callable[[int, int], float]:
-    """(rank, peer) -> how far the pair's fastest transfers' time per byte
-    (log, the ``quantile`` percentile) lies above its link class's median
-    pair's; inf for a pair without transfers (nothing to clear it with)."""
-    floors = {pair: float(np.percentile(v, quantile))
-              for pair, v in transfer_samples(scan).items() if len(v)}
-    by_class: dict[bool, list[float]] = {}
-    for pair, floor in floors.items():
-        by_class.setdefault(link_class(pair, scan.gpus_per_node), []).append(floor)
-    centre = {cls: float(np.median(v)) for cls, v in by_class.items()}
-
-    def excess(rank: int, peer: int) -> float:
-        pair = (min(rank, peer), max(rank, peer))
-        if pair not in floors:
-            return float("inf")
-        return floors[pair] - centre[link_class(pair, scan.gpus_per_node)]
-    return excess
+def _key_of(d: Detection) -> SuspectKey:
+    return (d.kind if d.kind == "link" else "rank", d.rank, d.peer)
 
 
 def iterations_of(source: EventSource, compact: bool = False, max_rows: int = 1 << 23

@@ -19,7 +19,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from megatronapp.scan.online.watch import follow  # numpy and the detector load here, not with the command line
 
     config = OnlineConfig(window=args.window, confirm=args.confirm, clear=args.clear,
-                          link_window=args.link_window)
+                          min_confidence=args.min_confidence)
 
     def feed(scan: OnlineScan, iterations: Iterations) -> None:
         for iteration, cols in iterations:
@@ -43,10 +43,27 @@ def _at_least(minimum: int, off: str = "") -> Callable[[str], int]:
     return count
 
 
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1], got {text}")
+    return value
+
+
+MAX_INTERVAL_S = 3600.0  # a look at least every hour (time.sleep takes no more than ~9e9 s)
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(text)
+    if value > MAX_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INTERVAL_S:g} seconds, got {text}")
     return value
 
 
@@ -56,7 +73,8 @@ def register(subparsers: Any, _plot_hooks: list) -> None:
                       "output) and report MegaScan's verdicts as they come")
     watch.add_argument("dir", metavar="DIR", help="a run directory, or a tensorboard_trace_handler "
                                                   "directory (one file per rank per cycle)")
-    watch.add_argument("--interval", type=_seconds, default=1.0, help="seconds between looks")
+    watch.add_argument("--interval", type=_interval, default=1.0,
+                       help=f"seconds between looks (at most {MAX_INTERVAL_S:g})")
     watch.add_argument("--idle", type=_seconds, default=None,
                        help="end when no file was written for this long (default: follow until "
                             "interrupted)")
@@ -67,9 +85,7 @@ def register(subparsers: Any, _plot_hooks: list) -> None:
                        help="windows in a row that must find a suspect before it is named")
     watch.add_argument("--clear", type=_at_least(1), default=defaults.clear,
                        help="windows in a row without it before a verdict is withdrawn")
-    watch.add_argument("--link-window", type=_at_least(0, " (0: off)"),
-                       default=defaults.link_window,
-                       help="also judge links over this many iterations, for links slow only "
-                            "now and then (0: off; `run --detect` on torch uses 10)")
+    watch.add_argument("--min-confidence", type=_probability, default=defaults.min_confidence,
+                       help="findings less confident than this do not count")
     watch.add_argument("--json", action="store_true", help="one JSON record a line per detection")
     watch.set_defaults(func=cmd_watch)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ...errors import UserError
+from ...io import gate
 from .protocol import validation_reason
 
 NAME = re.compile(r"(lens|patch|dla)-[0-9a-f]{12}")
@@ -26,6 +27,13 @@ MAX_RESULT_BYTES = 16 * 2**20  # a result file above this is not read (the page 
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+def _sized(value: list[Any], of: list[Any] | None, what: str) -> list[Any]:
+    """``value`` with one entry per entry of ``of`` (None: ``of`` failed its own check)."""
+    if of is not None and len(value) != len(of):
+        raise ValueError(f"one per {what} expected, got {len(value)} for {len(of)}")
+    return value
 
 
 class TopToken(_Result):
@@ -45,6 +53,23 @@ class LensView(_Result):
     rank: list[list[int]]
     top: list[list[list[TopToken]]]
 
+    @field_validator("mean_rank", "rank", "top")
+    @classmethod
+    def _one_per_row(cls, value: list[object], info: ValidationInfo) -> list[object]:
+        # the page draws a row of cells per row: a count that disagrees has none to go to
+        return _sized(value, info.data.get("rows"), "row")
+
+    @field_validator("top")
+    @classmethod
+    def _a_choice_per_position(cls, value: list[list[list[TopToken]]], info: ValidationInfo
+                               ) -> list[list[list[TopToken]]]:
+        tokens = info.data.get("tokens")
+        for row in value:
+            _sized(row, tokens, "position")
+            if any(not choices for choices in row):
+                raise ValueError("a position without a top token")
+        return value
+
 
 class PatchView(_Result):
     """``PatchResult.to_json``: the restored metric per site, layer and position."""
@@ -57,6 +82,16 @@ class PatchView(_Result):
     sites: list[str]
     layers: list[int]
     restored: list[list[list[float | None]]] = Field(description="(sites, layers, positions)")
+
+    @field_validator("restored")
+    @classmethod
+    def _shaped(cls, value: list[list[list[float | None]]], info: ValidationInfo
+                ) -> list[list[list[float | None]]]:
+        # (sites, layers, positions): the page draws one map per site, a cell per layer and position
+        for site in _sized(value, info.data.get("sites"), "site"):
+            for layer in _sized(site, info.data.get("layers"), "layer"):
+                _sized(layer, info.data.get("tokens"), "position")
+        return value
 
 
 class DlaView(_Result):
@@ -121,9 +156,9 @@ def read(path: Path) -> View:
     """The validated result in ``path``; ``UserError`` naming the file otherwise."""
     model = MODELS[path.stem.split("-")[0]]
     try:
-        if path.stat().st_size > MAX_RESULT_BYTES:
-            raise UserError(f"{path.name}: over {MAX_RESULT_BYTES} bytes, not read")
-        return model.model_validate_json(path.read_bytes())
+        return model.model_validate_json(gate.read_input(path, "", MAX_RESULT_BYTES, ", not read"))
+    except gate.InputError as err:  # a FIFO or a device is never opened: the server goes on
+        raise UserError(f"{path.name}: {err.reason(path)}") from None
     except OSError as err:
         raise UserError(f"{path.name}: cannot be read ({err.strerror})") from None
     except ValidationError as err:

@@ -13,7 +13,6 @@ files), and switches to the merged capture once its manifest appears.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,16 +20,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...errors import UserError
+from ...io import gate
 from ...io.outdirs import staged_siblings
+from ...io.text import TextError
 from ..storage import FORMAT, PARTIAL_SCHEMA, STATS_SCHEMA, Capture, merge_partials
 
 
 def _is_capture_manifest(path: Path) -> bool:
     """A run directory has a manifest.json of its own (the files of the result)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
+        data = gate.read_json(path, "")
+    except (OSError, TextError):  # absent, a FIFO, a device, not JSON: not a capture's
         return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
 
 
 def _written_at(capture: Path) -> float | None:
@@ -101,9 +104,9 @@ class PartsFollower:
         if not new and partials == self._partials:
             return None
         for f in new:
-            self._stats[f] = pq.read_table(f, schema=STATS_SCHEMA)
+            self._stats[f] = _part(f, STATS_SCHEMA)
         if partials != self._partials:
-            tables = [pq.read_table(f, schema=PARTIAL_SCHEMA) for f in sorted(partials)]
+            tables = [_part(f, PARTIAL_SCHEMA) for f in sorted(partials)]
             self._merged = merge_partials(pa.concat_tables(tables))[0] if tables else None
             self._partials = partials
         tables = [*self._stats.values(), *([self._merged] if self._merged is not None else [])]
@@ -113,12 +116,26 @@ class PartsFollower:
                                 "capture_state": "parts"})
 
 
+def _part(path: Path, schema: pa.Schema) -> pa.Table:
+    """One part file; one that is not a regular file or not a part's Parquet is
+    a ``UserError`` naming it (the view says so and goes on polling)."""
+    try:
+        return pq.read_table(gate.checked(path, ""), schema=schema)
+    except gate.InputError as err:
+        raise UserError(f"following: {err}") from None
+    except (OSError, pa.ArrowException) as err:
+        raise UserError(f"following: {path} is not a readable part file "
+                        f"({str(err).splitlines()[0][:120]})") from None
+
+
 def _dropped(parts: Path) -> int:
     """Drops the ranks that have finished report (a rank writes its counters last)."""
     total = 0
     for f in parts.glob("rank*/counters.json"):
         try:
-            total += int(json.loads(f.read_text()).get("dropped", 0))
-        except (OSError, ValueError):
-            pass
+            counters = gate.read_json(f, "")
+        except (OSError, TextError):
+            continue
+        dropped = counters.get("dropped", 0) if isinstance(counters, dict) else 0
+        total += dropped if isinstance(dropped, int) and not isinstance(dropped, bool) else 0
     return total

@@ -53,6 +53,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ...errors import UserError
+from ...host.listen import host_names
 from ..generate import GenerationStep
 from . import analyses
 from .protocol import (MAX_FRAME_BYTES, Analysis, Generate, Refused, Series, Stop,
@@ -97,10 +98,8 @@ class ServerConfig:
 
     @classmethod
     def local(cls, host: str, port: int, allow_perturb: bool) -> "ServerConfig":
-        names = [host] if host in ("127.0.0.1", "localhost") else [host, "127.0.0.1", "localhost"]
-        names += [n for n in ("127.0.0.1", "localhost") if n not in names]
-        origins = frozenset(f"http://{url_host(n)}:{port}" for n in names
-                            if n not in ("0.0.0.0", "::"))
+        names = list(dict.fromkeys([*host_names(host), "127.0.0.1", "localhost"]))
+        origins = frozenset(f"http://{url_host(n)}:{port}" for n in names)
         return cls(secrets.token_urlsafe(24), origins, tuple(url_host(n) for n in names),
                    allow_perturb)
 
@@ -135,14 +134,19 @@ class Connection:
         await self.ws.send_json({"kind": "refused", "reason": reason})
 
     async def watch(self) -> None:
-        """Following a run: tell the page whenever new statistics have arrived."""
-        seen = -1
+        """Following a run: tell the page whenever new statistics have arrived,
+        and what is wrong when a file of the run cannot be read."""
+        seen, said = -1, None
         while True:
             version = await self.app.refresh()
             if version != seen:
                 seen = version
                 await self.ws.send_json({"kind": "training",
                                          **self.app.source.training_info()})
+            if self.app.problem != said:
+                said = self.app.problem
+                if said is not None:
+                    await self.ws.send_json({"kind": "error", "message": said})
             await asyncio.sleep(POLL_S)
 
     async def serve(self) -> None:
@@ -289,6 +293,7 @@ class ViewApp:
         self.generation_lock = threading.Lock()
         self.follower = follower
         self.version = 0  # how many times the followed capture has changed
+        self.problem: str | None = None  # what the last read of the followed capture could not read
         self._polled = -POLL_S
         self._poll_lock = asyncio.Lock()
 
@@ -297,7 +302,14 @@ class ViewApp:
         async with self._poll_lock:
             if self.follower is not None and time.monotonic() - self._polled >= POLL_S:
                 self._polled = time.monotonic()
-                snap = await asyncio.to_thread(self.follower.poll)
+                try:
+                    snap = await asyncio.to_thread(self.follower.poll)
+                except UserError as err:
+                    if str(err) != self.problem:
+                        log.warning("%s", err)
+                    self.problem, snap = str(err), None
+                else:
+                    self.problem = None
                 if snap is not None:
                     self.source = replace(self.source, manifest=snap.manifest,
                                           series=TrainingSeries.of(snap.stats))

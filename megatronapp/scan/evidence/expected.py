@@ -1,0 +1,328 @@
+"""Everything about a suspect's expected time lives here: what each rank
+computed and idled per iteration, what each link spent transferring, and
+what each should have taken.
+
+A rank's expected compute and host time come from its **peers**, ranks doing
+the same work: ranks that communicate alike (the same collectives, on groups
+of the same size; the same transfers, up or down the ranks), and, where the
+scenario's cost model prices them, model the same work. A slow device,
+extra calls or a stalled host change how long a rank computes, never how it
+communicates. A rank's expected compute is its own wall time at its peers'
+speed: each op's fastest call in the iteration (its time when the rank had
+its device to itself) against the peers' fastest call of that op, counted
+as often as the peers call it (extra calls are excess). Without peers, a
+rank's compute is expected from the scenario's cost model at the job's
+speed (where a run has one), else from its own other iterations. A link's expected transfer time comes from the other links of
+its class (the same direction, within or across nodes), per byte where the
+trace records bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from megatronapp.trace.columns import EventColumns
+from megatronapp.trace.metrics import group_ids, nth_in_group
+
+from .graph import COMPUTE, Graph
+
+Work = Mapping[int, Mapping[str, float]]  # rank -> compute op name -> modelled seconds per call
+
+
+@dataclass(frozen=True)
+class Table:
+    """A quantity per suspect (rows) and iteration (columns): actual and
+    expected seconds (NaN where unknown), and how the expectation was found."""
+
+    keys: list  # the suspects: ranks, or (low, high) rank pairs
+    actual: np.ndarray
+    expected: np.ndarray
+    basis: list[str]  # per suspect: peers | model | own iterations | none
+    # per suspect, the one other suspect its expectation came from, when only
+    # one did (a pair of peers): the two share their noise, so neither's
+    # spread may judge the other
+    partner: list[object | None] | None = None
+
+    @property
+    def excess(self) -> np.ndarray:
+        return self.actual - self.expected
+
+
+# ------------------------------------------------------------ per rank
+def per_rank_iteration(g: Graph, ranks: np.ndarray, values: np.ndarray,
+                       mask: np.ndarray | None = None) -> np.ndarray:
+    """Sum of ``values`` per (rank, iteration) over the ops in ``mask``."""
+    keep = np.ones(len(g), bool) if mask is None else mask
+    r = np.searchsorted(ranks, g.rank[keep])
+    out = np.zeros((len(ranks), len(g.iterations)))
+    np.add.at(out, (r, g.iteration[keep]), values[keep])
+    return out
+
+
+def communication(g: Graph, cols: EventColumns, ranks: np.ndarray) -> np.ndarray:
+    """Per rank, how many times it took part in each kind of communication: a
+    collective by name and group size, a transfer by name and whether its
+    partner is a higher or a lower rank (where every transfer's partner is
+    known). Ranks doing the same work in a job communicate alike, whatever
+    slows them."""
+    comm = np.flatnonzero(g.how != COMPUTE)
+    rows = g.row[comm]
+    size = np.array([len(cols.groups[k]) if k >= 0 else 0 for k in cols.group[rows].tolist()],
+                    np.int64)
+    partner = np.full(len(comm), -1, np.int64)
+    linked = g.flow[comm] >= 0
+    for n, f in zip(np.flatnonzero(linked).tolist(), g.flow[comm][linked].tolist()):
+        sender, receiver, _ = g.flows[f]
+        partner[n] = receiver if g.rank[comm[n]] == sender else sender
+    transfer = np.isin(rows, g.row[g.flow >= 0]) | (cols.peer[rows] >= 0) | (size == 0)
+    # a side is known only where every transfer was matched: counts that mix
+    # known and unknown sides would tell alike ranks apart
+    known = bool(np.all(partner[transfer & (size == 0)] >= 0))
+    side = np.where(partner < 0, 0, np.where(partner > g.rank[comm], 1, 2)) if known else \
+        np.zeros(len(comm), np.int64)
+    keys, col = np.unique(np.stack([cols.name[rows].astype(np.int64), size, side], axis=1),
+                          axis=0, return_inverse=True)
+    counts = np.zeros((len(ranks), len(keys)), np.int64)
+    np.add.at(counts, (np.searchsorted(ranks, g.rank[comm]), col.reshape(-1)), 1)
+    return counts
+
+
+def op_counts(g: Graph, cols: EventColumns, ranks: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Per rank, how many times it ran each compute op name in the batch."""
+    compute = g.how == COMPUTE
+    codes = cols.name[g.row[compute]].astype(np.int64)
+    names, col = np.unique(codes, return_inverse=True)
+    counts = np.zeros((len(ranks), len(names)), np.int64)
+    np.add.at(counts, (np.searchsorted(ranks, g.rank[compute]), col), 1)
+    return counts, [cols.names[int(c)] for c in names]
+
+
+def modelled(g: Graph, cols: EventColumns, ranks: np.ndarray, work: Work) -> np.ndarray | None:
+    """Per (rank, iteration), the modelled seconds of its compute; None when
+    the cost model does not price every rank."""
+    if not work or any(int(r) not in work for r in ranks):
+        return None
+    compute = np.flatnonzero(g.how == COMPUTE)
+    cost = np.zeros(len(g))
+    for rank, by_name in work.items():
+        mine = compute[g.rank[compute] == rank]
+        names = cols.name[g.row[mine]]
+        for name, seconds in by_name.items():
+            cost[mine[names == cols.name_code(name)]] = seconds
+    if not np.all(cost[compute] > 0):
+        return None
+    return per_rank_iteration(g, ranks, cost, g.how == COMPUTE)
+
+
+def peer_sets(signature: np.ndarray, profile: np.ndarray | None = None) -> list[np.ndarray]:
+    """Per rank (row of ``signature``), the rows of its peers (itself left
+    out): the ranks with the same signature (and ``profile`` row, where given)."""
+    n = len(signature)
+    key = signature if profile is None else np.hstack([signature, np.round(profile, 12)])
+    _, cls = np.unique(key, axis=0, return_inverse=True)
+    cls = cls.reshape(-1)
+    return [np.flatnonzero((cls == cls[i]) & (np.arange(n) != i)) for i in range(n)]
+
+
+def _median_of(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per iteration, the median of ``values`` over ``rows`` (NaN if none)."""
+    if not len(rows):
+        return np.full(values.shape[1], np.nan)
+    return np.median(values[rows], axis=0)
+
+
+def faster_half(values: np.ndarray) -> np.ndarray:
+    """Per column, the median of the faster (smaller) half of the rows: what a
+    class says its members should take. Faults are rare, speed-ups are not
+    faults: up to half the class may be slow without moving it."""
+    if not len(values):
+        return np.full(values.shape[1:], np.nan)
+    ordered = np.sort(values, axis=0)
+    half = (len(values) + 1) // 2
+    return np.median(ordered[:half], axis=0)
+
+
+def _peer_median(values: np.ndarray, i: int, peers: np.ndarray) -> np.ndarray:
+    """What ``i``'s peers say it should take: the faster half of the class
+    with it, or its one peer's value."""
+    return faster_half(values[peers if len(peers) == 1 else np.r_[peers, i]])
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray, group: np.ndarray, groups: int
+                    ) -> np.ndarray:
+    """Per group (0 .. groups-1), the weighted median of its values (NaN if none)."""
+    out = np.full(groups, np.nan)
+    if not len(values):
+        return out
+    order = np.lexsort((values, group))
+    g, v, w = group[order], values[order], weights[order]
+    cuts = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
+    total = np.add.reduceat(w, cuts)
+    cum = np.cumsum(w) - np.repeat(np.cumsum(total) - total, np.diff(np.r_[cuts, len(g)]))
+    half = np.repeat(total / 2, np.diff(np.r_[cuts, len(g)]))
+    past = np.flatnonzero(cum >= half)
+    first = past[np.r_[0, np.flatnonzero(np.diff(g[past])) + 1]] if len(past) else past
+    out[g[first]] = v[first]
+    return out
+
+
+def at_peer_speed(g: Graph, cols: EventColumns, ranks: np.ndarray, cls: np.ndarray
+                  ) -> np.ndarray:
+    """Per rank and iteration, what its compute would have taken at its
+    peers' speed. Each of its op calls is matched with the same call (name,
+    iteration, n-th call of that name) on the other members of its class
+    (``cls``: a class id per rank); its speed is the weighted median, by the
+    peers' duration, of its calls' duration over theirs (a few calls that
+    lost their core to another process cannot move it); matched calls are
+    expected at that speed, calls no peer made (extra calls) not at all."""
+    rows = np.flatnonzero(g.how == COMPUTE)
+    r = np.searchsorted(ranks, g.rank[rows])
+    name = cols.name[g.row[rows]].astype(np.int64)
+    it = g.iteration[rows]
+    # rows come by rank, then start (as the loader orders them): the n-th call of a name
+    nth = nth_in_group(group_ids(r, name, it)[0])
+    key, keys = group_ids(cls[r], name, it, nth)
+    dur = g.dur[rows]
+    members = np.bincount(key, minlength=keys)
+    reference = _reference(key, keys, dur, members)
+    matched = members[key] >= 2
+    cell = r * len(g.iterations) + it
+    cells = len(ranks) * len(g.iterations)
+    with np.errstate(all="ignore"):
+        ratio = np.log(dur[matched] / reference[matched])
+    ok = np.isfinite(ratio)
+    speed = weighted_median(ratio[ok], reference[matched][ok], cell[matched][ok], cells)
+    matched_time = np.bincount(cell[matched], dur[matched], minlength=cells)
+    expected = matched_time * np.exp(-np.nan_to_num(speed))
+    return expected.reshape(len(ranks), len(g.iterations))
+
+
+def _reference(key: np.ndarray, keys: int, dur: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Per call, what its class made of the same call: the median of the
+    faster half of the class (itself in it) when three or more made it, else
+    the other's (``faster_half``)."""
+    order = np.lexsort((dur, key))
+    k, d = key[order], dur[order]
+    start = np.searchsorted(k, np.arange(keys))
+    size = (members + 1) // 2
+    lo = start + (size - 1) // 2
+    hi = start + size // 2
+    median = np.where(size > 0, (d[np.minimum(lo, len(d) - 1)] + d[np.minimum(hi, len(d) - 1)]) / 2,
+                      np.nan)
+    total = np.bincount(key, dur, minlength=keys)
+    pair = members[key] == 2
+    out = median[key]
+    out[pair] = total[key][pair] - dur[pair]  # the other member's duration
+    return out
+
+
+def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]:
+    """Compute and host time per rank and iteration, each with its expectation."""
+    ranks = np.unique(g.rank)
+    compute = per_rank_iteration(g, ranks, g.dur, g.how == COMPUTE)
+    host = per_rank_iteration(g, ranks, np.maximum(g.gap, 0.0))
+    counts, _ = op_counts(g, cols, ranks)
+    model = modelled(g, cols, ranks, work)
+    profile = None if model is None else model / np.maximum(counts.sum(axis=1), 1)[:, None]
+    exact = peer_sets(communication(g, cols, ranks), profile)
+    keys = ranks.tolist()
+    exp_c = np.full(compute.shape, np.nan)
+    exp_h = np.full(compute.shape, np.nan)
+    basis_c, basis_h = [], []
+    speed = None if model is None else compute / model  # seconds per modelled second
+    partner_c: list[object | None] = []
+    partner_h: list[object | None] = []
+    for i, chosen in enumerate(exact):
+        others = np.flatnonzero(np.arange(len(ranks)) != i)
+        if len(chosen):
+            exp_h[i], basis = _peer_median(host, i, chosen), "peers"
+        elif host.shape[1] >= 3:
+            exp_h[i], basis = np.full(host.shape[1], np.median(host[i])), "own iterations"
+        else:
+            basis = "none"
+        basis_h.append(basis)
+        partner_h.append(keys[int(chosen[0])] if len(chosen) == 1 else None)
+        if len(chosen):
+            exp_c[i], how = _peer_median(compute, i, chosen), "peers"
+        elif model is not None and speed is not None and len(others):
+            exp_c[i], how = model[i] * np.median(speed, axis=0), "model"
+        elif compute.shape[1] >= 3:
+            exp_c[i], how = np.full(compute.shape[1], np.median(compute[i])), "own iterations"
+        else:
+            how = "none"
+        basis_c.append(how)
+        partner_c.append(keys[int(chosen[0])] if len(chosen) == 1 else None)
+    return (Table(keys, compute, exp_c, basis_c, partner_c),
+            Table(keys, host, exp_h, basis_h, partner_h))
+
+
+def _class_ids(peers: list[np.ndarray]) -> np.ndarray:
+    """A class id per rank: the smallest row among it and its peers."""
+    return np.array([min([i, *p.tolist()]) for i, p in enumerate(peers)], np.int64)
+
+
+# ------------------------------------------------------------ per link
+def link_class(g: Graph, flow: int, gpus_per_node: int) -> tuple[str, bool]:
+    sender, receiver, direction = g.flows[flow]
+    return direction, sender // gpus_per_node == receiver // gpus_per_node
+
+
+def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
+    """Transfer time (the receives' residuals) per link and iteration, each
+    expected from the other links of its flows' classes."""
+    recv = np.flatnonzero((g.flow >= 0) & np.isin(g.row, _receive_rows(cols, g)))
+    n_flows, n_iter = len(g.flows), len(g.iterations)
+    seconds = np.zeros((n_flows, n_iter))
+    count = np.zeros((n_flows, n_iter))
+    nbytes = np.zeros((n_flows, n_iter))
+    np.add.at(seconds, (g.flow[recv], g.iteration[recv]), g.residual[recv])
+    np.add.at(count, (g.flow[recv], g.iteration[recv]), 1)
+    np.add.at(nbytes, (g.flow[recv], g.iteration[recv]),
+              np.maximum(cols.nbytes[g.row[recv]], 0).astype(float))
+    per_byte = bool(np.all(nbytes[count > 0] > 0))
+    unit = np.where(count > 0, seconds / np.maximum(nbytes if per_byte else count, 1e-300), np.nan)
+    size = nbytes if per_byte else count
+    classes: dict[tuple[str, bool], list[int]] = {}
+    for f in range(n_flows):
+        classes.setdefault(link_class(g, f, gpus_per_node), []).append(f)
+    expected = np.full((n_flows, n_iter), np.nan)
+    for members in classes.values():
+        if len(members) < 2:
+            continue
+        centre = _faster_half_ignoring_nan(unit[members])
+        for f in members:
+            expected[f] = centre * size[f]
+    pair_of_flow = np.array([_pair_id(g, f) for f in range(n_flows)], np.int64)
+    n_pairs = len(g.links)
+    actual = np.zeros((n_pairs, n_iter))
+    exp = np.zeros((n_pairs, n_iter))
+    known = np.zeros((n_pairs, n_iter), bool)
+    np.add.at(actual, pair_of_flow, seconds)
+    np.add.at(exp, pair_of_flow, np.nan_to_num(expected))
+    np.logical_or.at(known, pair_of_flow, np.isfinite(expected) & (count > 0))
+    exp[~known] = np.nan
+    keys = [tuple(p) for p in g.links.tolist()]
+    basis = ["links of its class" if known[i].any() else "none" for i in range(n_pairs)]
+    return Table(keys, actual, exp, basis)
+
+
+def _faster_half_ignoring_nan(values: np.ndarray) -> np.ndarray:
+    """``faster_half`` per column over the rows that have a value there."""
+    return np.array([faster_half(col[np.isfinite(col)][:, None])[0] if np.isfinite(col).any()
+                     else np.nan for col in values.T])
+
+
+def _pair_id(g: Graph, flow: int) -> int:
+    sender, receiver, _ = g.flows[flow]
+    lo, hi = min(sender, receiver), max(sender, receiver)
+    return int(np.flatnonzero((g.links[:, 0] == lo) & (g.links[:, 1] == hi))[0])
+
+
+def _receive_rows(cols: EventColumns, g: Graph) -> np.ndarray:
+    """Rows of receives among the transfer ops (role recorded, else named)."""
+    rows = g.row[g.flow >= 0]
+    role = cols.role[rows]
+    named = np.array(["recv" in cols.names[int(c)].lower() for c in cols.name[rows]], bool)
+    return rows[np.where(role >= 0, role == 1, named)]

@@ -1,0 +1,89 @@
+"""MegaScan's parameters, all of them, each with its meaning and provenance.
+
+The model (``blame``): a suspect is blamed the seconds by which each
+iteration would end earlier had it taken its expected time. It is named for
+an iteration when it ran ``noise_multiple`` times the noise of its kind of
+quantity over its expected time (the spread of the same excess among all
+suspects, over all iterations) and ``min_slowdown`` of it over, and its
+blame is at least ``min_share`` of the iteration; it is named when that holds in at least ``min_hit_share`` of
+the iterations it was seen in; its
+confidence is a logistic function of how many noise units its blame holds
+(``confidence_slope``, ``confidence_offset``), fitted so that a confidence
+of 0.9 is right nine times in ten on the tuning set.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Params:
+    noise_multiple: float = 3.0
+    min_slowdown: float = 0.0
+    min_share: float = 0.02
+    min_hit_share: float = 0.25
+    confidence_slope: float = 2.0
+    confidence_offset: float = 0.0
+    shortlist: int = 16
+    capacity: int = 64
+    min_noise_samples: int = 4
+    noise_floor_s: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            signed = f.name == "confidence_offset"
+            if not (isinstance(value, (int, float)) and abs(value) < float("inf")
+                    and (signed or value >= 0)):
+                raise ValueError(f"{f.name} must be a finite number{'' if signed else ' >= 0'}, "
+                                 f"got {value!r}")
+        if self.shortlist < 1 or self.capacity < 1 or self.min_noise_samples < 1:
+            raise ValueError("shortlist, capacity and min_noise_samples must be >= 1")
+
+
+# name -> (meaning, where its value comes from)
+PROVENANCE: dict[str, tuple[str, str]] = {
+    "noise_multiple": (
+        "blame must be this many noise units to count in an iteration",
+        "to be fitted on the tuning set"),
+    "min_slowdown": (
+        "and at least this much over its expected time, relative to it (0.5: 1.5x as long)",
+        "to be fitted on the tuning set"),
+    "min_share": (
+        "blame must also be this share of its iteration to count",
+        "to be fitted on the tuning set"),
+    "min_hit_share": (
+        "a suspect must count in this share of the iterations it was seen in (a fault "
+        "recurs; a machine's hiccup hits one iteration)",
+        "to be fitted on the tuning set"),
+    "confidence_slope": (
+        "logistic slope of the confidence in log(noise units of blame)",
+        "to be fitted on the tuning set"),
+    "confidence_offset": (
+        "logistic offset of the confidence",
+        "to be fitted on the tuning set"),
+    "shortlist": (
+        "suspects replayed per batch, most over their expected time first",
+        "not fitted: a bound on work (each replay is one pass over the batch)"),
+    "capacity": (
+        "noise samples kept per suspect (an evenly thinned reservoir): one per iteration "
+        "while a run is shorter",
+        "not fitted: a bound on memory (98,304 ranks x 64 samples: 50 MB)"),
+    "min_noise_samples": (
+        "fewest samples a suspect's noise is measured from once it and its one peer are "
+        "left out; with fewer, every suspect's samples are used",
+        "not fitted: a median absolute deviation of four values is the least that says "
+        "anything"),
+    "noise_floor_s": (
+        "the smallest noise, in seconds: no finding is surer than the timer's resolution",
+        "not fitted: traces are written in microseconds"),
+}
+
+
+def table() -> list[dict[str, Any]]:
+    """The parameters as rows: name, default, meaning, provenance."""
+    defaults = Params()
+    return [{"name": f.name, "value": getattr(defaults, f.name),
+             "meaning": PROVENANCE[f.name][0], "provenance": PROVENANCE[f.name][1]}
+            for f in fields(Params)]

@@ -1,0 +1,57 @@
+"""docs/megascan.md's how-to for users' own jobs, run: its torch.profiler
+snippet, taken from the page, profiles a 2-rank CPU DDP job
+(``tests/profile_howto_job.py``), and ``detect``, ``analyze`` and
+``report`` read the folder it wrote, leaving it as it was."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from markdown_it import MarkdownIt
+
+from .support import ROOT, run_cli
+
+PAGE = ROOT / "docs" / "megascan.md"
+MARKER = "<!-- profile snippet"
+
+
+def snippet() -> str:
+    """The Python block that follows the page's profile-snippet marker."""
+    tokens = MarkdownIt("commonmark").parse(PAGE.read_text())
+    for before, token in zip(tokens, tokens[1:]):
+        if before.type == "html_block" and before.content.startswith(MARKER):
+            assert token.type == "fence" and token.info == "python"
+            return token.content
+    raise AssertionError(f"{PAGE}: no block after {MARKER!r}")
+
+
+def test_the_snippet_is_one_paste_with_nothing_of_ours() -> None:
+    code = snippet()
+    assert "megatronapp" not in code and "prof.step()" in code
+    compile(code, "snippet", "exec")
+
+
+@pytest.mark.slow
+def test_a_job_profiled_as_the_how_to_says_is_read_by_detect(tmp_path: Path) -> None:
+    (tmp_path / "snippet.py").write_text(snippet())
+    subprocess.run([sys.executable, str(ROOT / "tests" / "profile_howto_job.py"),
+                    str(tmp_path / "job"), str(tmp_path / "snippet.py")],
+                   check=True, capture_output=True, timeout=600, cwd=ROOT)
+    traces = tmp_path / "job" / "traces"
+    files = sorted(traces.iterdir())
+    assert len(files) == 2 and all(f.name.endswith(".pt.trace.json") for f in files)
+    before = {f.name: f.stat().st_mtime_ns for f in files}
+    done = run_cli("detect", str(traces), "--json")
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout)
+    assert verdict["world_size"] == 2 and verdict["missing_ranks"] == []
+    assert done.stderr == ""  # every rank is there: no warning
+    analysis = json.loads(run_cli("analyze", str(traces), "--json").stdout)
+    assert sorted(analysis["ranks"]) == ["0", "1"]
+    assert len(analysis["iteration_times_s"]) == 4  # the schedule's active steps
+    assert run_cli("report", str(traces)).returncode == 0
+    assert {f.name: f.stat().st_mtime_ns for f in traces.iterdir()} == before
+    assert (tmp_path / "job" / "traces-megascan" / "report.html").is_file()
