@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 # Each module contributes its own subcommands through ``register(subparsers)``.
 MODULE_CLIS = ("megatronapp.scan.cli", "megatronapp.fbd.cli", "megatronapp.dpp.cli",
                "megatronapp.sweep.cli", "megatronapp.scope.cli", "megatronapp.fidelity.cli",
-               "megatronapp.report.cli", "megatronapp.scan.online.watch_cli")
+               "megatronapp.report.cli", "megatronapp.scan.online.watch_cli",
+               "megatronapp.mitigate.cli")
 
 
 # ------------------------------------------------------------------- run
@@ -48,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .scenario.config import load_scenario
     from .io.outdirs import check_output, staged_dir
     from .io.progress import RunProgress
+    from .run.touched import check_faults_touched
     from .run.write import write_run
 
     scenario = load_scenario(args.scenario, args.set)
@@ -73,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return backend.run(s, online.options(s, options) if online else options, hooks)
 
         result = run(scenario)
+        check_faults_touched(scenario, result)  # a fault that changed nothing: refused
         segments = online.after(result, run) if online else []  # the closed loop's restarts
         progress.phase(f"writing {out}")
         summary = write_run(scenario, segments[0].result if segments else result, tmp,

@@ -135,8 +135,11 @@ class Engine:
 
     def _devices(self, cluster: Cluster) -> None:
         self.device = [cluster.devices[r] for r in self.ranks]
-        self.pricing = [DEVICE if d.windows else (NOISY if d.is_noisy else PLAIN)
+        self.pricing = [DEVICE if d.faulty else (NOISY if d.is_noisy else PLAIN)
                         for d in self.device]
+        stages = self.program.stages  # a faulty device's ops: their name and iteration
+        self.op_names = [stages[s].names for s in self.stage]
+        self.op_iterations = [stages[s].iteration for s in self.stage]
 
     def _links(self, cluster: Cluster, p_count: int) -> None:
         """Per simulated rank, the link to each stage of its pipeline (itself too:
@@ -156,15 +159,23 @@ class Engine:
         self.need: list[int] = []
         self.coll_key: list[list[int]] = []
         self.ring: list[list[Any]] = []
+        # groups of a kind partition the ranks: (kind, first member) names one; its
+        # rendezvous and ring are found once, not once per member (a 12k-rank dp group)
+        met: dict[tuple[int, int], tuple[Any, int, Any]] = {}
         for rank in self.ranks:
             row_keys, row_rings = [], []
             for kind in range(len(GROUP_KINDS)):
-                key, need = classes.rendezvous(rank, kind, rep_of)
+                group = kind_group(topo, kind, rank)
+                found = met.get((kind, group[0]))
+                if found is None:
+                    found = met[(kind, group[0])] = (*classes.rendezvous(rank, kind, rep_of),
+                                                     net.ring(group))
+                key, need, ring = found
                 if key not in keys:
                     keys[key] = len(keys)
                     self.need.append(need)
                 row_keys.append(keys[key])
-                row_rings.append(net.ring(kind_group(topo, kind, rank)))
+                row_rings.append(ring)
             self.coll_key.append(row_keys)
             self.ring.append(row_rings)
         self.n_keys = len(keys)
@@ -278,13 +289,17 @@ class Engine:
                     if overhead and code != WAIT and code != COLLECTIVE_WAIT:
                         t = t + overhead
                     if code == COMPUTE:
+                        if pricing == DEVICE:  # host time its faults put before it
+                            t = t + self.device[i].host_delay_s(self.op_names[i][op[1]],
+                                                                self.op_iterations[i][op[1]])
                         st[op[1]] = t
                         if pricing == PLAIN:
                             t = t + op[2]
                         elif pricing == NOISY:
                             t = t + self.device[i].noisy(op[2])
                         else:
-                            t = t + self.device[i].duration(t, op[2])
+                            t = t + self.device[i].duration(t, op[2],
+                                                            self.op_iterations[i][op[1]])
                         en[op[1]] = t
                     elif code == COLLECTIVE:
                         st[op[1]] = t
@@ -395,6 +410,8 @@ class Engine:
         link = self.link_row[i][self.msg_dst[m]]
         slow = link.slowdown(t)
         note = (slot, i, m, self.latency_row[i][self.msg_dst[m]])
+        if link.outages:  # a flapping link: the transfer waits for it
+            t = t + link.delay_s(t, nbytes, slow)
         if self.fixed_p2p is not None:
             self.deliver(note, t + self.fixed_p2p * slow)
         elif nbytes <= 0:

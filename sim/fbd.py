@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 import simpy
 
-from megatronapp.scenario import seeds
-from megatronapp.scenario.config import ClockSkew, Scenario, ScenarioError, Throttle
+from megatronapp.faults import JobEffects, Throttle
+from megatronapp.scenario.config import Scenario, ScenarioError
 from megatronapp.costs.per_op import stage_costs
 from megatronapp.fbd.control import Align, Aligned, Execute, Nap, Requests, control_thread
 from megatronapp.fbd.coordinator import Coordinator, GroupTable, or_tables
@@ -40,8 +40,8 @@ from megatronapp.program.layout import topology_of
 from megatronapp.parallel.ops import AllReduce, Compute, IRecv, ISend, RankProgram, trace_args
 from megatronapp.parallel.topology import Topology
 from megatronapp.trace.events import Event, RankClock, Tracer
-from .cluster import Cluster, link_faults
-from .devices import Device, ThrottleWindow
+from .cluster import Cluster, clocks_of, device_of, scenario_effects
+from .devices import Device
 from .hetero import ClassSlot, slots_by_class
 from .interpreter import SimInterpreter
 from .network import Network
@@ -54,28 +54,16 @@ def fbd_slots(s: Scenario, layout: FbdLayout) -> list[ClassSlot]:
                               (fbd.backward_class, layout.backward_devices)])
 
 
-def fbd_devices(s: Scenario, slots: list[ClassSlot], jitter: bool = True) -> dict[int, Device]:
-    """Physical devices: their class's speed for the whole run, times any
-    ``throttle`` fault on that device, plus background compute jitter."""
-    windows: dict[int, list[ThrottleWindow]] = {
-        d: [ThrottleWindow(0.0, math.inf, sl.slowdown)] if sl.slowdown != 1 else []
-        for d, sl in enumerate(slots)}
-    for f in s.faults:
-        if isinstance(f, Throttle):
-            end = math.inf if f.end_s is None else f.end_s
-            windows[f.rank].append(ThrottleWindow(f.start_s, end, f.factor))
-    sigma = s.cluster.jitter.compute_sigma if jitter else 0.0
-    return {d: Device(d, tuple(ws), sigma,
-                      seeds.rng(s.seed, 3, d) if sigma > 0 else None)
-            for d, ws in windows.items()}
+def fbd_devices(s: Scenario, slots: list[ClassSlot], jitter: bool = True,
+                effects: JobEffects | None = None) -> dict[int, Device]:
+    """Physical devices: their class's speed for the whole run, times the
+    faults on that device, plus background compute jitter."""
+    effects = effects or scenario_effects(s)
+    return {d: device_of(s, effects, d, jitter, sl.slowdown) for d, sl in enumerate(slots)}
 
 
 def device_clocks(s: Scenario, count: int) -> dict[int, RankClock]:
-    clocks = {d: RankClock() for d in range(count)}
-    for f in s.faults:
-        if isinstance(f, ClockSkew):
-            clocks[f.rank] = RankClock(f.offset_us, f.drift_ppm)
-    return clocks
+    return clocks_of(s, count)
 
 
 def device_cluster(s: Scenario, slots: list[ClassSlot], env: simpy.Environment,
@@ -85,12 +73,13 @@ def device_cluster(s: Scenario, slots: list[ClassSlot], env: simpy.Environment,
     topo = Topology(tp=len(slots), gpus_per_node=s.cluster.gpus_per_node)
     links = s.cluster.links
     quiet = s if faults else s.model_copy(update={"faults": ()})
+    effects = scenario_effects(quiet)
     network = Network(env, topo, links.intra_node_gbps, links.inter_node_gbps,
-                      links.latency_us * 1e-6, link_faults(quiet),
+                      links.latency_us * 1e-6, effects,
                       s.cluster.jitter.link_sigma if faults else 0.0, s.seed,
                       s.costs.p2p_s, s.costs.allreduce_s)
-    return Cluster(env, topo, fbd_devices(quiet, slots, jitter=faults), network,
-                   device_clocks(quiet, len(slots)))
+    return Cluster(env, topo, fbd_devices(quiet, slots, faults, effects), network,
+                   clocks_of(quiet, len(slots), effects), effects)
 
 
 @dataclass(eq=False)
@@ -170,10 +159,15 @@ class FbdInterpreter(SimInterpreter):
     # ------------------------------------------------------------ compute
     def _compute(self, rank: int, op: Compute):
         device = self.device(rank)
+        iteration = op.meta.get("iteration", -1)
+        stall = self.cluster.devices[device].host_delay_s(op.name, iteration)
+        if stall > 0:  # the host is late to issue it; the device stays free meanwhile
+            yield self.env.timeout(stall)
         with self._compute_units[device].request() as turn:  # threads share the device
             yield turn
             start = self.env.now
-            yield self.env.timeout(self.cluster.devices[device].duration(start, op.cost_s))
+            yield self.env.timeout(self.cluster.devices[device].duration(start, op.cost_s,
+                                                                         iteration))
         result = op.run() if op.run is not None else None
         self.tracers[rank].record(op.name, start, self.env.now, trace_args(op, result=result))
         return result

@@ -127,8 +127,13 @@ class SimInterpreter:
 
     # -------------------------------------------------------------- handlers
     def _compute(self, rank: int, op: Compute):
+        device = self.cluster.devices[rank]
+        iteration = op.meta.get("iteration", -1)
+        stall = device.host_delay_s(op.name, iteration)
+        if stall > 0:  # host time before the op, outside it
+            yield self.env.timeout(stall)
         start = self.env.now
-        yield self.env.timeout(self.cluster.devices[rank].duration(start, op.cost_s))
+        yield self.env.timeout(device.duration(start, op.cost_s, iteration))
         result = op.run() if op.run is not None else None
         self.tracers[rank].record(op.name, start, self.env.now, trace_args(op, result=result))
         return result

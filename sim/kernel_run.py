@@ -7,9 +7,11 @@ program order), each link direction's slowdowns (``Link.slowdowns``), each
 ring's slowest-edge multipliers (``Ring.worsts``), with the very draws the
 reference engine (``sim.engine``) takes one at a time. A device whose
 durations depend on when work starts (throttle windows) is asked while the
-loop runs, a batch of parked ranks at a time. Slow-link windows with an onset
-or an end (a link or a ring whose cost depends on the start time) are not
-priced here (``NotKernel``): the reference engine runs them.
+loop runs, a batch of parked ranks at a time. What depends on an op's
+iteration (host stalls, windows of every k-th iteration), slow-link windows
+with an onset or an end (a link or a ring whose cost depends on the start
+time), link flaps and crashes are not priced here (``kernel_prices``,
+``NotKernel``): the reference engine runs them.
 """
 from __future__ import annotations
 
@@ -36,9 +38,16 @@ class NotKernel(Exception):
 
 
 def kernel_prices(cluster: Cluster) -> bool:
-    """Whether the loop prices ``cluster``'s job: not where a slow link has an
-    onset or an end (a transfer's or a ring's cost would depend on its start)."""
-    return not cluster.network.faults.timed
+    """Whether the loop prices ``cluster``'s job. It knows no iterations, no
+    host time, no link drops and no job stop, and prices links before it runs:
+    not where a rank's compute or host depends on the iteration (a window of
+    every k-th iteration, a host stall), a slow link has an onset or an end (a
+    transfer's or a ring's cost would depend on its start), a link flaps, or a
+    rank crashes. The reference engine runs those."""
+    effects = cluster.effects
+    if effects.timed_links or effects.flapping_links or effects.stop is not None:
+        return False
+    return not any(device.iterated for device in cluster.devices.values())
 
 
 # each operation's fields (event, x, nbytes, nth, steps, cost): where they sit

@@ -20,14 +20,27 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
+from megatronapp.faults import JobEffects, Outage, Window
 from megatronapp.scenario import seeds
 from megatronapp.parallel.topology import Topology
 
-from .devices import ThrottleWindow, factor_at
 from .draws import NormalStream, exact_exp
 
 Pair = tuple[int, int]
-EdgeWindows = tuple[tuple[ThrottleWindow, ...], ...]  # a ring's slow-link windows, edge by edge
+EdgeWindows = tuple[tuple[Window, ...], ...]  # a ring's slow-link windows, edge by edge
+
+
+def factor_at(windows: tuple[Window, ...], t: float) -> float:
+    """The product of the factors of the windows that hold ``t``."""
+    factor = 1.0
+    for w in windows:
+        factor *= w.factor_at(t)
+    return factor
+
+
+def outage_delay(outages: tuple[Outage, ...], t: float, nominal_s: float) -> float:
+    """Seconds a use of a link starting at ``t`` waits out its outages."""
+    return sum(o.delay_s(t, nominal_s) for o in outages)
 
 
 def gbps_to_bytes_per_s(gbps: float) -> float:
@@ -108,17 +121,6 @@ class FluidPorts:
         return self._rates(others)
 
 
-@dataclass
-class LinkFaults:
-    """Per unordered rank pair: bandwidth slowdown factor and jitter sigma;
-    ``timed``: the windows of slow links with an onset or an end (their
-    factors apply to a use starting inside them)."""
-
-    slow: dict[Pair, float] = field(default_factory=dict)
-    jitter: dict[Pair, float] = field(default_factory=dict)
-    timed: dict[Pair, tuple[ThrottleWindow, ...]] = field(default_factory=dict)
-
-
 def succeeds(event: simpy.Event) -> Callable[[simpy.Event], None]:
     """A callback that succeeds ``event`` (for another event's ``callbacks``)."""
     def callback(_fired: simpy.Event) -> None:
@@ -133,16 +135,35 @@ def pair(a: int, b: int) -> Pair:
 class Link:
     """One direction of a rank pair: its ports, bandwidth and slowdown."""
 
-    __slots__ = ("ports", "bandwidth", "factor", "windows", "sigma", "noise")
+    __slots__ = ("ports", "bandwidth", "factor", "windows", "sigma", "noise", "outages")
 
     def __init__(self, ports: tuple[Port, Port], bandwidth: float, factor: float, sigma: float,
-                 noise: NormalStream | None, windows: tuple[ThrottleWindow, ...] = ()):
+                 noise: NormalStream | None, windows: tuple[Window, ...] = (),
+                 outages: tuple[Outage, ...] = ()):
         self.ports = ports
         self.bandwidth = bandwidth
         self.factor = factor  # slow_link faults for the whole run
         self.windows = windows  # slow_link faults with an onset or an end
         self.sigma = sigma  # lognormal jitter: the pair's fault and the background
         self.noise = noise
+        self.outages = outages  # link_flap faults: drops a transfer waits out
+
+    def delays_s(self, at: np.ndarray, nbytes: np.ndarray, slowdown: np.ndarray | float = 1.0
+                 ) -> np.ndarray:
+        """``delay_s`` over arrays of transfers."""
+        at = np.asarray(at, dtype=float)
+        out = np.zeros(at.shape)
+        nominal = np.asarray(nbytes, dtype=float) * slowdown / self.bandwidth
+        for o in self.outages:
+            out = out + o.delays_s(at, nominal)
+        return out
+
+    def delay_s(self, at: float, nbytes: int, slowdown: float = 1.0) -> float:
+        """What a transfer of ``nbytes`` starting at ``at`` waits out of the
+        link's outages (none: 0 at once)."""
+        if not self.outages:
+            return 0.0
+        return outage_delay(self.outages, at, nbytes * slowdown / self.bandwidth)
 
     def slowdown(self, at: float = 0.0) -> float:
         """Time multiplier of one use starting at ``at``: the fault factor
@@ -161,11 +182,15 @@ class Link:
         """``slowdown`` of uses starting at ``starts``, in this direction's order,
         in bulk (the jitter drawn at once: the numbers one call each would give)."""
         starts = np.asarray(starts, np.float64)
-        factor = (np.array([self.factor * factor_at(self.windows, at) for at in starts.tolist()])
-                  if self.windows else np.full(len(starts), self.factor))
+        factor = np.full(starts.shape, self.factor)
+        if self.windows:
+            inside = np.ones(starts.shape)  # multiplied in ``factor_at``'s order
+            for w in self.windows:
+                inside = inside * w.factors(starts)
+            factor = factor * inside
         if self.noise is None:
             return factor
-        return factor * exact_exp(self.sigma * self.noise.take(len(starts)))
+        return factor * exact_exp(self.sigma * self.noise.take(starts.size)).reshape(starts.shape)
 
 
 class Ring:
@@ -177,11 +202,13 @@ class Ring:
     of the edge latency within a node, (k-1)·α_intra + (N-1)·α_inter for k
     members on each of N nodes."""
 
-    __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s", "alike", "windows")
+    __slots__ = ("n", "min_bandwidth", "edges", "latency_s", "fixed_s", "alike", "windows",
+                 "outages")
 
     def __init__(self, n: int, min_bandwidth: float, edges: list[tuple[float, float]],
                  noise: NormalStream | None, latency_s: float, fixed_s: float | None,
-                 windows: list[tuple[ThrottleWindow, ...]] | None = None):
+                 windows: list[tuple[Window, ...]] | None = None,
+                 outages: tuple[Outage, ...] = ()):
         self.n = n
         self.min_bandwidth = min_bandwidth
         # (factor, sigma) per edge; every edge with jitter draws from the group's stream
@@ -190,6 +217,7 @@ class Ring:
         self.windows = windows if windows and any(windows) else None
         self.latency_s = latency_s  # one pass
         self.fixed_s = fixed_s
+        self.outages = outages  # of any edge: the ring waits out each it meets
         # Every edge jittered alike (the usual background): f·exp(s·z) grows with z,
         # so the worst edge is the one with the largest draw, one exp in all.
         self.alike: tuple[float, float, NormalStream] | None = None
@@ -216,9 +244,11 @@ class Ring:
                 if use > worst:
                     worst = use
         if self.fixed_s is not None:
-            return self.fixed_s * worst
-        bw = self.min_bandwidth / worst
-        return steps * ((n - 1) / n * nbytes / bw + self.latency_s)
+            seconds = self.fixed_s * worst
+        else:
+            bw = self.min_bandwidth / worst  # as the compiled loop prices it (sim/kernel.py)
+            seconds = steps * ((n - 1) / n * nbytes / bw + self.latency_s)
+        return seconds + outage_delay(self.outages, at, seconds) if self.outages else seconds
 
     @property
     def timed(self) -> bool:
@@ -247,12 +277,13 @@ class Ring:
     def random(self) -> bool:
         return any(z is not None for _f, _s, z in self.edges)
 
-    def signature(self) -> tuple[int, float, float, float, EdgeWindows] | None:
+    def signature(self) -> tuple[int, float, float, float, EdgeWindows, tuple[Outage, ...]
+                                 ] | None:
         """What the cost depends on, or None when it draws jitter."""
         if self.random:
             return None
         return (self.n, self.min_bandwidth, max((f for f, _s, _z in self.edges), default=1.0),
-                self.latency_s, tuple(self.windows or ()))
+                self.latency_s, tuple(self.windows or ()), self.outages)
 
 
 STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
@@ -260,7 +291,7 @@ STEPS = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 
 class Network:
     def __init__(self, env: simpy.Environment, topo: Topology, intra_gbps: float,
-                 inter_gbps: float, latency_s: float, faults: LinkFaults,
+                 inter_gbps: float, latency_s: float, faults: JobEffects,
                  background_sigma: float, seed: int,
                  fixed_p2p_s: float | None = None, fixed_allreduce_s: float | None = None,
                  inter_latency_s: float | None = None, nics_per_node: int | None = None,
@@ -296,13 +327,16 @@ class Network:
 
     def factor_and_sigma(self, a: int, b: int) -> tuple[float, float]:
         """The a-b pair's slow-link factor and jitter sigma (fault and background)."""
-        p = pair(a, b)
-        return (self.faults.slow.get(p, 1.0),
-                math.hypot(self.faults.jitter.get(p, 0.0), self.background_sigma))
+        link = self.faults.link(a, b)
+        return link.factor, math.hypot(link.sigma, self.background_sigma)
 
-    def windows(self, a: int, b: int) -> tuple[ThrottleWindow, ...]:
+    def windows(self, a: int, b: int) -> tuple[Window, ...]:
         """The a-b pair's slow-link windows with an onset or an end."""
-        return self.faults.timed.get(pair(a, b), ())
+        return self.faults.link(a, b).windows
+
+    def outages(self, a: int, b: int) -> tuple[Outage, ...]:
+        """The a-b pair's drops (link flaps)."""
+        return self.faults.link(a, b).outages
 
     def slowdown(self, a: int, b: int, stream: tuple[int, ...] | None = None,
                  at: float = 0.0) -> float:
@@ -323,7 +357,7 @@ class Network:
             link = self._links[key] = Link(self.ports(src, dst), self.bandwidth(src, dst),
                                            factor, sigma,
                                            self.stream(key) if sigma > 0 else None,
-                                           self.windows(src, dst))
+                                           self.windows(src, dst), self.outages(src, dst))
         return link
 
     def bandwidth(self, a: int, b: int) -> float:
@@ -364,19 +398,28 @@ class Network:
         link = self.link(src, dst)
         slow = link.slowdown(self.env.now)
         if self.fixed_p2p_s is not None:
-            self.env.timeout(self.fixed_p2p_s * slow).callbacks.append(succeeds(done))
+            seconds = self.fixed_p2p_s * slow + link.delay_s(self.env.now, nbytes, slow)
+            self.env.timeout(seconds).callbacks.append(succeeds(done))
             return done
+        wait = link.delay_s(self.env.now, nbytes, slow)
+        if wait > 0:  # the link is down: the flow starts once it is back (and retried)
+            self.env.timeout(wait).callbacks.append(
+                lambda _e: self._start_flow(link, nbytes * slow, done, src, dst))
+            return done
+        self._start_flow(link, nbytes * slow, done, src, dst)
+        return done
 
+    def _start_flow(self, link: Link, size: float, done: simpy.Event, src: int, dst: int) -> None:
+        """``size`` bytes (slowdown applied) from src to dst; ``done`` fires on delivery."""
         latency = self.latency(src, dst)
 
         def delivered() -> None:
             self.env.timeout(latency).callbacks.append(succeeds(done))
 
-        if nbytes <= 0:
+        if size <= 0:
             delivered()
-            return done
-        self._schedule(self.fluid.start(Flow(nbytes * slow, link.ports, delivered), self.env.now))
-        return done
+            return
+        self._schedule(self.fluid.start(Flow(size, link.ports, delivered), self.env.now))
 
     def _schedule(self, etas: list[tuple[Flow, float]]) -> None:
         for f, eta in etas:
@@ -406,7 +449,9 @@ class Network:
                 n, min((self._ring_bandwidth(group, a, b) for a, b in edges), default=math.inf),
                 fs, self.stream((n, *group)) if noisy else None,
                 self.pass_latency(group), self.fixed_allreduce_s,
-                [self.windows(a, b) for a, b in edges])
+                [self.windows(a, b) for a, b in edges],
+                tuple(o for p in sorted({pair(a, b) for a, b in edges if a != b})
+                      for o in self.outages(*p)))
         return ring
 
     def ring_allreduce_s(self, group: tuple[int, ...], nbytes: int) -> float:

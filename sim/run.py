@@ -17,6 +17,7 @@ from .cluster import Cluster, build_cluster
 from .engine import CompiledDeadlock, run_compiled
 from .interpreter import SimDeadlock, SimInterpreter
 from .kernel_run import kernel_prices, run_on_kernel
+from .stops import stopped
 from .symmetry import PipeClasses, identity_classes, pipe_classes
 
 
@@ -33,7 +34,8 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
     ``engine``: "auto" runs static schedules (with placeholder stages and no
     per-event hook or MegaScope capture) on the compiled event loop
     (``sim.kernel_run``; the reference engine, ``sim.engine``, where the loop
-    does not price a job: slow links with an onset or an end), unless a rank
+    does not price a job: ``kernel_prices``, e.g. host stalls, link flaps,
+    slow links with an onset or an end, a crash), unless a rank
     program is not static (``megatronapp.program.compiled.NotStatic``); anything else
     runs on the SimPy generator path; "reference" forces the reference engine on
     static schedules, "generator" the SimPy path. ``reduce``
@@ -52,10 +54,11 @@ def run_sim(s: Scenario, stages_for: StagesFor | None = None,
                               engine == "reference")
         except CompiledDeadlock as err:
             raise SimDeadlock(err.blocked) from None
-        return RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks, source=run)
+        return stopped(RunResult("sim", cluster.topo, RankEventsView(run), cluster.clocks,
+                                 source=run), cluster.effects)
     interpreter = SimInterpreter(cluster, on_record or watch, op_overhead_s=op_overhead_s(s))
     events = interpreter.run(rank_programs(s, stages_for))
-    return RunResult("sim", cluster.topo, events, cluster.clocks)
+    return stopped(RunResult("sim", cluster.topo, events, cluster.clocks), cluster.effects)
 
 
 def _run_static(cluster: Cluster, program: PipeProgram, classes: PipeClasses,
@@ -113,4 +116,4 @@ def run_replica(s: Scenario, on_record: Callable[[int, Event], None] | None = No
                                  op_overhead_s=op_overhead_s(s))
     programs = rank_programs(s)
     events = interpreter.run({r: programs[r] for r in sorted(ranks)})
-    return RunResult("sim", cluster.topo, events, cluster.clocks)
+    return stopped(RunResult("sim", cluster.topo, events, cluster.clocks), cluster.effects)

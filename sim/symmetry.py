@@ -24,7 +24,6 @@ from megatronapp.program.compiled import GROUP_KINDS, embedding_group, kind_grou
 from megatronapp.parallel.topology import Topology
 
 from .cluster import Cluster
-from .devices import Device
 
 
 @dataclass(frozen=True)
@@ -72,10 +71,6 @@ def identity_classes(topo: Topology) -> PipeClasses:
     return PipeClasses(topo, tuple((p,) for p in range(topo.dp * topo.tp)))
 
 
-def _device_signature(d: Device) -> Hashable:
-    if d.jitter_sigma > 0 and d.rng is not None:
-        return ("noise", d.rank)
-    return d.windows
 
 
 class _Signatures:
@@ -88,6 +83,7 @@ class _Signatures:
         factor, sigma = self.network.factor_and_sigma(a, b)
         same = self.topo.same_node(a, b)
         return (same, self.network.bandwidth(a, b), factor, self.network.windows(a, b),
+                self.network.outages(a, b),
                 ("noise", min(a, b), max(a, b)) if sigma > 0 else None)
 
     def ring(self, group: tuple[int, ...]) -> Hashable:
@@ -95,7 +91,7 @@ class _Signatures:
 
     def pipe(self, pipe: int) -> Hashable:
         ranks = pipe_ranks(self.topo, pipe)
-        devices = tuple(_device_signature(self.devices[r]) for r in ranks)
+        devices = tuple(self.devices[r].signature for r in ranks)
         links = tuple(self.link(ranks[i], ranks[j]) for i in range(len(ranks))
                       for j in range(i + 1, len(ranks)))
         return devices, links, self.ring(embedding_group(ranks))

@@ -188,6 +188,7 @@ def scenarios(draw: Any, faults: bool = True) -> dict[str, Any]:
                     "jitter": {"compute_sigma": draw(st.sampled_from([0.0, 0.05])),
                                "link_sigma": draw(st.sampled_from([0.0, 0.2]))}},
         "faults": [],
+        "allow_idle_faults": True,  # a random pair: the properties hold for any link
     }
     if faults and world > 1 and draw(st.booleans()):
         a = draw(st.integers(0, world - 1))

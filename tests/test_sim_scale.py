@@ -52,6 +52,7 @@ def jobs(draw: Any, overlap: bool = False) -> dict[str, Any]:
                     "jitter": {"compute_sigma": 0.05 if noisy and draw(st.booleans()) else 0.0,
                                "link_sigma": 0.2 if noisy else 0.0}},
         "faults": draw(st.lists(faults(tp * pp * dp), max_size=3)),
+        "allow_idle_faults": True,  # random ranks: a link may join ranks that never talk
     }
     _megatron_options(draw, data, overlap)
     if draw(st.booleans()):  # fixed costs: ties everywhere, the hardest case for ordering
@@ -92,8 +93,26 @@ def faults(world: int) -> Any:
                   st.sampled_from([2.0, 4.0])),
         st.builds(lambda p: {"kind": "link_jitter", "ranks": p, "sigma": 0.5}, pair),
         st.builds(lambda r: {"kind": "clock_skew", "rank": r, "offset_us": 700.0,
-                             "drift_ppm": 30.0}, rank)) if world > 1 else st.just(
+                             "drift_ppm": 30.0}, rank),
+        *new_kinds(rank, pair)) if world > 1 else st.just(
         {"kind": "throttle", "rank": 0, "factor": 1.5})
+
+
+def new_kinds(rank: Any, pair: Any) -> list[Any]:
+    """Host stalls, intermittent throttles, link flaps, crashes, device variation."""
+    return [
+        st.builds(lambda r, k, w: {"kind": "host_stall", "rank": r, "seconds": 0.003,
+                                   "every_k_iterations": k, "where": w},
+                  rank, st.sampled_from([1, 2]), st.sampled_from(["before_forward",
+                                                                  "before_optimizer"])),
+        st.builds(lambda r, k: {"kind": "throttle", "rank": r, "factor": 2.0, "period_s": 0.004,
+                                "duty": 0.5, "every_k_iterations": k},
+                  rank, st.sampled_from([1, 2])),
+        st.builds(lambda p, t: {"kind": "link_flap", "ranks": p, "down_ms": 1.0, "every_s": 0.005,
+                                "start_s": t, "retry_ms": 0.5}, pair, st.sampled_from([0.0, 0.002])),
+        st.builds(lambda r, t: {"kind": "crash", "rank": r, "at_s": t}, rank,
+                  st.sampled_from([0.003, 0.02])),
+        st.just({"kind": "device_variation", "sigma": 0.1})]
 
 
 @FAST

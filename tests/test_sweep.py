@@ -14,6 +14,7 @@ from typing import Iterator
 import pyarrow.parquet as pq
 import pytest
 
+from megatronapp.faults import Truth
 from megatronapp.scenario.config import ScenarioError
 from megatronapp.sweep.spec import load_spec
 
@@ -93,11 +94,20 @@ def test_sweep_on_local_processes_writes_one_table(tmp_path: Path) -> None:
     assert all("compute:5" in r["root_causes"] for r in slow)  # throttle.yaml slows rank 5
 
 
+THROTTLED_5 = Truth("throttle", "compute", 5)
+STALLED_5 = Truth("host_stall", "host", 5)
+FLAPPING_1_2 = Truth("link_flap", "link", 2, 1)
+
+
 @pytest.mark.parametrize("causes,truth,healthy,right", [
-    ([], ["compute:5"], True, False),  # a missed fault
-    (["link:1-2", "compute:5"], ["compute:5"], False, False),  # named, but not first
-    (["compute:5"], ["compute:5"], False, True),
-    ([], [], True, True), (["compute:3"], [], False, False)])  # nothing injected
+    ([], [THROTTLED_5], True, False),  # a missed fault
+    ([("link", 1, 2), ("compute", 5, None)], [THROTTLED_5], False, False),  # not first
+    ([("compute", 5, None)], [THROTTLED_5], False, True),
+    ([("compute", 5, None)], [STALLED_5], False, True),  # a stalled rank named as the rank
+    ([("link", 5, 6)], [STALLED_5], False, False),
+    ([("link", 1, 2)], [FLAPPING_1_2], False, True),  # either end first
+    ([("compute", 1, None)], [FLAPPING_1_2], False, False),
+    ([], [], True, True), ([("compute", 3, None)], [], False, False)])  # nothing injected
 def test_named_first_scores_the_first_cause_against_what_was_injected(
         causes: list, truth: list, healthy: bool, right: bool) -> None:
     from megatronapp.sweep.run import named_first

@@ -25,6 +25,8 @@ syncs, and fault pricing is skipped for a rank without faults.
 """
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +54,12 @@ INJECTED = "injected_s"
 # runnable but not running (a GPU kernel's time excludes them; on CPU
 # ``dur - queued_s`` is the op's time on the device).
 SCHEDSTAT = "/proc/thread-self/schedstat"  # ns on CPU, ns runnable-waiting, slices
+
+
+def fail_stop() -> None:
+    """Die at once, as a crashed process does: no cleanup, no last word (the
+    launcher tells an injected crash by the rank and the signal)."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def sleep_s(seconds: float) -> float:
@@ -342,6 +350,8 @@ class Interpreter:
             except StopIteration:
                 break
             self._enter(op)
+            if self.faults.stop_s is not None and self.clock.now_s() >= self.faults.stop_s:
+                fail_stop()  # an injected crash: the process dies here, as a crashed one does
             if not isinstance(op, (IRecv, Recv)):
                 self._post_held()  # before blocking on anything, or computing
             result = self._handlers[type(op)](op)
@@ -373,7 +383,8 @@ class Interpreter:
 
     # ------------------------------------------------------------- compute
     def _compute(self, op: Compute) -> Any:
-        throttled = bool(self.faults.device.windows)
+        throttled = self.faults.compute
+        sleep_s(self.faults.host_delay_s(op.name, op.meta.get("iteration", -1)))  # host late
         start, since = self.clock.mark(), self.clock.busy(work=throttled)
         measured: dict[str, float] = {}
         if throttled:
@@ -394,7 +405,8 @@ class Interpreter:
         taken longer than the op held it (so the factor holds at any load);
         returns the result and the seconds slept."""
         result = op.run() if op.run is not None else None
-        extra = self.faults.compute_extra_s(since.wall_s, self.clock.on_device_s(since))
+        extra = self.faults.compute_extra_s(since.wall_s, self.clock.on_device_s(since),
+                                            op.meta.get("iteration", -1))
         return result, sleep_s(extra)
 
     # ----------------------------------------------------------------- p2p
@@ -426,7 +438,7 @@ class Interpreter:
         """``isend`` now, or, over a slow link, once the link lets it leave."""
         if self.faults.links:
             handle.injected_s = max(0.0, self.faults.transfer_extra_s(
-                self.rank, handle.peer, _nbytes(handle.tensor)))
+                self.rank, handle.peer, _nbytes(handle.tensor), self.clock.now_s()))
         if not handle.injected_s:
             return dist.isend(handle.tensor, handle.peer, tag=encode_tag(handle.op.tag))
         if handle.peer not in self._links:
@@ -469,7 +481,7 @@ class Interpreter:
         if not self.faults.links or not self.coalesce:
             return None
         return sleep_s(self.faults.transfer_extra_s(handle.peer, self.rank,
-                                                   _nbytes(handle.tensor)))
+                                                   _nbytes(handle.tensor), self.clock.now_s()))
 
     def _wait(self, op: Wait) -> torch.Tensor | None:
         handle: Handle = op.handle
@@ -513,7 +525,8 @@ class Interpreter:
             return None
         injected = None
         if self.faults.links:
-            injected = sleep_s(self.faults.allreduce_extra_s(group, _nbytes(tensor)))
+            injected = sleep_s(self.faults.allreduce_extra_s(group, _nbytes(tensor),
+                                                             self.clock.now_s()))
         run_collective(op or AllReduce(group, 0), tensor, self.groups.get(group),
                        group.index(self.rank), len(group))
         return injected

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue as queue_mod
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -27,8 +28,12 @@ import torch.multiprocessing as mp
 from torch.distributed.constants import default_pg_timeout
 
 from megatronapp.errors import UserError
+from megatronapp.faults import effects_of
 from megatronapp.io.outdirs import scratch_folder
-from megatronapp.scenario.config import Scenario, ScenarioError
+from megatronapp.program.layout import topology_of
+from megatronapp.scenario.config import Scenario, ScenarioError, fault_job
+from megatronapp.trace.summary import stop_record
+from sim import clocks_of
 from megatronapp.io.progress import Say, quiet
 from megatronapp.program.backend import StopRequest
 from megatronapp.trace.events import Event, RunResult
@@ -64,6 +69,14 @@ class TorchRankFailed(TorchRunError):
     def __init__(self, rank: int, failure: Failure):
         super().__init__(f"rank {rank} failed: {failure.line}")
         self.rank, self.failure = rank, failure
+
+
+class InjectedCrash(Exception):
+    """The rank a ``crash`` fault names died as injected: the job stops there."""
+
+    def __init__(self, rank: int):
+        super().__init__(f"rank {rank} crashed as injected")
+        self.rank = rank
 
 
 class TorchDeadlock(TorchRunError):
@@ -139,9 +152,12 @@ class _Gatherer:
 
     def __init__(self, procs: list[Any], out: Any, counters: Any, stall_flag: Any,
                  stall_timeout_s: float, on_record: Callable[[int, Event], None] | None,
-                 on_phase: Say = quiet, stop: tuple[StopRequest, StopSwitch] | None = None):
+                 on_phase: Say = quiet, stop: tuple[StopRequest, StopSwitch] | None = None,
+                 crash: int | None = None):
         self.procs, self.out, self.counters, self.stall_flag = procs, out, counters, stall_flag
         self.stop = stop
+        self.crash = crash  # the rank an injected crash kills: its events are kept here
+        self.events: dict[int, list[Event]] = {r: [] for r in range(len(procs))}
         self.watch, self.on_record = ProgressWatch(stall_timeout_s), on_record
         self.on_phase = on_phase
         self.results: dict[int, WorkerResult] = {}
@@ -181,6 +197,8 @@ class _Gatherer:
             failure, self.blocked[rank] = payload
             self._echo_of_death(rank)
             raise TorchRankFailed(rank, failure) from RemoteTraceback(failure.traceback)
+        if kind == "event" and self.crash is not None:
+            self.events[rank].append(payload)
         if kind == "event" and self.on_record is not None:
             self.on_record(rank, payload)
         elif kind == "phase":
@@ -191,9 +209,22 @@ class _Gatherer:
             self.blocked[rank] = payload
 
     def _check_deaths(self, exclude: int | None = None) -> None:
+        if self.crash is not None and self.procs[self.crash].exitcode == -signal.SIGKILL:
+            self._drain()
+            raise InjectedCrash(self.crash)
         for rank, p in enumerate(self.procs):
             if p.exitcode is not None and rank not in self.results and rank != exclude:
                 raise self._stuck(death_line(rank, p.exitcode, self.counters[rank]), dead=rank)
+
+    def _drain(self) -> None:
+        """Keep the events still queued (what the ranks recorded before the crash)."""
+        while True:
+            try:
+                kind, rank, payload = self.out.get(timeout=POLL_S)
+            except queue_mod.Empty:
+                return
+            if kind == "event":
+                self.events[rank].append(payload)
 
     def _echo_of_death(self, failed: int) -> None:
         """A rank whose peer died fails too (gloo: connection closed): report
@@ -231,6 +262,20 @@ class _Gatherer:
         blocked = {**{r: "? (no answer)" for r in waiting}, **self.blocked}
         return TorchDeadlock(head, {r: w for r, w in blocked.items()
                                     if r != dead and r not in stopped})
+
+
+def crash_rank(s: Scenario, processes: int) -> int | None:
+    """The rank whose process an injected crash kills (a pipeline job's rank)."""
+    stop = effects_of(s.faults, fault_job(s)).stop
+    return stop[0] if stop is not None and stop[0] < processes else None
+
+
+def crashed_run(s: Scenario, events: dict[int, list[Event]], rank: int) -> RunResult:
+    """The run an injected crash of ``rank`` stopped: every event recorded before."""
+    stop = effects_of(s.faults, fault_job(s)).stop
+    result = RunResult("torch", topology_of(s), events, clocks_of(s))
+    result.stopped = stop_record(result, rank, stop[1] if stop is not None else 0.0)
+    return result
 
 
 def check_gpus(s: Scenario, processes: int) -> None:
@@ -280,8 +325,12 @@ def spawn_run(s: Scenario, options: TrainOptions = TrainOptions(), coalesce: boo
                  for r in range(world)]
         on_phase(f"spawning {world} ranks")
         stopping = None if stop is None or switch is None else (stop, switch)
-        results = _gather(procs, _Gatherer(procs, out, counters, stall_flag, stall_timeout_s,
-                                           on_record, on_phase, stopping))
+        gatherer = _Gatherer(procs, out, counters, stall_flag, stall_timeout_s, on_record,
+                             on_phase, stopping, crash_rank(s, world))
+        try:
+            results = _gather(procs, gatherer)
+        except InjectedCrash as crash:  # the job stops: what it recorded is its run
+            return crashed_run(s, gatherer.events, crash.rank), []
     return job.assemble(s, results), results
 
 

@@ -244,7 +244,7 @@ def estimate_run(s: Scenario, count: Callable[[Scenario], RunSize | None] | None
 
 def _closed_form(s: Scenario) -> Estimate:
     """A run on the SimPy interpreter: every event of every rank, as objects."""
-    from ..scenario.config import Throttle, device_count
+    from ..scenario.config import device_count, fault_job
 
     c = COSTS
     ranks = device_count(s)
@@ -252,15 +252,19 @@ def _closed_form(s: Scenario) -> Estimate:
     workers = ranks * (2 if s.fbd is not None else 1)  # MegaFBD: forward + backward threads
     events = s.iterations * workers * events_ri
     groups = s.iterations * workers * groups_ri
-    throttles: dict[int, int] = {}
-    for f in s.faults:
-        if isinstance(f, Throttle):
-            throttles[f.rank] = throttles.get(f.rank, 0) + 1
-    scans = sum(w * (s.iterations * compute_ri + w) for w in throttles.values())
+    job = fault_job(s)
+    windows: dict[int, int] = {}
+    fault_bytes = 0.0
+    for f in s.faults:  # each kind says what it adds (its windows to price, its data)
+        cost = f.cost(job)
+        fault_bytes += cost.bytes
+        for rank, count in cost.windows.items():
+            windows[rank] = windows.get(rank, 0) + count
+    scans = sum(w * (s.iterations * compute_ri + w) for w in windows.values())
     faults = len(s.faults)
     return Estimate(
         ranks=ranks, events=events, group_entries=groups, faults=faults,
-        memory_bytes=(c.base_bytes + events * c.bytes_per_event
+        memory_bytes=(c.base_bytes + events * c.bytes_per_event + fault_bytes
                       + groups * c.bytes_per_group_entry + faults * c.bytes_per_fault),
         disk_bytes=events * c.disk_bytes_per_event + groups * c.disk_bytes_per_group_entry,
         seconds=(c.base_seconds + events * c.seconds_per_event

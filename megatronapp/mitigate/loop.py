@@ -19,13 +19,13 @@ from megatronapp.errors import UserError
 from megatronapp.scan.online.live import on_device
 from megatronapp.scan.online.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
                                      iterations_of)
-from megatronapp.scenario.config import LinkJitter, Mitigation, Scenario, SlowLink
-from megatronapp.trace.classes import Expansion, StandIns
-from megatronapp.trace.columns import (EventColumns, EventSource, RankEventsView, TableSource,
-                                       concat_same, source_of)
+from megatronapp.faults import ground_truth
+from megatronapp.scenario.config import Mitigation, Scenario, fault_job
+from megatronapp.trace.classes import StandIns, kept_rows
+from megatronapp.trace.columns import EventColumns, EventSource, source_of
 from megatronapp.trace.events import RunResult
 
-from .plan import Replan, global_batch, replan
+from .plan import Replan, global_batch, replan, restart_plan
 
 __all__ = ["LiveStop", "LoopRun", "Segment", "Watch", "close_loop", "faulty_keys",
            "summary_lines"]
@@ -71,10 +71,12 @@ class LoopRun:
     tokens: float  # the job's tokens (every iteration, once)
     false_alarm_s: float  # restarts and redone work caused by verdicts naming healthy parts
     notes: tuple[str, ...] = ()
+    checkpoints_s: float = 0.0  # writing the checkpoints (mitigation.checkpoint_s each)
 
     @property
     def seconds(self) -> float:
-        return sum(s.seconds for s in self.segments) + self.restart_s * (len(self.segments) - 1)
+        return (sum(s.seconds for s in self.segments) + self.restart_s * (len(self.segments) - 1)
+                + self.checkpoints_s)
 
     def to_json(self) -> dict[str, Any]:
         return {"segments": [s.to_json() for s in self.segments],
@@ -82,18 +84,18 @@ class LoopRun:
                 "seconds": self.seconds, "seconds_without_loop": self.baseline_s,
                 "tokens_per_s": self.tokens / self.seconds,
                 "tokens_per_s_without_loop": self.tokens / self.baseline_s,
-                "false_alarm_s": self.false_alarm_s, "notes": list(self.notes)}
+                "false_alarm_s": self.false_alarm_s, "checkpoints_s": self.checkpoints_s,
+                "notes": list(self.notes)}
 
 
 def faulty_keys(s: Scenario) -> set[tuple[int, int | None]]:
-    """What a true verdict may name: throttled ranks, and the ends of bad links."""
+    """What a true verdict may name: the ranks and links the faults' ground
+    truth says a detector should name (each kind says which)."""
     keys: set[tuple[int, int | None]] = set()
-    for f in s.faults:
-        if isinstance(f, (SlowLink, LinkJitter)):
-            lo, hi = sorted(f.ranks)
-            keys.add((lo, hi))
-        elif f.kind == "throttle":
-            keys.add((f.rank, None))
+    for t in ground_truth(s.faults, fault_job(s)):
+        if t.should_name is not None and t.rank is not None:
+            keys.add((min(t.rank, t.peer), max(t.rank, t.peer)) if t.peer is not None
+                     else (t.rank, None))
     return keys
 
 
@@ -103,16 +105,9 @@ def _shifted(d: Detection, offset: int, segment: int) -> Detection:
                    evidence={**d.evidence, "window": window, "segment": segment})
 
 
-def _truncated(result: RunResult, iterations: int, world: int) -> RunResult:
-    """``result`` cut to its first ``iterations`` (one pass over its batches;
-    a reduced run's stored rows only, and it stays reduced)."""
-    whole = source_of(result)
-    stand_ins = _stand_ins(whole, world)
-    kept = [b.take(np.flatnonzero((b.iteration >= 0) & (b.iteration < iterations)))
-            for b in _rows_of(whole, stand_ins)]
-    rows = concat_same(kept).sorted_by_rank_and_start()
-    source: EventSource = Expansion(rows, stand_ins) if stand_ins.reduced else TableSource(rows)
-    return replace(result, events=RankEventsView(source), source=source)
+def _truncated(result: RunResult, iterations: int) -> RunResult:
+    """``result`` cut to its first ``iterations``."""
+    return kept_rows(result, lambda b: (b.iteration >= 0) & (b.iteration < iterations))
 
 
 def _stand_ins(source: EventSource, world: int) -> StandIns:
@@ -213,15 +208,17 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
         if live is not None and (stopped := live()) is not None:
             stop = _stop(scenario, _shifted(stopped[0], done, len(segments)), stopped[1],
                          spans.of, policy, done, notes)
+        if stop is None and result.stopped is not None:  # a fail-stop fault ended the segment
+            stop = _crash_stop(scenario, result.stopped, policy, done)
         ran = len(spans.of)
         if stop is None:  # a simulated segment that ran to its end is kept as it is
-            kept = result if live is None else _truncated(result, ran, scenario.world_size)
+            kept = result if live is None else _truncated(result, ran)
             segments.append(Segment(scenario, kept, done, ran,
                                     _span_s(spans.of, 0, ran - 1)))
             break
         verdict, plan, checkpoint = stop
         redone = _span_s(spans.of, checkpoint - done, ran - 1)
-        segments.append(Segment(scenario, _truncated(result, ran, scenario.world_size), done, ran,
+        segments.append(Segment(scenario, _truncated(result, ran), done, ran,
                                 _span_s(spans.of, 0, ran - 1), redone, verdict, plan))
         if (verdict.rank, verdict.peer) not in truth:
             false_s += policy.restart_s + redone
@@ -230,8 +227,10 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
         result = run(scenario)
     tokens = float(s.iterations * global_batch(s.parallel, s.model.micro_batch_size)
                    * s.model.seq_len)
+    checkpoints = sum(seg.iterations // policy.checkpoint_every for seg in segments)
     return LoopRun(tuple(segments), tuple(detections), policy.restart_s,
-                   _baseline_s(first, s, notes), tokens, false_s, tuple(notes))
+                   _baseline_s(first, s, notes), tokens, false_s, tuple(notes),
+                   checkpoints * policy.checkpoint_s)
 
 
 def _baseline_s(first: RunResult, s: Scenario, notes: list[str]) -> float:
@@ -241,10 +240,13 @@ def _baseline_s(first: RunResult, s: Scenario, notes: list[str]) -> float:
     source = source_of(first)
     for batch in _rows_of(source, _stand_ins(source, s.world_size)):
         spans.add(batch)
+    if first.stopped is not None and first.stopped["iterations_completed"]:  # cut short
+        spans.of = {i: span for i, span in spans.of.items()
+                    if i < first.stopped["iterations_completed"]}
     if len(spans.of) >= iterations:
         return _span_s(spans.of, 0, iterations - 1)
     notes.append(f"without the loop: {iterations} iterations at the pace of the first "
-                 f"{len(spans.of)}, which were not stopped")
+                 f"{len(spans.of)}, which were not stopped or cut short")
     return _span_s(spans.of, 0, len(spans.of) - 1) / len(spans.of) * iterations
 
 
@@ -265,12 +267,29 @@ def _stop(s: Scenario, verdict: Detection, iteration: int,
     return verdict, plan, checkpoint
 
 
+def _crash_stop(s: Scenario, stopped: dict[str, Any], policy: Mitigation, done: int
+                ) -> tuple[Detection, Replan, int]:
+    """A segment a failure stopped: the restart from its last checkpoint."""
+    completed = done + int(stopped["iterations_completed"])
+    checkpoint = max(done, completed // policy.checkpoint_every * policy.checkpoint_every)
+    rank = int(stopped["rank"])
+    failure = Detection("named", "stop", rank, None, 1.0, completed, completed,
+                        {"by": stopped["by"], "at_s": stopped["at_s"]})
+    return failure, restart_plan(s, rank, float(stopped["at_s"])), checkpoint
+
+
 def summary_lines(loop: dict[str, Any], segment_dirs: list[str]) -> list[str]:
     """What ``run`` prints about the loop (``loop``: ``LoopRun.to_json()``)."""
     lines = []
     segments = loop["segments"]
     for before, after, where in zip(segments, segments[1:], segment_dirs):
         v = before["stopped_by"]
+        if v["kind"] == "stop":  # not a verdict: the rank failed and the job stopped
+            lines.append(f"  mitigation: rank {v['rank']} failed ({v['evidence']['by']} at "
+                         f"{v['evidence']['at_s']:.6g} s of the segment) after iteration "
+                         f"{v['iteration'] - 1}; restarted from the checkpoint of iteration "
+                         f"{after['first_iteration']} on the same layout (wrote {where})")
+            continue
         named = f"link {v['rank']}-{v['peer']}" if v["peer"] is not None else f"rank {v['rank']}"
         plan = "a spare in its place" if before["spare"] else (
             f"dp {before['dp']} -> {after['dp']} with {after['microbatches']} microbatches")
@@ -279,7 +298,9 @@ def summary_lines(loop: dict[str, Any], segment_dirs: list[str]) -> list[str]:
                      f"{before['node_left_out']} left out, {plan}; restarted from iteration "
                      f"{after['first_iteration']} (wrote {where})")
     lines += [f"  note: {n}" for n in loop["notes"]]
+    failed = any(seg.get("stopped_by", {}).get("kind") == "stop" for seg in segments)
+    without = "without failures, at the first run's pace" if failed else "without"
     lines.append(f"  goodput: {loop['tokens_per_s']:,.0f} tokens/s with the loop, "
-                 f"{loop['tokens_per_s_without_loop']:,.0f} without ({loop['restarts']} restarts "
+                 f"{loop['tokens_per_s_without_loop']:,.0f} {without} ({loop['restarts']} restarts "
                  f"of {loop['restart_s']:g} s; false alarms cost {loop['false_alarm_s']:.3f} s)")
     return lines

@@ -13,7 +13,8 @@ from megatronapp.program.backend import RunOptions, StopRequest
 from megatronapp.scan.online.live import (DETECTIONS_FILE, DetectionLog, LiveFeed, detect_iterations,
                                    reporter, scan_for)
 from megatronapp.scan.online.online import SIMULATED, Detection, iterations_of
-from megatronapp.scenario.config import Mitigation, Scenario
+from megatronapp.faults import effects_of
+from megatronapp.scenario.config import Mitigation, Scenario, fault_job
 from megatronapp.trace.columns import source_of
 from megatronapp.trace.events import Event, RunResult
 
@@ -24,8 +25,11 @@ __all__ = ["OnlineRun", "check_online", "loops"]
 
 
 def loops(s: Scenario) -> bool:
-    """Whether the scenario's mitigation acts on verdicts (the closed loop)."""
-    return s.mitigation is not None and s.mitigation.action != "none"
+    """Whether the scenario's mitigation acts (the closed loop): on verdicts, or
+    restarting a job a fail-stop fault stops."""
+    if s.mitigation is None:
+        return False
+    return s.mitigation.action != "none" or effects_of(s.faults, fault_job(s)).stop is not None
 
 
 def check_online(s: Scenario, detect: bool) -> None:

@@ -1,16 +1,17 @@
 """Re-planning a job without a node: a spare takes its place, else the job
 shrinks its data parallelism and keeps its global batch through more
 microbatches. Faults follow their GPUs (gone with the dropped node) and keep
-their place in time (a restarted job's clock starts at zero)."""
+their place in time (a restarted job's clock starts at zero): each kind says
+how (``FaultSpec.moved``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 from megatronapp.errors import UserError
-from megatronapp.scenario.config import Parallel, Scenario, Throttle, parse_scenario, scenario_to_dict
+from megatronapp.scenario.config import Parallel, Scenario, parse_scenario, scenario_to_dict
 
-__all__ = ["Replan", "global_batch", "replan", "shrunk_parallel"]
+__all__ = ["Replan", "global_batch", "replan", "restart_plan", "shrunk_parallel"]
 
 
 @dataclass(frozen=True)
@@ -43,27 +44,6 @@ def _moved(gpu: int, node: int, per_node: int, world: int) -> int | None:
     return moved if moved < world else None
 
 
-def _fault_after(fault: Any, place: Any, elapsed_s: float) -> Any | None:
-    """``fault`` in the restarted job: its ranks placed anew, its window shifted."""
-    update: dict[str, Any] = {}
-    if hasattr(fault, "ranks"):
-        ranks = tuple(place(r) for r in fault.ranks)
-        if None in ranks:
-            return None
-        update["ranks"] = ranks
-    else:
-        rank = place(fault.rank)
-        if rank is None:
-            return None
-        update["rank"] = rank
-    if isinstance(fault, Throttle):
-        if fault.end_s is not None and fault.end_s <= elapsed_s:
-            return None
-        update["start_s"] = max(0.0, fault.start_s - elapsed_s)
-        update["end_s"] = None if fault.end_s is None else fault.end_s - elapsed_s
-    return fault.model_copy(update=update)
-
-
 def replan(s: Scenario, rank: int, elapsed_s: float) -> Replan:
     """``s`` restarted without the node of ``rank``, ``elapsed_s`` into the job."""
     per_node = s.cluster.gpus_per_node
@@ -80,10 +60,22 @@ def replan(s: Scenario, rank: int, elapsed_s: float) -> Replan:
                             f"without node {node} (tp {s.parallel.tp} x pp {s.parallel.pp})")
         parallel, world = shrunk, shrunk.world_size
         place = (lambda g: _moved(g, node, per_node, world))
-    faults = tuple(f for f in (_fault_after(f, place, elapsed_s) for f in s.faults) if f is not None)
-    update: dict[str, Any] = {"parallel": parallel, "faults": faults,
+    faults = tuple(f for f in (f.moved(place, elapsed_s) for f in s.faults) if f is not None)
+    # the faults that followed their GPUs stay, whether or not they still act
+    update: dict[str, Any] = {"parallel": parallel, "faults": faults, "allow_idle_faults": True,
                               "cluster": s.cluster.model_copy(update={"nodes": None})}
     if m is not None and spares:
         update["mitigation"] = m.model_copy(update={"spares": spares - 1})
     # validated anew: the re-planned job must be a scenario like any other
     return Replan(parse_scenario(scenario_to_dict(s.model_copy(update=update))), node, bool(spares))
+
+
+def restart_plan(s: Scenario, rank: int, elapsed_s: float) -> Replan:
+    """``s`` restarted after ``rank`` failed ``elapsed_s`` into the job: the same
+    layout on repaired or replacement hardware, the failure that happened gone
+    (each kind says what of it is left), the other faults in their place."""
+    faults = tuple(f for f in (f.moved(lambda g: g, elapsed_s) for f in s.faults)
+                   if f is not None)
+    update: dict[str, Any] = {"faults": faults, "allow_idle_faults": True}
+    plan = parse_scenario(scenario_to_dict(s.model_copy(update=update)))
+    return Replan(plan, rank // s.cluster.gpus_per_node, True)

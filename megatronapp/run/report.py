@@ -33,6 +33,11 @@ def print_summary(summary: Mapping[str, Any], out: Path) -> None:
         print(f"  fault: {f['kind']}" + (f" ({detail})" if detail else ""))
     if len(faults) > MAX_FAULT_LINES:
         print(f"  ... and {len(faults) - MAX_FAULT_LINES} more faults (see summary.json)")
+    stopped = summary.get("stopped")
+    if stopped:  # a fail-stop fault ended the job: what it finished
+        print(f"  stopped: rank {stopped['rank']} failed ({stopped['by']}) at "
+              f"{stopped['at_s']:.6g} s, after {stopped['iterations_completed']} complete "
+              "iterations")
     print("\n".join(written_lines(summary.get("trace", {}), out)))
     if (out / PROFILE_DIR).is_dir():
         print(f"  wrote {out / PROFILE_DIR}/ (torch.profiler traces, one per rank)")

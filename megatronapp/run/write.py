@@ -12,7 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..trace.columns import EventColumns, EventSource, source_of
-from ..scenario.config import ClockSkew, Scenario, adjustments, scenario_to_dict
+from ..faults import ground_truth as fault_truth, skewed_ranks
+from ..scenario.config import Scenario, adjustments, fault_job, scenario_to_dict
 from ..errors import UserError
 from ..program.features import feature_hooks
 from ..trace.store import TRACE_FILE, StoreMeta
@@ -31,8 +32,9 @@ def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
     faults = [f.model_dump(mode="json") for f in s.faults]
     clocks = {str(r): {"offset_us": c.offset_us, "drift_ppm": c.drift_ppm}
               for r, c in sorted(result.clocks.items())}
-    skewed = [f.rank for f in s.faults if isinstance(f, ClockSkew)]
-    truth = {"faults": faults, "clocks": clocks, "skewed_ranks": skewed}
+    job = fault_job(s)
+    truth = {"faults": faults, "clocks": clocks, "skewed_ranks": skewed_ranks(s.faults, job),
+             "truth": [t.to_json() for t in fault_truth(s.faults, job)]}
     for feature in feature_hooks():
         truth = feature.ground_truth(result, truth)
     return truth
@@ -60,8 +62,12 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
     """One vectorised pass over the run's columns (compact for symmetric runs),
     then the features' sections."""
     source = CompactOnce(source_of(result))
+    measured = summarize_source(source)
+    if result.stopped is not None:  # the iteration a failure cut short is no iteration time
+        measured["iteration_times_s"] = measured["iteration_times_s"][
+            :result.stopped["iterations_completed"]]
     summary = {"schema_version": SCHEMA_VERSION, "backend": result.backend,
-               "world_size": result.topo.world_size, "schedule": s.schedule, **summarize_source(source),
+               "world_size": result.topo.world_size, "schedule": s.schedule, **measured,
                "faults": ground_truth(s, result)["faults"], **result.summary_items(),
                "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
     for feature in feature_hooks():

@@ -323,7 +323,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     trials = args.trials if args.trials is not None else DEFAULT_TRIALS["torch" if real else "sim"]
     if trials < 1:
         raise UserError("--trials: must be >= 1")
-    run, plan = _validation_run(args, backend), PLANS["real" if real else "sim"]
+    name = ("real" if real else "sim") + ("-new" if args.fault_kinds == "new" else "")
+    run, plan = _validation_run(args, backend), PLANS[name]
     where = Where() if real else where_from(args)  # real runs: one at a time
     limits.enforce(args, estimate_trials(plan, args.seed, trials, where, get_backend("sim").size,
                                          real), what=f"validate-detector ({trials:,} trials)")
@@ -475,6 +476,9 @@ def register(subparsers: Any, plot_hooks: list) -> None:
     val.add_argument("--trials", type=int, default=None,
                      help=f"default {DEFAULT_TRIALS['sim']} (sim) or {DEFAULT_TRIALS['torch']} (torch)")
     val.add_argument("--seed", type=int, default=0, help="seed of the trials' random draws")
+    val.add_argument("--fault-kinds", choices=("classic", "new"), default="classic",
+                     help="classic: throttle, slow_link, link_jitter; new: host_stall, "
+                          "intermittent throttle, link_flap, device_variation")
     add_where_options(val)
     val.add_argument("--csv", default="runs/validate-detector.csv", help="where to write the table")
     add_force_option(val, "an existing --csv file")

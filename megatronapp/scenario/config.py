@@ -7,85 +7,30 @@ exit with status 2.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field,
-                      SerializerFunctionWrapHandler, ValidationError, field_validator,
-                      model_serializer, model_validator)
+from pydantic import (AfterValidator, AliasChoices, Field, SerializeAsAny, ValidationError,
+                      field_validator, model_validator)
 
-from ..errors import Recreatable
 from ..io import gate
+from ..io.schema import (MAX_COUNT, MAX_DRIFT_PPM, MAX_FACTOR, MAX_OFFSET_US, MAX_RATE,  # noqa: F401
+                         MAX_SECONDS, Factor, NotANumber as _NotANumber, PositiveInt, Rank, Rate,
+                         OmitsUnset as _OmitsUnset, ScenarioError, Seconds,
+                         StrictModel as _Strict, validation_error)
 from ..io.text import TextError, check_depth, load_yaml
 
+from . import seeds
 from .devices import DEVICES, expand_device
 from . import megatron_defaults
 from .software import SOFTWARE
+from ..faults import FaultSpec, Job, check_faults, parse_faults
+from ..parallel.topology import Topology
 from ..parallel.schedules import SCHEDULES
-from ..io.suggest import did_you_mean, hint, quoted_names
+from ..io.suggest import hint
 from .pipeline_split import is_default, max_chunk_layers, split_error
 from .scope_spec import PERTURBATION_KINDS, ModelShape, Scope, check_against_model
 
 
-class ScenarioError(Recreatable, ValueError):
-    """Bad scenario input, naming the offending field."""
-
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-
-# Sanity bounds: far beyond any real job, small enough that sums and products
-# of them stay finite floats (what fits this machine is limits.py's business).
-MAX_COUNT = 2**31 - 1  # ranks, microbatches, layers, sizes
-MAX_SECONDS = 1e9  # durations and times (about 32 years)
-MAX_RATE = 1e9  # TFLOPS, GB, Gbit/s
-MAX_FACTOR = 1e6  # slowdowns and speedups (1/MAX_FACTOR), also combined
-MAX_OFFSET_US = 1e12  # clock offset (about 11 days)
-MAX_DRIFT_PPM = 1e5  # clock drift (10%)
-
-
-def _mentions_bool(annotation: Any) -> bool:
-    return annotation is bool or any(_mentions_bool(a) for a in get_args(annotation))
-
-
-class _NotANumber:
-    """Stands in for a YAML true/false given where a number is expected, so that
-    validation fails at that field (``iterations: true`` is a mistake, not 1)."""
-
-    def __init__(self, value: bool):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return str(self.value).lower()
-
-
-def _unbool(value: Any) -> Any:
-    if isinstance(value, bool):
-        return _NotANumber(value)
-    if isinstance(value, list):
-        return [_NotANumber(v) if isinstance(v, bool) else v for v in value]
-    return value
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bools_for_numbers(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        return {k: v if k not in fields or _mentions_bool(fields[k].annotation) else _unbool(v)
-                for k, v in data.items()}
-
-
-PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT)]
-Rank = Annotated[int, Field(ge=0, le=MAX_COUNT)]
-Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
-Rate = Annotated[float, Field(ge=1 / MAX_RATE, le=MAX_RATE)]
-Factor = Annotated[float, Field(ge=1 / MAX_FACTOR, le=MAX_FACTOR)]
 NAME_MAX = 100
 
 
@@ -100,25 +45,6 @@ def _safe_name(name: str) -> str:
 
 
 SafeName = Annotated[str, AfterValidator(_safe_name)]
-
-
-class _OmitsUnset(_Strict):
-    """A section whose newer optional keys are left out of its dump while unset,
-    so that a run's summary of a scenario without them stays as it was."""
-
-    OMIT_WHEN_UNSET: ClassVar[tuple[str, ...]] = ()
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        for key in set(self.OMIT_WHEN_UNSET) - self._kept_when_unset():
-            if isinstance(data, dict) and data.get(key) == type(self).model_fields[key].default:
-                data.pop(key, None)
-        return data
-
-    def _kept_when_unset(self) -> set[str]:
-        """Keys dumped even at their default (a named device would fill them again)."""
-        return set()
 
 
 class Parallel(_OmitsUnset):
@@ -364,38 +290,6 @@ class Costs(_Strict):
     optimizer_s: Seconds | None = None
 
 
-class Throttle(_Strict):
-    kind: Literal["throttle"]
-    rank: Rank
-    factor: Factor
-    start_s: Seconds = 0.0
-    end_s: Seconds | None = None
-
-
-class SlowLink(_Strict):
-    kind: Literal["slow_link"]
-    ranks: tuple[Rank, Rank]
-    factor: Factor
-    start_s: Seconds = 0.0  # slow from this simulated time on (a transfer starting then)
-    end_s: Seconds | None = None
-
-
-class LinkJitter(_Strict):
-    kind: Literal["link_jitter"]
-    ranks: tuple[Rank, Rank]
-    sigma: float = Field(gt=0, le=2)
-
-
-class ClockSkew(_Strict):
-    kind: Literal["clock_skew"]
-    rank: Rank
-    offset_us: float = Field(0.0, ge=-MAX_OFFSET_US, le=MAX_OFFSET_US)
-    drift_ppm: float = Field(0.0, ge=-MAX_DRIFT_PPM, le=MAX_DRIFT_PPM)
-
-
-Fault = Annotated[Union[Throttle, SlowLink, LinkJitter, ClockSkew], Field(discriminator="kind")]
-
-
 class Dpp(_Strict):
     """Knobs of the adaptive (MegaDPP) schedule."""
 
@@ -454,9 +348,9 @@ class Training(_OmitsUnset):
         return value
 
 
-class Mitigation(_Strict):
+class Mitigation(_OmitsUnset):
     """The closed loop (megatronapp/mitigate): what a run does when on-line
-    MegaScan names a slow rank or link."""
+    MegaScan names a slow rank or link, or a fail-stop fault stops it."""
 
     action: Literal["none", "exclude"] = "none"  # exclude: drop the node, or swap in a spare
     min_confidence: float = Field(0.5, ge=0, le=1)  # verdicts below it are reported, not acted on
@@ -464,9 +358,11 @@ class Mitigation(_Strict):
     restart_s: Seconds = 60.0  # stopping, rescheduling, reloading the checkpoint
     checkpoint_every: PositiveInt = 1  # iterations between checkpoints (a restart redoes the rest)
     spares: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0  # spare nodes swapped in first
+    checkpoint_s: Seconds = 0.0  # writing one checkpoint (training waits for it)
+    OMIT_WHEN_UNSET = ("checkpoint_s",)
 
 
-class Scenario(_Strict):
+class Scenario(_OmitsUnset):
     name: SafeName = "scenario"
     seed: int = 0  # any integer (megatronapp.scenario.seeds maps it for numpy and torch)
     iterations: PositiveInt = 1
@@ -476,12 +372,19 @@ class Scenario(_Strict):
     cluster: Cluster = Cluster()
     costs: Costs = Costs()
     fbd: Fbd | None = None  # present: ``run`` trains decoupled (MegaFBD)
-    faults: tuple[Fault, ...] = ()
+    faults: tuple[SerializeAsAny[FaultSpec], ...] = ()  # each kind: megatronapp/faults
+    allow_idle_faults: bool = False  # accept faults that change nothing in this job
     dpp: Dpp = Dpp()
     data: Data = Data()
     training: Training = Training()
     scope: Scope | None = None  # MegaScope: observations and perturbations
     mitigation: Mitigation | None = None  # the closed loop: act on on-line verdicts
+    OMIT_WHEN_UNSET = ("allow_idle_faults",)
+
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _fault_kinds(cls, value: Any) -> Any:
+        return parse_faults(value)
 
     @property
     def world_size(self) -> int:
@@ -551,10 +454,7 @@ def check_consistency(s: Scenario) -> None:
         raise ScenarioError(
             "parallel.microbatch_group_size", f"{p.group_size} is smaller than pp = {p.pp}")
     _check_megatron_options(s)
-    for i, fault in enumerate(s.faults):
-        _check_fault_ranks(f"faults[{i}]", fault, world,
-                           " (MegaFBD: a fault rank is a physical device)" if s.fbd else "")
-    _check_combined_factors(s.faults)
+    check_faults(s.faults, fault_job(s))
     _check_fbd(s)
     _check_scope(s)
     if s.mitigation is not None and s.mitigation.action != "none" and s.fbd is not None:
@@ -581,32 +481,6 @@ def _check_scope(s: Scenario) -> None:
         seq_len=m.seq_len, tp=p.tp, pp_vpp=p.pp * p.vpp))
     if bad is not None:
         raise ScenarioError(*bad)
-
-
-def _check_combined_factors(faults: tuple[Any, ...]) -> None:
-    """Faults that act at once multiply (slow links on one link, throttles whose
-    windows overlap on one rank): keep each product within the sane range."""
-    links: dict[tuple[int, ...], float] = {}
-    edges: dict[int, list[tuple[float, int, int]]] = {}  # rank -> (time, +1 start/-1 end, i)
-    for i, f in enumerate(faults):
-        if isinstance(f, SlowLink):
-            key = tuple(sorted(f.ranks))
-            links[key] = links.get(key, 1.0) * f.factor
-            _check_product(i, f"slow_link factors on link {key}", links[key])
-        elif isinstance(f, Throttle):
-            end = MAX_SECONDS * 2 if f.end_s is None else f.end_s
-            edges.setdefault(f.rank, []).extend([(f.start_s, 1, i), (end, -1, i)])
-    for rank, rank_edges in edges.items():
-        product = 1.0
-        for _, sign, i in sorted(rank_edges):  # ends sort before starts at one instant
-            product = product * faults[i].factor if sign > 0 else product / faults[i].factor
-            _check_product(i, f"overlapping throttle factors on rank {rank}", product)
-
-
-def _check_product(index: int, what: str, product: float) -> None:
-    if not 1 / MAX_FACTOR <= product <= MAX_FACTOR:
-        raise ScenarioError(f"faults[{index}].factor", f"{what} multiply to {product:.3g}, "
-                            f"outside [{1 / MAX_FACTOR:g}, {MAX_FACTOR:g}]")
 
 
 def _check_megatron_options(s: Scenario) -> None:
@@ -726,96 +600,20 @@ def device_count(s: Scenario) -> int:
     return p.pp * p.dp * (forward_tp + p.tp)
 
 
-def _check_fault_ranks(where: str, fault: Any, world: int, note: str = "") -> None:
-    ranks = fault.ranks if hasattr(fault, "ranks") else (fault.rank,)
-    field = f"{where}.ranks" if hasattr(fault, "ranks") else f"{where}.rank"
-    for r in ranks:
-        if not 0 <= r < world:
-            raise ScenarioError(field, f"rank {r} out of range 0..{world - 1}{note}")
-    if hasattr(fault, "ranks") and len(set(ranks)) < len(ranks):
-        raise ScenarioError(field, "a link needs two different ranks")
-    end = getattr(fault, "end_s", None)
-    if end is not None and end <= fault.start_s:
-        raise ScenarioError(f"{where}.end_s", "must be later than start_s")
+def fault_job(s: Scenario) -> Job:
+    """What the scenario's faults need to know of its job."""
+    p = s.parallel
+    return Job(Topology(tp=p.tp, pp=p.pp, dp=p.dp_cp, gpus_per_node=s.cluster.gpus_per_node),
+               s.iterations, tuple(seeds.entropy(s.seed)), p.vpp, p.cp,
+               not s.model.untie_embeddings, device_count(s) if s.fbd is not None else None,
+               s.allow_idle_faults)
 
 
 # ---------------------------------------------------------------- loading
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("throttle", "slow_link", "link_jitter", "clock_skew") + PERTURBATION_KINDS:
-            continue  # the discriminator tag pydantic puts in the path
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "scenario"
-
-
-def _step(node: Any, part: Any) -> Any:
-    """The type one step down ``loc`` from ``node`` (a model, a container or a
-    tagged union), or None where the path leaves what is modelled."""
-    while get_origin(node) is Annotated:
-        node = get_args(node)[0]
-    if isinstance(node, type) and issubclass(node, BaseModel):
-        field = node.model_fields.get(part) if isinstance(part, str) else None
-        return field.annotation if field is not None else None
-    members = [m for m in get_args(node) if m is not type(None)]
-    if isinstance(part, int):  # tuple[X, ...], list[X]: the element type
-        return members[0] if members else None
-    for member in members:  # a tagged union: the member whose kind is ``part``
-        kind = getattr(member, "model_fields", {}).get("kind")
-        if kind is not None and part in get_args(kind.annotation):
-            return member
-    return _step(members[0], part) if len(members) == 1 else None
-
-
-def _keys_at(loc: tuple[Any, ...]) -> list[str]:
-    """The keys the model accepts at ``loc`` (by the names a file uses)."""
-    node: Any = Scenario
-    for part in loc:
-        node = _step(node, part)
-        if node is None:
-            return []
-    while get_origin(node) is Annotated or (get_origin(node) is Union and len(
-            [m for m in get_args(node) if m is not type(None)]) == 1):
-        node = [m for m in get_args(node) if m is not type(None)][0]
-    if not (isinstance(node, type) and issubclass(node, BaseModel)):
-        return []
-    return [name for name, f in node.model_fields.items() if name != "kind"]
-
-
-def _first_error(err: ValidationError) -> Any:
-    """A mistyped key usually causes the other errors (its field is then
-    missing): report it first."""
-    errors = err.errors()
-    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-
-
 def _error_from_validation(err: ValidationError) -> ScenarioError:
-    first = _first_error(err)
-    ctx_error = first.get("ctx", {}).get("error")
-    if isinstance(ctx_error, ScenarioError):
-        return ctx_error
-    field = _format_loc(tuple(first["loc"]))
-    reason = first["msg"].removeprefix("Value error, ")
-    if isinstance(first.get("input"), _NotANumber):
-        reason = f"true/false is not allowed here (got {first['input']!r})"
-    if first["type"] == "extra_forbidden":
-        loc = tuple(first["loc"])
-        keys = _keys_at(loc[:-1])
-        reason = f"unknown key; {hint(str(loc[-1]), keys, 'keys')}" if keys else "unknown key"
-    elif first["type"] == "union_tag_invalid":
-        what = "perturbation" if field.startswith("scope.") else "fault"
-        tag = str(first.get("ctx", {}).get("tag", ""))
-        kinds = quoted_names(str(first.get("ctx", {}).get("expected_tags", "")))
-        reason = f"unknown {what} kind {tag!r}; {hint(tag, kinds, 'kinds')}"
-        field = field + ".kind" if not field.endswith("kind") else field
-    elif first["type"] == "literal_error" and isinstance(first.get("input"), str):
-        reason += did_you_mean(first["input"], quoted_names(str(first["ctx"]["expected"])))
-    return ScenarioError(field, reason)
+    return validation_error(err, Scenario, tags=PERTURBATION_KINDS, what="perturbation")
 
 
 def parse_scenario(data: Any) -> Scenario:

@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..costs.run_size import RunSize
 from ..host import limits
-from ..scenario.config import Scenario, ScenarioError, parse_scenario
+from ..faults import Truth, ground_truth
+from ..scenario.config import Scenario, ScenarioError, fault_job, parse_scenario
 from ..errors import UserError
 from ..host.executors import Where, map_unordered
 from ..io.outdirs import new_file
@@ -54,16 +55,27 @@ def _detection(result: Any, scenario: Scenario) -> dict[str, Any]:
     from ..scan.eval.validate import scan_of_result
 
     diagnosis = megascan(scan_of_result(result, scenario=scenario))
-    causes = [cause_label(c.kind, c.rank, c.peer) for c in diagnosis.root_causes]
+    causes = [(c.kind, c.rank, c.peer) for c in diagnosis.root_causes]
     truth = injected(scenario)
-    return {"healthy": diagnosis.healthy, "root_causes": " ".join(causes),
-            "injected": " ".join(truth),
+    return {"healthy": diagnosis.healthy,
+            "root_causes": " ".join(cause_label(*c) for c in causes),
+            "injected": " ".join(t.label for t in truth),
             "named_first": named_first(causes, truth, diagnosis.healthy)}
 
 
-def named_first(causes: list[str], truth: list[str], healthy: bool) -> bool:
-    """The first cause is an injected fault; with nothing injected, right when healthy."""
-    return bool(causes) and causes[0] in truth if truth else healthy
+def injected(scenario: Scenario) -> list[Truth]:
+    """What a detector should name (each fault kind's ground truth says: a
+    throttled rank's compute, a stalled rank, a bad link; clock skew is the
+    aligner's, a factor of 1 injects nothing)."""
+    return [t for t in ground_truth(scenario.faults, fault_job(scenario))
+            if t.should_name is not None]
+
+
+def named_first(causes: Sequence[tuple[str, int, int | None]], truth: Sequence[Truth],
+                healthy: bool) -> bool:
+    """The first cause (kind, rank, peer) names an injected fault; with nothing
+    injected, right when healthy."""
+    return bool(causes) and any(t.matches(*causes[0]) for t in truth) if truth else healthy
 
 
 def cause_label(kind: str, rank: int, peer: int | None) -> str:
@@ -72,19 +84,6 @@ def cause_label(kind: str, rank: int, peer: int | None) -> str:
         return f"{kind}:{rank}"
     low, high = sorted((rank, peer))
     return f"{kind}:{low}-{high}"
-
-
-def injected(scenario: Scenario) -> list[str]:
-    """What a detector should name, labelled like its causes: a throttled rank's
-    compute, a slow or jittery link (clock skew is the aligner's, not a cause;
-    a factor of 1 injects nothing, so that point is healthy)."""
-    labels = []
-    for fault in scenario.faults:
-        if fault.kind == "throttle" and fault.factor > 1:
-            labels.append(cause_label("compute", fault.rank, None))
-        elif (fault.kind == "slow_link" and fault.factor > 1) or fault.kind == "link_jitter":
-            labels.append(cause_label("link", *fault.ranks))
-    return labels
 
 
 def estimate_sweep(points: list[Point], where: Where, detect: bool,

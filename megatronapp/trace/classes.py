@@ -12,13 +12,15 @@ ordered by id, are one per kind in the same order, as runs number them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .columns import EventColumns, is_int32
+from .columns import (EventColumns, EventSource, RankEventsView, TableSource, concat_same,
+                      is_int32, source_of)
+from .events import RunResult
 
 
 @dataclass(frozen=True)
@@ -176,3 +178,16 @@ class Expansion:
         step = max(1, max_rows // max(longest, 1))
         for i in range(0, len(ranks), step):
             yield self.rows(ranks[i:i + step])
+
+
+def kept_rows(result: RunResult, keep: Callable[[EventColumns], np.ndarray]) -> RunResult:
+    """``result`` with only the rows ``keep`` marks (one pass over its batches:
+    a reduced run's stored rows only, and it stays reduced, since a class's
+    members share their representative's times)."""
+    whole = source_of(result)
+    stand_ins = StandIns.of(whole.stand_ins(), result.topo.world_size)
+    batches = [whole.compact()[0]] if stand_ins.reduced else whole.batches()
+    rows = concat_same([b.take(np.flatnonzero(keep(b))) for b in batches])
+    rows = rows.sorted_by_rank_and_start()
+    source: EventSource = Expansion(rows, stand_ins) if stand_ins.reduced else TableSource(rows)
+    return replace(result, events=RankEventsView(source), source=source)

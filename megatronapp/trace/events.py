@@ -113,6 +113,7 @@ class RunResult:
     checkpoint: str | None = None  # the run directory's checkpoint folder, when saved
     # the closed loop's accounting (megatronapp.mitigate.loop.Loop.to_json), on its first segment
     mitigation: dict[str, Any] | None = None
+    stopped: dict[str, Any] | None = None  # a fail-stop fault ended the job early: which, when
 
     def label(self, rank: int) -> str:
         return self.topo.label(rank)
@@ -120,7 +121,7 @@ class RunResult:
     def summary_items(self) -> dict[str, Any]:
         """What the sections add to summary.json, in order."""
         return summary_sections(self.fbd, self.training, self.scope, self.checkpoint,
-                                self.mitigation)
+                                self.mitigation, self.stopped)
 
 
 # A backend's entry point as harnesses receive it (validation, speed, sweeps).

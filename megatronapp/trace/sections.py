@@ -84,7 +84,8 @@ ScopeSection = Union[ScopeOverhead, ScopeCapture]
 
 def summary_sections(fbd: FbdSection | None, training: TrainingSection | None,
                      scope: ScopeSection | None, checkpoint: str | None,
-                     mitigation: dict[str, Any] | None = None) -> dict[str, Any]:
+                     mitigation: dict[str, Any] | None = None,
+                     stopped: dict[str, Any] | None = None) -> dict[str, Any]:
     """The keys the sections a run has add to summary.json, in their order."""
     items: dict[str, Any] = {}
     if fbd is not None:
@@ -97,4 +98,6 @@ def summary_sections(fbd: FbdSection | None, training: TrainingSection | None,
         items["checkpoint"] = checkpoint
     if mitigation is not None:
         items["mitigation"] = mitigation
+    if stopped is not None:
+        items["stopped"] = stopped
     return items

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 from . import metrics
 from .columns import EventSource, columns_from_events, source_of
 from .events import Event, RunResult
@@ -56,3 +58,28 @@ def union_length(intervals: Iterable[tuple[float, float]]) -> float:
         end = hi
     return total
 
+
+
+def completed_iterations(result: RunResult) -> int:
+    """Iterations whose optimizer step every rank (every one recorded) finished."""
+    done: dict[int, int] = {}
+    for cols in source_of(result).batches():
+        code = cols.name_code("optimizer")
+        ranks, steps = np.unique(cols.rank[cols.name == code], return_counts=True)
+        for rank in np.unique(cols.rank).tolist():
+            done.setdefault(rank, 0)
+        for rank, count in zip(ranks.tolist(), steps.tolist()):
+            done[rank] += count
+    return min(done.values(), default=0)
+
+
+def last_end_s(result: RunResult) -> float:
+    return max((float(c.end_s.max()) for c in source_of(result).batches() if len(c)),
+               default=0.0)
+
+
+def stop_record(result: RunResult, rank: int, at_s: float) -> dict[str, Any]:
+    """What the summary says of a run a crash of ``rank`` stopped at ``at_s``
+    (``result``: what the run recorded until then)."""
+    return {"by": "crash", "rank": rank, "at_s": at_s,
+            "iterations_completed": completed_iterations(result)}

@@ -62,6 +62,7 @@ class RunSummary(_Section):
     scope: dict[str, Any] | None = None  # MegaScope's capture or predicted overhead
     checkpoint: str | None = None
     mitigation: dict[str, Any] | None = None  # the closed loop's segments and goodput
+    stopped: dict[str, Any] | None = None  # a fail-stop fault ended the run: which, when
     adjustments: list[str] = []
     scenario: dict[str, Any]
     dpp: dict[str, Any] | None = None  # pipeline windows and peak memory

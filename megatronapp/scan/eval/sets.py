@@ -23,9 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from megatronapp.faults import ground_truth
 from megatronapp.scan.align.inputs import ScanInput, load_scan_input
 from megatronapp.scan.eval.trials import SIM, Trial
 from megatronapp.scan.ingest.work import job_of
+from megatronapp.scenario.config import fault_job
 
 Truth = tuple[str, int, int | None]  # ("rank", rank, None) or ("link", low, high)
 MIN_SLOWDOWN = 1.3  # the goals count rank faults at least this slow (the bar)
@@ -137,9 +139,9 @@ def _trial_run(trial: Trial, name: str, source: str, load: Callable[[], ScanInpu
     elif trial.truth_pair is not None:
         lo, hi = sorted(trial.truth_pair)
         truth = (("link", lo, hi),)
-    for f in trial.scenario.faults:
-        if f.kind in ("throttle", "slow_link"):
-            factor = float(getattr(f, "factor"))
+    for injected in ground_truth(trial.scenario.faults, fault_job(trial.scenario)):
+        if injected.effect in ("compute", "link") and injected.unit == "x":  # a slowdown
+            factor = injected.injected
     p = trial.scenario.parallel
     return LabelledRun(name, source, f"tp{p.tp} pp{p.pp} dp{p.dp}", trial.band, truth,
                        factor, not truth or factor >= MIN_SLOWDOWN, True, load)

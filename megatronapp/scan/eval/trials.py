@@ -15,13 +15,15 @@ every method sees traces aligned by MegaScan, never the true time.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 
+from megatronapp.faults import KINDS, LinkFault, Truth, ground_truth
 from megatronapp.scenario import seeds
-from megatronapp.scenario.config import Scenario, parse_scenario
+from megatronapp.scenario.config import Scenario, fault_job, parse_scenario
 from megatronapp.parallel.topology import Topology
 
 from megatronapp.scan.diagnosis import RootCause
@@ -36,8 +38,18 @@ class Trial:
     index: int
     band: str
     scenario: Scenario
-    truth_rank: int | None  # the throttled rank
-    truth_pair: tuple[int, int] | None  # the faulty link
+    # what a detector should name (each fault kind's ground truth; none for controls)
+    truth: tuple[Truth, ...] = field(default=())
+
+    @property
+    def truth_rank(self) -> int | None:
+        """The rank a detector should name, where a rank's fault was injected."""
+        return next((t.rank for t in self.truth if t.peer is None), None)
+
+    @property
+    def truth_pair(self) -> tuple[int, int] | None:
+        """The link a detector should name, where a link's fault was injected."""
+        return next(((int(t.rank or 0), t.peer) for t in self.truth if t.peer is not None), None)
 
 
 @dataclass(frozen=True)
@@ -50,32 +62,39 @@ class TrialPlan:
 
 
 def matches(cause: RootCause, trial: Trial) -> bool:
-    if trial.truth_rank is not None:
-        return cause.rank == trial.truth_rank and cause.kind == "compute"
-    if trial.truth_pair is not None:
-        return cause.peer is not None and {cause.rank, cause.peer} == set(trial.truth_pair)
-    return False
+    return any(t.matches(cause.kind, cause.rank, cause.peer) for t in trial.truth)
 
 
-def _band_range(band: str) -> tuple[float, float]:
-    lo, hi = (float(x) for x in band.split()[1].split("-"))
-    return lo, hi
+def names_iterations(cause: RootCause, trial: Trial) -> bool | None:
+    """Whether ``cause`` lists the iterations an intermittent fault hit (a list
+    under ``evidence['iterations']``); None when no intermittent fault was
+    injected or the detector lists none."""
+    hit = next((t.iterations for t in trial.truth if t.iterations is not None), None)
+    named = cause.evidence.get("iterations")
+    if hit is None or not isinstance(named, (list, tuple)):
+        return None
+    return set(named) == set(hit)
 
 
-def _fault(band: str, rng: np.random.Generator, topo: Topology,
-           ) -> tuple[list[dict], int | None, tuple[int, int] | None]:
-    """The band's performance fault (if any), the throttled rank, the faulty pair."""
-    if band.startswith("throttle"):
-        rank = int(rng.integers(topo.world_size))
-        return [{"kind": "throttle", "rank": rank, "factor": float(rng.uniform(*_band_range(band)))}], rank, None
-    if band.startswith(("slow_link", "link_jitter")):
-        upstream = [r for r in range(topo.world_size) if topo.coord(r).pp < topo.pp - 1]
-        a = int(rng.choice(upstream))
-        pair = (a, topo.pp_neighbor(a, 1))
-        value = float(rng.uniform(*_band_range(band)))
-        key = "factor" if band.startswith("slow_link") else "sigma"
-        return [{"kind": band.split()[0], "ranks": list(pair), key: value}], None, pair
-    return [], None, None
+def _band_kind(band: str) -> tuple[str, str, float, float]:
+    """``kind[:variant] low-high`` -> kind, variant, low, high."""
+    head, span = band.split()[:2]
+    kind, _, variant = head.partition(":")
+    low, high = (float(x) for x in span.split("-"))
+    return kind, variant, low, high
+
+
+def _fault(band: str, rng: np.random.Generator, topo: Topology) -> list[dict[str, Any]]:
+    """The band's fault (none for a control), drawn by its kind."""
+    if band in CONTROLS:
+        return []
+    kind, variant, low, high = _band_kind(band)
+    return [KINDS[kind].trial(rng, topo, low, high, variant)]
+
+
+def _named_truth(scenario: Scenario) -> tuple[Truth, ...]:
+    return tuple(t for t in ground_truth(scenario.faults, fault_job(scenario))
+                 if t.should_name is not None)
 
 
 def _clock_skews(rng: np.random.Generator, world: int, count: int) -> list[dict]:
@@ -91,7 +110,8 @@ def _skew_count(rng: np.random.Generator, band: str) -> int:
 
 
 def _is_link_band(band: str) -> bool:
-    return band.startswith(("slow_link", "link_jitter"))
+    """A link fault's trial needs other pipeline links of its kind to compare."""
+    return band not in CONTROLS and issubclass(KINDS[_band_kind(band)[0]], LinkFault)
 
 
 # ------------------------------------------------------------- simulated
@@ -110,21 +130,22 @@ def _sim_shape(rng: np.random.Generator, needs_links: bool) -> tuple[int, int, i
         return tp, pp, dp
 
 
-def make_sim_trial(seed: int, index: int) -> Trial:
-    rng = seeds.rng(seed, index)
-    band = SIM_BANDS[int(rng.integers(len(SIM_BANDS)))]
+def make_sim_trial(seed: int, index: int, bands: tuple[str, ...] = SIM_BANDS,
+                   iterations: int = 2, stream: tuple[int, ...] = ()) -> Trial:
+    rng = seeds.rng(seed, index, *stream)
+    band = bands[int(rng.integers(len(bands)))]
     tp, pp, dp = _sim_shape(rng, _is_link_band(band))
     topo = Topology(tp=tp, pp=pp, dp=dp)
-    faults, rank, pair = _fault(band, rng, topo)
+    faults = _fault(band, rng, topo)
     faults += _clock_skews(rng, topo.world_size, _skew_count(rng, band))
     scenario = parse_scenario({
-        "name": f"trial{index}", "seed": int(rng.integers(2**31)), "iterations": 2,
+        "name": f"trial{index}", "seed": int(rng.integers(2**31)), "iterations": iterations,
         "parallel": {"tp": tp, "pp": pp, "dp": dp, "microbatches": max(4, 2 * pp)},
         "model": {"layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024},
         "cluster": {"jitter": {"compute_sigma": float(rng.uniform(0.01, 0.04)),
                                "link_sigma": float(rng.uniform(0.02, 0.1))}},
         "faults": faults})
-    return Trial(index, band, scenario, rank, pair)
+    return Trial(index, band, scenario, _named_truth(scenario))
 
 
 # ------------------------------------------------------------------ real
@@ -138,13 +159,14 @@ REAL_MODEL = {"hidden": 64, "heads": 4, "seq_len": 32, "vocab": 64, "micro_batch
 REAL_ITERATIONS, REAL_MICROBATCHES, REAL_LAYERS_PER_STAGE = 6, 8, 2
 
 
-def make_real_trial(seed: int, index: int) -> Trial:
-    rng = seeds.rng(seed, index, 1)
-    band = REAL_BANDS[int(rng.integers(len(REAL_BANDS)))]
+def make_real_trial(seed: int, index: int, bands: tuple[str, ...] = REAL_BANDS,
+                    stream: tuple[int, ...] = (1,)) -> Trial:
+    rng = seeds.rng(seed, index, *stream)
+    band = bands[int(rng.integers(len(bands)))]
     shapes = REAL_LINK_SHAPES if _is_link_band(band) else REAL_SHAPES
     pp, dp = shapes[int(rng.integers(len(shapes)))]
     topo = Topology(tp=1, pp=pp, dp=dp)
-    faults, rank, pair = _fault(band, rng, topo)
+    faults = _fault(band, rng, topo)
     faults += _clock_skews(rng, topo.world_size, _skew_count(rng, band))
     scenario = parse_scenario({
         "name": f"real{index}", "seed": int(rng.integers(2**31)), "iterations": REAL_ITERATIONS,
@@ -153,9 +175,26 @@ def make_real_trial(seed: int, index: int) -> Trial:
         "model": {"layers": REAL_LAYERS_PER_STAGE * pp, **REAL_MODEL},
         "costs": {"p2p_s": REAL_P2P_S},
         "faults": faults})
-    return Trial(index, band, scenario, rank, pair)
+    return Trial(index, band, scenario, _named_truth(scenario))
+
+
+# ---------------------------------------------- the kinds added since
+# A simulated trial job's iteration takes 30-200 ms (1-2 ms a microbatch's
+# forward a stage): stalls of 10-50 ms, flaps every 50 ms, crashes in the
+# second half of six iterations. A real one's 0.3-1 s on this machine.
+SIM_NEW_BANDS = ("host_stall 0.01-0.05", "host_stall:every3 0.01-0.05",
+                 "throttle:every3 1.5-3", "link_flap:every0.05 5-20", "device_variation 0.05-0.2",
+                 "clock_skew only", "healthy")
+REAL_NEW_BANDS = ("host_stall 0.05-0.2", "host_stall:every3 0.1-0.3", "throttle:every3 2-4",
+                  "link_flap:every0.5 50-150", "device_variation 0.2-0.4",
+                  "clock_skew only", "healthy")
+NEW_ITERATIONS = 6
 
 
 SIM = TrialPlan("sim", SIM_BANDS, make_sim_trial)
 REAL = TrialPlan("real", REAL_BANDS, make_real_trial)
-PLANS = {plan.name: plan for plan in (SIM, REAL)}
+SIM_NEW = TrialPlan("sim-new", SIM_NEW_BANDS, partial(
+    make_sim_trial, bands=SIM_NEW_BANDS, iterations=NEW_ITERATIONS, stream=(2,)))
+REAL_NEW = TrialPlan("real-new", REAL_NEW_BANDS, partial(
+    make_real_trial, bands=REAL_NEW_BANDS, stream=(3,)))
+PLANS = {plan.name: plan for plan in (SIM, REAL, SIM_NEW, REAL_NEW)}
