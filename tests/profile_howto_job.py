@@ -1,4 +1,4 @@
-"""A 2-rank CPU DDP job profiled exactly as docs/megascan.md's how-to says:
+"""A 2-rank CPU DDP job profiled exactly as docs/diagnose-your-job.md's how-to says:
 the snippet is read from the page and run, unchanged, around an ordinary
 training loop (``model``, ``loader``, ``loss_fn``, ``optimizer``).
 
@@ -34,7 +34,7 @@ def _rank_main(rank: int, out: str, snippet: str) -> None:
     loader = [torch.randn(BATCH, HIDDEN) for _ in range(STEPS)]
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     os.chdir(out)
-    exec(compile(snippet, "docs/megascan.md snippet", "exec"),  # the page's own code
+    exec(compile(snippet, "docs/diagnose-your-job.md snippet", "exec"),  # the page's own code
          {"model": model, "loader": loader, "optimizer": optimizer,
           "loss_fn": lambda y: y.square().mean()})
     dist.barrier()

@@ -55,29 +55,6 @@ NOT_RUN: dict[str, str] = {
     ".venv/bin/megatronapp run scenarios/fbd_torch_small.yaml --backend torch": TORCH,
     ".venv/bin/megatronapp validate-detector --trials 1000 --seed 0 --jobs 2 "
     "--csv runs/validate-detector.csv": "1000 simulated trials: minutes on two cores",
-    "python -m megatronapp.cli validate-detector --backend torch --trials 100 --seed S": TORCH,
-    "python -m megatronapp.cli validate-detector --replay runs/corpus100 "
-    "runs/validate-detector-torch/seed0 runs/validate-detector-torch/seed2 "
-    "runs/validate-detector-torch/seed3 --csv runs/replay-all.csv":
-        "scores kept torch trials (runs/corpus100) that are not in the repository",
-    "python -m megatronapp.cli validate-detector --backend torch --trials 6 --seed 2 "
-    "--save-runs runs/trials/seed2": TORCH,
-    "python -m megatronapp.cli validate-detector --backend torch --trials 24 --seed 3 "
-    "--save-runs runs/trials/seed3": TORCH,
-    "python -m megatronapp.cli validate-detector --backend torch --trials 45 --seed 0 "
-    "--save-runs runs/trials/seed0": TORCH,
-    "python -m megatronapp.cli validate-detector --replay runs/trials/seed2 runs/trials/seed3 "
-    "runs/trials/seed0 --csv runs/trials/replay.csv":
-        "scores kept torch trials (runs/trials) that are not in the repository",
-    "python -m megatronapp.cli validate-detector --backend torch --trials 64 --seed 100 "
-    "--save-runs runs/trials/seed100": TORCH,
-    "python -m megatronapp.cli validate-detector --replay runs/trials/seed2 runs/trials/seed3 "
-    "runs/trials/seed0 runs/trials/seed100 --csv runs/trials/replay.csv":
-        "scores kept torch trials (runs/trials) that are not in the repository",
-    ".venv/bin/megatronapp run scenarios/scan_1024.yaml --out runs/scan_1024":
-        "1024 ranks, 1.17 M events: too long for the test suite",
-    "taskset -c 1 /usr/bin/time .venv/bin/megatronapp detect runs/scan_1024":
-        "a timing on one core of the 1024-rank run",
     "megatronapp run scenarios/scope_tiny.yaml --backend torch --out runs/scope_tiny": TORCH,
     "megatronapp scope serve runs/scope_tiny": SERVER,
     "megatronapp scope serve runs/scope_generate --port 0": SERVER,

@@ -1,4 +1,4 @@
-"""docs/megascan.md's how-to for users' own jobs, run: its torch.profiler
+"""docs/diagnose-your-job.md's how-to for users' own jobs, run: its torch.profiler
 snippet, taken from the page, profiles a 2-rank CPU DDP job
 (``tests/profile_howto_job.py``), and ``detect``, ``analyze`` and
 ``report`` read the folder it wrote, leaving it as it was."""
@@ -14,7 +14,7 @@ from markdown_it import MarkdownIt
 
 from .support import ROOT, run_cli
 
-PAGE = ROOT / "docs" / "megascan.md"
+PAGE = ROOT / "docs" / "diagnose-your-job.md"
 MARKER = "<!-- profile snippet"
 
 
