@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from .known_gaps import gap_of
 from .support import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +59,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # run, reported as expected failures (tests/known_gaps.py)
+        reason = gap_of(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=f"known gap: {reason}", strict=False))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

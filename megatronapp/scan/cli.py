@@ -165,6 +165,10 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
         who = (f"link {c['rank']} <-> {c['peer']}" if c["kind"] == "link"
                else f"rank {c['rank']}")
         yield f"root cause: {who} ({c['kind']}, confidence {c['confidence']:.2f})"
+        if "blame_s" not in ev:  # a baseline's finding: its own evidence, as it gave it
+            yield "  " + ", ".join(f"{k} {sig(v) if isinstance(v, float) else v}"
+                                   for k, v in ev.items())
+            continue
         yield (f"  blame: {ms(ev['blame_s'])} of each {ms(ev['iteration_s'])} iteration "
                f"({100 * ev['share']:.3g}%): how much sooner it would end at the expected time")
         yield (f"  {WHAT[c['kind']]} took {ms(ev['actual_s'])} per iteration; at "

@@ -87,21 +87,20 @@ def graph_of(cols: EventColumns, sync: SyncTable) -> Graph:
 
 
 def _program_order(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Each op's pred: the op of its rank that ended last at or before its start."""
+    """Each op's pred: the op of its rank that ended last at or before its start,
+    among the ops that end before it (by end, then start, then index: a strict
+    order, so ops shorter than the tolerance cannot be each other's pred)."""
     pred = np.full(len(rank), -1, np.int64)
-    by_end = np.lexsort((end, rank))
+    by_end = np.lexsort((np.arange(len(rank)), start, end, rank))
+    place = np.empty(len(rank), np.int64)
+    place[by_end] = np.arange(len(rank))
     rank_of_sorted, end_sorted = rank[by_end], end[by_end]
     cuts = np.r_[0, np.flatnonzero(np.diff(rank_of_sorted)) + 1, len(by_end)]
     for lo, hi in zip(cuts[:-1], cuts[1:]):
         mine = by_end[lo:hi]
-        r = rank_of_sorted[lo]
-        nodes = np.flatnonzero(rank == r)
-        k = np.searchsorted(end_sorted[lo:hi], start[nodes] + TOLERANCE_S, side="right")
-        candidate = np.where(k > 0, mine[np.maximum(k - 1, 0)], -1)
-        # a zero-length op may find itself: take the op that ended just before it
-        itself = candidate == nodes
-        candidate[itself] = np.where(k[itself] > 1, mine[np.maximum(k[itself] - 2, 0)], -1)
-        pred[nodes] = candidate
+        k = np.searchsorted(end_sorted[lo:hi], start[mine] + TOLERANCE_S, side="right")
+        k = np.minimum(k, place[mine] - lo)  # only ops before it in that order
+        pred[mine] = np.where(k > 0, mine[np.maximum(k - 1, 0)], -1)
     return pred
 
 
