@@ -95,6 +95,9 @@ NOT_RUN: dict[str, str] = {
     ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run": TORCH,
     "megatronapp fidelity fit [--generation DEVICE:SOFTWARE]":
         "a template; a fit simulates every fitted published row several times (minutes)",
+    "megatronapp run scenarios/fidelity/cpu_tiny.yaml --backend torch --out runs/cpu_tiny": TORCH,
+    "megatronapp calibrate runs/cpu_tiny --scenario scenarios/fidelity/cpu_tiny.yaml":
+        NEEDS_TORCH_RUN,
     ".venv/bin/megatronapp run SCENARIO --backend torch --stall-timeout 60":
         "a template (SCENARIO) for torch runs",
     ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run "
