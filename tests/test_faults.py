@@ -353,3 +353,23 @@ def test_a_link_is_priced_the_same_one_use_or_in_bulk() -> None:
     delays_one = [one.delay_s(t, int(n), f) for t, n, f in zip(at, nbytes, slow_one)]
     assert bulk.delays_s(at, nbytes, slow_one) == pytest.approx(delays_one, abs=1e-12)
     assert max(delays_one) > 0.002 and min(delays_one) == 0.0
+
+
+@pytest.mark.parametrize("fault, words", [
+    ({"kind": "throttle", "rank": 5, "factor": 1.5, "start_s": 0.02},
+     "rank 5 at 1/1.5 speed from 0.02 s"),
+    ({"kind": "slow_link", "ranks": [3, 7], "factor": 4}, "link 3 <-> 7 4x slow"),
+    ({"kind": "clock_skew", "rank": 9, "offset_us": 1500, "drift_ppm": 40},
+     "clock of rank 9 off by 1.5 ms, drifting 40 ppm"),
+    ({"kind": "host_stall", "rank": 2, "seconds": 0.01, "every_k_iterations": 3},
+     "rank 2's host stalls 10 ms before its forward in every 3rd iteration")])
+def test_a_fault_is_described_in_words(fault: dict[str, Any], words: str) -> None:
+    from megatronapp.faults import parse_fault
+
+    assert parse_fault(fault, "faults[0]").describe() == words
+
+
+def test_every_kind_says_itself_in_words_not_as_its_fields() -> None:
+    """A report shows ``describe()``: a kind without its own shows raw keys."""
+    assert all(cls.describe is not FaultSpec.describe for cls in KINDS.values())
+    assert "kind" not in FaultSpec.model_construct(kind="made_up").describe().split("(")[1]

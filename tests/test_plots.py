@@ -152,3 +152,35 @@ def test_plot_reads_trace_parquet_when_the_run_wrote_no_trace_json(
     assert main(["plot", str(run)]) == 0, capsys.readouterr().err
     for name in ("timeline.png", "scan_heatmap.png", "scan_marey.png", "dpp_windows.png"):
         assert (run / name).read_bytes()[:4] == b"\x89PNG", name
+
+
+def _cell_colour(fig: Figure, row: int, column: str) -> tuple[float, ...]:
+    """The colour a heat map cell is drawn in (the layer that holds it)."""
+    ax = fig.axes[0]
+    j = [t.get_text() for t in ax.get_xticklabels()].index(column)
+    for image in ax.images:
+        values = image.get_array()
+        if not values.mask[row, j]:
+            return tuple(image.to_rgba(values)[row, j])
+    raise AssertionError(f"no layer holds {column} of row {row}")
+
+
+def test_heat_map_darkest_cell_is_the_slow_compute_not_a_victims_wait() -> None:
+    """Rank 1 computes 1.3x slow; rank 0 waits 7x as long in its all-reduce.
+    The slow compute must be the darkest cell, the wait in another hue."""
+    def rank(r: int) -> list[Event]:
+        forward = 1.3 if r == 1 else 1.0
+        wait = 7.0 if r == 0 else 1.0
+        return [Event("forward", 0.0, forward, {"kind": "compute"}),
+                Event("allreduce", 2.0, wait, {"kind": "collective", "group": [0, 1, 2, 3]})]
+
+    fig = heatmap_figure({r: rank(r) for r in range(4)})
+    slow = _cell_colour(fig, 1, "forward")
+    wait = _cell_colour(fig, 0, "allreduce")
+    healthy = _cell_colour(fig, 2, "forward")
+
+    def darkness(c: tuple[float, ...]) -> float:
+        return 1.0 - (0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2])
+
+    assert darkness(slow) > darkness(wait) > darkness(healthy)
+    assert slow[0] > slow[2] and wait[2] > wait[0]  # compute red, the wait blue

@@ -26,6 +26,10 @@ class ClockSkew(RankFault):
                                 "aligned with: the skew changes nothing (allow_idle_faults: "
                                 "true accepts it)")
 
+    def describe(self) -> str:
+        return (f"clock of rank {self.rank} off by {self.offset_us / 1e3:.3g} ms, drifting "
+                f"{self.drift_ppm:.3g} ppm")
+
     def effects(self, job: Job) -> Effects:
         return Effects(clocks=((self.rank, self.offset_us, self.drift_ppm),))
 

@@ -31,6 +31,12 @@ class Crash(FaultSpec):
     restarts: int = Field(0, ge=0, le=2**31 - 1)
     OMIT_WHEN_UNSET = ("cause", "restarts")
 
+    def describe(self) -> str:
+        who = "any device" if self.rank is None else f"rank {self.rank}"
+        when = (f"at {self.at_s:.3g} s" if self.at_s is not None
+                else f"once in {self.mtbf_hours:,.6g} h on average")
+        return f"{who} fails {when}" + (f" ({self.cause})" if self.cause else "")
+
     def named_ranks(self) -> tuple[int, ...]:
         return () if self.rank is None else (self.rank,)
 

@@ -24,6 +24,9 @@ class DeviceVariation(FaultSpec):
     sigma: float = Field(gt=0, le=1)
     distribution: Literal["lognormal", "normal"] = "lognormal"
 
+    def describe(self) -> str:
+        return f"every GPU's compute time a {self.distribution} draw, sigma {self.sigma:.3g}"
+
     def factors(self, job: Job) -> np.ndarray:
         """Each device's compute-time factor, in rank order."""
         z = job.rng(STREAM).standard_normal(job.world)

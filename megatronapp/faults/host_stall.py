@@ -15,7 +15,7 @@ from pydantic import Field
 from ..io.schema import PositiveInt
 from ..parallel.topology import Topology
 from .effects import HostDelay
-from .protocol import Effects, Job, RankFault, Truth
+from .protocol import Effects, Job, RankFault, Truth, every_kth
 from .throttle import check_every_k, hit_iterations
 
 __all__ = ["HostStall"]
@@ -30,6 +30,11 @@ class HostStall(RankFault):
     every_k_iterations: PositiveInt = 1
     where: Literal["before_forward", "before_optimizer"] = "before_forward"
     sigma: float = Field(0.0, ge=0, le=3)  # each stall lognormal with mean ``seconds``
+
+    def describe(self) -> str:
+        spread = f" (lognormal, sigma {self.sigma:.3g})" if self.sigma else ""
+        return (f"rank {self.rank}'s host stalls {self.seconds * 1e3:.3g} ms{spread} before "
+                f"its {OPS[self.where]} in {every_kth(self.every_k_iterations)}")
 
     def check(self, job: Job, where: str) -> None:
         super().check(job, where)

@@ -35,6 +35,9 @@ class LinkFlap(Timed, LinkFault):
         retry = IB_RETRY_S if self.retry_ms is None else self.retry_ms * 1e-3
         return Outage(self.down_ms * 1e-3, self.every_s, retry, self.start_s, self.end)
 
+    def describe(self) -> str:
+        return f"{self.link_text} down {self.down_ms:.3g} ms every {self.every_s:.3g} s{self.during}"
+
     def check(self, job: Job, where: str) -> None:
         super().check(job, where)
         self.check_window(where)

@@ -26,6 +26,9 @@ class LinkJitter(LinkFault):
         return (Truth("link_jitter", "link", self.ranks[0], self.ranks[1], injected=self.sigma,
                       unit="sigma"),)
 
+    def describe(self) -> str:
+        return f"{self.link_text} jittery (each transfer lognormal, sigma {self.sigma:.3g})"
+
     @classmethod
     def trial(cls, rng: np.random.Generator, topo: Topology, low: float, high: float,
               variant: str = "") -> dict[str, Any]:

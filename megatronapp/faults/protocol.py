@@ -21,10 +21,18 @@ from .effects import HostDelay, Outage, Window
 from .peers import exchange_error
 
 __all__ = ["Activity", "Effects", "FaultCost", "FaultSpec", "Job", "LinkFault", "Place",
-           "RankFault", "Timed", "Truth"]
+           "RankFault", "Timed", "Truth", "every_kth"]
 
 Pair = tuple[int, int]
 Place = Callable[[int], "int | None"]  # a GPU's place in a re-planned job (None: gone)
+
+
+def every_kth(k: int) -> str:
+    """``every iteration``, ``every 3rd iteration``: how often a fault acts, in words."""
+    if k == 1:
+        return "every iteration"
+    suffix = "th" if k % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"every {k}{suffix} iteration"
 
 
 def pair(a: int, b: int) -> Pair:
@@ -193,6 +201,11 @@ class FaultSpec(OmitsUnset):
     def cost(self, job: Job) -> FaultCost:
         return FaultCost()
 
+    def describe(self) -> str:
+        """The fault in words, for reports (a kind says it its own way)."""
+        fields = self.model_dump(exclude={"kind"}, exclude_none=True)
+        return f"{self.kind} ({', '.join(f'{k} {v}' for k, v in fields.items())})"
+
     def failure_rate_per_s(self, job: Job) -> float:
         """How often it stops the job, on average (fail-stop faults over a long job)."""
         return 0.0
@@ -223,6 +236,11 @@ class LinkFault(FaultSpec):
     @property
     def pair(self) -> Pair:
         return pair(*self.ranks)
+
+    @property
+    def link_text(self) -> str:
+        """``link 3 <-> 7``, as reports name it."""
+        return f"link {self.ranks[0]} <-> {self.ranks[1]}"
 
     def check(self, job: Job, where: str) -> None:
         super().check(job, where)
@@ -257,6 +275,13 @@ class Timed(StrictModel):
     @property
     def end(self) -> float:
         return math.inf if self.end_s is None else self.end_s
+
+    @property
+    def during(self) -> str:
+        """`` from 0.02 s``, `` from 0 to 0.5 s``; empty for the whole run."""
+        if self.end_s is not None:
+            return f" from {self.start_s:.3g} to {self.end_s:.3g} s"
+        return f" from {self.start_s:.3g} s" if self.start_s else ""
 
     def shifted(self, elapsed_s: float) -> dict[str, Any] | None:
         """Its window ``elapsed_s`` later (a restarted job's clock starts at

@@ -41,6 +41,9 @@ class SlowLink(Timed, LinkFault):
         return (Truth("slow_link", "link", self.ranks[0], self.ranks[1], injected=self.factor,
                       name=self.factor > 1),)
 
+    def describe(self) -> str:
+        return f"{self.link_text} {self.factor:.3g}x slow{self.during}"
+
     def idle(self, activity: Activity, where: str) -> ScenarioError | None:
         span = link_span(activity, self.ranks)
         if span is None or not window_misses(Window(self.start_s, self.end, self.factor), span):

@@ -15,7 +15,7 @@ from ..io.schema import Factor, PositiveInt, ScenarioError
 from ..parallel.topology import Topology
 from .effects import Window, gate_open
 from .protocol import (Activity, Effects, FaultCost, FaultSpec, Job, Place, RankFault, Timed,
-                       Truth)
+                       Truth, every_kth)
 from .windows import missed, window_misses
 
 __all__ = ["Throttle", "hit_iterations"]
@@ -76,6 +76,14 @@ class Throttle(Timed, RankFault):
 
     def cost(self, job: Job) -> FaultCost:
         return FaultCost(windows={self.rank: 1})
+
+    def describe(self) -> str:
+        text = f"rank {self.rank} at 1/{self.factor:.3g} speed{self.during}"
+        if self.period_s is not None:
+            text += f", the first {self.duty:.0%} of every {self.period_s:.3g} s"
+        if self.every_k_iterations > 1:
+            text += f", in {every_kth(self.every_k_iterations)}"
+        return text
 
     @classmethod
     def trial(cls, rng: np.random.Generator, topo: Topology, low: float, high: float,

@@ -15,7 +15,8 @@ STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em aut
 color:#222}h1{margin-bottom:0}section{margin:2em 0}img{max-width:100%;border:1px solid #ddd}
 pre{background:#f6f6f6;padding:1em;overflow:auto}.verdict{border-left:6px solid #D62728;
 padding-left:1em}.healthy{border-left-color:#55A868}table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}"""
+td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}.cost{font-size:1.25em;
+font-weight:600}"""
 
 
 def inline_png(fig: Figure, alt: str, dpi: int) -> str:

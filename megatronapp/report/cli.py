@@ -10,6 +10,7 @@ from megatronapp.errors import UserError
 from megatronapp.io.outdirs import add_force_option
 
 REPORT_FILE = "report.html"
+BASELINE_MAX_SECONDS = 60.0  # a report simulates the healthy run only when it is this cheap
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -45,15 +46,34 @@ def _page(target: Path, summary: dict[str, Any] | None, args: argparse.Namespace
     cap = limits.json_text_cap(args)
     if summary is not None:
         data = _side_file(lambda t: load_plot_input(t, cap, say), target)
+        baseline = _baseline(summary, data, args, say)
         say("drawing the report")
         from .page import report_html  # matplotlib loads here, under the spinner
 
-        return report_html(target, summary, data)
+        return report_html(target, summary, data, baseline)
     trace, data = _side_file(lambda t: _trace_input(t, cap, say, args.cycle), target)
+    baseline = _baseline(None, data, args, say)
     say("drawing the report")
     from .page import trace_report_html
 
-    return trace_report_html(target, trace, data)
+    return trace_report_html(target, trace, data, baseline)
+
+
+def _baseline(summary: dict[str, Any] | None, data: Any, args: argparse.Namespace,
+              say: Any) -> Any:
+    """The healthy baseline: a simulated run's scenario without its faults (run
+    on the simulator where the limits allow it), else MegaScan's blame."""
+    from backends.registry import run_function
+
+    from .baseline import baseline_of
+
+    def check(estimate: limits.Estimate) -> None:
+        if not args.no_limits:
+            most = min(args.max_seconds, BASELINE_MAX_SECONDS)
+            limits.check(estimate, limits.machine_limits(None, most),
+                         what="the healthy baseline (the scenario without its faults)")
+
+    return baseline_of(summary, data.diagnosis.to_json(), run_function("sim"), check, say)
 
 
 def _trace_input(target: Path, cap: float, say: Any, cycle: int | str) -> tuple[Any, Any]:

@@ -9,12 +9,14 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 from matplotlib.collections import LineCollection
+from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from megatronapp.trace.timeline import COLOURS, mark_row, note, rank_ticks, save, tick_step
 
 from megatronapp.trace.events import Event
+from megatronapp.trace.kinds import event_kind
 
 from megatronapp.scan.evidence.focus import PlotFocus
 
@@ -73,29 +75,65 @@ def mean_durations(events: Events) -> tuple[list[int], list[str], np.ndarray]:
     return ranks, names, grid
 
 
+def compute_columns(events: Events, names: Sequence[str]) -> np.ndarray:
+    """Per column, whether its ops are mostly compute (the rest: communication,
+    which holds the time a rank waits for its peers, and annotations)."""
+    votes: dict[str, int] = defaultdict(int)
+    for evs in events.values():
+        for e in evs:
+            votes[op_class(e.name)] += 1 if event_kind(e.name, e.args) == "compute" else -1
+    return np.array([votes.get(n, 0) > 0 for n in names])
+
+
+COMPUTE_MAP = "Reds"
+# waits in their own, paler colour: a victim's long wait never outshines a slow compute
+WAIT_MAP = LinearSegmentedColormap.from_list("waits", ["#ffffff", "#6f9fcf"])
+WAIT_CAP = 4.0  # a wait 4x its median is as dark as a wait gets
+MIN_COMPUTE_TOP = 1.25  # noise alone (a few % apart) stays pale
+
+
+def _ratio_layers(grid: np.ndarray, compute: np.ndarray
+                  ) -> tuple[np.ma.MaskedArray, np.ma.MaskedArray, float]:
+    """Each cell's mean over its column's median (only slower than the median
+    is coloured), split into compute and wait layers, and the compute scale's top."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.maximum(grid / np.nanmedian(grid, axis=0, keepdims=True), 1.0)
+    missing = ~np.isfinite(ratio)
+    as_compute = np.ma.masked_array(ratio, missing | ~compute[None, :])
+    as_wait = np.ma.masked_array(ratio, missing | compute[None, :])
+    top = max(MIN_COMPUTE_TOP, float(as_compute.max()) if as_compute.count() else 0.0)
+    return as_compute, as_wait, top
+
+
 def heatmap_figure(events: Events, title: str = "", focus: PlotFocus = PlotFocus()
                    ) -> Figure:
-    """Colour = mean duration relative to that op's median over ranks, so a
-    slow rank shows up as a bright row whatever the op's absolute length;
-    the root cause's row is outlined and named, since its victims' waits are
-    often the brightest cells."""
+    """Colour = mean duration over that op's median over ranks, so a slow rank
+    shows up whatever the op's absolute length. Compute is red, scaled to the
+    slowest compute cell, so a root cause's excess compute is the darkest cell;
+    communication (a victim's waits) is a paler blue, capped, so waiting never
+    outshines it. The root cause's row is outlined and named."""
     ranks, names, grid = mean_durations(events)
-    # log2 on a diverging scale clipped at 2x either way: a 1.3x compute row
-    # must not be washed out by a victim's 7x longer collective waits.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        relative = np.log2(grid / np.nanmedian(grid, axis=0, keepdims=True))
+    compute = compute_columns(events, names)
+    order = np.argsort(~compute, kind="stable")  # compute columns first, then the waits
+    names, grid, compute = [names[j] for j in order], grid[:, order], compute[order]
+    as_compute, as_wait, top = _ratio_layers(grid, compute)
     # wide enough for each column's label, never wider than a page; tall enough
     # for the rotated labels under a few ranks
-    fig = Figure(figsize=(min(0.55 * len(names) + 5, 18), min(0.22 * len(ranks) + 4, 14)),
+    fig = Figure(figsize=(min(0.55 * len(names) + 6, 19), min(0.22 * len(ranks) + 4, 14)),
                  layout="constrained")
     ax = fig.add_subplot()
-    im = ax.imshow(relative, aspect="auto", cmap="coolwarm", interpolation="nearest",
-                   vmin=-1.0, vmax=1.0)
+    ax.set_facecolor("#e8e8e8")  # a rank without the op
+    hot = ax.imshow(as_compute, aspect="auto", cmap=COMPUTE_MAP, interpolation="nearest",
+                    vmin=1.0, vmax=top)
+    waits = ax.imshow(as_wait, aspect="auto", cmap=WAIT_MAP, interpolation="nearest",
+                      vmin=1.0, vmax=WAIT_CAP)
     ax.set_xticks(range(len(names)), [short_label(n) for n in names], rotation=40, ha="right")
     rank_ticks(ax, ranks, label="{}")
     ax.set_xlabel("operation (class)")
     ax.set_ylabel("rank")
-    fig.colorbar(im, ax=ax, label="log2(mean / median over ranks)\n+1 = 2x slower")
+    fig.colorbar(hot, ax=ax, label="compute: mean / median over ranks (x)")
+    fig.colorbar(waits, ax=ax, label=f"communication and waits:\nmean / median (x, "
+                                     f"capped at {WAIT_CAP:g}x)")
     if focus.root in ranks:
         mark_row(ax, ranks.index(focus.root), focus.root_label, offset=-0.5)
     ax.set_title(title or "mean op duration per rank")
