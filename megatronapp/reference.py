@@ -27,6 +27,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from .cli import build_parser
+from .faults.protocol import FaultSpec
+from .faults.registry import KINDS
 from .scenario.config import Scenario
 from .scenario.megatron_defaults import DEFAULTS
 
@@ -275,12 +277,14 @@ def _kind_of(model: type[BaseModel]) -> str | None:
 
 def _section_models(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
     """The models a field holds, each with whether it is a list of them."""
-    found = []
+    found: list[tuple[type[BaseModel], bool]] = []
     for member in _members(annotation):
         listed = get_origin(member) is tuple
         for inner in (get_args(member) if listed else (member,)):
             for candidate in _members(inner):
-                if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                if candidate is FaultSpec:  # one section per registered kind
+                    found += [(kind, listed) for kind in KINDS.values()]
+                elif isinstance(candidate, type) and issubclass(candidate, BaseModel):
                     found.append((candidate, listed))
     return found
 
