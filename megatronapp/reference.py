@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from .cli import build_parser
+from .io import gate
 from .scenario.config import Scenario
 from .scenario.megatron_defaults import DEFAULTS
 
@@ -341,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli.parse_args(argv)
     text = render(build_parser())
     if args.check:
-        same = args.out.is_file() and args.out.read_text() == text
+        same = args.out.is_file() and gate.read_text(args.out, "--out") == text
         print(f"{args.out}: " + ("up to date" if same else
                                  "differs; run python -m megatronapp.reference"))
         return 0 if same else 1
