@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from .cli import build_parser
+from .faults import KINDS, FaultSpec
 from .io import gate
 from .scenario.config import Scenario
 from .scenario.megatron_defaults import DEFAULTS
@@ -274,6 +275,11 @@ def _kind_of(model: type[BaseModel]) -> str | None:
     return None
 
 
+def _concrete(model: type[BaseModel]) -> list[type[BaseModel]]:
+    """A fault entry is held as the kinds' base; its schema is its kind's."""
+    return list(KINDS.values()) if model is FaultSpec else [model]
+
+
 def _section_models(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
     """The models a field holds, each with whether it is a list of them."""
     found = []
@@ -282,7 +288,7 @@ def _section_models(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
         for inner in (get_args(member) if listed else (member,)):
             for candidate in _members(inner):
                 if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                    found.append((candidate, listed))
+                    found += [(model, listed) for model in _concrete(candidate)]
     return found
 
 
