@@ -27,8 +27,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from .cli import build_parser
-from .faults.protocol import FaultSpec
-from .faults.registry import KINDS
+from .faults import KINDS, FaultSpec
+from .io import gate
 from .scenario.config import Scenario
 from .scenario.megatron_defaults import DEFAULTS
 
@@ -113,7 +113,7 @@ def _cell(text: str) -> str:
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
     """``(name, help, parser)`` of each subcommand, in the order they were added."""
-    found = []
+    found: list[tuple[type[BaseModel], bool]] = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {a.dest: a.help or "" for a in action._choices_actions}
@@ -275,6 +275,11 @@ def _kind_of(model: type[BaseModel]) -> str | None:
     return None
 
 
+def _concrete(model: type[BaseModel]) -> list[type[BaseModel]]:
+    """A fault entry is held as the kinds' base; its schema is its kind's."""
+    return list(KINDS.values()) if model is FaultSpec else [model]
+
+
 def _section_models(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
     """The models a field holds, each with whether it is a list of them."""
     found: list[tuple[type[BaseModel], bool]] = []
@@ -282,10 +287,8 @@ def _section_models(annotation: Any) -> list[tuple[type[BaseModel], bool]]:
         listed = get_origin(member) is tuple
         for inner in (get_args(member) if listed else (member,)):
             for candidate in _members(inner):
-                if candidate is FaultSpec:  # one section per registered kind
-                    found += [(kind, listed) for kind in KINDS.values()]
-                elif isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                    found.append((candidate, listed))
+                if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                    found += [(model, listed) for model in _concrete(candidate)]
     return found
 
 
@@ -345,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli.parse_args(argv)
     text = render(build_parser())
     if args.check:
-        same = args.out.is_file() and args.out.read_text() == text
+        same = args.out.is_file() and gate.read_text(args.out, "--out") == text
         print(f"{args.out}: " + ("up to date" if same else
                                  "differs; run python -m megatronapp.reference"))
         return 0 if same else 1

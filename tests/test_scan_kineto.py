@@ -26,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def nccl_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
     """A data-parallel pair on GPUs: forward/backward kernels under GPU
     annotations, an NCCL all-reduce per iteration launched from a
-    ``record_param_comms`` call (linked by correlation id and a flow)."""
+    ``record_param_comms`` call (linked by correlation id and a flow); each
+    iteration in the ``ProfilerStep#N`` range ``profiler.step()`` writes."""
     pid, events, t, corr = 4000 + rank, kineto_meta(4000 + rank), 100.0, 100 * rank
     for it in range(iterations):
+        step_start = t
         for name, base in (("forward", 900.0), ("backward", 1800.0)):
             dur = base * (slow if rank == 1 else 1.0) * (1 + 0.01 * ((it * 7 + rank) % 3))
             corr += 1
@@ -56,6 +58,8 @@ def nccl_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
                    kineto_event("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                       "kernel", 0, 20, arrive, start + 300 - arrive, correlation=corr, stream=20)]
         t = start + 400
+        events.append(kineto_event(f"ProfilerStep#{it}", "user_annotation", pid, pid,
+                                   step_start, t - step_start))
     return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "traceEvents": events,
             "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2, "pg_config": [
                 {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]},
@@ -114,7 +118,8 @@ def gloo_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
     ends in three all-reduces on the one-rank tensor-parallel group (the loss),
     each iteration ends in the data-parallel all-reduce, where the fast rank
     waits for the slow one. Gloo runs each group's calls on two threads of its
-    own, alternately; nothing in the file says which group a call used."""
+    own, alternately; nothing in the file says which group a call used. Each
+    iteration is a ``ProfilerStep#N`` range."""
     pid, events = 6000 + rank, kineto_meta(6000 + rank)
     start, fwd = 1000.0, 3000.0
     for it in range(iterations):
@@ -131,6 +136,8 @@ def gloo_rank_file(rank: int, slow: float, iterations: int = 8) -> dict:
         done = start + 3.2 * fwd * slow  # after the slow rank arrives: the sum
         events += [kineto_event("c10d::allreduce_", "cpu_op", pid, pid, t, 50.0),
                    kineto_event("gloo:all_reduce", "user_annotation", pid, 21 + it % 2, t + 10, done - t)]
+        events.append(kineto_event(f"ProfilerStep#{it}", "user_annotation", pid, pid, start,
+                                   done + 100 - start))
         start = done + 100
     return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "traceEvents": events,
             "host_name": "node0",
@@ -154,7 +161,12 @@ def test_one_rank_group_calls_inside_a_peers_wait_leave_its_group_alone(tmp_path
     d = megascan(load_scan_input(tmp_path))
     (cause,) = d.root_causes
     assert (cause.rank, cause.kind) == (1, "compute")
-    assert cause.evidence["collectives"] == 8 and cause.evidence["ops_compared"] == 16
+    # its forward and backward, 4x its peer's, judged in each of the 8 steps; the
+    # peer only waited for it in their group's all-reduce
+    ev = cause.evidence
+    assert ev["expected_from"] == "peers" and ev["iterations_seen"] == 8
+    assert ev["actual_s"] / ev["expected_s"] == pytest.approx(4.0, rel=0.02)
+    assert d.victims == (0,)
 
 
 @pytest.mark.parametrize("edit, fragment", [

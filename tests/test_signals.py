@@ -22,9 +22,11 @@ pytestmark = pytest.mark.slow
 
 WORKING_CPU_S = 4.0  # imports take 1-3 s of CPU; every input below takes minutes
 HANG_GUARD_S = 600  # only so that a broken build cannot hang the suite
-BIG = ("name: big\niterations: 50\nparallel: {tp: 2, pp: 4, dp: 8, microbatches: 32}\n"
+# ~4.7 M events: predict spends ~12 s of CPU on it and run ~15 s, well past the
+# signal (at 50 iterations both ended at 5-7 s, too close to WORKING_CPU_S)
+BIG = ("name: big\niterations: 120\nparallel: {tp: 2, pp: 4, dp: 8, microbatches: 32}\n"
        "model: {layers: 8, hidden: 256, heads: 4, seq_len: 256, vocab: 1024}\n"
-       "cluster: {jitter: {compute_sigma: 0.05, link_sigma: 0.05}}\n")  # ~2 M events
+       "cluster: {jitter: {compute_sigma: 0.05, link_sigma: 0.05}}\n")
 
 
 def _cpu_seconds(pid: int) -> float:

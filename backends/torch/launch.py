@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.constants import default_pg_timeout
 
-from megatronapp.errors import UserError
+from megatronapp.errors import Recreatable, UserError
 from megatronapp.faults import effects_of
 from megatronapp.io.outdirs import scratch_folder
 from megatronapp.program.layout import topology_of
@@ -71,7 +71,7 @@ class TorchRankFailed(TorchRunError):
         self.rank, self.failure = rank, failure
 
 
-class InjectedCrash(Exception):
+class InjectedCrash(Recreatable, Exception):
     """The rank a ``crash`` fault names died as injected: the job stops there."""
 
     def __init__(self, rank: int):

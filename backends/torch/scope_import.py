@@ -27,9 +27,11 @@ import numpy as np
 import torch
 
 from megatronapp.errors import UserError
+from megatronapp.io import gate
 from megatronapp.scope.imports import Imported, import_gpt2, import_megatron
 
 MAX_FOREIGN_TYPES = 64
+TRACKER_BYTES = 1 << 10  # latest_checkpointed_iteration.txt holds one number
 _NOT_ALLOWED = re.compile(r"GLOBAL (\S+) was not an allowed global")
 MODEL_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 
@@ -47,10 +49,11 @@ class Inert:
 def load_pickled(path: Path) -> Any:
     """``torch.load(weights_only=True)``, with every other type stood in by ``Inert``."""
     names: list[str] = []
+    checked = gate.checked(path, "SRC")
     for _ in range(MAX_FOREIGN_TYPES):
         try:
             with torch.serialization.safe_globals([(Inert, n) for n in names]):
-                return torch.load(path, map_location="cpu", weights_only=True)
+                return torch.load(checked, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as err:
             match = _NOT_ALLOWED.search(str(err))
             if match is None or match.group(1) in names:
@@ -73,10 +76,11 @@ def _hf_weights(source: Path) -> dict[str, np.ndarray]:
 
     single, index = source / "model.safetensors", source / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
+        return load_file(str(gate.checked(single, "SRC")))
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(str(source / shard)).items()}
+        shards = sorted(set(gate.read_json(index, "SRC")["weight_map"].values()))
+        return {k: v for shard in shards
+                for k, v in load_file(str(gate.checked(source / shard, "SRC"))).items()}
     binary = source / "pytorch_model.bin"
     if binary.is_file():
         return _numpy(load_pickled(binary))
@@ -86,9 +90,9 @@ def _hf_weights(source: Path) -> dict[str, np.ndarray]:
 
 def read_hugging_face(source: Path) -> Imported:
     try:
-        config = json.loads((source / "config.json").read_text())
-    except ValueError as err:
-        raise UserError(f"SRC: {source}/config.json is not JSON ({err})") from None
+        config = gate.read_json(source / "config.json", "SRC")
+    except ValueError as err:  # the gate's one line names SRC and the file
+        raise UserError(str(err)) from None
     return import_gpt2(config, lambda: _hf_weights(source), str(source))
 
 
@@ -97,7 +101,7 @@ def _iteration_dir(source: Path) -> Path:
     tracker = source / "latest_checkpointed_iteration.txt"
     if not tracker.is_file():
         return source
-    text = tracker.read_text().strip()
+    text = gate.read_text(tracker, "SRC", TRACKER_BYTES).strip()
     name = "release" if text == "release" else f"iter_{int(text):07d}"
     return source / name
 

@@ -33,7 +33,10 @@ import torch
 import torch.distributed as dist
 
 from megatronapp.errors import UserError
+from megatronapp.io import gate
+from megatronapp.io.outdirs import discard, own_folder
 from megatronapp.io.progress import Say
+from megatronapp.io.text import TextError
 from megatronapp.scenario.checkpoint import Checkpoint, read_checkpoint
 from megatronapp.scenario.config import Scenario, ScenarioError, parse_scenario
 from megatronapp.scope.names import TP_SPLIT, site_of
@@ -44,6 +47,7 @@ Tensor = torch.Tensor
 EXIT_WAIT_S = 10.0
 ACCEPT_WAIT_S = 300.0  # workers import torch and megatron-core before they listen
 POLL_S = 0.05
+LOG_BYTES = 16 << 20  # a rank's log read back for its last line
 
 
 class PoolFailed(UserError):
@@ -80,7 +84,7 @@ def _received(conn: Connection) -> Any:
 class PoolRunner:
     conns: list[Connection]
     procs: list[subprocess.Popen]
-    workdir: tempfile.TemporaryDirectory
+    workdir: Path  # private (0700), marked as ours, discarded when the pool stops
     warnings: list[str] = field(default_factory=list)
     stop: Any = None
 
@@ -88,10 +92,10 @@ class PoolRunner:
     def start(cls, ckpt: Checkpoint, pp: int, tp: int, say: Say) -> "PoolRunner":
         split_scenario(ckpt, pp, tp)  # refused here, before any process starts
         world = pp * tp
-        workdir = tempfile.TemporaryDirectory(prefix="megascope-")
+        workdir = own_folder(Path(tempfile.mkdtemp(prefix="megascope-")))
         key = secrets.token_bytes(32)
         say(f"starting {world} processes (pp {pp} × tp {tp}) for {ckpt.path}")
-        procs = [_spawn(rank, world, pp, tp, ckpt.path, key, Path(workdir.name))
+        procs = [_spawn(rank, world, pp, tp, ckpt.path, key, workdir)
                  for rank in range(world)]
         pool = cls([], procs, workdir)
         pool.stop = weakref.finalize(pool, _stop_all, procs, pool.conns, workdir)
@@ -107,7 +111,7 @@ class PoolRunner:
         has imported what it needs; connect to each, then wait for its stage."""
         deadline = time.monotonic() + ACCEPT_WAIT_S
         for rank, proc in enumerate(self.procs):
-            address = str(Path(self.workdir.name) / f"rank{rank}.socket")
+            address = str(self.workdir / f"rank{rank}.socket")
             while True:
                 try:
                     self.conns.append(Client(address, family="AF_UNIX", authkey=key))
@@ -124,8 +128,7 @@ class PoolRunner:
 
     def _died(self, what: str) -> str:
         dead = [(r, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None]
-        log = Path(self.workdir.name) / "rank0.log"
-        tail = log.read_text().strip().splitlines()[-1:] if log.is_file() else []
+        tail = _last_line(self.workdir / "rank0.log")
         return (f"the model's processes {what}" + (f" (rank {dead[0][0]} exited with "
                                                    f"{dead[0][1]})" if dead else "")
                 + (f": {tail[0]}" if tail else ""))
@@ -200,8 +203,16 @@ def _spawn(rank: int, world: int, pp: int, tp: int, checkpoint: Path, key: bytes
     return proc
 
 
+def _last_line(log: Path) -> list[str]:
+    """The last line rank 0 logged (what it died of), if it logged anything readable."""
+    try:
+        return gate.read_text(log, "rank 0's log", LOG_BYTES).strip().splitlines()[-1:]
+    except TextError:  # not there, too long or not text: the exit status alone is said
+        return []
+
+
 def _stop_all(procs: list[subprocess.Popen], conns: list[Connection],
-              workdir: tempfile.TemporaryDirectory) -> None:
+              workdir: Path) -> None:
     for conn in conns:
         try:
             _send(conn, ("close",))
@@ -214,7 +225,7 @@ def _stop_all(procs: list[subprocess.Popen], conns: list[Connection],
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    workdir.cleanup()
+    discard(workdir)
 
 
 # ------------------------------------------------------------------ worker

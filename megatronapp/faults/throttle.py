@@ -38,8 +38,8 @@ def check_every_k(every_k: int, job: Job, where: str) -> None:
 class Throttle(Timed, RankFault):
     kind: Literal["throttle"]
     factor: Factor
-    period_s: float | None = Field(None, gt=0, le=1e9)  # intermittent: slow for the first
-    duty: float = Field(1.0, gt=0, le=1)  # ... ``duty`` of every period
+    period_s: float | None = Field(None, gt=0, le=1e9)  # intermittent: a period, seconds
+    duty: float = Field(1.0, gt=0, le=1)  # the share of each period that is slow (its start)
     every_k_iterations: PositiveInt = 1  # only the k-th, 2k-th, ... iteration
     OMIT_WHEN_UNSET = ("period_s", "duty", "every_k_iterations")
 

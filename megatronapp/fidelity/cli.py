@@ -63,8 +63,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     data = apply_overrides(read_scenario_data(args.scenario), args.set)
     data.setdefault("name", default_name(args.scenario))
     s = parse_scenario(data)
-    _check_limits(args, s)
-    try:
+    try:  # the limits price the run, which compiles it: memory is checked there first
+        _check_limits(args, s)
         result = predict(s, lambda sc, rep: simulate(sc, rep, args.quiet), replica=args.replica)
     except MemoryExceeded:
         if not args.json:  # show where the memory goes, then fail in one line

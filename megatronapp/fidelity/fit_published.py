@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
+from ..io import gate
+from ..io.outdirs import new_file
 from ..scenario.devices import FITS_FILE, load_fits
 from .fit import Mapper, SimulateTime
 from .published import (GENERATION_KNOBS, Generation, PublishedRun, fit_generation,
@@ -85,11 +86,10 @@ def _write_fits(results: Sequence[GenerationFit], path: Path) -> None:
         entry.setdefault("default", software)
         entry[software] = {"constants": {k: round(v, 4) for k, v in r.constants.items()},
                            "fitted_on": fitted_on(r.rows)}
-    header = "".join(line for line in path.read_text().splitlines(keepends=True)
-                     if line.startswith("#"))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(header + yaml.safe_dump(fits, sort_keys=True, width=100))
-    os.replace(tmp, path)
+    header = "".join(line for line in gate.read_text(path, "fits", gate.MAX_TEXT_BYTES)
+                     .splitlines(keepends=True) if line.startswith("#"))
+    with new_file(path, "fits", force=True) as tmp:  # the fits file is replaced whole
+        tmp.write_text(header + yaml.safe_dump(fits, sort_keys=True, width=100))
 
 
 def fit_lines(r: GenerationFit) -> list[str]:

@@ -40,7 +40,7 @@ def one_line_errors(prog: str, run: Callable[[], int]) -> int:
 def decode_utf8(raw: bytes, what: str) -> str:
     """UTF-8 (with or without a byte-order mark); say what else it looks like."""
     if raw.startswith(_UTF16_BOMS):
-        raise TextError(f"{what} is UTF-16/32 text; save it as UTF-8")
+        raise TextError(f"{what} is UTF-16/32 text, not UTF-8; save it as UTF-8")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:

@@ -24,8 +24,9 @@ from concurrent.futures import wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, TypeVar
+from typing import Annotated, Any, Callable, ContextManager, Iterator, TypeVar
 
+import annotated_types
 import duckdb
 
 from megatronapp.errors import UserError
@@ -150,7 +151,8 @@ T = TypeVar("T")
 class QueryTooLong(UserError):
     """SQL still running at ``--max-seconds``: stopped, one line."""
 
-    def __init__(self, seconds: float):
+    # a duration, never NaN: its args must compare equal after a pickle round trip
+    def __init__(self, seconds: Annotated[float, annotated_types.Ge(0)]):
         super().__init__(f"--max-seconds: the query ran for {seconds:g} s and was stopped "
                          "(raise --max-seconds, or pass --no-limits)")
 

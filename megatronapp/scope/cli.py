@@ -78,6 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ..scenario.checkpoint import read_checkpoint
     from .storage import checkpoint_dir
 
+    model = _model()  # a backend that cannot run checkpoints is refused before anything is read
     if args.observe:  # its YAML, before anything loads (checked against the model below)
         _yaml_arg(args.observe, "--observe")
     _perturbations(args.perturb)
@@ -92,7 +93,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ckpt = read_checkpoint(checkpoint_dir(args.checkpoint))
     scope = generation_scope(ckpt, args.observe, args.perturb, args.seed)
     _check_generation(args, ckpt, 1 + bool(scope.perturb))
-    model = _model()
     out = Path(args.out)
     try:
         with _model_warnings(args):

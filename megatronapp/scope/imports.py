@@ -18,7 +18,6 @@ it; ``vocab_size`` in ``checkpoint.json`` keeps the real one. No torch here.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import UserError
+from ..io import gate
 from ..scenario.config import Model
 
 PAD_MULTIPLE = 128
@@ -245,5 +245,5 @@ def write_imported(imported: Imported, run: Path, source: Path) -> None:
 
 
 def _config(source: Path) -> dict[str, Any]:
-    config: dict[str, Any] = json.loads((source / "config.json").read_text())
+    config: dict[str, Any] = gate.read_json(source / "config.json", "SRC")
     return config

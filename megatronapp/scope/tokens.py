@@ -121,10 +121,13 @@ def encode_checked(tokenizer: Tokenizer | None, text: str, seq_len: int, field: 
 
 
 def one_token(tokenizer: Tokenizer | None, text: str, field: str) -> int:
-    """An answer: text that is exactly one token."""
+    """An answer: text that is exactly one token of the model's vocabulary (an
+    unknown character encodes to the catch-all id, which does not give it back)."""
     if tokenizer is None:
         raise UserError(f"{field}: this checkpoint has no tokenizer; pass a token id")
     ids = tokenizer.encode(text)
     if len(ids) != 1:
         raise UserError(f"{field}: must be one token, got {len(ids)} ({text!r})")
+    if tokenizer.token(ids[0]) != text:
+        raise UserError(f"{field}: {text!r} is not in the model's vocabulary")
     return ids[0]

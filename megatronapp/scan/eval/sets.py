@@ -18,12 +18,12 @@ one at least ``MIN_SLOWDOWN`` times slower); every healthy run.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from megatronapp.faults import ground_truth
+from megatronapp.io import gate
 from megatronapp.scan.align.inputs import ScanInput, load_scan_input
 from megatronapp.scan.eval.trials import SIM, Trial
 from megatronapp.scan.ingest.work import job_of
@@ -68,7 +68,7 @@ class LabelledRun:
 # ---------------------------------------------------------- recorded sets
 def recorded(folder: Path, source: str) -> list[LabelledRun]:
     """The runs of a recorded set (its ``manifest.json``)."""
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = gate.read_json(folder / "manifest.json", "recorded set")
     return [_recorded_run(folder, source, entry) for entry in manifest["runs"]]
 
 
@@ -154,7 +154,7 @@ def kept_trials(corpus: Path) -> list[LabelledRun]:
 
     out = []
     for run_dir in saved_trials(corpus):
-        meta = json.loads((run_dir / TRIAL_FILE).read_text())
+        meta = gate.read_json(run_dir / TRIAL_FILE, "kept trial")
         trial = PLANS[meta["plan"]].make(int(meta["seed"]), int(meta["index"]))
         out.append(_trial_run(trial, f"{corpus.name}/{run_dir.name}", "real",
                               _loader(run_dir, trial)))
