@@ -113,7 +113,7 @@ def _cell(text: str) -> str:
 
 def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
     """``(name, help, parser)`` of each subcommand, in the order they were added."""
-    found: list[tuple[type[BaseModel], bool]] = []
+    found = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {a.dest: a.help or "" for a in action._choices_actions}
