@@ -90,6 +90,16 @@ GAPS: dict[str, str] = {
     "tests/test_on_device.py::test_the_loops_record_of_a_live_job_judges_ops_on_their_device_"
     "too": REAL_TIMING,
     "tests/benchmarks/test_bench_scan.py::test_bench_detect_64_ranks": EXTRA_NAMES,
+    "tests/test_fidelity_sim.py::test_a_tp_straggler_makes_its_peer_wait_and_megascan_names_it":
+        EXTRA_NAMES,
+    "tests/test_mitigate.py::test_a_withdrawn_false_alarm_leaves_the_job_running": CROWDED_LINKS,
+    "tests/test_scan_kineto.py::test_real_profiled_job_names_the_slow_rank_plain_or_gzipped":
+        EXTRA_NAMES,
+    "tests/test_scan_kineto.py::test_real_profiled_healthy_job_names_nobody": EXTRA_NAMES,
+    "tests/test_scan_watch.py::test_watch_of_a_run_directory_reports_what_the_run_detected":
+        CROWDED_LINKS,
+    "tests/test_scan_watch.py::test_watch_reports_the_slow_rank_while_a_job_writes_its_profiler_"
+    "files": ONSET,
     "tests/test_zoo.py::test_megatron_core_profiled_with_a_slow_link_records_every_send_and_"
     "names_the_link": REAL_TIMING,
 }
