@@ -249,3 +249,11 @@ def test_processes_that_run_points_at_once_need_memory_at_once(tmp_path: Path, j
         proc = run_cli("sweep", str(tmp_path / "spec.yaml"), "--out", str(out), "--jobs", jobs,
                        "--set", "iterations=1", "--no-limits")
         assert proc.returncode == 0 and out.exists(), proc.stderr
+
+
+def test_a_drawn_value_is_labelled_in_four_significant_digits() -> None:
+    from megatronapp.sweep.page import levels
+
+    rows = [{"factor": 1.2345678901234567, "iteration_time_s": 0.1},
+            {"factor": 2.0, "iteration_time_s": 0.2}]
+    assert [lv.label for lv in levels(rows, "factor", False)] == ["1.235", "2"]
