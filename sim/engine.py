@@ -410,11 +410,12 @@ class Engine:
         link = self.link_row[i][self.msg_dst[m]]
         slow = link.slowdown(t)
         note = (slot, i, m, self.latency_row[i][self.msg_dst[m]])
-        if link.outages:  # a flapping link: the transfer waits for it
-            t = t + link.delay_s(t, nbytes, slow)
-        if self.fixed_p2p is not None:
-            self.deliver(note, t + self.fixed_p2p * slow)
-        elif nbytes <= 0:
+        wait = link.delay_s(t, nbytes, slow) if link.outages else 0.0  # a flapping link
+        if self.fixed_p2p is not None:  # summed as the interpreter's one timeout sums them
+            self.deliver(note, t + (self.fixed_p2p * slow + wait))
+            return
+        t = t + wait  # the transfer starts once the link is back
+        if nbytes <= 0:
             self.deliver(note, t + note[3])
         else:  # starts in time order: it may share a port with flows not started yet
             self.post(self.block[i], t, Flow(nbytes * slow, link.ports, None, note), -1)

@@ -256,4 +256,4 @@ def test_a_drawn_value_is_labelled_in_four_significant_digits() -> None:
 
     rows = [{"factor": 1.2345678901234567, "iteration_time_s": 0.1},
             {"factor": 2.0, "iteration_time_s": 0.2}]
-    assert [lv.label for lv in levels(rows, "factor", False)] == ["1.235", "2"]
+    assert [lv.label for lv in levels(rows, "factor", False)] == ["1.235", "2.0"]

@@ -35,7 +35,7 @@ def levels(rows: Sequence[Mapping[str, Any]], key: str, detect: bool) -> list[Le
     if numeric and len(set(values)) > MAX_LEVELS:
         return _binned(rows, key, detect)
     if numeric:
-        return [_level(f"{v:.4g}" if isinstance(v, float) else str(v), float(v),
+        return [_level(str(float(f"{v:.4g}")) if isinstance(v, float) else str(v), float(v),
                        [r for r in rows if r[key] == v], detect) for v in sorted(set(values))]
     labels = [_text(v) for v in values]  # a grid over lists or mappings: by their text
     return [_level(label, None, [r for r, own in zip(rows, labels) if own == label], detect)
