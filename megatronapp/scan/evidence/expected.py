@@ -218,6 +218,24 @@ def _reference(key: np.ndarray, keys: int, dur: np.ndarray, members: np.ndarray)
     return out
 
 
+# A suspect compared with itself needs this many iterations: the median of
+# fewer says nothing about which of them was slow.
+MIN_OWN_ITERATIONS = 3
+
+
+def _expected_row(values: np.ndarray, i: int, peers: np.ndarray,
+                  modelled_row: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+    """Row ``i``'s expected values and what they come from: its peers, else the
+    cost model (``modelled_row``), else its own iterations, else nothing."""
+    if len(peers):
+        return _peer_median(values, i, peers), "peers"
+    if modelled_row is not None:
+        return modelled_row, "model"
+    if values.shape[1] >= MIN_OWN_ITERATIONS:
+        return np.full(values.shape[1], np.median(values[i])), "own iterations"
+    return np.full(values.shape[1], np.nan), "none"
+
+
 def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]:
     """Compute and host time per rank and iteration, each with its expectation."""
     ranks = np.unique(g.rank)
@@ -228,34 +246,19 @@ def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]
     profile = None if model is None else model / np.maximum(counts.sum(axis=1), 1)[:, None]
     exact = peer_sets(communication(g, cols, ranks), profile)
     keys = ranks.tolist()
-    exp_c = np.full(compute.shape, np.nan)
-    exp_h = np.full(compute.shape, np.nan)
-    basis_c, basis_h = [], []
-    speed = None if model is None else compute / model  # seconds per modelled second
-    partner_c: list[object | None] = []
-    partner_h: list[object | None] = []
-    for i, chosen in enumerate(exact):
-        others = np.flatnonzero(np.arange(len(ranks)) != i)
-        if len(chosen):
-            exp_h[i], basis = _peer_median(host, i, chosen), "peers"
-        elif host.shape[1] >= 3:
-            exp_h[i], basis = np.full(host.shape[1], np.median(host[i])), "own iterations"
-        else:
-            basis = "none"
-        basis_h.append(basis)
-        partner_h.append(keys[int(chosen[0])] if len(chosen) == 1 else None)
-        if len(chosen):
-            exp_c[i], how = _peer_median(compute, i, chosen), "peers"
-        elif model is not None and speed is not None and len(others):
-            exp_c[i], how = model[i] * np.median(speed, axis=0), "model"
-        elif compute.shape[1] >= 3:
-            exp_c[i], how = np.full(compute.shape[1], np.median(compute[i])), "own iterations"
-        else:
-            how = "none"
-        basis_c.append(how)
-        partner_c.append(keys[int(chosen[0])] if len(chosen) == 1 else None)
-    return (Table(keys, compute, exp_c, basis_c, partner_c),
-            Table(keys, host, exp_h, basis_h, partner_h))
+    # the model's expectation at the ranks' median speed (seconds per modelled second)
+    at_speed = (None if model is None or len(ranks) < 2
+                else model * np.median(compute / model, axis=0))
+    tables = []
+    for values, by_model in ((compute, at_speed), (host, None)):
+        rows = [_expected_row(values, i, chosen, None if by_model is None else by_model[i])
+                for i, chosen in enumerate(exact)]
+        expected = (np.stack([r[0] for r in rows]) if rows
+                    else np.full(values.shape, np.nan))
+        partner: list[object | None] = [keys[int(c[0])] if len(c) == 1 else None
+                                        for c in exact]
+        tables.append(Table(keys, values, expected, [r[1] for r in rows], partner))
+    return tables[0], tables[1]
 
 
 def _class_ids(peers: list[np.ndarray]) -> np.ndarray:
