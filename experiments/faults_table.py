@@ -1,9 +1,11 @@
 """The fault kinds real jobs suffer, each in simulation and on the torch
 backend: what was injected, what the run realised, and what MegaScan named
-(through its public entry points: ``megatronapp.scan.methods.detector`` on
-``scan_of_result``, so the table follows whichever detector is installed).
+(through its public entry points: ``megatronapp.scan.methods.detector`` on a
+run directory as ``megatronapp scan`` loads it, so the table follows
+whichever detector is installed).
 
     python -m experiments.faults_table [--seeds 10] [--backends sim,torch] [--kinds K,K]
+                                       [--keep DIR] [--rescore DIR]
 
 Per kind and backend, ``--seeds`` runs of one job, the fault placed and timed
 by the seed in units of the job's healthy iteration time ``T`` (one healthy
@@ -13,13 +15,21 @@ healthy twin of the same seed where they cannot (a flapping link). Real runs
 take a minute each on a loaded 2-core machine, so ``--kinds`` runs some kinds
 (by kind name) and keeps the others' rows of the results file, each part
 with its own date, load and command.
+
+Every faulty run's directory is written under ``--keep`` (default
+``runs/faults_table``) and scored from there; ``--rescore DIR`` scores the
+runs kept in DIR again with the installed detector, running nothing, so a
+changed MegaScan refreshes the verdicts in seconds.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -181,14 +191,12 @@ def run_function(backend: str) -> Callable[[Any], Any]:
     return named("sim")
 
 
-def one_seed(case: Case, backend: str, seed: int, t: float, run: Callable[[Any], Any]
-             ) -> dict[str, Any]:
-    from megatronapp.faults import ground_truth
+def one_seed(case: Case, backend: str, seed: int, t: float, run: Callable[[Any], Any],
+             keep: Path) -> dict[str, Any]:
+    """One seed's fault, run and measured; its run's directory written under
+    ``keep`` and scored from there, as ``--rescore`` scores it again."""
     from megatronapp.parallel.topology import Topology
-    from megatronapp.scan.eval.validate import scan_of_result
-    from megatronapp.scan.eval.verdicts import verdict
-    from megatronapp.scan.methods import detector
-    from megatronapp.scenario.config import fault_job, parse_scenario
+    from megatronapp.scenario.config import parse_scenario
 
     job = JOBS[backend]
     p = job["parallel"]
@@ -199,12 +207,96 @@ def one_seed(case: Case, backend: str, seed: int, t: float, run: Callable[[Any],
     faulty = run(s)
     twin = run(parse_scenario(base)) if case.twin else None
     injected, realized = case.measure(s, faulty, twin)
-    found = verdict(detector("megascan")(scan_of_result(faulty, scenario=s)),
-                    ground_truth(s.faults, fault_job(s)))
-    return {"seed": seed, "fault": fault and s.faults[0].model_dump(mode="json"),
-            "injected": injected,
-            "realized": realized, "verdict": found.to_json(),
-            "truth": [tr.to_json() for tr in ground_truth(s.faults, fault_job(s))]}
+    out = kept_dir(keep, backend, case, seed)
+    kept_run(out, s, faulty, {"backend": backend, "kind": case.label, "seed": seed,
+                              "injected": injected, "realized": realized})
+    return scored_run(out)[1]
+
+
+def scored(s: Any, scan: Any, stopped: dict[str, Any] | None) -> dict[str, Any]:
+    """MegaScan's verdict on ``scan`` against ``s``'s faults, and whether the
+    run's own stop record names the rank a fail-stop fault stopped."""
+    from megatronapp.faults import ground_truth
+    from megatronapp.scan.eval.verdicts import verdict
+    from megatronapp.scan.methods import detector
+    from megatronapp.scenario.config import fault_job
+
+    truth = ground_truth(s.faults, fault_job(s))
+    stops = [tr.rank for tr in truth if tr.effect == "stop"]
+    return {"fault": s.faults[0].model_dump(mode="json") if s.faults else {},
+            "verdict": verdict(detector("megascan")(scan), truth).to_json(),
+            "truth": [tr.to_json() for tr in truth],
+            "stop_recorded": None if not stops else
+            stopped is not None and stopped.get("rank") in stops}
+
+
+# ------------------------------------------------------- kept runs
+KEPT_FILE = "faults_table_seed.json"  # in a kept run's directory: backend, kind, seed, measures
+KEEP = Path("runs") / NAME  # relative to where the table is made, as ``megatronapp run --out``
+
+
+def kept_dir(keep: Path, backend: str, case: Case, seed: int) -> Path:
+    return keep / backend / _kind_name(case) / f"seed{seed:04d}"
+
+
+def kept_run(out: Path, s: Any, result: Any, record: dict[str, Any]) -> None:
+    """The run's directory as ``megatronapp run`` writes it (trace, summary,
+    ground truth), and what the table measured of it."""
+    from megatronapp.io.outdirs import staged_dir
+    from megatronapp.run.write import write_run
+
+    with staged_dir(out, force=True, option="--keep") as tmp:
+        write_run(s, result, tmp)
+        (tmp / KEPT_FILE).write_text(json.dumps(record, indent=1))
+
+
+def scored_run(run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """A kept run scored by the installed detector from its directory, as
+    ``megatronapp scan`` reads one (each rank's trace on its own clock, the
+    job without its faults); the faults are read for the score only. Its key
+    (backend/kind) and its seed's row."""
+    from megatronapp.errors import UserError
+    from megatronapp.io.gate import read_json
+    from megatronapp.scan.align.inputs import load_scan_input
+    from megatronapp.scenario.config import parse_scenario
+
+    try:
+        record = read_json(run_dir / KEPT_FILE, "--rescore")
+        summary = read_json(run_dir / "summary.json", "--rescore")
+        key = f"{record['backend']}/{record['kind']}"
+        row = {k: record[k] for k in ("seed", "injected", "realized")}
+        s = parse_scenario(summary["scenario"])
+    except ValueError as err:  # a TextError or a scenario that no longer validates
+        raise UserError(f"--rescore: {run_dir}: {err}") from None
+    except (KeyError, TypeError) as err:
+        raise UserError(f"--rescore: {run_dir}: not a kept run of this table ({err})") from None
+    if record["backend"] not in JOBS or record["kind"] not in {c.label for c in CASES}:
+        raise UserError(f"--rescore: {run_dir}: no {record['backend']!r} row of kind "
+                        f"{record['kind']!r} in this table")
+    return key, {**row, **scored(s, load_scan_input(run_dir), summary.get("stopped"))}
+
+
+def rescore(data: dict[str, Any], keep: Path, command: list[str]) -> list[str]:
+    """Every kept run under ``keep`` scored again; each kind and backend's row
+    rebuilt from exactly the seeds kept (the keys rescored, in order)."""
+    from megatronapp.errors import UserError
+
+    found: dict[str, list[dict[str, Any]]] = {}
+    started, load = time.perf_counter(), results.load()
+    for run_dir in sorted(p.parent for p in Path(keep).glob(f"*/*/seed*/{KEPT_FILE}")):
+        key, row = scored_run(run_dir)
+        found.setdefault(key, []).append(row)
+    if not found:
+        raise UserError(f"--rescore: no kept runs in {keep} (write some with --keep)")
+    labels = {c.label: c for c in CASES}
+    for key, rows in found.items():
+        backend, label = key.split("/", 1)
+        rows.sort(key=lambda r: r["seed"])
+        data["seeds"][key] = rows
+        _record_part(data, f"{key} rescored seeds {rows[0]['seed']}-{rows[-1]['seed']}",
+                     command, started, load)
+        _set_row(data, summary(labels[label], backend, rows))
+    return list(found)
 
 
 def healthy_iteration_s(backend: str, run: Callable[[Any], Any]) -> float:
@@ -217,6 +309,7 @@ def healthy_iteration_s(backend: str, run: Callable[[Any], Any]) -> float:
 
 def summary(case: Case, backend: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     iterations = [r["verdict"]["iterations"] for r in rows]
+    stops = [r.get("stop_recorded") for r in rows]
     return {"kind": case.label, "backend": backend, "seeds": len(rows), "unit": case.unit,
             "injected_mean": statistics.fmean(r["injected"] for r in rows),
             "realized_mean": statistics.fmean(r["realized"] for r in rows),
@@ -224,6 +317,7 @@ def summary(case: Case, backend: str, rows: list[dict[str, Any]]) -> dict[str, A
             "named": sum(r["verdict"]["named"] for r in rows),
             "iterations_named": None if all(i is None for i in iterations)
             else sum(bool(i) for i in iterations),
+            "stops_recorded": None if all(s is None for s in stops) else sum(map(bool, stops)),
             "first_causes": sorted({str(r["verdict"]["first"]) for r in rows})}
 
 
@@ -231,47 +325,100 @@ def _previous() -> dict[str, Any]:
     try:
         data: dict[str, Any] = results.read(NAME)["data"]
     except FileNotFoundError:
-        return {"rows": [], "seeds": {}, "iteration_s": {}, "parts": {}}
+        return empty()
     return data
+
+
+def empty() -> dict[str, Any]:
+    return {"rows": [], "seeds": {}, "iteration_s": {}, "parts": {}}
 
 
 def _kind_name(case: Case) -> str:
     return case.label.split(",")[0].split(" ")[0]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _record_part(data: dict[str, Any], name: str, command: list[str], started: float,
+                 load: list[float]) -> None:
+    data["parts"][name] = {"command": command, "load_before": load, "load_after": results.load(),
+                           "wall_s": time.perf_counter() - started,
+                           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def _set_row(data: dict[str, Any], row: dict[str, Any]) -> None:
+    """``row`` in place of its kind and backend's, the rows in the table's order."""
+    order = {(b, c.label): i for i, (b, c) in enumerate(
+        (b, c) for b in JOBS for c in CASES)}
+    data["rows"] = sorted([r for r in data["rows"] if (r["backend"], r["kind"])
+                           != (row["backend"], row["kind"])] + [row],
+                          key=lambda r: order[(r["backend"], r["kind"])])
+
+
+def run_part(data: dict[str, Any], backend: str, kinds: list[str], seeds: range,
+             command: list[str], keep: Path) -> None:
+    """Run ``seeds`` of each of ``kinds`` on ``backend`` into ``data``: each
+    kind's seeds replace the same seeds of earlier parts, the row is rebuilt
+    from all its seeds, and the part's date, load and command are kept."""
+    fn = run_function(backend)
+    if backend not in data["iteration_s"]:  # every part sizes its faults by the same T
+        data["iteration_s"][backend] = healthy_iteration_s(backend, fn)
+    t = data["iteration_s"][backend]
+    for case in (c for c in CASES if _kind_name(c) in kinds):
+        started, load = time.perf_counter(), results.load()
+        key = f"{backend}/{case.label}"
+        kept = {r["seed"]: r for r in data["seeds"].get(key, [])}
+        for seed in seeds:
+            print(f"{backend} {case.label} seed {seed} (T = {t:.4g} s)", flush=True)
+            kept[seed] = one_seed(case, backend, seed, t, fn, keep)
+        rows = data["seeds"][key] = [kept[k] for k in sorted(kept)]
+        _record_part(data, f"{key} seeds {seeds.start}-{seeds.stop - 1}", command, started, load)
+        _set_row(data, summary(case, backend, rows))
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m experiments.faults_table",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--backends", default="sim,torch")
+    parser.add_argument("--backends", default=",".join(JOBS))
     parser.add_argument("--kinds", default=",".join(_kind_name(c) for c in CASES))
     parser.add_argument("--first-seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    run = results.start(NAME, argv)
-    data = _previous()
-    kinds = args.kinds.split(",")
-    for backend in args.backends.split(","):
-        fn = run_function(backend)
-        if backend not in data["iteration_s"]:  # every part sizes its faults by the same T
-            data["iteration_s"][backend] = healthy_iteration_s(backend, fn)
-        t = data["iteration_s"][backend]
-        for case in (c for c in CASES if _kind_name(c) in kinds):
-            started, load = time.perf_counter(), results.load()
-            key = f"{backend}/{case.label}"
-            kept = {r["seed"]: r for r in data["seeds"].get(key, [])}
-            seeds = range(args.first_seed, args.first_seed + args.seeds)
-            for seed in seeds:
-                print(f"{backend} {case.label} seed {seed} (T = {t:.4g} s)", flush=True)
-                kept[seed] = one_seed(case, backend, seed, t, fn)
-            rows = data["seeds"][key] = [kept[k] for k in sorted(kept)]
-            data["parts"][f"{key} seeds {seeds.start}-{seeds.stop - 1}"] = {
-                "command": run.argv, "load_before": load, "load_after": results.load(),
-                "wall_s": time.perf_counter() - started,
-                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            data["rows"] = [r for r in data["rows"] if (r["backend"], r["kind"])
-                            != (backend, case.label)] + [summary(case, backend, rows)]
-    order = {(b, c.label): i for i, (b, c) in enumerate(
-        (b, c) for b in ("sim", "torch") for c in CASES)}
-    data["rows"].sort(key=lambda r: order[(r["backend"], r["kind"])])
+    parser.add_argument("--keep", type=Path, default=KEEP,
+                        help=f"where each run's directory is written (default {KEEP})")
+    parser.add_argument("--rescore", type=Path, metavar="DIR",
+                        help="score the runs kept in DIR again; run nothing")
+    return parser.parse_args(argv)
+
+
+def _checked(args: argparse.Namespace) -> argparse.Namespace:
+    """One line naming the first option that cannot be honoured."""
+    from megatronapp.errors import UserError
+
+    names = {_kind_name(c) for c in CASES}
+    if args.seeds < 1:
+        raise UserError(f"--seeds: must be >= 1, got {args.seeds}")
+    for option, given, known in (("--backends", args.backends, set(JOBS)),
+                                 ("--kinds", args.kinds, names)):
+        unknown = sorted(set(given.split(",")) - known)
+        if unknown:
+            raise UserError(f"{option}: unknown {', '.join(unknown)} "
+                            f"(one of {', '.join(sorted(known))})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from megatronapp.errors import UserError
+
+    try:
+        args = _checked(_arguments(argv))
+        run = results.start(NAME, argv)
+        data = _previous()
+        if args.rescore is not None:
+            rescore(data, args.rescore, run.argv)
+        for backend in ([] if args.rescore is not None else args.backends.split(",")):
+            run_part(data, backend, args.kinds.split(","),
+                     range(args.first_seed, args.first_seed + args.seeds), run.argv, args.keep)
+    except UserError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
     print(run.record(data))
 
 
@@ -284,10 +431,17 @@ def _iterations(row: dict[str, Any]) -> str:
         f"{row['iterations_named']} of {row['seeds']}"
 
 
+def _named_first(row: dict[str, Any]) -> str:
+    """MegaScan's count; for a fail-stop kind, the runs' own stop records beside it."""
+    named = f"{row['named_first']} of {row['seeds']}"
+    stops = row.get("stops_recorded")
+    return named if stops is None else f"{named} (stop recorded: {stops} of {row['seeds']})"
+
+
 def tables(doc: dict[str, Any]) -> dict[str, str]:
     rows = [[r["kind"], r["backend"], r["seeds"], _amount(r["injected_mean"], r["unit"]),
-             _amount(r["realized_mean"], r["unit"]),
-             f"{r['named_first']} of {r['seeds']}", f"{r['named']} of {r['seeds']}",
+             _amount(r["realized_mean"], r["unit"]), _named_first(r),
+             f"{r['named']} of {r['seeds']}",
              _iterations(r), ", ".join("healthy" if c == "None" else c
                                        for c in r["first_causes"])] for r in doc["data"]["rows"]]
     return {"kinds": markdown_table(

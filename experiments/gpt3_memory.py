@@ -35,6 +35,7 @@ def peak_gb(s: Scenario) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    results.parser(NAME, __doc__).parse_args(argv)
     run = results.start(NAME, argv)
     s = load_scenario(SCENARIO)
     run.record({"stages": [m.as_dict() for m in stage_memory(s).values()],

@@ -65,6 +65,7 @@ def variant(fp32_grads: bool, dropout: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    results.parser(NAME, __doc__).parse_args(argv)
     run = results.start(NAME, argv)
     megatron = theoretical_memory(load_scenario(ROW_340B))
     run.record({"agreement": [agreement(*x) for x in LAYOUTS],

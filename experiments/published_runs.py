@@ -1,5 +1,5 @@
 """Every published row predicted by the simulator: fitted rows, held-out rows,
-and a FLOPs-only peer; the one table README and docs/fidelity.md show.
+and a FLOPs-only peer; the one table README and docs/pricing.md show.
 
 Each row of ``scenarios/published/runs.yaml`` is simulated as one
 data-parallel replica plus its data-parallel collectives (``megatronapp predict

@@ -11,20 +11,23 @@ It is written whole or not at all (a temporary file renamed into place).
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
+_CELL_BAR = re.compile(r"(?<!\\)\|")  # a Markdown cell's edge (an escaped bar is text)
 
 
 def _git(*args: str) -> str:
@@ -62,6 +65,10 @@ def machine() -> dict[str, Any]:
             "torch": torch_version, "system": platform.platform()}
 
 
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -74,15 +81,16 @@ class Run:
     argv: list[str]
     load_before: list[float]
 
+    @property
+    def command(self) -> str:
+        return "python -m experiments." + " ".join([self.name, *map(shlex.quote, self.argv)])
+
     def record(self, data: Any, root: Path = RESULTS) -> Path:
         """Write ``results/NAME.json`` (whole or not at all); returns its path."""
-        doc = {"name": self.name,
-               "command": "python -m experiments." + " ".join([self.name, *map(shlex.quote,
-                                                                            self.argv)]),
+        doc = {"name": self.name, "command": self.command,
                "commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
                "machine": machine(), "load": {"before": self.load_before, "after": load()},
-               "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               "data": data}
+               "date": _now(), "data": data}
         root.mkdir(parents=True, exist_ok=True)
         path = root / f"{self.name}.json"
         fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{self.name}.", suffix=".tmp")
@@ -96,20 +104,65 @@ class Run:
             raise
         return path
 
+    def record_part(self, part: str, data: Any, root: Path = RESULTS) -> Path:
+        """Record ``data`` as ``part`` of ``results/NAME.json`` (``{"parts": {PART:
+        {"command", "date", "data"}}}``), keeping the parts other runs recorded: for an
+        experiment whose modes measure different tables."""
+        try:
+            kept = read(self.name, root)["data"].get("parts", {})
+        except (OSError, ValueError, KeyError, AttributeError):
+            kept = {}
+        return self.record({"parts": {**kept, part: {"command": self.command, "date": _now(),
+                                                     "data": data}}}, root)
+
+
+@dataclass
+class Printed:
+    """Markdown table lines printed as they come and kept, to be recorded as cells
+    (for an experiment whose rows are the lines it prints)."""
+
+    lines: list[str] = field(default_factory=list)
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def cells(self) -> list[list[str]]:
+        """Each table line's cells (header and rows; rules and blank lines dropped)."""
+        rows = [line.strip() for text in self.lines for line in text.splitlines()]
+        return [[c.strip().replace("\\|", "|") for c in _CELL_BAR.split(row[1:-1])]
+                for row in rows if row.startswith("|") and not set(row) <= set("|-: ")]
+
 
 def start(name: str, argv: list[str] | None = None) -> Run:
     """Begin an experiment named ``name`` (its module's short name) run with ``argv``."""
     return Run(name, list(sys.argv[1:] if argv is None else argv), load())
 
 
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """An experiment's parser: named as it is run, described by its docstring's first paragraph."""
+    return argparse.ArgumentParser(prog=f"python -m experiments.{name}",
+                                   description=(doc or "").split("\n\n")[0])
+
+
+def shown(path: Path | str) -> str:
+    """``path`` as a results file names it: from the repository's root when inside it
+    (the same on every machine), else as given."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
+def results_dir_option(options: argparse.ArgumentParser) -> None:
+    """``--results-dir DIR``: where the experiment writes NAME.json (default results/)."""
+    options.add_argument("--results-dir", type=Path, default=RESULTS,
+                         help="where NAME.json is written (default results/)")
+
+
 def jobs_option(name: str, doc: str | None, argv: list[str] | None) -> int:
     """An experiment's one option, ``--jobs N`` (what it simulates at once)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog=f"python -m experiments.{name}",
-                                     description=(doc or "").split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1, help="simulations run at once")
-    return max(1, parser.parse_args(argv).jobs)
+    options = parser(name, doc)
+    options.add_argument("--jobs", type=int, default=1, help="simulations run at once")
+    return max(1, options.parse_args(argv).jobs)
 
 
 def read(name: str, root: Path = RESULTS) -> dict[str, Any]:

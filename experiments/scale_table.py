@@ -4,15 +4,22 @@ against what the limits check estimated, and the simulation core against a
 bare SimPy loop in the same process.
 
     python -m experiments.scale_table [--gpus 1024,12288,49152,98304] [--core-gpus 1024]
+        [--detect-max-s S] [--keep-other-sizes] [--results-dir DIR]
 
 Every job is scenarios/megascale_12288.yaml (tp 8, pp 8, interleaved with 6
 chunks, 32 microbatches, one iteration) with dp = GPUs / 64, jitter on every
 link (lognormal sigma 0.05) and every device (0.02), one GPU throttled to
-1.3x and one pipeline link 3x slow at the same coordinates at every size.
+1.3x and one pipeline link 10x slow at the same coordinates at every size
+(3x, as the scenario file has it, costs 22 ms of an 8.4 s iteration, 0.26%:
+under MegaScan's fitted ``min_share``, so that link is not named at any size).
 Each command runs as a child pinned to one core; wall time, CPU time (user +
 system) and peak resident memory come from the child's rusage. Before each
 command the limits check's estimate is computed in a child of its own; a
-command that the check refuses is reported with its estimate and not run.
+command that the check refuses is reported with its estimate and not run;
+with ``--detect-max-s S``, so is a ``detect`` estimated at more than S CPU
+seconds (``run`` is still measured at that size). ``--keep-other-sizes``
+keeps the rows of sizes not measured now from the results file as they are,
+each with the command, commit and date that measured it.
 The bare SimPy rate is measured by a child on the same core just before each
 run. The core row times the compiled loop (set-up with its bulk draws, and
 the loop) and a bare SimPy timeout loop alternately in one process, three
@@ -33,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.render import markdown_table
-from experiments.results import ROOT, start
+from experiments.results import ROOT, read, results_dir_option, shown, start
 
 SCENARIO = ROOT / "scenarios" / "megascale_12288.yaml"
 TP, PP = 8, 8
@@ -48,7 +55,7 @@ def faults_for(dp: int) -> str:
     throttled = rank(dp * 49 // 192, 3, 0)
     a, b = rank(dp * 90 // 192, 5, 3), rank(dp * 90 // 192, 6, 3)
     return (f"[{{kind: throttle, rank: {throttled}, factor: 1.3}}, "
-            f"{{kind: slow_link, ranks: [{a}, {b}], factor: 3.0}}]")
+            f"{{kind: slow_link, ranks: [{a}, {b}], factor: 10.0}}]")
 
 
 def overrides(gpus: int) -> list[str]:
@@ -112,8 +119,14 @@ def named(detect_stdout: str) -> list[str]:
             for c in json.loads(detect_stdout)["root_causes"]]
 
 
-def one_size(gpus: int, workdir: Path) -> dict[str, Any]:
-    """``run`` then ``detect`` at ``gpus`` (each only where its estimate fits)."""
+def detect_allowed(estimate: dict[str, Any], max_s: float | None) -> bool:
+    """Whether ``detect`` runs: its estimate fits the limits check and, given a
+    budget, is within ``max_s`` CPU seconds."""
+    return bool(estimate["fits"]) and (max_s is None or estimate["seconds"] <= max_s)
+
+
+def one_size(gpus: int, workdir: Path, detect_max_s: float | None) -> dict[str, Any]:
+    """``run`` then ``detect`` at ``gpus`` (each only where its estimate is allowed)."""
     run_dir = workdir / f"megascale_{gpus}"
     sets = overrides(gpus)
     row: dict[str, Any] = {"gpus": gpus, "run_estimate": estimated("run", str(SCENARIO), *sets)}
@@ -128,7 +141,7 @@ def one_size(gpus: int, workdir: Path) -> dict[str, Any]:
     row["events"] = trace["events"]
     row["trace_mb"] = (run_dir / "trace.parquet").stat().st_size / 1e6
     row["detect_estimate"] = estimated("detect", str(run_dir))
-    if row["detect_estimate"]["fits"]:
+    if detect_allowed(row["detect_estimate"], detect_max_s):
         detect = measured(cli + ["detect", str(run_dir), "--json", "--no-limits"])
         row["detect"] = {k: v for k, v in detect.items() if k != "stdout"}
         row["named"] = named(detect["stdout"])
@@ -172,23 +185,59 @@ def core_ratio(gpus: int) -> dict[str, Any]:
     return out
 
 
+def sizes_option(text: str) -> list[int]:
+    """``--gpus``: GPU counts, each a whole number of 64-GPU pipelines (tp 8 x pp 8)."""
+    try:
+        sizes = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of whole numbers: {text!r}") from None
+    if not sizes or any(g <= 0 or g % (TP * PP) for g in sizes):
+        raise argparse.ArgumentTypeError(f"each must be a positive multiple of {TP * PP}: {text!r}")
+    return sizes
+
+
+def kept_rows(results_dir: Path, measured_now: set[int]) -> list[dict[str, Any]]:
+    """The recorded rows of sizes not measured now, each with what measured it
+    (the file's command, commit and date where the row does not say)."""
+    try:
+        doc = read("scale_table", results_dir)
+    except FileNotFoundError:
+        return []
+    made = {"command": doc["command"], "commit": doc["commit"], "date": doc["date"]}
+    return [{**r, "measured": r.get("measured", made)}
+            for r in doc["data"]["rows"] if r["gpus"] not in measured_now]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.scale_table",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", default="1024,12288,49152,98304")
+    parser.add_argument("--gpus", type=sizes_option, default="1024,12288,49152,98304",
+                        help="comma-separated GPU counts, each a multiple of 64")
     parser.add_argument("--core-gpus", type=int, default=1024)
+    parser.add_argument("--detect-max-s", type=float, default=None,
+                        help="run detect only where estimated at no more than this many CPU s")
+    parser.add_argument("--keep-other-sizes", action="store_true",
+                        help="keep the recorded rows of the sizes not measured now")
+    results_dir_option(parser)
     args = parser.parse_args(argv)
+    sizes: list[int] = args.gpus
     run = start("scale_table", argv)
+    kept = kept_rows(args.results_dir, set(sizes)) if args.keep_other_sizes else []
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # children inherit one core
     rows = []
-    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
-        for gpus in (int(g) for g in args.gpus.split(",")):
+    (ROOT / "runs").mkdir(exist_ok=True)
+    # the runs are GBs: on the repository's disk, in its ignored runs/ folder
+    with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
+        for gpus in sizes:
             print(f"{gpus} GPUs ...", file=sys.stderr, flush=True)
-            rows.append(one_size(gpus, Path(tmp)))
+            rows.append(one_size(gpus, Path(tmp), args.detect_max_s))
+    if kept:
+        # a row without "measured" was measured by this file's command and commit
+        rows = sorted(kept + rows, key=lambda r: int(r["gpus"]))
     print("core ratio ...", file=sys.stderr, flush=True)
-    path = run.record({"rows": rows, "core": core_ratio(args.core_gpus)})
-    print(f"wrote {path.relative_to(ROOT)}")
+    path = run.record({"rows": rows, "core": core_ratio(args.core_gpus)}, args.results_dir)
+    print(f"wrote {shown(path)}")
     for table in tables(json.loads(path.read_text())).values():
         print(table)
 

@@ -2,13 +2,16 @@
 held-out set; MegaScan's thresholds and confidence fitted on the tuning set
 alone (``--fit``), its calibration on both.
 
-The tuning set: simulated trials (``--sim-trials``), the tuning zoo's real
-traces (``experiments.zoo_tuning``) and kept torch-backend trials
-(``--real``). The held-out set: ``tests/data/heldout`` (frozen before the
-model was changed; nothing is chosen by looking at it).
+The tuning set: simulated trials (``--sim-trials``, and of the newer fault
+kinds ``--sim-new-trials``), recorded sets of real traces (``--tuning-zoo``:
+the tuning zoo, ``experiments.zoo_tuning``, and the first held-out set,
+``tests/data/heldout``, which was looked at once and is tuning data since)
+and kept torch-backend trials (``--real``). The held-out sets (``--heldout``,
+each scored apart, named after its folder): ``tests/data/heldout2``, frozen
+before the model was changed again; nothing is chosen by looking at it.
 
-    python -m experiments.scan_accuracy --tuning-zoo runs/zoo-tuning \\
-        [--real runs/real-trials] [--sim-trials 300] [--fit]
+    python -m experiments.scan_accuracy --tuning-zoo tests/data/heldout \\
+        [--real runs/real-trials] [--sim-trials 150] [--sim-new-trials 100] [--fit]
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from experiments import results
 from experiments.render import markdown_table
 from megatronapp.scan.eval import sets
 from megatronapp.scan.eval.sets import LabelledRun
+from megatronapp.scan.eval.trials import SIM_NEW
 from megatronapp.scan.eval.tuning import (Case, Outcome, Scores, calibration_points,
                                           fit_calibration, fit_thresholds, outcome,
                                           outcome_of, reliability, scores)
@@ -150,23 +154,36 @@ def collect(args: argparse.Namespace) -> dict[str, list[LabelledRun]]:
 
     tuning: list[LabelledRun] = list(sets.simulated(args.sim_seed, args.sim_trials,
                                                     run_function("sim")))
-    if args.tuning_zoo:
-        tuning += sets.recorded(args.tuning_zoo, "tuning-zoo")
+    tuning += sets.simulated(args.sim_seed, args.sim_new_trials, run_function("sim"), SIM_NEW)
+    for folder in args.tuning_zoo:
+        tuning += sets.recorded(folder, "tuning-zoo")
     for corpus in args.real:
         tuning += sets.kept_trials(corpus)
     chosen = {"tuning": tuning}
     if not args.tuning_only:
-        chosen["held-out"] = sets.recorded(args.heldout, "heldout")
+        for folder in args.heldout:
+            chosen[heldout_name(folder, len(args.heldout))] = sets.recorded(folder, "heldout")
     return chosen
+
+
+def heldout_name(folder: Path, count: int) -> str:
+    """A held-out set's name in the results: "held-out" when it is the only
+    one, else after its folder."""
+    return "held-out" if count == 1 else f"held-out {folder.name}"
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m experiments.{NAME}",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--heldout", type=Path, default=Path("tests/data/heldout"))
-    parser.add_argument("--tuning-zoo", type=Path)
+    parser.add_argument("--heldout", type=Path, nargs="+", default=[Path("tests/data/heldout2")],
+                        help="held-out sets (recorded folders), each scored apart")
+    parser.add_argument("--tuning-zoo", type=Path, nargs="*", default=[],
+                        help="recorded sets (a folder with manifest.json each) to tune on")
     parser.add_argument("--real", type=Path, nargs="*", default=[])
     parser.add_argument("--sim-trials", type=int, default=300)
+    parser.add_argument("--sim-new-trials", type=int, default=0,
+                        help="simulated trials of the newer fault kinds (host stalls, "
+                             "intermittent throttles, link flaps, device variation)")
     parser.add_argument("--sim-seed", type=int, default=0)
     parser.add_argument("--fit", action="store_true",
                         help="fit the thresholds and the confidence on the tuning set")
@@ -177,7 +194,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_experiment(NAME, parser().parse_args(argv), megascan=True)
+    from megatronapp.io.text import one_line_errors
+
+    args = parser().parse_args(argv)
+    return one_line_errors(f"experiments.{NAME}", lambda: run_experiment(NAME, args, True))
 
 
 def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:

@@ -20,13 +20,13 @@ METHODS = ("megascan-rules", "hta-latest", "nvidia-0.75", "slowest-mean", "megat
 def main(argv: list[str] | None = None) -> int:
     from megatronapp.scan.methods import DETECTORS
 
+    parser = scan_accuracy.parser()
+    args = parser.parse_args([*(argv if argv is not None else sys.argv[1:]),
+                              "--methods", *METHODS])
     if "megascan-rules" not in DETECTORS:
         print("scan_today: the rule tree (megascan-rules) is not in this commit; check out the "
               "commit results/scan_today.json names", file=sys.stderr)
         return 2
-    parser = scan_accuracy.parser()
-    args = parser.parse_args([*(argv if argv is not None else sys.argv[1:]),
-                              "--methods", *METHODS])
     return scan_accuracy.run_experiment(NAME, args, megascan=False)
 
 

@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="finish a set an interrupted recording left")
     args = parser.parse_args(argv)
-    return record.record(args.out, args.resume, jobs=TUNING_JOBS, jobs_dir=Path("tests/zoo"),
-                         shuffle_seed="tuning")
+    return record.record(args.out, args.resume,
+                         record.Plan(TUNING_JOBS, Path("tests/zoo"), shuffle_seed="tuning"))
 
 
 if __name__ == "__main__":

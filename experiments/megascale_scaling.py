@@ -13,7 +13,7 @@ speed, lognormal with spread σ, a synchronous job runs at its slowest GPU's,
 whose expected z-score grows with the GPU count (Blom's approximation of the
 largest of n normal draws). Prints markdown.
 
-    python paper_figs/megascale_scaling.py [--variants all|files]
+    python -m experiments.megascale_scaling [--variants all|files]
 """
 from __future__ import annotations
 
@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 from statistics import NormalDist
 
+from experiments import results
+from megatronapp.fidelity.fit import with_settings
+from megatronapp.fidelity.published import throughput_error
+from megatronapp.scenario.config import Scenario, load_scenario
+from sim import simulate_iteration_times
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.fidelity.published import throughput_error  # noqa: E402
-from megatronapp.scenario.config import Scenario, load_scenario  # noqa: E402
-from sim import simulate_iteration_times  # noqa: E402
-
 SCENARIOS = ROOT / "scenarios" / "published" / "megascale2024"
 PUBLISHED_S = {3072: 29.02, 12288: 8.57}  # Table 2, Megatron-LM, batch 6144
 VARIANTS: dict[str, dict[str, float]] = {
@@ -56,22 +55,28 @@ def slowest_z(n: int) -> float:
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
-def print_stragglers(target: float, base_ratio: float) -> None:
+def print_stragglers(target: float, base_ratio: float) -> list[dict[str, float]]:
+    rows = []
     print("\n| persistent device spread σ | slowest of 3,072 | slowest of 12,288 "
           "| speed-up with it | vs published |")
     print("|---:|---:|---:|---:|---:|")
     for sigma in (0.01, 0.02, 0.05, 0.10):
         slow = {g: math.exp(sigma * slowest_z(g)) for g in PUBLISHED_S}
         ratio = base_ratio * slow[3072] / slow[12288]
+        rows.append({"sigma": sigma, "slowest_3072": slow[3072], "slowest_12288": slow[12288],
+                     "speedup": ratio, "vs_published": ratio / target - 1})
         print(f"| {sigma:.0%} | {slow[3072]:.3f}x | {slow[12288]:.3f}x | {ratio:.2f}x "
               f"| {(ratio / target - 1) * 100:+.1f}% |")
+    return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", choices=("all", "files"), default="all",
                         help="every variant, or the scenario files alone")
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    run, rows = results.start("megascale_scaling", argv), []
     chosen = list(VARIANTS.items())[:1 if args.variants == "files" else None]
     target = PUBLISHED_S[3072] / PUBLISHED_S[12288]
     print(f"published: 3,072 GPUs {PUBLISHED_S[3072]} s, 12,288 GPUs {PUBLISHED_S[12288]} s, "
@@ -86,10 +91,16 @@ def main() -> int:
         ratio = times[3072] / times[12288]
         ratios.append(ratio)
         errors = {g: throughput_error(PUBLISHED_S[g], times[g]) * 100 for g in PUBLISHED_S}
+        rows.append({"variant": label, "settings": settings, "iteration_s": times,
+                     "throughput_error_pct": errors, "speedup": ratio,
+                     "simulation_wall_s": time.perf_counter() - t0})
         print(f"| {label} | {times[3072]:.2f} | {errors[3072]:+.1f}% | {times[12288]:.2f} "
               f"| {errors[12288]:+.1f}% | {ratio:.2f}x | {(ratio / target - 1) * 100:+.1f}% "
               f"| {time.perf_counter() - t0:.0f} |", flush=True)
-    print_stragglers(target, ratios[0])
+    stragglers = print_stragglers(target, ratios[0])
+    recorded = run.record({"published_s": PUBLISHED_S, "published_speedup": target,
+                           "variants": rows, "stragglers": stragglers}, args.results_dir)
+    print(f"wrote {recorded}")
     return 0
 
 

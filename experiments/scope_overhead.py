@@ -21,8 +21,8 @@
    to each unit of capture work): its predicted overheads against the
    measured ones, the fitted arm itself excluded from the error.
 
-    python paper_figs/scope_overhead.py [--rounds 4] [--warmup 20] [--measured 50]
-    python paper_figs/scope_overhead.py --reuse   # the last runs, calibration and simulation again
+    python -m experiments.scope_overhead [--rounds 4] [--warmup 20] [--measured 50]
+    python -m experiments.scope_overhead --reuse   # the last runs, calibration and simulation again
 
 With ``--gpu`` (a CUDA GPU): the same interleaved rounds on one rank (NCCL,
 world size 1) training scenarios/scope_overhead_gpu.yaml, a model that keeps
@@ -30,10 +30,10 @@ the GPU busy, without the idle arm, the CPU calibration or the simulator;
 wall time per iteration is the GPU's (CUDA events at the optimizer step),
 beside each run's peak GPU memory:
 
-    python paper_figs/scope_overhead.py --gpu --rounds 8 --warmup 5 --measured 20
-    python paper_figs/scope_overhead.py --gpu --reuse paper_figs/data/scope_overhead_gpu_h200.json
+    python -m experiments.scope_overhead --gpu --rounds 8 --warmup 5 --measured 20
+    python -m experiments.scope_overhead --gpu --reuse experiments/data/scope_overhead_gpu_h200.json
 
-Prints markdown tables and writes paper_figs/out/scope_overhead.json
+Prints markdown tables and writes runs/scope_overhead.json
 (``scope_overhead_gpu.json`` with ``--gpu``). ``--reuse [JSON]`` reads the
 runs of a saved measurement (default: that file) instead of running any.
 """
@@ -54,13 +54,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from experiments import results as results_file
+from experiments.render import markdown_table
+from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario
+from megatronapp.run.jobs import StagesFor, rank_programs
+from megatronapp.parallel.ops import Compute, RankProgram
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario  # noqa: E402
-from megatronapp.run.jobs import StagesFor, rank_programs  # noqa: E402
-from megatronapp.parallel.ops import Compute, RankProgram  # noqa: E402
-
+NAME = "scope_overhead"
 SCENARIO = ROOT / "scenarios" / "scope_tiny.yaml"
 GPU_SCENARIO = ROOT / "scenarios" / "scope_overhead_gpu.yaml"
 STATS = ["mean", "std", "absmax", "pixels_absmax(8)"]
@@ -145,6 +146,7 @@ def run_arm(s: Scenario, warmup: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as work:
         run, _ = spawn_run(s, TrainOptions(optimizer=s.training.optimizer, lr=s.training.lr,
                                            workdir=work), programs=marked_programs)
+        assert run.training is not None, "a torch run's result has its training section"
         capture, _ = finalize(s, Path(work), run.training.loss_per_iteration)
     marks = {r: sorted((e for e in evs if e.name == "cpu_mark"),
                        key=lambda e: e.args["iteration"]) for r, evs in run.events.items()}
@@ -284,11 +286,15 @@ def predicted(base: Scenario, every: tuple[int, str], calibrated: dict[str, Any]
               costs: dict[str, float]) -> dict[str, float]:
     from sim import simulate as run_sim_scenario
 
-    return asdict(run_sim_scenario(_with(base, every, costs, 20, calibrated)).scope)
+    from megatronapp.trace.sections import ScopeOverhead
+
+    overhead = run_sim_scenario(_with(base, every, costs, 20, calibrated)).scope
+    assert isinstance(overhead, ScopeOverhead), "a simulated capture predicts its overhead"
+    return asdict(overhead)
 
 
 def measure(base: Scenario, args: Any, arms: dict[str, tuple[int, str] | None],
-            keep: Callable[[dict[str, list[dict[str, Any]]]], None]
+            keep: Callable[[dict[str, list[dict[str, Any]]]], object]
             ) -> dict[str, list[dict[str, Any]]]:
     """Interleaved rounds of every arm; ``keep`` saves the runs after each
     one (a measurement cut short keeps what it finished)."""
@@ -343,11 +349,12 @@ def reused(args: Any, default: Path) -> tuple[dict[str, list[dict[str, Any]]], s
     return previous["runs"], previous["machine"]
 
 
-def gpu_main(args: Any) -> int:
-    """The arms on one GPU (one rank, NCCL): measured overheads only."""
+def gpu_main(args: Any, argv: list[str] | None) -> int:
+    """The arms on one GPU (one rank, NCCL): measured overheads only; the
+    table goes to ``results/scope_overhead.json`` (``--results-dir``)."""
     import torch
 
-    saved = ROOT / "paper_figs" / "out" / "scope_overhead_gpu.json"
+    saved = ROOT / "runs" / "scope_overhead_gpu.json"
     saved.parent.mkdir(parents=True, exist_ok=True)
     if args.reuse is not None:
         results, machine = reused(args, saved)
@@ -365,14 +372,19 @@ def gpu_main(args: Any) -> int:
     if len(set(rounds.values())) > 1:
         print(f"rounds finished per arm: {rounds}")
     rows = overhead_rows(results, np.random.default_rng(args.seed))
-    print_measured(rows, args, f"torch backend, NCCL, 1 rank on {machine.split(';')[0]} "
-                   f"({GPU_SCENARIO.name})")
+    setting = f"torch backend, NCCL, 1 rank on {machine.split(';')[0]} ({GPU_SCENARIO.name})"
+    print_measured(rows, args, setting)
+    recorded = results_file.start(NAME, argv).record(
+        {"gpu": {"setting": setting, "machine": machine, "rounds": args.rounds,
+                 "warmup": args.warmup, "measured": args.measured, "rows": rows}},
+        root=Path(args.results_dir))
+    print(f"wrote {recorded}")
     saved.write_text(json.dumps({"rows": rows, "runs": results, "args": vars(args),
                                  "machine": machine}, indent=1))
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=20)
@@ -380,22 +392,24 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", nargs="?", const="", default=None, metavar="JSON",
                         help="reuse the runs of a saved measurement (default "
-                             "paper_figs/out/scope_overhead.json, _gpu.json with --gpu)")
+                             "runs/scope_overhead.json, _gpu.json with --gpu)")
     parser.add_argument("--gpu", action="store_true",
                         help="one rank on a CUDA GPU (scenarios/scope_overhead_gpu.yaml)")
-    args = parser.parse_args()
+    parser.add_argument("--results-dir", default=str(results_file.RESULTS),
+                        help="where --gpu writes scope_overhead.json (default results/)")
+    args = parser.parse_args(argv)
     from backends.torch.worker import quiet_megatron_warnings
 
     quiet_megatron_warnings()
     if args.gpu:
-        return gpu_main(args)
+        return gpu_main(args, argv)
     base = load_scenario(SCENARIO)
     machine = f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; no GPU"
     print(f"machine: {machine}", flush=True)
     calibrated = calibrate(base)
     print("calibrated cost model: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                                   for k, v in calibrated.items()}), flush=True)
-    saved = ROOT / "paper_figs" / "out" / "scope_overhead.json"
+    saved = ROOT / "runs" / "scope_overhead.json"
     if args.reuse is not None:
         results, machine = reused(args, saved)
     else:
@@ -422,7 +436,7 @@ def main() -> int:
     fitted_sims = {arm: predicted(base, every, fitted, costs) for arm, every in active.items()}
     print_measured(rows, args, "torch backend, gloo, 2 pipeline ranks")
     print_simulated(sims, fitted_sims, scale, costs, rows)
-    out = ROOT / "paper_figs" / "out"
+    out = ROOT / "runs"
     out.mkdir(parents=True, exist_ok=True)
     (out / "scope_overhead.json").write_text(json.dumps(
         {"rows": rows, "sim": sims, "sim_fitted": fitted_sims, "scale": scale,
@@ -439,15 +453,27 @@ def print_measured(rows: list[dict[str, Any]], args: Any, setting: str) -> None:
     print(f"\n{args.rounds} interleaved rounds x {args.measured} measured iterations "
           f"(after {args.warmup} warm-up) per arm; {setting}; "
           "overhead vs hooks absent: mean iteration time ratio - 1, bootstrap median [95% CI]\n")
-    print("| arm | median wall ms/it | wall overhead | median CPU ms/it (all ranks) | "
-          "CPU overhead | peak RSS MB | peak GPU MB | dropped | whole interval < 3% |")
-    print("|---|---:|---|---:|---|---:|---:|---:|---|")
-    for r in rows:
-        below = "—" if r["arm"] == "absent" else ("yes" if r["wall_overhead"][2] < 0.03
-                                                  and r["cpu_overhead"][2] < 0.03 else "no")
-        print(f"| {r['arm']} | {r['wall_ms']:.2f} | {_pct(r['wall_overhead'])} | "
-              f"{r['cpu_ms']:.2f} | {_pct(r['cpu_overhead'])} | {r['peak_rss_mb']:.0f} | "
-              f"{r['peak_gpu_mb']:.0f} | {r['dropped']} | {below} |")
+    print(measured_table(rows), end="")
+
+
+def measured_table(rows: list[dict[str, Any]]) -> str:
+    """The measured arms as a Markdown table: medians, overheads with their
+    intervals, memory, drops, and whether the whole interval is under 3%."""
+    def below(r: dict[str, Any]) -> str:
+        if r["arm"] == "absent":
+            return "—"
+        return "yes" if r["wall_overhead"][2] < 0.03 and r["cpu_overhead"][2] < 0.03 else "no"
+    return markdown_table(
+        ["arm", "median wall ms/it", "wall overhead", "median CPU ms/it (all ranks)",
+         "CPU overhead", "peak RSS MB", "peak GPU MB", "dropped", "whole interval < 3%"],
+        [[r["arm"], f"{r['wall_ms']:.2f}", _pct(r["wall_overhead"]), f"{r['cpu_ms']:.2f}",
+          _pct(r["cpu_overhead"]), f"{r['peak_rss_mb']:.0f}", f"{r['peak_gpu_mb']:.0f}",
+          r["dropped"], below(r)] for r in rows], "lrlrlrrrl")
+
+
+def tables(doc: dict[str, Any]) -> dict[str, str]:
+    """docs/megascope.md's table of the GPU run (``--gpu``)."""
+    return {"gpu": measured_table(doc["data"]["gpu"]["rows"])}
 
 
 def print_simulated(sims: dict[str, dict[str, float]], fitted: dict[str, dict[str, float]],

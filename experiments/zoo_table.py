@@ -30,7 +30,7 @@ only (the end stages also hold the embedding and the output layer). Runs go roun
 of the script still covers every case alike (``--out`` is rewritten after
 every run; ``--table-from`` prints the table of such a file).
 
-    PYTHONPATH=. .venv/bin/python paper_figs/zoo_table.py --runs 5 --out zoo.json
+    .venv/bin/python -m experiments.zoo_table --runs 5 --out zoo.json
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments import results
 from megatronapp.cli import main as cli_main
 from megatronapp.errors import UserError
 from megatronapp.io.outdirs import add_force_option, check_file, new_file
@@ -135,6 +136,7 @@ def run_job(kind: Kind, fault: Fault, out: Path) -> Path:
 
 
 def run_megatron(fault: Fault, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
     scenario = out / "scenario.yaml"
     scenario.write_text(yaml.safe_dump({**MEGATRON_SCENARIO, "faults": scenario_faults(fault)}))
     command = [sys.executable, "-m", "megatronapp.cli", "run", str(scenario), "--backend", "torch",
@@ -228,10 +230,10 @@ def score(record: dict[str, Any], methods: list[str], out: Path) -> None:
 
 
 # ------------------------------------------------------------- the table
-def cell(results: list[dict[str, Any]]) -> str:
-    counts = Counter(r["verdict"] for r in results)
+def cell(runs: list[dict[str, Any]]) -> str:
+    counts = Counter(r["verdict"] for r in runs)
     text = ", ".join(f"{v} {counts[v]}" for v in VERDICTS if counts[v])
-    phantoms = sum(1 for r in results if r["phantom"])
+    phantoms = sum(1 for r in runs if r["phantom"])
     return text + (f" (phantom link in {phantoms})" if phantoms else "")
 
 
@@ -286,6 +288,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rescore", type=Path,
                         help="score an --out file's kept traces again (into --out, if given)")
     add_force_option(parser, "an existing --out file")
+    results.results_dir_option(parser)
     return parser.parse_args(argv)
 
 
@@ -303,19 +306,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.out:  # before any run: a refusal should not wait for the jobs
             check_file(args.out, "--out", args.force, inputs)
-        return run_or_rescore(args, inputs)
+        return run_or_rescore(args, inputs, results.start("zoo_table", argv))
     except UserError as err:
         print(f"zoo_table.py: {err}", file=sys.stderr)
         return 2
 
 
-def run_or_rescore(args: argparse.Namespace, inputs: list[Path]) -> int:
+def report(args: argparse.Namespace, records: list[dict[str, Any]],
+           experiment: results.Run) -> int:
+    """Print the table and the goal line; record them with every run's record."""
+    rows, verdicts = table(records, args.methods), goal(records, args.methods)
+    print(rows + "\n\n" + verdicts)
+    recorded = experiment.record(
+        {"methods": args.methods, "from": str(args.table_from or args.rescore or "runs"),
+         "cells": results.Printed([rows]).cells(), "goal": verdicts.splitlines(),
+         "records": records}, args.results_dir)
+    print(f"wrote {recorded}")
+    return 0
+
+
+def run_or_rescore(args: argparse.Namespace, inputs: list[Path], experiment: results.Run) -> int:
     if args.table_from:
-        records = json.loads(args.table_from.read_text())
-        print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
-        return 0
+        return report(args, json.loads(args.table_from.read_text()), experiment)
     if args.rescore:
-        return rescore(args, inputs)
+        return rescore(args, inputs, experiment)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     cases = [(name, fault) for name in args.kinds for fault in FAULTS
@@ -328,11 +342,10 @@ def run_or_rescore(args: argparse.Namespace, inputs: list[Path]) -> int:
             records.append(one_run(name, KINDS[name], fault, args.methods, args.keep))
             if args.out:  # after the first run the file there is this run's own
                 save_records(args.out, records, args.force or len(records) > 1, inputs)
-    print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
-    return 0
+    return report(args, records, experiment)
 
 
-def rescore(args: argparse.Namespace, inputs: list[Path]) -> int:
+def rescore(args: argparse.Namespace, inputs: list[Path], experiment: results.Run) -> int:
     """The ``--methods``' verdicts again on the kept traces of ``--rescore``'s
     records (the same runs judged by this version's detector; other methods'
     verdicts are kept)."""
@@ -341,8 +354,7 @@ def rescore(args: argparse.Namespace, inputs: list[Path]) -> int:
         score(record, args.methods, Path(record["trace"]))
     if args.out:
         save_records(args.out, records, args.force, inputs)
-    print(table(records, args.methods) + "\n\n" + goal(records, args.methods))
-    return 0
+    return report(args, records, experiment)
 
 
 if __name__ == "__main__":

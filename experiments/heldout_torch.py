@@ -11,9 +11,9 @@ simulator. A run's time is the median of its iterations after the first
 (warm-up); the table shows the median over runs, the run-to-run spread
 ((max - min) / median over runs) and the prediction's error.
 
-    python paper_figs/heldout_torch.py [--repeats 5]
+    python -m experiments.heldout_torch [--repeats 5]
 
-Run directories go to paper_figs/out/heldout/ (the calibrated scenario too).
+Run directories go to runs/heldout/ (the calibrated scenario too).
 """
 from __future__ import annotations
 
@@ -24,19 +24,18 @@ import time
 from pathlib import Path
 from statistics import median
 
+from backends.torch import run_scenario as run_torch
+from experiments import results
+from megatronapp.scenario.config import Scenario, load_scenario
+from megatronapp.fidelity.calibrate import calibrate, load_measured
+from megatronapp.fidelity.fit import with_settings
+from megatronapp.run.write import write_run
+from sim import simulate_iteration_times
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from backends.torch import run_scenario as run_torch  # noqa: E402
-from megatronapp.scenario.config import Scenario, load_scenario  # noqa: E402
-from megatronapp.fidelity.calibrate import calibrate, load_measured  # noqa: E402
-from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.run.write import write_run  # noqa: E402
-from sim import simulate_iteration_times  # noqa: E402
-
 SCENARIO = ROOT / "scenarios" / "fidelity" / "cpu_tiny.yaml"
 SIM_ITERATIONS = 41
-OUT = ROOT / "paper_figs" / "out" / "heldout"
+OUT = ROOT / "runs" / "heldout"
 ONE_F_ONE_B = ["schedule=1f1b", "parallel.vpp=1"]
 CONFIGS: dict[str, list[str]] = {
     "interleaved, pp 2, vpp 2, 4 mb (calibration)": [],
@@ -75,10 +74,12 @@ def run_time(run_dir: Path) -> float:
     return steady_s(json.loads((run_dir / "summary.json").read_text())["iteration_times_s"])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    experiment, rows = results.start("heldout_torch", argv), []
     load_before = os.getloadavg()[0]
     runs = measure(args.repeats)
     calibration_run = runs[next(iter(CONFIGS))][0]
@@ -101,10 +102,17 @@ def main() -> int:
         err = predicted / mid - 1
         if sets:
             errors.append(abs(err))
+        rows.append({"configuration": name, "overrides": sets, "measured_s": measured,
+                     "median_s": mid, "spread": spread, "predicted_s": predicted,
+                     "error": err, "held_out": bool(sets)})
         print(f"| {name} | {mid * 1e3:.1f} | {spread * 100:.1f}% | {predicted * 1e3:.1f} "
               f"| {err * 100:+.1f}% |")
     print(f"\nheld-out configurations: mean |error| {sum(errors) / len(errors) * 100:.1f}%, "
           f"max {max(errors) * 100:.1f}% ({args.repeats} runs each)")
+    recorded = experiment.record(
+        {"repeats": args.repeats, "calibration_run": str(calibration_run.relative_to(ROOT)),
+         "settings": cal.settings, "rows": rows}, args.results_dir)
+    print(f"wrote {recorded}")
     return 0
 
 

@@ -15,9 +15,9 @@ time per layer over the burst's, with the SM clock and power read meanwhile.
 ``compare`` (CPU) prices each row's layer with the measured kernel tables
 (``megatronapp/scenario/kernels``) and prints the sustained time over that.
 
-    python paper_figs/sustained_bench.py shapes --out FILE
-    python paper_figs/sustained_bench.py measure --shapes FILE --out RESULT [--seconds 20]
-    python paper_figs/sustained_bench.py compare --shapes FILE --result RESULT [--table NAME]
+    python -m experiments.sustained_bench shapes --out FILE
+    python -m experiments.sustained_bench measure --shapes FILE --out RESULT [--seconds 20]
+    python -m experiments.sustained_bench compare --shapes FILE --result RESULT [--table NAME]
 """
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ from statistics import fmean, median
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 IDLE_S = 6.0  # the GPU idles this long before each row, so each burst starts cool
 BURST_BLOCKS = 3
@@ -47,7 +46,7 @@ def layer_kernels(s: Any) -> dict[str, Any]:
     from megatronapp.costs.gemm import rank_layer_shapes
     from megatronapp.costs.flops import ATTENTION_CORE
     from megatronapp.costs.kernels import attention_shape
-    from paper_figs.kernel_bench import backward_shapes
+    from experiments.kernel_bench import backward_shapes
 
     gemms = [mnk for n, g in rank_layer_shapes(s).items() if n not in ATTENTION_CORE
              for mnk in backward_shapes(g).values()]
@@ -70,7 +69,7 @@ class PowerSampler:
     """SM clock (MHz) and board power (W) every 0.1 s, from NVML, in a thread."""
 
     def __init__(self) -> None:
-        import pynvml
+        import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
         self._nvml = pynvml
@@ -108,14 +107,14 @@ def layer_step(row: dict[str, Any]) -> Callable[[], None]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    mats = [(torch.randn(m, k, **bf16), torch.randn(n, k, **bf16).t(),  # type: ignore[arg-type]
-             torch.empty(m, n, **bf16)) for m, n, k in row["gemms"]]  # type: ignore[arg-type]
+    bf16: dict[str, Any] = {"device": "cuda", "dtype": torch.bfloat16}
+    mats = [(torch.randn(m, k, **bf16), torch.randn(n, k, **bf16).t(),
+             torch.empty(m, n, **bf16)) for m, n, k in row["gemms"]]
     at = row["attention"]
-    q, k, v = (torch.randn(at["b"], at["h"], n, at["d"], requires_grad=True, **bf16)  # type: ignore[arg-type]
+    q, k, v = (torch.randn(at["b"], at["h"], n, at["d"], requires_grad=True, **bf16)
                for n in (at["sq"], at["sk"], at["sk"]))
     causal = at["sq"] == at["sk"]
-    grad = torch.randn(at["b"], at["h"], at["sq"], at["d"], **bf16)  # type: ignore[arg-type]
+    grad = torch.randn(at["b"], at["h"], at["sq"], at["d"], **bf16)
 
     def step() -> None:
         for a, b, out in mats:
@@ -195,7 +194,7 @@ def table_priced_s(row: dict[str, Any], table: str) -> float:
     in Megatron's layout, attention on cuDNN's fused kernel, as timed)."""
     from megatronapp.costs.gemm import GemmShape
     from megatronapp.costs.kernels import AttentionShape, load_kernel_table
-    from paper_figs.kernel_bench import attention_forward_flops
+    from experiments.kernel_bench import attention_forward_flops
 
     kernels = load_kernel_table(table)
     gemms = sum(kernels.gemm_s(GemmShape(m, n, k)) for m, n, k in row["gemms"])
@@ -212,7 +211,7 @@ def comparison_rows(shapes: list[dict[str, Any]], result: dict[str, Any],
 
 
 def print_comparison(shapes: list[dict[str, Any]], result: dict[str, Any],
-                     tables: list[str]) -> None:
+                     tables: list[str]) -> list[dict[str, Any]]:
     rows = comparison_rows(shapes, result, tables)
     print(f"{result['device']}, torch {result['torch']}: each row's layer after "
           f"{result['idle_s']:.0f} s idle, in a burst, then {result['seconds']:.0f} s back to back")
@@ -222,9 +221,9 @@ def print_comparison(shapes: list[dict[str, Any]], result: dict[str, Any],
           "| SM clock MHz, sustained | power W, sustained |")
     print("|---|---:|---:|---:|" + "---:|" * len(tables) + "---:|---:|")
     for r in rows:
-        ratios = " | ".join(f"{r['sustained_s'] / r['priced_s'][t]:.3f}" for t in tables)
+        row_ratios = " | ".join(f"{r['sustained_s'] / r['priced_s'][t]:.3f}" for t in tables)
         print(f"| {r['source']} | {r['burst_s'] * 1e3:.2f} | {r['sustained_s'] * 1e3:.2f} "
-              f"| {r['sustained_over_burst']:.3f} | {ratios} "
+              f"| {r['sustained_over_burst']:.3f} | {row_ratios} "
               f"| {r['sustained']['sm_clock_mhz']:.0f} | {r['sustained']['power_w']:.0f} |")
     print()
     for t in tables:
@@ -233,6 +232,7 @@ def print_comparison(shapes: list[dict[str, Any]], result: dict[str, Any],
               f"range {ratios[0]:.3f}-{ratios[-1]:.3f} over {len(ratios)} rows")
     burst = sorted(r["sustained_over_burst"] for r in rows)
     print(f"sustained / burst: median {median(burst):.3f}, range {burst[0]:.3f}-{burst[-1]:.3f}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="measure: how long each row runs back to back")
     add_force_option(parser, "an existing --out file")
+    parser.add_argument("--results-dir", type=Path, default=ROOT / "results",
+                        help="compare: where sustained_bench.json is written (default results/)")
     args = parser.parse_args(argv)
     needed = {"measure": ("shapes", "out"), "compare": ("shapes", "result")}.get(args.mode, ())
     for name in needed:
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.mode} needs --{name}")
     if args.seconds <= 0:
         parser.error("--seconds: must be positive")
-    return one_line_errors("sustained_bench.py", lambda: run_mode(args))
+    return one_line_errors("sustained_bench.py", lambda: run_mode(args, argv))
 
 
 def read_json(path: Path, option: str) -> Any:
@@ -268,12 +270,21 @@ def read_json(path: Path, option: str) -> Any:
     return gate.read_json(path, option)
 
 
-def run_mode(args: argparse.Namespace) -> int:
+def run_mode(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``compare`` records its rows in results/sustained_bench.json; ``shapes`` and
+    ``measure`` write their JSON to ``--out`` (``measure`` runs where only torch is)."""
     from megatronapp.io.outdirs import check_file, new_file
 
     if args.mode == "compare":
-        print_comparison(read_json(args.shapes, "--shapes"), read_json(args.result, "--result"),
-                         args.table or ["h200-sxm", "h100-sxm"])
+        from experiments import results
+
+        experiment = results.start("sustained_bench", argv)
+        tables = args.table or ["h200-sxm", "h100-sxm"]
+        rows = print_comparison(read_json(args.shapes, "--shapes"),
+                                read_json(args.result, "--result"), tables)
+        recorded = experiment.record({"shapes": str(args.shapes), "result": str(args.result),
+                                      "tables": tables, "rows": rows}, args.results_dir)
+        print(f"wrote {recorded}")
         return 0
     if args.out is not None:  # before any work: a measurement should not end in a refusal
         check_file(args.out, "--out", args.force)

@@ -2,16 +2,16 @@
 in one process: CPU and wall seconds of each (goal: plot CPU <= 3x run CPU).
 Matplotlib's import is paid inside ``plot``, as a user pays it.
 
-    PYTHONPATH=$PWD .venv/bin/python paper_figs/plot_speed.py [scenarios/throttle.yaml]
+    .venv/bin/python -m experiments.plot_speed [scenarios/throttle.yaml]
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
+from experiments import results
 from megatronapp.cli import main as cli
 
 QUICK_START = Path(__file__).resolve().parents[1] / "scenarios" / "throttle.yaml"
@@ -25,8 +25,12 @@ def timed(work: Callable[[], int]) -> tuple[float, float]:
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def main() -> None:
-    scenario = sys.argv[1] if len(sys.argv) > 1 else str(QUICK_START)
+def main(argv: list[str] | None = None) -> None:
+    options = results.parser("plot_speed", __doc__)
+    options.add_argument("scenario", nargs="?", default=str(QUICK_START))
+    results.results_dir_option(options)
+    args = options.parse_args(argv)
+    scenario, experiment = args.scenario, results.start("plot_speed", argv)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "run")
         run = timed(lambda: cli(["run", scenario, "--out", out, "--quiet"]))
@@ -36,6 +40,10 @@ def main() -> None:
     print(f"| run {scenario} | {run[0]:.2f} | {run[1]:.2f} |")
     print(f"| plot | {plot[0]:.2f} | {plot[1]:.2f} |")
     print(f"plot CPU / run CPU = {plot[0] / run[0]:.2f} (goal <= 3)")
+    recorded = experiment.record({"scenario": scenario, "run": {"cpu_s": run[0], "wall_s": run[1]},
+                                  "plot": {"cpu_s": plot[0], "wall_s": plot[1]}},
+                                 args.results_dir)
+    print(f"wrote {recorded}")
 
 
 if __name__ == "__main__":

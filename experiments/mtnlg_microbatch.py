@@ -13,7 +13,7 @@ replica plus its data-parallel collectives, the device's fitted constants),
 their errors, and the speed-up from 2,240 to 3,360 GPUs against the
 published one (60.1 / 44.4 s).
 
-    python paper_figs/mtnlg_microbatch.py [--sizes 1,2,4]
+    python -m experiments.mtnlg_microbatch [--sizes 1,2,4]
 """
 from __future__ import annotations
 
@@ -22,17 +22,16 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
-
-from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.fidelity.published import (PublishedRun, published_runs,  # noqa: E402
+from experiments import results
+from megatronapp.fidelity.fit import with_settings
+from megatronapp.fidelity.published import (PublishedRun, published_runs,
                                             throughput_error)
-from megatronapp.mitigate.plan import global_batch  # noqa: E402
-from megatronapp.scenario.config import Scenario  # noqa: E402
-from megatronapp.scenario.devices import DEVICES  # noqa: E402
-from sim import simulate_iteration_times  # noqa: E402
+from megatronapp.mitigate.plan import global_batch
+from megatronapp.scenario.config import Scenario
+from megatronapp.scenario.devices import DEVICES
+from sim import simulate_iteration_times
 
+ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "Smith et al. 2022 (MT-NLG 530B)"
 
 
@@ -56,7 +55,9 @@ def predicted_s(run: PublishedRun, size: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,2,4", help="micro-batch sizes to try")
+    results.results_dir_option(parser)
     args = parser.parse_args(argv)
+    experiment, rows = results.start("mtnlg_microbatch", argv), []
     runs = sorted((r for r in published_runs(ROOT) if r.source.startswith(SOURCE)),
                   key=lambda r: r.scenario.world_size)
     try:
@@ -77,10 +78,17 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{t:.2f} ({throughput_error(r.iteration_s, t) * 100:+.1f}%)"
                  for r, t in zip(runs, times)]
         speedup = times[0] / times[-1]
+        rows.append({"micro_batch": size, "iteration_s": times, "speedup": speedup,
+                     "throughput_error": [throughput_error(r.iteration_s, t)
+                                          for r, t in zip(runs, times)]})
         print(f"| {size} | " + " | ".join(cells)
               + f" | {speedup:.3f}× ({(speedup / published_speedup - 1) * 100:+.1f}%) |",
               flush=True)
         print(f"micro-batch {size}: {time.process_time() - t0:.0f} CPU s", file=sys.stderr)
+    recorded = experiment.record(
+        {"gpus": gpus, "published_s": [r.iteration_s for r in runs],
+         "published_speedup": published_speedup, "rows": rows}, args.results_dir)
+    print(f"wrote {recorded}")
     return 0
 
 

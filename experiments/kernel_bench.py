@@ -15,10 +15,10 @@ read (megatronapp/costs/kernels.py). ``compare`` (CPU) fits the analytic
 model's constants (megatronapp/costs/gemm.py) on the measured GEMMs and
 prints its residuals by GEMM size and by wave fill.
 
-    python paper_figs/kernel_bench.py shapes [--out FILE]
-    python paper_figs/kernel_bench.py measure --out megatronapp/scenario/kernels/h100-sxm.json
-    python paper_figs/kernel_bench.py compare [--table FILE]
-    python paper_figs/kernel_bench.py versus --other FILE [--table FILE]
+    python -m experiments.kernel_bench shapes [--out FILE]
+    python -m experiments.kernel_bench measure --out megatronapp/scenario/kernels/h100-sxm.json
+    python -m experiments.kernel_bench compare [--table FILE]
+    python -m experiments.kernel_bench versus --other FILE [--table FILE]
 
 ``versus`` (CPU) compares two measured tables kernel by kernel (the other's
 time over the table's, per GEMM, attention core and element-wise op).
@@ -34,19 +34,18 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable, Iterable, Sequence
 
+from experiments import results
+from megatronapp.costs.gemm import GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape
+from megatronapp.costs.flops import ATTENTION_CORE
+from megatronapp.costs.kernels import attention_shape
+from megatronapp.fidelity.published import PublishedRun, published_runs
+from megatronapp.errors import UserError
+from megatronapp.io.outdirs import add_force_option, check_file, new_file
+from megatronapp.io import gate
+from megatronapp.io.text import one_line_errors
+from megatronapp.scenario.devices import KERNELS_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from megatronapp.costs.gemm import GemmDevice, GemmShape, rank_layer_shapes, rank_logits_shape  # noqa: E402
-from megatronapp.costs.flops import ATTENTION_CORE  # noqa: E402
-from megatronapp.costs.kernels import attention_shape  # noqa: E402
-from megatronapp.fidelity.published import PublishedRun, published_runs  # noqa: E402
-from megatronapp.errors import UserError  # noqa: E402
-from megatronapp.io.outdirs import add_force_option, check_file, new_file  # noqa: E402
-from megatronapp.io import gate  # noqa: E402
-from megatronapp.io.text import one_line_errors  # noqa: E402
-from megatronapp.scenario.devices import KERNELS_DIR  # noqa: E402
-
 GRID_M = (512, 1024, 2048, 4096, 8192, 16384)
 GRID_N = (256, 512, 1024, 2048, 4096, 8192, 16384)
 GRID_K = (1024, 4096, 12288)
@@ -196,7 +195,7 @@ def machine(out: Path) -> dict[str, Any]:
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
             "sm_count": p.multi_processor_count, "memory_gb": round(p.total_memory / 1e9, 1),
             "sm_clock_max_mhz": int(smi[1]), "power_limit_w": float(smi[2]),
-            "command": f"python paper_figs/kernel_bench.py measure --out {out}",
+            "command": f"python -m experiments.kernel_bench measure --out {out}",
             "timing": "CUDA events; mean of back-to-back calls after two warm-up calls, "
                       "best of 3 blocks"}
 
@@ -226,46 +225,47 @@ def fit_gemm_model(gemms: Sequence[dict[str, Any]], peak: float, hbm: float, sm_
     return best[1], best[2]
 
 
-def print_comparison(table: dict[str, Any], peak: float, hbm: float) -> None:
+def print_comparison(table: dict[str, Any], peak: float, hbm: float,
+                     show: Callable[[str], None] = print) -> None:
     gemms, sms = table["gemms"], table["sm_count"]
     rows = [any(u != "grid" for u in g["uses"]) for g in gemms]
     wave_model = GemmDevice(peak, 1.0, 0.0, 0.0, hbm, sms, MODEL_TILES)
     fills = [wave_model.wave_fill(GemmShape(g["m"], g["n"], g["k"])) for g in gemms]
     print(f"{len(gemms)} GEMMs measured ({sum(rows)} of the rows' shapes); peak {peak / 1e12:g} "
           "TFLOP/s\n")
-    print("| tiles | efficiency | F½ GFLOP | all: mean \\|residual\\| | worst | rows' shapes: "
-          "mean \\|residual\\| | worst |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    show("| tiles | efficiency | F½ GFLOP | all: mean \\|residual\\| | worst | rows' shapes: "
+         "mean \\|residual\\| | worst |")
+    show("|---|---:|---:|---:|---:|---:|---:|")
     fitted = {}
     for name, tiles in TILE_SETS.items():
         dev, res = fit_gemm_model(gemms, peak, hbm, sms, tiles)
         fitted[name] = res
         on_rows = [r for r, row in zip(res, rows) if row]
-        print(f"| {name} | {dev.efficiency:.2f} | {dev.half_flops / 1e9:g} | "
-              f"{sum(map(abs, res)) / len(res) * 100:.1f}% | {max(res, key=abs) * 100:+.1f}% | "
-              f"{sum(map(abs, on_rows)) / len(on_rows) * 100:.1f}% | "
-              f"{max(on_rows, key=abs) * 100:+.1f}% |")
+        show(f"| {name} | {dev.efficiency:.2f} | {dev.half_flops / 1e9:g} | "
+             f"{sum(map(abs, res)) / len(res) * 100:.1f}% | {max(res, key=abs) * 100:+.1f}% | "
+             f"{sum(map(abs, on_rows)) / len(on_rows) * 100:.1f}% | "
+             f"{max(on_rows, key=abs) * 100:+.1f}% |")
     smooth = fitted["no waves"]
     print("\nBy wave fill (the model's tiles on", sms, "SMs): what the model charges for the "
           "partial wave, and what the measurements show over the fitted model without waves\n")
-    print("| wave fill | GEMMs | charged | measured over the no-wave model (median) |")
-    print("|---|---:|---:|---:|")
+    show("| wave fill | GEMMs | charged | measured over the no-wave model (median) |")
+    show("|---|---:|---:|---:|")
     for low, high in ((0.0, 0.5), (0.5, 0.7), (0.7, 0.85), (0.85, 0.95), (0.95, 1.01)):
         chosen = [i for i, f in enumerate(fills) if low <= f < high]
         if chosen:
-            print(f"| {low:.2f}–{min(high, 1.0):.2f} | {len(chosen)} | "
-                  f"{(median(1 / fills[i] for i in chosen) - 1) * 100:+.0f}% | "
-                  f"{-median(smooth[i] / (1 + smooth[i]) for i in chosen) * 100:+.1f}% |")
+            show(f"| {low:.2f}–{min(high, 1.0):.2f} | {len(chosen)} | "
+                 f"{(median(1 / fills[i] for i in chosen) - 1) * 100:+.0f}% | "
+                 f"{-median(smooth[i] / (1 + smooth[i]) for i in chosen) * 100:+.1f}% |")
     print("\nBy size (FLOPs), the fitted model without waves\n")
-    print("| GFLOP | GEMMs | measured TFLOP/s (median) | residual (median) |")
-    print("|---|---:|---:|---:|")
+    show("| GFLOP | GEMMs | measured TFLOP/s (median) | residual (median) |")
+    show("|---|---:|---:|---:|")
     for low, high in ((0, 1), (1, 10), (10, 100), (100, 1000), (1000, 1e9)):
         chosen = [i for i, g in enumerate(gemms)
                   if low <= 2e-9 * g["m"] * g["n"] * g["k"] < high]
         if chosen:
-            print(f"| {low:g}–{high:g} | {len(chosen)} | "
-                  f"{median(2 * gemms[i]['m'] * gemms[i]['n'] * gemms[i]['k'] / gemms[i]['s_bT'] for i in chosen) / 1e12:.0f} | "
-                  f"{median(smooth[i] for i in chosen) * 100:+.1f}% |")
+            show(f"| {low:g}–{high:g} | {len(chosen)} | "
+                 f"{median(2 * gemms[i]['m'] * gemms[i]['n'] * gemms[i]['k'] / gemms[i]['s_bT'] for i in chosen) / 1e12:.0f} | "
+                 f"{median(smooth[i] for i in chosen) * 100:+.1f}% |")
 
 
 # the fields that name a kernel in a table, and the time compared, per kind
@@ -285,16 +285,17 @@ def time_ratios(table: dict[str, Any], other: dict[str, Any]) -> dict[str, list[
     return out
 
 
-def print_versus(table: dict[str, Any], other: dict[str, Any]) -> None:
+def print_versus(table: dict[str, Any], other: dict[str, Any],
+                 show: Callable[[str], None] = print) -> None:
     print(f"{other.get('device')} over {table.get('device')}, time per kernel:\n")
-    print("| kernels | both hold | median | 5-95% |\n|---|---:|---:|---:|")
+    show("| kernels | both hold | median | 5-95% |\n|---|---:|---:|---:|")
     for kind, ratios in time_ratios(table, other).items():
         if ratios:
             lo, hi = ratios[len(ratios) // 20], ratios[-1 - len(ratios) // 20]
-            print(f"| {kind} | {len(ratios)} | {median(ratios):.3f}x | {lo:.2f}-{hi:.2f}x |")
+            show(f"| {kind} | {len(ratios)} | {median(ratios):.3f}x | {lo:.2f}-{hi:.2f}x |")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("shapes", "measure", "compare", "versus"))
     parser.add_argument("--out", type=Path, help="shapes: where to write them (default stdout); "
@@ -303,12 +304,13 @@ def main() -> int:
                         help="compare, versus: the measured table")
     parser.add_argument("--other", type=Path, help="versus: the table compared with --table")
     add_force_option(parser, "an existing --out file")
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
     if args.mode == "measure" and args.out is None:
         parser.error("measure needs --out")
     if args.mode == "versus" and args.other is None:
         parser.error("versus needs --other")
-    return one_line_errors("kernel_bench.py", lambda: run_mode(args))
+    return one_line_errors("kernel_bench.py", lambda: run_mode(args, argv))
 
 
 def read_table(path: Path, option: str) -> dict[str, Any]:
@@ -318,12 +320,21 @@ def read_table(path: Path, option: str) -> dict[str, Any]:
     return table
 
 
-def run_mode(args: argparse.Namespace) -> int:
-    if args.mode == "compare":
-        print_comparison(read_table(args.table, "--table"), PEAK_BF16["h100-sxm"], 3.35e12)
-        return 0
-    if args.mode == "versus":
-        print_versus(read_table(args.table, "--table"), read_table(args.other, "--other"))
+def run_mode(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``compare`` and ``versus`` record their tables' cells in results/kernel_bench.json
+    (one part each); ``shapes`` and ``measure`` write their data to ``--out`` (the
+    measured table is itself the record the cost model reads)."""
+    if args.mode in ("compare", "versus"):
+        experiment, show = results.start("kernel_bench", argv), results.Printed()
+        table = read_table(args.table, "--table")
+        if args.mode == "compare":
+            print_comparison(table, PEAK_BF16["h100-sxm"], 3.35e12, show)
+        else:
+            print_versus(table, read_table(args.other, "--other"), show)
+        inputs = {"table": str(args.table), "other": args.other and str(args.other)}
+        recorded = experiment.record_part(args.mode, {**inputs, "cells": show.cells()},
+                                          args.results_dir)
+        print(f"wrote {recorded}")
         return 0
     if args.out:  # before any work: a measurement should not end in a refusal
         check_file(args.out, "--out", args.force)

@@ -1,6 +1,6 @@
 """Time `megatronapp detect` on the 1024-rank trace, pinned to one core.
 
-    .venv/bin/python paper_figs/scan_bench_1024.py [RUN_DIR]
+    .venv/bin/python -m experiments.scan_bench_1024 [RUN_DIR]
 
 Generates RUN_DIR (default runs/scan_1024) from scenarios/scan_1024.yaml if it
 is missing, then times what ``megatronapp detect`` runs (the stored table read
@@ -17,11 +17,17 @@ import sys
 import time
 from pathlib import Path
 
+from experiments import results
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
-    run_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "runs" / "scan_1024"
+def main(argv: list[str] | None = None) -> None:
+    options = results.parser("scan_bench_1024", __doc__)
+    options.add_argument("run_dir", nargs="?", type=Path, default=ROOT / "runs" / "scan_1024")
+    results.results_dir_option(options)
+    args = options.parse_args(argv)
+    run_dir, experiment = args.run_dir, results.start("scan_bench_1024", argv)
     if not (run_dir / "trace.parquet").is_file():
         subprocess.run([sys.executable, "-m", "megatronapp.cli", "run",
                         str(ROOT / "scenarios" / "scan_1024.yaml"), "--out", str(run_dir),
@@ -57,6 +63,13 @@ def main() -> None:
     for name, wall, cpu in stages:
         print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
     print(f"| total | {sum(s[1] for s in stages):.2f} | {sum(s[2] for s in stages):.2f} |")
+    recorded = experiment.record(
+        {"run_dir": str(run_dir), "ranks": len(scan.events), "events": events,
+         "sync_ops": len(ops), "root_causes": [c.rank for c in diagnosis.root_causes],
+         "critical_path_share": path.length_s / path.window_s,
+         "stages": [{"stage": name, "wall_s": wall, "cpu_s": cpu}
+                    for name, wall, cpu in stages]}, args.results_dir)
+    print(f"wrote {recorded}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """MegaFBD on heterogeneous clusters: per-device throughput and peak memory of
 the decoupled job against co-located Megatron, from scenarios/fbd_hetero.yaml.
 
-    .venv/bin/python paper_figs/fbd_hetero_table.py [--scenario FILE]
+    .venv/bin/python -m experiments.fbd_hetero_table [--scenario FILE]
 
 Each block is one cluster (the slow class's speed and memory varied with
 overrides); "vs base" compares average useful TFLOPS per device with
@@ -10,16 +10,14 @@ co-located Megatron on the same devices.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.progress import track
 
-from rich.progress import track  # noqa: E402
-
-from megatronapp.scenario.config import load_scenario  # noqa: E402
-from megatronapp.fbd.hetero import format_table  # noqa: E402
-from sim.fbd import compare_plans  # noqa: E402
+from experiments import results
+from megatronapp.scenario.config import load_scenario
+from megatronapp.fbd.hetero import PlanResult, format_table
+from sim.fbd import compare_plans
 
 CLUSTERS = {  # label -> overrides of the slow class (device_classes[1])
     "homogeneous 400/400": ["cluster.device_classes.1.tflops=400",
@@ -33,14 +31,27 @@ CLUSTERS = {  # label -> overrides of the slow class (device_classes[1])
 }
 
 
-def main() -> None:
+def recorded_rows(rows: Sequence[tuple[str, Sequence[PlanResult]]]) -> list[dict[str, Any]]:
+    """The printed table's rows, one per cluster and plan, as data."""
+    return [{"cluster": cluster, "plan": plan.name, "iteration_s": plan.iteration_s,
+             "flops_per_device": plan.flops_per_device, "fits": plan.fits,
+             "peak_bytes_by_class": plan.peak_by_class()}
+            for cluster, plans in rows for plan in plans]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="scenarios/fbd_hetero.yaml")
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    run = results.start("fbd_hetero_table", argv)
     rows = [(label, compare_plans(load_scenario(args.scenario, overrides)))
             for label, overrides in track(list(CLUSTERS.items()), description="simulating",
                                           transient=True)]
     print(format_table(rows))
+    recorded = run.record({"scenario": args.scenario, "clusters": CLUSTERS,
+                           "rows": recorded_rows(rows)}, args.results_dir)
+    print(f"wrote {recorded}")
 
 
 if __name__ == "__main__":

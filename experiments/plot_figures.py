@@ -3,7 +3,7 @@ scenario's four figures (``plot-*.png``), and with ``--zoo`` the heat map of
 an ordinary DDP job's torch.profiler trace with rank 1 slowed 2x
 (``plot-zoo_ddp_heatmap.png``: one column per op class).
 
-    PYTHONPATH=$PWD .venv/bin/python paper_figs/plot_figures.py [--zoo] [--out docs/img]
+    .venv/bin/python -m experiments.plot_figures [--zoo] [--out docs/img]
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from experiments import results
 from megatronapp.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,17 +40,22 @@ def zoo_heatmap(tmp: Path, out: Path) -> Path:
     return Path(shutil.copyfile(job / "scan_heatmap.png", out / "plot-zoo_ddp_heatmap.png"))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     parser.add_argument("--zoo", action="store_true", help="also the DDP zoo job's heat map")
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    run = results.start("plot_figures", argv)
     with tempfile.TemporaryDirectory() as tmp:
         written = quick_start_figures(Path(tmp), args.out)
         if args.zoo:
             written.append(zoo_heatmap(Path(tmp), args.out))
     for path in written:
         print(f"wrote {path}")
+    recorded = run.record({"scenario": "scenarios/throttle.yaml", "zoo": args.zoo,
+                           "figures": [results.shown(p) for p in written]}, args.results_dir)
+    print(f"wrote {recorded}")
 
 
 if __name__ == "__main__":

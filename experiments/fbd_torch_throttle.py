@@ -1,6 +1,6 @@
 """MegaFBD on torch: a throttled device slows the decoupled iteration.
 
-    .venv/bin/python paper_figs/fbd_torch_throttle.py [--scenario FILE] [--device D]
+    .venv/bin/python -m experiments.fbd_torch_throttle [--scenario FILE] [--device D]
         [--factors 1 2 3] [--repeats 3]
 
 Runs the scenario (default ``scenarios/fbd_torch_small.yaml``: forward and
@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import time
-from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from backends.torch import run_scenario  # noqa: E402
-from megatronapp.scenario.config import load_scenario  # noqa: E402
-from megatronapp.trace.kinds import COMPUTE_NAMES  # noqa: E402
+from backends.torch import run_scenario
+from experiments import results
+from megatronapp.scenario.config import load_scenario
+from megatronapp.trace.kinds import COMPUTE_NAMES
 
 
 def children_cpu_s() -> float:
@@ -44,6 +41,7 @@ def one_run(path: str, device: int, factor: float) -> dict[str, float]:
     result = run_scenario(s)
     wall, cpu = time.perf_counter() - wall, children_cpu_s() - cpu
     fbd = result.fbd
+    assert fbd is not None, "an FBD run's result has its fbd section"
     workers = [int(w) for w, d in fbd.device_of_worker.items() if d == device]
     computes = [e for w in workers for e in result.events[w] if e.name in COMPUTE_NAMES]
     return {"iteration_s": fbd.steady_iteration_s,
@@ -52,13 +50,15 @@ def one_run(path: str, device: int, factor: float) -> dict[str, float]:
             "wall_s": wall, "cpu_s": cpu}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="scenarios/fbd_torch_small.yaml")
     parser.add_argument("--device", type=int, default=3, help="physical device to throttle")
     parser.add_argument("--factors", type=float, nargs="+", default=[1.0, 2.0, 3.0])
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    experiment = results.start("fbd_torch_throttle", argv)
     factors = sorted(set(args.factors) | {1.0})
     print(f"{len(factors) * args.repeats} torch runs of {args.scenario}, throttling device "
           f"{args.device}", flush=True)
@@ -85,6 +85,11 @@ def main() -> None:
               f"{median(r['compute_s'] for r in rows) * 1e3:20.1f} "
               f"{median(r['injected_s'] for r in rows) * 1e3:14.1f} "
               f"{median(r['wall_s'] for r in rows):7.1f} {median(r['cpu_s'] for r in rows):7.1f}")
+    recorded = experiment.record(
+        {"scenario": args.scenario, "device": args.device, "repeats": args.repeats,
+         "runs": [{"factor": f, "repeat": rep, **row} for f, rows in runs.items()
+                  for rep, row in enumerate(rows)]}, args.results_dir)
+    print(f"wrote {recorded}")
 
 
 if __name__ == "__main__":

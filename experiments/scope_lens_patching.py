@@ -4,25 +4,23 @@ differ in one character (the heat map in docs/img/); each head's direct
 logit attribution.
 
     megatronapp run scenarios/scope_tiny.yaml --backend torch --out runs/scope_tiny
-    python paper_figs/scope_lens_patching.py runs/scope_tiny [--pp 2] [--tp 2]
+    python -m experiments.scope_lens_patching runs/scope_tiny [--pp 2] [--tp 2]
 
-Writes docs/img/scope-patching-heatmap.png and paper_figs/data/scope_lens_patching.json.
+Writes docs/img/scope-patching-heatmap.png and experiments/data/scope_lens_patching.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from backends.torch.scope_hooked import HookedModel, load  # noqa: E402
-from backends.torch.scope_lens import (activation_patching,  # noqa: E402
+from backends.torch.scope_hooked import HookedModel, load
+from backends.torch.scope_lens import (activation_patching,
                                        direct_logit_attribution, logit_lens)
-from megatronapp.errors import UserError  # noqa: E402
-from megatronapp.scope.lens import PatchResult  # noqa: E402
+from experiments import results
+from megatronapp.errors import UserError
+from megatronapp.scope.lens import PatchResult
 
 ROOT = Path(__file__).resolve().parents[1]
 PROSE = ["If the value of the expression is true", "The return statement leaves the function",
@@ -56,7 +54,7 @@ def patched(model: HookedModel, pairs: int) -> list[PatchResult]:
     return found
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", help="a run directory of scenarios/scope_tiny.yaml")
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
@@ -64,9 +62,11 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=2, help="prompt pairs to patch (default 2)")
     parser.add_argument("--image",
                         default=str(ROOT / "docs" / "img" / "scope-patching-heatmap.png"))
-    parser.add_argument("--data", default=str(ROOT / "paper_figs" / "data" /
+    parser.add_argument("--data", default=str(ROOT / "experiments" / "data" /
                                               "scope_lens_patching.json"))
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    experiment = results.start("scope_lens_patching", argv)
     with load(args.run, args.pp, args.tp) as model:
         lens = lens_rows(model)
         patches = patched(model, args.pairs)
@@ -75,10 +75,12 @@ def main() -> int:
         dla = direct_logit_attribution(model, PROSE[0])
     patches[0].plot(Path(args.image))
     print("\n".join(dla.lines()))
-    Path(args.data).write_text(json.dumps(
-        {"run": args.run, "pp": args.pp, "tp": args.tp, "lens": lens,
-         "patching": [p.to_json() for p in patches], "dla": dla.to_json()}, indent=1))
+    data = {"run": args.run, "pp": args.pp, "tp": args.tp, "lens": lens,
+            "patching": [p.to_json() for p in patches], "dla": dla.to_json()}
+    Path(args.data).write_text(json.dumps(data, indent=1))
     print(f"wrote {args.image}, {args.data}")
+    recorded = experiment.record({**data, "image": results.shown(args.image)}, args.results_dir)
+    print(f"wrote {recorded}")
     return 0
 
 

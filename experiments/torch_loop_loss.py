@@ -4,7 +4,7 @@ verdict, restarts from its last checkpoint without that rank (dp 2, twice the
 microbatches, the same global batch) and trains to the end; beside it the same
 job without the fault, never stopped.
 
-    .venv/bin/python paper_figs/torch_loop_loss.py [--iterations 30] [--every 4]
+    .venv/bin/python -m experiments.torch_loop_loss [--iterations 30] [--every 4]
         [--runs runs/torch-loop] [--out docs/img/torch-loop-loss.png]
 
 Writes both run directories under ``--runs`` (``faulty/`` with its
@@ -18,16 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+
+from experiments import results
+from megatronapp.cli import main as cli
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
-
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from megatronapp.cli import main as cli  # noqa: E402
-
 SCENARIO = ROOT / "scenarios/throttle.yaml"
 FAULT = "[{kind: throttle, rank: 1, factor: 4}]"
 
@@ -56,7 +52,8 @@ def plot(faulty: dict[str, Any], again: dict[str, Any], healthy: dict[str, Any],
          out: Path) -> None:
     first, second = faulty["mitigation"]["segments"]
     resumed, stopped = second["first_iteration"], first["iterations"] - 1
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))  # no pyplot: no display backend to choose
+    ax = fig.subplots()
     ax.plot(range(len(healthy["loss_per_iteration"])), healthy["loss_per_iteration"],
             color="0.6", lw=3, label="healthy job, never stopped (dp 4)")
     ax.plot(range(first["iterations"]), faulty["loss_per_iteration"], "o-", ms=3,
@@ -78,13 +75,15 @@ def plot(faulty: dict[str, Any], again: dict[str, Any], healthy: dict[str, Any],
     fig.savefig(out, dpi=120)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--every", type=int, default=4, help="iterations between checkpoints")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs/torch-loop")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/img/torch-loop-loss.png")
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    experiment = results.start("torch_loop_loss", argv)
     faulty = run(args.runs / "faulty", args.iterations, args.every, "exclude", FAULT)
     healthy = run(args.runs / "healthy", args.iterations, args.every, "none", "[]")
     if faulty["mitigation"]["restarts"] != 1:
@@ -93,6 +92,13 @@ def main() -> int:
     again = json.loads((args.runs / "faulty/segment1/summary.json").read_text())
     plot(faulty, again, healthy, args.out)
     print(f"wrote {args.out}")
+    recorded = experiment.record(
+        {"iterations": args.iterations, "checkpoint_every": args.every, "fault": FAULT,
+         "figure": results.shown(args.out), "mitigation": faulty["mitigation"],
+         "loss": {"faulty": faulty["loss_per_iteration"],
+                  "faulty_segment1": again["loss_per_iteration"],
+                  "healthy": healthy["loss_per_iteration"]}}, args.results_dir)
+    print(f"wrote {recorded}")
     return 0
 
 

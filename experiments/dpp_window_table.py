@@ -2,13 +2,14 @@
 bandwidth demand and peak memory for 1F1B, interleaved, DFC, BFC and adaptive
 over four simulated scenarios, then the ratios the slides quote.
 
-    .venv/bin/python paper_figs/dpp_window_table.py [--memory-gb 80]
+    .venv/bin/python -m experiments.dpp_window_table [--memory-gb 80]
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from experiments import results
 from megatronapp.scenario.config import read_scenario_data
 from megatronapp.dpp.cli import COMPARED, compare, format_table
 
@@ -30,19 +31,24 @@ def gains(rows: dict, schedule: str) -> str:
             f"iteration time {pct('iteration_ms'):+.1f}%")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory-gb", type=float, default=80.0, help="GPU memory (default 80)")
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    run, tables = results.start("dpp_window_table", argv), {}
     root = Path(__file__).resolve().parents[1] / "scenarios"
     for name in SCENARIOS:
         data = read_scenario_data(root / f"{name}.yaml")
         data["name"] = name
         rows = compare(data, COMPARED, [f"cluster.gpu.memory_gb={args.memory_gb}"], progress=True)
+        tables[name] = rows
         print(format_table(rows, f"{name} ({args.memory_gb:g} GB per GPU)"))
         for schedule in ("bfc", "adaptive"):
             print(gains(rows, schedule))
         print()
+    recorded = run.record({"memory_gb": args.memory_gb, "scenarios": tables}, args.results_dir)
+    print(f"wrote {recorded}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ simulated end to end (``--goodput-gpus``) or estimated from measured
 iteration times with the loop's accounting (``--estimate-gpus``,
 ``LoopEstimate``), with the restart cost at which the loop breaks even.
 
-    .venv/bin/python paper_figs/online_table.py [--gpus 16,1024] [--seeds 20]
+    .venv/bin/python -m experiments.online_table [--gpus 16,1024] [--seeds 20]
         [--healthy-seeds 50] [--healthy-iterations 40] [--goodput-gpus 16]
         [--kinds throttle,slow_link] [--factors 1.5] [--healthy-only] [--healthy-first-seed 0]
         [--estimate-gpus 1024,12288]
@@ -30,12 +30,12 @@ restart costing 20 iterations' time, against the same job with the loop off.
 Every run is the compiled engine (static schedules).
 
 Torch rows (``--backend torch``): real runs on this machine, see
-``torch_table``; kept under paper_figs/out/online_torch/ and scored again
+``torch_table``; kept under runs/online_torch/ and scored again
 with ``--replay``; each compute op judged by its time on the device (wall
 time less its wait to run). ``--realized``: the factor the throttle realized,
 on device and wall time (``realized_line``).
 
-    .venv/bin/python paper_figs/online_table.py --backend torch [--ranks 4]
+    .venv/bin/python -m experiments.online_table --backend torch [--ranks 4]
         [--seeds 20] [--first-seed 0] [--cases throttle-1.5,healthy-0] [--replay]
         [--realized]
 """
@@ -52,24 +52,24 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
-
-from megatronapp.io.outdirs import staged_dir  # noqa: E402
-from megatronapp.mitigate.loop import close_loop  # noqa: E402
-from megatronapp.mitigate.plan import global_batch  # noqa: E402
-from megatronapp.run.write import write_run  # noqa: E402
-from megatronapp.scan.online.live import on_device, scan_for  # noqa: E402
-from megatronapp.scan.online.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,  # noqa: E402
+from experiments import results
+from megatronapp.io.outdirs import staged_dir
+from megatronapp.mitigate.loop import close_loop
+from megatronapp.mitigate.plan import global_batch
+from megatronapp.run.write import write_run
+from megatronapp.scan.online.live import on_device, scan_for
+from megatronapp.scan.online.online import (SIMULATED, Detection, OnlineConfig, OnlineScan,
                                      iterations_of)
-from megatronapp.scan.align.table import COMPUTE_KIND  # noqa: E402
-from megatronapp.scan.eval.trials import REAL_P2P_S  # noqa: E402
-from megatronapp.scan.ingest.work import scenario_of_run  # noqa: E402
-from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario  # noqa: E402
-from megatronapp.trace.columns import EventColumns, TableSource, source_of  # noqa: E402
-from megatronapp.trace.store import TRACE_FILE, read_columns  # noqa: E402
-from megatronapp.trace.summary import run_iteration_times  # noqa: E402
-from sim import simulate  # noqa: E402
+from megatronapp.scan.align.table import COMPUTE_KIND
+from megatronapp.scan.eval.trials import REAL_P2P_S
+from megatronapp.scan.ingest.work import scenario_of_run
+from megatronapp.scenario.config import Scenario, load_scenario, parse_scenario
+from megatronapp.trace.columns import EventColumns, TableSource, source_of
+from megatronapp.trace.store import TRACE_FILE, read_columns
+from megatronapp.trace.summary import run_iteration_times
+from sim import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -344,7 +344,7 @@ TORCH_CASES = (("throttle", 1.2), ("throttle", 1.3), ("throttle", 1.5),
 TORCH_ITERATIONS = 20
 TORCH_ONSET_S = 0.4
 TORCH_THROTTLED = 1
-TORCH_OUT = ROOT / "paper_figs" / "out" / "online_torch"
+TORCH_OUT = ROOT / "runs" / "online_torch"
 
 
 def torch_scenario(ranks: int, kind: str, severity: float, seed: int) -> Scenario:
@@ -498,7 +498,8 @@ def realized_line(ranks: int, kind: str, severity: float, seeds: range) -> str:
 
 
 def torch_table(ranks: int, seeds: range, replay: bool, config: OnlineConfig | None,
-                cases: tuple[tuple[str, float], ...] = TORCH_CASES) -> None:
+                cases: tuple[tuple[str, float], ...] = TORCH_CASES,
+                show: Callable[[str], None] = print) -> None:
     """Run (unless ``replay``) and score ``cases``' seeds, round-robin over the
     cases so that load drifts hit them alike; then print the table of kept runs."""
     if not replay:
@@ -508,17 +509,17 @@ def torch_table(ranks: int, seeds: range, replay: bool, config: OnlineConfig | N
                 if not out.is_dir():
                     keep_torch_run(torch_scenario(ranks, kind, severity, seed), out)
                     print(f"kept {out}", file=sys.stderr, flush=True)
-    print("| ranks | fault | runs | latency median | latency worst | named within 5 | named "
-          "| wrong names | right after 20 iterations | load (1-min) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    show("| ranks | fault | runs | latency median | latency worst | named within 5 | named "
+         "| wrong names | right after 20 iterations | load (1-min) |")
+    show("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for kind, severity in cases:
         kept = [torch_run_dir(ranks, kind, severity, seed) for seed in seeds]
         trials = [score_torch_run(d, kind, ranks, config) for d in kept if d.is_dir()]
         if trials:
-            print(torch_row(ranks, kind, severity, trials), flush=True)
+            show(torch_row(ranks, kind, severity, trials))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("sim", "torch"), default="sim")
     ap.add_argument("--ranks", type=int, choices=(4, 8), default=4)
@@ -542,24 +543,36 @@ def main() -> None:
     ap.add_argument("--factors", default="", help="only these severities (e.g. 1.5)")
     ap.add_argument("--estimate-gpus", default="", help="sizes whose goodput is estimated "
                     "from measured iteration times (LoopEstimate) after the table")
-    args = ap.parse_args()
+    results.results_dir_option(ap)
+    args = ap.parse_args(argv)
+    keys = args.cases.split(",")
+    unknown = set(keys) - {torch_case_key(*c) for c in TORCH_CASES}
+    if args.backend == "torch" and unknown:
+        print(f"online_table.py: --cases: no case {sorted(unknown)[0]}", file=sys.stderr)
+        raise SystemExit(2)
+    experiment, show, realized = results.start("online_table", argv), results.Printed(), []
     if args.backend == "torch":
         config = None if args.confirm is None else OnlineConfig(confirm=args.confirm)
-        keys = args.cases.split(",")
-        unknown = set(keys) - {torch_case_key(*c) for c in TORCH_CASES}
-        if unknown:
-            print(f"online_table.py: --cases: no case {sorted(unknown)[0]}", file=sys.stderr)
-            raise SystemExit(2)
         seeds = range(args.first_seed, args.first_seed + args.seeds)
         picked = tuple(c for c in TORCH_CASES if torch_case_key(*c) in keys)
-        torch_table(args.ranks, seeds, args.replay, config, picked)
+        torch_table(args.ranks, seeds, args.replay, config, picked, show)
         if args.realized:
-            for kind, severity in picked:
-                print(realized_line(args.ranks, kind, severity, seeds))
-        return
-    print("| GPUs | fault | latency median | latency worst | named | false alarms "
-          "| goodput off (tokens/s) | goodput on | break-even restart s |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+            realized = [realized_line(args.ranks, kind, severity, seeds)
+                        for kind, severity in picked]
+            print("\n".join(realized))
+    else:
+        sim_table(args, show)
+    parameters = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    recorded = experiment.record_part(args.backend, {"args": parameters, "cells": show.cells(),
+                                                     "realized": realized}, args.results_dir)
+    print(f"wrote {recorded}")
+
+
+def sim_table(args: argparse.Namespace, show: Callable[[str], None]) -> None:
+    """The simulated rows: detection, false alarms and goodput per job size."""
+    show("| GPUs | fault | latency median | latency worst | named | false alarms "
+         "| goodput off (tokens/s) | goodput on | break-even restart s |")
+    show("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     estimates: list[tuple[int, str, float, LoopEstimate]] = []
     for gpus in [int(g) for g in args.gpus.split(",")]:
         job = JOBS[gpus]
@@ -568,37 +581,38 @@ def main() -> None:
                  and (not args.factors or f in [float(x) for x in args.factors.split(",")])]
         for kind, factor in () if args.healthy_only else cases:
             seeds = range(args.seeds)
-            results = [trial(job, kind, factor, seed, period) for seed in seeds]
-            named = [r[0] for r in results if r[0] is not None]
+            outcomes = [trial(job, kind, factor, seed, period) for seed in seeds]
+            named = [r[0] for r in outcomes if r[0] is not None]
             if named and str(gpus) in args.estimate_gpus.split(","):
                 estimates.append((gpus, kind, factor, loop_estimate(
                     job, kind, factor, int(statistics.median(named)))))
             off, on, even = goodput(job, kind, factor, period) \
                 if str(gpus) in args.goodput_gpus.split(",") else (None, None, None)
-            print(f"| {gpus:,} | {kind} {factor:g}x "
-                  f"| {statistics.median(named) if named else '-'} "
-                  f"| {max(named) if len(named) == len(results) else 'missed'} "
-                  f"| {len(named)}/{len(results)} | {sum(r[1] for r in results)} "
-                  f"| {'-' if off is None else f'{off:,.0f}'} "
-                  f"| {'-' if on is None else f'{on:,.0f}'} "
-                  f"| {'-' if even is None else f'{even:.2f}'} |", flush=True)
+            show(f"| {gpus:,} | {kind} {factor:g}x "
+                 f"| {statistics.median(named) if named else '-'} "
+                 f"| {max(named) if len(named) == len(outcomes) else 'missed'} "
+                 f"| {len(named)}/{len(outcomes)} | {sum(r[1] for r in outcomes)} "
+                 f"| {'-' if off is None else f'{off:,.0f}'} "
+                 f"| {'-' if on is None else f'{on:,.0f}'} "
+                 f"| {'-' if even is None else f'{even:.2f}'} |")
         if args.healthy_seeds == 0:
             continue
         if not job.jitter:  # every seed is the same run, every iteration the same
             verdicts, iterations = healthy_false_alarms(job, 1, args.healthy_iterations)
-            print(deterministic_false_alarm_row(gpus, verdicts, iterations), flush=True)
+            show(deterministic_false_alarm_row(gpus, verdicts, iterations))
             continue
         verdicts, iterations = healthy_false_alarms(job, args.healthy_seeds,
                                                     args.healthy_iterations,
                                                     args.healthy_first_seed)
-        print(false_alarm_row(gpus, verdicts, iterations), flush=True)
+        show(false_alarm_row(gpus, verdicts, iterations))
 
     if estimates:
-        print("\n| GPUs | fault | healthy s/iteration | faulty s/iteration | verdict at "
-              "| goodput off (tokens/s) | goodput on | restart s | break-even restart s |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        print()
+        show("| GPUs | fault | healthy s/iteration | faulty s/iteration | verdict at "
+             "| goodput off (tokens/s) | goodput on | restart s | break-even restart s |")
+        show("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for row in estimates:
-            print(estimate_row(*row), flush=True)
+            show(estimate_row(*row))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ previous token, ...), beside the first-token (sink) mass, the mass on
 earlier occurrences of the query's own character, the mean largest weight
 and the entropy.
 
-    python paper_figs/scope_heads.py runs/scope_tiny [--windows 32]
+    python -m experiments.scope_heads runs/scope_tiny [--windows 32]
 """
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from backends.torch.scope_generate import Probe, build_model, local_scenario, one_rank  # noqa: E402
-from backends.torch.megatron_compat import causal_mask  # noqa: E402
-from backends.torch.worker import quiet_megatron_warnings  # noqa: E402
-from megatronapp.scenario.checkpoint import read_checkpoint  # noqa: E402
-from megatronapp.scenario.data import read_text  # noqa: E402
-from megatronapp.scenario.scope_spec import Scope  # noqa: E402
+from backends.torch.scope_generate import Probe, build_model, local_scenario, one_rank
+from backends.torch.megatron_compat import causal_mask
+from backends.torch.worker import quiet_megatron_warnings
+from experiments import results
+from megatronapp.scenario.checkpoint import read_checkpoint
+from megatronapp.scenario.data import read_text
+from megatronapp.scenario.scope_spec import Scope
 
 OFFSETS = 4
 
@@ -64,12 +63,14 @@ def head_table(ckpt_dir: Path, windows: int, seed: int) -> list[dict[str, float]
     return table
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a checkpoint directory or a run directory holding one")
     parser.add_argument("--windows", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    run = results.start("scope_heads", argv)
     quiet_megatron_warnings()
     path = Path(args.checkpoint)
     path = path / "checkpoint" if (path / "checkpoint").is_dir() else path
@@ -87,6 +88,10 @@ def main() -> int:
         print(f"| {r['layer']} | {r['head']} | " + " | ".join(f"{v:.3f}" for v in offs)
               + f" | {r['sink']:.3f} | {r['same_char']:.3f} | {r['max_weight']:.3f} | "
               f"{r['entropy']:.2f} | {looks} |")
+    heads = [{k: v if isinstance(v, int) else float(v) for k, v in r.items()} for r in table]
+    recorded = run.record({"checkpoint": results.shown(path), "windows": args.windows,
+                           "seed": args.seed, "heads": heads}, args.results_dir)
+    print(f"wrote {recorded}")
     return 0
 
 

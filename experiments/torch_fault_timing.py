@@ -7,15 +7,16 @@ asked for (``injected_s`` in the trace) and the CPU seconds of all ranks stand
 beside the wall times. The tests check the injected seconds exactly; these
 ratios are measurements, not assertions.
 
-    .venv/bin/python paper_figs/torch_fault_timing.py
+    .venv/bin/python -m experiments.torch_fault_timing
 """
 from __future__ import annotations
 
 import resource
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from backends.torch.interpreter import INJECTED
+from experiments import results
 from backends.torch.launch import spawn_run
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.trace.events import Event
@@ -37,7 +38,7 @@ def scenario(parallel: dict[str, int], fault: dict[str, Any]) -> Scenario:
                            "model": TINY, "costs": {"p2p_s": 0.05}, "faults": [fault]})
 
 
-def op_seconds(events: dict[int, list[Event]], ranks: tuple[int, ...],
+def op_seconds(events: Mapping[int, list[Event]], ranks: tuple[int, ...],
                kind: str) -> tuple[float, float]:
     """(wall seconds, injected seconds) of ``kind`` ops on ``ranks`` (receives for p2p)."""
     ops = [e for r in ranks for e in events[r] if e.args["kind"] == kind
@@ -50,7 +51,11 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    options = results.parser("torch_fault_timing", __doc__)
+    results.results_dir_option(options)
+    args = options.parse_args(argv)
+    experiment, rows = results.start("torch_fault_timing", argv), []
     print("| fault | faulty ops s | healthy ops s | ratio | injected s | run wall s "
           "| ranks' CPU s |")
     print("|---|---|---|---|---|---|---|")
@@ -60,8 +65,11 @@ def main() -> None:
         wall, cpu = time.perf_counter() - wall0, children_cpu_s() - cpu0
         bad, injected = op_seconds(run.events, faulty, kind)
         good, _ = op_seconds(run.events, healthy, kind)
+        rows.append({"fault": label, "parallel": parallel, "spec": fault, "faulty_ops_s": bad,
+                     "healthy_ops_s": good, "injected_s": injected, "wall_s": wall, "cpu_s": cpu})
         print(f"| {label} | {bad:.3f} | {good:.3f} | {bad / good:.2f} | {injected:.3f} | "
               f"{wall:.1f} | {cpu:.1f} |")
+    print(f"wrote {experiment.record({'rows': rows}, args.results_dir)}")
 
 
 if __name__ == "__main__":

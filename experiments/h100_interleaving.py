@@ -40,11 +40,11 @@ against the whole GEMM; and its reduce-scatter and bulk overlaps take 16 of
 the GPU's SMs while they run (six per layer, forward and backward), here as
 that share of the SMs over the overlapped time, a share of the layer.
 
-    python paper_figs/h100_interleaving.py [--only 70B,177B]
-    python paper_figs/h100_interleaving.py --strong-scaling
-    python paper_figs/h100_interleaving.py --gathers [--only 32B]
-    python paper_figs/h100_interleaving.py --matching-factor
-    python paper_figs/h100_interleaving.py --te-overlap
+    python -m experiments.h100_interleaving [--only 70B,177B]
+    python -m experiments.h100_interleaving --strong-scaling
+    python -m experiments.h100_interleaving --gathers [--only 32B]
+    python -m experiments.h100_interleaving --matching-factor
+    python -m experiments.h100_interleaving --te-overlap
 """
 from __future__ import annotations
 
@@ -56,22 +56,22 @@ from typing import Callable
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
-
-from megatronapp.costs.gemm import GemmShape, rank_layer_shapes  # noqa: E402
-from megatronapp.costs.per_op import Efficiency, layer_forward_s, stage_costs  # noqa: E402
-from megatronapp.costs.tp_overlap import collective_s  # noqa: E402
-from megatronapp.fidelity.fit import with_settings  # noqa: E402
-from megatronapp.fidelity.predict import predict, steady_state_s  # noqa: E402
-from megatronapp.fidelity.published import (PublishedRun, published_runs,  # noqa: E402
+from experiments import results
+from megatronapp.costs.gemm import GemmShape, rank_layer_shapes
+from megatronapp.costs.per_op import Efficiency, layer_forward_s, stage_costs
+from megatronapp.costs.tp_overlap import collective_s
+from megatronapp.fidelity.fit import with_settings
+from megatronapp.fidelity.predict import predict, steady_state_s
+from megatronapp.fidelity.published import (PublishedRun, published_runs,
                                             throughput_error)
-from megatronapp.scenario.config import Scenario  # noqa: E402
-from megatronapp.scenario.devices import DEVICES  # noqa: E402
-from megatronapp.trace.columns import KINDS, source_of  # noqa: E402
-from megatronapp.trace.summary import run_iteration_times  # noqa: E402
-from sim import simulate, simulate_iteration_times  # noqa: E402
+from megatronapp.scenario.config import Scenario
+from megatronapp.scenario.devices import DEVICES
+from megatronapp.trace.columns import KINDS, source_of
+from megatronapp.trace.summary import run_iteration_times
+from sim import simulate, simulate_iteration_times
 
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "h100_interleaving"
 SOURCE = "Megatron-LM README"
 STRONG_ROW = "177B"
 # GPUs -> published MFU: the README's text (96 and 4,608 GPUs) and its table (2,304)
@@ -271,13 +271,13 @@ def strong_scaling_lines(run: PublishedRun) -> list[str]:
     return lines
 
 
-def print_strong_scaling(runs: list[PublishedRun]) -> None:
+def print_strong_scaling(runs: list[PublishedRun], show: results.Printed) -> None:
     run = next(r for r in runs if r.source.endswith(STRONG_ROW))
-    print("| GPUs | dp | microbatches per replica | published MFU "
-          "| simulated MFU (error) at each vpp (the row's own in bold) |")
-    print("|---:|---:|---:|---:|---|")
+    show("| GPUs | dp | microbatches per replica | published MFU "
+         "| simulated MFU (error) at each vpp (the row's own in bold) |")
+    show("|---:|---:|---:|---:|---|")
     for line in strong_scaling_lines(run):
-        print(line, flush=True)
+        show(line)
 
 
 # each per-row mode: its table's header, and the function that prints a row
@@ -310,12 +310,17 @@ def main(argv: list[str] | None = None) -> int:
                        help="the kernel time factor each row alone would choose instead")
     modes.add_argument("--te-overlap", action="store_true",
                        help="two costs of Transformer Engine's TP overlap, priced, instead")
+    results.results_dir_option(parser)
     args = parser.parse_args(argv)
+    experiment, show = results.start(NAME, argv), results.Printed()
     runs = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
     if args.strong_scaling:
         t0, w0 = time.process_time(), time.perf_counter()
-        print_strong_scaling(runs)
+        print_strong_scaling(runs, show)
         print(f"\n{time.process_time() - t0:.0f} s CPU, {time.perf_counter() - w0:.0f} s wall")
+        recorded = experiment.record_part("strong_scaling", {"cells": show.cells()},
+                                          args.results_dir)
+        print(f"wrote {recorded}")
         return 0
     wanted = [w.strip() for w in args.only.split(",") if w.strip()]
     known = {row_name(r) for r in runs}
@@ -326,11 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     t0, w0 = time.process_time(), time.perf_counter()
     mode = next((m for m in ROW_MODES if getattr(args, m, False)), "splits")
     header, line = ROW_MODES[mode]
-    print(header)
+    show(header)
     for run in runs:
-        print(line(run), flush=True)
+        show(line(run))
     print(f"\n{len(runs)} rows: {time.process_time() - t0:.0f} s CPU, "
           f"{time.perf_counter() - w0:.0f} s wall")
+    recorded = experiment.record_part(mode, {"only": wanted, "cells": show.cells()},
+                                      args.results_dir)
+    print(f"wrote {recorded}")
     return 0
 
 

@@ -2,14 +2,14 @@
 member, beside the constants ``megatronapp.host.limits.CostModel`` uses to refuse
 jobs up front. Rerun after making the simulator faster and update the model.
 
-    .venv/bin/python paper_figs/limits_calibration.py
+    .venv/bin/python -m experiments.limits_calibration
 
 Each row is one ``megatronapp run --no-limits`` in a subprocess: peak RSS and
 CPU time from ``getrusage`` (wall time beside it: on a loaded machine CPU
 time is the better measure), events and group members counted in its trace.
 Slopes are taken between rows that differ in one dimension.
 
-    .venv/bin/python paper_figs/limits_calibration.py --scan
+    .venv/bin/python -m experiments.limits_calibration --scan
 
 measures the commands that read a trace (``detect``, ``analyze``, ``align``,
 ``plot``, ``export-trace``) on runs of a few sizes the same way: per stored
@@ -23,12 +23,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from experiments import results
+from megatronapp.host.limits import COSTS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from megatronapp.host.limits import COSTS  # noqa: E402
-
 BASE = {"iterations": 2, "model": {"layers": 8, "hidden": 256, "heads": 4, "seq_len": 256,
                                     "vocab": 1024}}
 SHAPES = {  # name -> parallel section; pairs differ in events (m) or in group members (dp)
@@ -66,7 +66,7 @@ def slope(a: dict, b: dict, key: str, per: str, minus: float = 0.0) -> float:
     return rest / max(1.0, b[per] - a[per])
 
 
-def main() -> None:
+def run_main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         rows = {name: measure(name, p, Path(tmp)) for name, p in SHAPES.items()}
     print(f"{'run':<8}{'events':>10}{'group members':>15}{'cpu s':>9}{'wall s':>9}"
@@ -87,6 +87,7 @@ def main() -> None:
           f"   model {COSTS.seconds_per_group_entry * 1e6:.2f} us")
     print(f"  bytes per group member   {slope(*gr, 'rss', 'group', per_event_b):8.1f} B    "
           f"model {COSTS.bytes_per_group_entry:.1f} B")
+    return {"base": BASE, "shapes": SHAPES, "rows": rows}
 
 
 # ------------------------------------------------ commands that read a trace
@@ -134,7 +135,7 @@ def scan_rows(work: Path) -> list[dict[str, float | str]]:
     return rows
 
 
-def scan_main() -> None:
+def scan_main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         rows = scan_rows(Path(tmp))
     print(f"{'command':<14}{'run':<6}{'events':>9}{'JSON MB':>9}{'cpu s':>8}{'peak RSS MB':>13}")
@@ -160,6 +161,19 @@ def scan_main() -> None:
                            ("plot", COSTS.plot))))
     print(f"  JSON: {COSTS.json_bytes_per_event:.0f} B per event, "
           f"{COSTS.json_memory_per_byte:.1f} B of memory per byte parsed")
+    return {"base": BASE, "shapes": SCAN_SHAPES, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = results.parser("limits_calibration", __doc__)
+    options.add_argument("--scan", action="store_true",
+                         help="the commands that read a trace, not `megatronapp run`")
+    results.results_dir_option(options)
+    args = options.parse_args(argv)
+    experiment = results.start("limits_calibration", argv)
+    part, data = ("scan", scan_main()) if args.scan else ("run", run_main())
+    print(f"wrote {experiment.record_part(part, data, args.results_dir)}")
+
 
 if __name__ == "__main__":
-    scan_main() if "--scan" in sys.argv[1:] else main()
+    main()

@@ -1,7 +1,7 @@
 """Regenerate the MegaScope view's screenshots in docs/img.
 
-    python paper_figs/screenshots.py                          # the followed training view
-    python paper_figs/screenshots.py --run runs/scope_tiny    # and the nine views of a trained run
+    python -m experiments.screenshots                          # the followed training view
+    python -m experiments.screenshots --run runs/scope_tiny    # and the nine views of a trained run
 
 The followed training view is a run written step by step into
 /tmp/megatronapp-docs/runs/follow (two steps while the page is open), served
@@ -23,12 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.scope_view_support import (ViewServer, follow_next_step, launch_chromium,  # noqa: E402
+from experiments import results
+from tests.scope_view_support import (ViewServer, follow_next_step, launch_chromium,
                                       open_training_view, start_followed_run)
 
+ROOT = Path(__file__).resolve().parents[1]
 WORKDIR = Path("/tmp/megatronapp-docs")
 FOLLOWED = Path("runs/follow")
 FOLLOW_VIEWPORT = {"width": 1400, "height": 1100}
@@ -61,17 +60,24 @@ def browser_screenshots(run: Path, out: Path) -> None:
                     "-p", "no:xdist", "-q"], cwd=ROOT, env=env, check=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     parser.add_argument("--run", type=Path, help="a trained scope_tiny run, relative to the "
                         "repository; without it only the followed view is regenerated")
-    args = parser.parse_args()
-    out = args.out.resolve()
+    results.results_dir_option(parser)
+    args = parser.parse_args(argv)
+    run, out = results.start("screenshots", argv), args.out.resolve()
+    before = {p: p.stat().st_mtime_ns for p in out.glob("*.png")}
     print(f"wrote {follow_screenshot(out)}")
     if args.run is not None:
         browser_screenshots(args.run, out)
         print(f"wrote the browser test's screenshots into {out}")
+    written = sorted(results.shown(p) for p in out.glob("*.png")
+                     if before.get(p) != p.stat().st_mtime_ns)
+    recorded = run.record({"run": None if args.run is None else results.shown(args.run),
+                           "screenshots": written}, args.results_dir)
+    print(f"wrote {recorded}")
 
 
 if __name__ == "__main__":

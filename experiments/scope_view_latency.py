@@ -9,9 +9,9 @@ clock when the step was decoded to the animation frame after the page drew
 it (same machine, same clock), the page's drawing time, and the server's
 wall and CPU time (its decoding thread) to decode and encode the step.
 
-    python paper_figs/scope_view_latency.py [--run runs/scope_tiny] [--tokens 60]
+    python -m experiments.scope_view_latency [--run runs/scope_tiny] [--tokens 60]
 
-Prints a markdown table and writes paper_figs/out/scope_view_latency.json.
+Prints a markdown table and writes runs/scope_view_latency.json.
 """
 from __future__ import annotations
 
@@ -20,17 +20,15 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from experiments import results as results_file
+from tests.scope_view_support import ViewServer, launch_chromium, make_run
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.scope_view_support import ViewServer, launch_chromium, make_run  # noqa: E402
-
 SCOPE_TINY = {"layers": 2, "hidden": 128, "heads": 4, "seq_len": 64, "vocab": 96}
 
 
@@ -58,13 +56,15 @@ def summary(arm: str, rows: list[dict[str, float]]) -> dict[str, Any]:
             "server_cpu_median_ms": 1000 * statistics.median(r["decode_cpu_s"] for r in rows)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", help="a run directory with a checkpoint (default: an untrained "
                     "model of the tiny model's size)")
     ap.add_argument("--tokens", type=int, default=60)
     ap.add_argument("--prompt", default="The return statement")
-    args = ap.parse_args()
+    results_file.results_dir_option(ap)
+    args = ap.parse_args(argv)
+    experiment = results_file.start("scope_view_latency", argv)
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,12 +99,13 @@ def main() -> None:
               f"{r['latency_p90_ms']:.1f} | {r['latency_max_ms']:.1f} | "
               f"{r['render_median_ms']:.1f} | {r['server_wall_median_ms']:.1f} | "
               f"{r['server_cpu_median_ms']:.1f} |")
-    out = ROOT / "paper_figs" / "out"
+    out = ROOT / "runs"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scope_view_latency.json").write_text(json.dumps(
-        {"machine": {"cores": os.cpu_count(), "load": load}, "run": args.run,
-         "results": results}, indent=1))
+    data = {"machine": {"cores": os.cpu_count(), "load": load}, "run": args.run,
+            "tokens": args.tokens, "prompt": args.prompt, "results": results}
+    (out / "scope_view_latency.json").write_text(json.dumps(data, indent=1))
     print(f"\nwrote {out / 'scope_view_latency.json'}")
+    print(f"wrote {experiment.record(data, args.results_dir)}")
 
 
 if __name__ == "__main__":
