@@ -1,4 +1,4 @@
-"""``paper_figs/online_table.py``: the false-alarm rate's upper bound, and how
+"""``experiments/online_table.py``: the false-alarm rate's upper bound, and how
 a kept torch run is scored. The scored runs here are simulated (the same
 scenario, a run directory like a torch run's) so that the fault's timing is
 known; the table's own runs are real."""
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from paper_figs import online_table as table
+from experiments import online_table as table
+from experiments.results import read
 from megatronapp.scenario.config import Scenario
 from sim import simulate
 
@@ -50,7 +51,7 @@ def test_naming_the_throttled_rank_before_its_onset_is_a_false_alarm(tmp_path: P
 
 @given(exposure=st.floats(1.0, 1e6))
 def test_no_event_bounds_the_rate_by_ln_20_over_the_exposure(exposure: float) -> None:
-    from paper_figs.online_table import poisson_upper
+    from experiments.online_table import poisson_upper
 
     assert poisson_upper(0, exposure) == pytest.approx(math.log(20) / exposure, rel=1e-9)
 
@@ -58,7 +59,7 @@ def test_no_event_bounds_the_rate_by_ln_20_over_the_exposure(exposure: float) ->
 @given(count=st.integers(0, 30), exposure=st.floats(10.0, 1e5))
 def test_at_the_bound_seeing_as_few_events_has_probability_one_in_twenty(
         count: int, exposure: float) -> None:
-    from paper_figs.online_table import poisson_upper
+    from experiments.online_table import poisson_upper
 
     mean = poisson_upper(count, exposure) * exposure
     at_most = sum(mean ** k / math.factorial(k) for k in range(count + 1)) * math.exp(-mean)
@@ -104,10 +105,15 @@ def test_cases_picks_the_rows_a_replay_scores(tmp_path: Path, monkeypatch: pytes
         s = table.torch_scenario(4, kind, severity, 0)
         kept(table.torch_run_dir(4, kind, severity, 0).parent, s)
     monkeypatch.setattr("sys.argv", ["online_table.py", "--backend", "torch", "--replay",
-                                     "--seeds", "1", "--cases", "healthy-0"])
+                                     "--seeds", "1", "--cases", "healthy-0",
+                                     "--results-dir", str(tmp_path / "results")])
     table.main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4 ")]
     assert [r.split(" | ")[1] for r in rows] == ["healthy"]
+    # the printed rows are what the results file records, under the backend's part
+    recorded = read("online_table", tmp_path / "results")["data"]["parts"]["torch"]["data"]
+    assert [cells[:2] for cells in recorded["cells"][1:]] == [["4", "healthy"]]
+    assert recorded["args"]["cases"] == "healthy-0"
 
 
 def test_an_unknown_case_is_one_line_and_status_2(monkeypatch: pytest.MonkeyPatch,

@@ -169,6 +169,63 @@ def test_one_rank_group_calls_inside_a_peers_wait_leave_its_group_alone(tmp_path
     assert d.victims == (0,)
 
 
+def ddp_buffers_rank_file(rank: int, stalled: int, iterations: int = 6) -> dict:
+    """Four data-parallel ranks whose module has buffers, as DDP runs it by
+    default (``broadcast_buffers``): each of two forwards first broadcasts
+    rank 0's buffers. ``stalled`` sleeps 20 ms in each optimizer step, so
+    every rank but it waits for it in the next iteration's first broadcast;
+    the second broadcast's root sends and leaves before the others arrive,
+    so half of a rank's broadcast calls overlap no call of the root's."""
+    pid, events = 7000 + rank, kineto_meta(7000 + rank)
+    start, fwd, stall = 1000.0, 3000.0, 20000.0
+    for it in range(iterations):
+        t = start if rank == stalled or it == 0 else start - stall  # the others came early
+        arrive_all = start  # the stalled rank's arrival ends the first broadcast
+        for b in range(2):
+            lane = 31 + b
+            if b == 0:
+                run_from, run_to = t + 5, arrive_all + 40 + rank
+            else:  # the root is ahead: it sends and leaves, the others take it
+                run_from = t + 5 + (0 if rank == 0 else 300)
+                run_to = run_from + 30
+            events += [kineto_event("c10d::broadcast_", "cpu_op", pid, pid, t, 3.0),
+                       kineto_event("gloo:broadcast", "user_annotation", pid, lane, run_from,
+                                    run_to - run_from)]
+            t = run_to + 10
+            events.append(kineto_event("aten::mm", "cpu_op", pid, pid, t, fwd))
+            t += fwd + 10
+        events.append(kineto_event("aten::mm", "cpu_op", pid, pid, t, 2 * fwd))
+        t += 2 * fwd + 10
+        done = arrive_all + 4 * fwd + 1000 + 10 * rank  # after the last arrives
+        events += [kineto_event("c10d::allreduce_", "cpu_op", pid, pid, t, 20.0),
+                   kineto_event("gloo:all_reduce", "user_annotation", pid, 33, t + 5, done - t - 5)]
+        step = stall if rank == stalled else 100.0
+        events.append(kineto_event("Optimizer.step#SGD.step", "user_annotation", pid, pid,
+                                   done + 10, step))
+        events.append(kineto_event(f"ProfilerStep#{it}", "user_annotation", pid, pid,
+                                   start if it == 0 or rank == stalled else start - stall,
+                                   done + step + 20 - (start if it == 0 or rank == stalled
+                                                       else start - stall)))
+        start = done + stall + 20 + 5 * rank
+    return {"schemaVersion": 1, "baseTimeNanoseconds": KINETO_BASE_NS, "traceEvents": events,
+            "host_name": "node0",
+            "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 4, "pg_config": [
+                {"pg_name": "0", "pg_desc": "default_pg", "pg_size": 4, "ranks": [0, 1, 2, 3]}]}}
+
+
+def test_ddp_buffer_broadcasts_are_collectives_and_a_stalled_step_is_named(tmp_path):
+    """A broadcast's root need not meet the others in time, so its calls are
+    grouped by count (each member calls it as often): the ranks that waited
+    for the stalled one in a broadcast waited for it, and it is named."""
+    files = {r: ddp_buffers_rank_file(r, stalled=2) for r in range(4)}
+    job = load_kineto(kineto_files(write_kineto(tmp_path, files)))
+    for evs in job.events.values():
+        casts = [e for e in evs if e.name.endswith("broadcast")]
+        assert len(casts) == 12 and all(e.args.get("group") == [0, 1, 2, 3] for e in casts)
+    d = megascan(load_scan_input(tmp_path))
+    assert [(c.rank, c.kind) for c in d.root_causes][:1] == [(2, "compute")]
+
+
 @pytest.mark.parametrize("edit, fragment", [
     (lambda d: d["traceEvents"].append({"ph": "X", "name": "k", "cat": "kernel", "pid": 0,
                                         "tid": 7, "ts": float("nan"), "dur": 1}),

@@ -65,7 +65,7 @@ def test_without_jitter_a_throttle_late_in_its_onset_iteration_is_named_within_3
             "cluster.jitter={compute_sigma: 0, link_sigma: 0}"])
     period = statistics.mean(run_iteration_times(simulate(job(2, "[]"))))
     start_s = (2 + into_iteration) * period
-    s = job(8, f"[{{kind: throttle, rank: {THROTTLED}, factor: 1.2, start_s: {start_s}}}]")
+    s = job(8, f"[{{kind: throttle, rank: {THROTTLED}, factor: 1.3, start_s: {start_s}}}]")
     latencies = {}
     for window, config in (("two", OnlineConfig(window=2)), ("simulated", SIMULATED)):
         scan, iterations = fed(s, config)

@@ -3,8 +3,12 @@ named only where every matching of sends to receives that fits their timing
 and the job's profiler steps gives the same one."""
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -244,3 +248,25 @@ def test_a_named_peer_is_the_true_one_when_threads_interleave_differently(job):
     named = {frozenset((op.rank, f)) for op, f in (*zip(sends, found_sends),
                                                    *zip(recvs, found_recvs)) if f is not None}
     assert named <= used
+
+
+PEERS_DIGEST = """
+import hashlib, sys
+import numpy as np
+from pathlib import Path
+from megatronapp.scan.align.inputs import load_scan_input
+cols = load_scan_input(Path(sys.argv[1])).cols
+print(hashlib.sha256(np.ascontiguousarray(cols.peer).tobytes()
+                     + np.ascontiguousarray(cols.role).tobytes()).hexdigest())
+"""
+
+
+def test_the_peers_read_do_not_change_with_the_string_hash_seed() -> None:
+    """An interleaved pipeline's transfers, read without peers, are paired
+    alike in every process (they were once paired by a set's order)."""
+    run = Path(__file__).parent / "data" / "heldout2" / "interleaved_pipeline-healthy-0"
+    digests = {subprocess.run([sys.executable, "-c", PEERS_DIGEST, str(run)], check=True,
+                              capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+               for seed in (1, 2, 3)}
+    assert len(digests) == 1

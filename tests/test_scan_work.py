@@ -44,6 +44,28 @@ def test_modelled_work_is_the_cost_model_per_op_name():
     assert work[PP - 1]["forward"] > 1.5 * work[1]["forward"]  # what raw durations would blame
 
 
+@pytest.mark.parametrize("schedule, vpp, tp, dp", [("1f1b", 1, 2, 3), ("interleaved", 2, 2, 2),
+                                                   ("gpipe", 1, 1, 4), ("dfc", 2, 4, 1)])
+def test_each_rank_models_the_work_of_its_own_program(schedule, vpp, tp, dp):
+    """A rank's work is worked out from its stage's program once; it is what
+    recording that rank's own program gives."""
+    from megatronapp.program.ranks import static_compute_ops
+
+    s = parse_scenario({
+        "schedule": schedule, "parallel": {"tp": tp, "pp": 2, "dp": dp, "vpp": vpp,
+                                           "microbatches": 4},
+        "model": {"layers": 4 * vpp, "hidden": 256, "heads": 4, "seq_len": 128,
+                  "vocab": 51200}})
+    ranks = range(s.world_size + 1)  # one past the job: no work
+    every = static_compute_ops(s)
+    expected = {r: {} for r in every}
+    for r, ops in every.items():
+        for name in {op.name for op in ops if op.cost_s > 0}:
+            costs = [op.cost_s for op in ops if op.name == name and op.cost_s > 0]
+            expected[r][name] = sum(costs) / len(costs)
+    assert modelled_work(s, ranks) == expected
+
+
 def test_a_healthy_pipeline_with_a_heavy_last_stage_is_healthy():
     s = _pipeline([])
     assert _causes(s) == []

@@ -2,7 +2,7 @@
 them): each writes one torch.profiler trace per rank that megatronapp reads,
 and the slow rank it is asked for really computes more, by its own trace.
 (What MegaScan and its baselines make of these traces is measured by
-``paper_figs/zoo_table.py``, not asserted here.)"""
+``experiments/zoo_table.py``, not asserted here.)"""
 from __future__ import annotations
 
 import json
@@ -111,7 +111,7 @@ def _record(fault: str, realized: float, verdict: str, phantom: list | None = No
 
 
 def test_the_goal_counts_only_slowed_ranks_the_trace_shows_slow_enough():
-    from paper_figs.zoo_table import goal
+    from experiments.zoo_table import goal
 
     records = [_record("rank 1 x2.0", 1.6, "right"), _record("rank 1 x1.5", 1.2, "missed"),
                _record("rank 1 x2.0", 1.5, "missed"), _record("link 1-2 +5 ms", 1.1, "right"),
@@ -121,20 +121,46 @@ def test_the_goal_counts_only_slowed_ranks_the_trace_shows_slow_enough():
         "1 of 1; false alarms 1 of 2 healthy; phantom links in 1 of 6 runs")
 
 
+
+def test_a_table_from_kept_records_is_printed_and_recorded(tmp_path, capsys):
+    from experiments.results import read
+    from experiments.zoo_table import main
+
+    records = [_record("rank 1 x2.0", 1.6, "right"), _record("healthy", 1.1, "false alarm")]
+    kept = tmp_path / "zoo.json"
+    kept.write_text(json.dumps(records))
+    assert main(["--table-from", str(kept), "--methods", "megascan",
+                 "--results-dir", str(tmp_path / "results")]) == 0
+    printed = capsys.readouterr().out
+    data = read("zoo_table", tmp_path / "results")["data"]
+    assert data["records"] == records and data["goal"][0] in printed
+    assert [row[:3] for row in data["cells"]] == [["job", "fault", "runs"],
+                                                  ["ddp", "rank 1 x2.0", "1"],
+                                                  ["ddp", "healthy", "1"]]
+    assert [row[4] for row in data["cells"][1:]] == ["right 1", "false alarm 1"]
+
 @pytest.mark.slow
 @pytest.mark.alone  # a throttled stage judged on real timing
 def test_megatron_core_profiled_by_the_torch_backend_names_its_throttled_stage(tmp_path):
     """The zoo's Megatron-core job: ``megatronapp run --backend torch
     --profile`` with the scenario's throttle on a middle stage; ``detect``
-    on its torch.profiler folder (not the run's own trace) names that stage."""
-    from paper_figs import zoo_table
+    on its torch.profiler folder (not the run's own trace) names that stage.
+    Real timing on a shared machine: where a busy neighbour's load makes the
+    first run name something else, the job runs once more from an empty
+    folder, and the failure shows both runs' causes."""
+    from experiments import zoo_table
 
     fault = next(f for f in zoo_table.FAULTS if f.expected and f.factor == 2.0)
-    traces = zoo_table.run_megatron(fault, tmp_path)
-    assert sorted(p.name for p in traces.iterdir()) == [
-        f"rank{r}.pt.trace.json.gz" for r in range(zoo_table.WORLD)]
-    causes = zoo_table.detect(traces, "megascan")["root_causes"]
-    assert (causes[0]["kind"], causes[0]["rank"]) == ("compute", zoo_table.SLOW_RANK)
+    verdicts = []
+    for attempt in ("first", "second"):
+        traces = zoo_table.run_megatron(fault, tmp_path / attempt)
+        assert sorted(p.name for p in traces.iterdir()) == [
+            f"rank{r}.pt.trace.json.gz" for r in range(zoo_table.WORLD)]
+        causes = zoo_table.detect(traces, "megascan")["root_causes"]
+        verdicts.append(causes)
+        if causes and (causes[0]["kind"], causes[0]["rank"]) == ("compute", zoo_table.SLOW_RANK):
+            return
+    pytest.fail(f"rank {zoo_table.SLOW_RANK}'s compute not named first in two runs: {verdicts}")
 
 
 @pytest.mark.slow
@@ -150,7 +176,7 @@ def test_megatron_core_profiled_with_a_slow_link_records_every_send_and_names_th
     loaded machine's delivery noise). Twelve iterations, not the zoo's six:
     a receive posted after the delay ends shows none of it, and on a quiet
     machine six iterations left the link's rank-sum z at its bar of 2."""
-    from paper_figs import zoo_table
+    from experiments import zoo_table
 
     monkeypatch.setattr(zoo_table, "DELAY_MS", 20.0)
     monkeypatch.setattr(zoo_table, "MEGATRON_SCENARIO",
@@ -179,7 +205,7 @@ def test_a_realized_slowdown_compares_only_the_ranks_doing_the_same_work():
 
 
 def test_an_existing_out_file_is_replaced_only_with_force_and_never_an_input(tmp_path, capsys):
-    from paper_figs import zoo_table
+    from experiments import zoo_table
     records, out = tmp_path / "records.json", tmp_path / "zoo.json"
     records.write_text("[]")
     out.write_text("a user's table")
@@ -189,6 +215,8 @@ def test_an_existing_out_file_is_replaced_only_with_force_and_never_an_input(tmp
     assert out.read_text() == "a user's table"
     assert zoo_table.main(["--rescore", str(records), "--out", str(records), "--force"]) == 2
     assert records.read_text() == "[]"
-    assert zoo_table.main(["--rescore", str(records), "--out", str(out), "--force"]) == 0
+    results = tmp_path / "results"  # its record, kept out of the repository's results/
+    assert zoo_table.main(["--rescore", str(records), "--out", str(out), "--force",
+                           "--results-dir", str(results)]) == 0
     assert json.loads(out.read_text()) == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.json", "zoo.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.json", "results", "zoo.json"]

@@ -46,13 +46,13 @@ def steps_hit(every: int, first: int, count: int) -> list[int]:
     return [i for i in range(first, first + count) if clock.hit(i)]
 
 
-# the calls whose work a rank repeats: its matmuls, convolutions and
-# attention (whole: a call's insides are not seen by the mode, so attention
+# the calls whose work a rank repeats: its matmuls, convolutions, attention
+# and LSTMs (whole: a call's insides are not seen by the mode, so attention
 # is repeated with the projections it makes itself)
 REPEATED: frozenset[Callable[..., Any]] = frozenset({
-    F.linear, F.conv1d, F.conv2d, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
+    F.linear, F.conv1d, F.conv2d, F.conv_transpose2d, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
     torch.mm, torch.bmm, torch.addmm, torch.baddbmm, F.scaled_dot_product_attention,
-    F.multi_head_attention_forward})
+    F.multi_head_attention_forward, torch.lstm})
 
 
 class ExtraCalls(TorchFunctionMode):

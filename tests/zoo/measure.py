@@ -75,12 +75,14 @@ def realized_slowdown(seconds: dict[int, float], slow_rank: int | None,
 
 # ---------------------------------------------------------------- per step
 # What one rank's trace says about each of its ProfilerStep#N iterations.
-# Compute: the matmuls above, the convolutions and CPU attention (forward
-# and backward), each counted at one level (``aten::convolution`` holds the
+# Compute: the matmuls above, the convolutions, CPU attention and oneDNN's
+# LSTM layers (forward and backward; a CPU LSTM does its matmuls inside
+# them), each counted at one level (``aten::convolution`` holds the
 # ``aten::_convolution`` that does its work, which is not counted again).
 COMPUTE = MATMULS | {"aten::convolution", "aten::convolution_backward",
                      "aten::_scaled_dot_product_flash_attention_for_cpu",
-                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+                     "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                     "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"}
 STEP_PREFIX = "ProfilerStep#"
 RECV_POST, RECV_WAIT = "c10d::recv_", "gloo:recv"
 

@@ -1,7 +1,10 @@
-"""Record the held-out set: every job of ``tests/zoo_heldout`` run once
-healthy (four times) and once under each fault, its torch.profiler traces
-kept in ``OUT/<run>/`` and what was injected, with what the traces show of
-it, in ``OUT/manifest.json``.
+"""Record a set of real traces: every job of a plan run healthy (a few
+times) and once under each fault, its torch.profiler traces kept in
+``OUT/<run>/`` and what was injected, with what the traces show of it, in
+``OUT/manifest.json``. Run as a module it records the held-out set of
+``tests/zoo_heldout`` (four healthy runs per job); other sets
+(``tests/zoo_heldout2/record.py``, ``experiments.zoo_tuning``) pass their
+own ``Plan`` to ``record`` or ``main``.
 
 Every run: 4 gloo ranks, 4 traced steps (``ProfilerStep#2`` to ``#5``),
 gzipped traces, the job in a network namespace of its own (so shaped links
@@ -14,8 +17,8 @@ not confounded with the faults).
 
     python -m tests.zoo_heldout.record [--out tests/data/heldout] [--resume]
 
-Refuses (status 2) while the jobs or the launcher have uncommitted
-changes: the manifest names the commit that froze them.
+Refuses (status 2) while the jobs, the launcher or this recorder have
+uncommitted changes: the manifest names the commit that froze them.
 """
 from __future__ import annotations
 
@@ -41,10 +44,11 @@ from tests.zoo.measure import (by_rank, calls_per_step, excess_over_peers_ms, he
                                link_waits_ms, median_step_ms, over_peers, run_measures)
 
 ROOT = Path(__file__).resolve().parents[2]
-JOBS_DIR, LAUNCHER_DIR = Path("tests/zoo_heldout"), Path("tests/zoo")
+JOBS_DIR, LAUNCHER_DIR = Path("tests/zoo_heldout"), Path("tests/zoo")  # JOBS_DIR: the recorder
 WORLD, STEPS, FIRST_TRACED = 4, 4, 2  # the launcher skips one step and warms up one
 TRACED = list(range(FIRST_TRACED, FIRST_TRACED + STEPS))
 HEALTHY_RUNS, SHAPES_SHARE, LINK_MS = 4, 1 / 3, (3.0, 10.0)
+SLOWDOWNS = (1.5, 2.0)  # the factors of the runs with one slowed rank
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,29 @@ JOBS = (
 )
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a set records: its jobs (modules of ``jobs_dir``), each run
+    ``healthy`` times and once per fault, a single slowed rank at each of
+    ``slowdowns``; the runs after the first healthy ones in an order
+    shuffled by ``shuffle_seed``; ``shapes_share`` of the fault runs drawn
+    to record shapes (traces with shapes are larger)."""
+    jobs: tuple[Job, ...]
+    jobs_dir: Path
+    healthy: int = HEALTHY_RUNS
+    slowdowns: tuple[float, ...] = SLOWDOWNS
+    shuffle_seed: str = "heldout"
+    shapes_share: float = SHAPES_SHARE  # of the fault runs other than slow links
+
+    def runs(self, job: Job, stall_ms: float) -> list[Run]:
+        """``job``'s healthy runs, then its fault runs."""
+        return (healthy_runs(job, self.healthy)
+                + fault_runs(job, stall_ms, self.slowdowns, self.shapes_share))
+
+
+HELDOUT = Plan(JOBS, JOBS_DIR)
+
+
 @dataclass
 class Run:
     name: str
@@ -92,22 +119,23 @@ class Run:
 
 
 # ------------------------------------------------------------------ the plan
-def healthy_runs(job: Job) -> list[Run]:
+def healthy_runs(job: Job, count: int = HEALTHY_RUNS) -> list[Run]:
     return [Run(f"{job.name}-healthy-{i}", job, record_shapes=i % 2 == 1)
-            for i in range(HEALTHY_RUNS)]
+            for i in range(count)]
 
 
-def fault_runs(job: Job, stall_ms: float) -> list[Run]:
+def fault_runs(job: Job, stall_ms: float, slowdowns: tuple[float, ...] = SLOWDOWNS,
+               shapes_share: float = SHAPES_SHARE) -> list[Run]:
     """One run of ``job`` per fault, ranks and links drawn per run."""
-    makers = [("slow-1.5x", lambda g: slowed(g, job, 1.5, 1)),
-              ("slow-2x", lambda g: slowed(g, job, 2.0, 1)),
-              ("extra-calls-2x", lambda g: extra_calls(g)),
+    makers: list[tuple[str, Any]] = [
+        (f"slow-{factor:g}x", lambda g, f=factor: slowed(g, job, f, 1)) for factor in slowdowns]
+    makers += [("extra-calls-2x", lambda g: extra_calls(g)),
               ("loader-stall", lambda g: loader_stall(g, job, stall_ms)),
               ("step-stall", lambda g: step_stall(g, stall_ms)),
               ("intermittent-2x-every-3", lambda g: slowed(g, job, 2.0, 1, every=3)),
               ("noisy-neighbour", lambda g: noisy(g)),
               ("two-slowed-2x", lambda g: slowed(g, job, 2.0, 2))]
-    runs = [drawn(f"{job.name}-{label}", job, make) for label, make in makers]
+    runs = [drawn(f"{job.name}-{label}", job, make, share=shapes_share) for label, make in makers]
     for channel in job.channels:
         for shapes in (True, False):
             kind = channel.kind.replace(" ", "-")
@@ -119,11 +147,13 @@ def fault_runs(job: Job, stall_ms: float) -> list[Run]:
     return runs
 
 
-def drawn(name: str, job: Job, make: Any, shapes: bool | None = None) -> Run:
-    """A run whose choices come from a generator seeded with its name."""
+def drawn(name: str, job: Job, make: Any, shapes: bool | None = None,
+          share: float = SHAPES_SHARE) -> Run:
+    """A run whose choices come from a generator seeded with its name
+    (``record_shapes`` too, with chance ``share``, unless ``shapes`` says)."""
     g = random.Random(name)
     faults, flags = make(g)
-    record_shapes = g.random() < SHAPES_SHARE if shapes is None else shapes
+    record_shapes = g.random() < share if shapes is None else shapes
     return Run(name, job, faults, flags, record_shapes)
 
 
@@ -144,7 +174,7 @@ def slowed(g: random.Random, job: Job, factor: float, count: int, every: int = 1
 def extra_calls(g: random.Random) -> Drawn:
     rank = g.randrange(WORLD)
     return ([{"kind": "extra_calls", "ranks": [rank], "factor": 2.0,
-              "how": "each matmul, convolution and attention called twice, same shapes"}],
+              "how": "each matmul, convolution, attention and LSTM called twice, same shapes"}],
             ["--extra-rank", str(rank), "--extra-factor", "2"])
 
 
@@ -281,14 +311,14 @@ def save(path: Path, manifest: dict[str, Any]) -> None:
     partial.replace(path)
 
 
-def record(out: Path, resume: bool, jobs: tuple[Job, ...] = JOBS, jobs_dir: Path = JOBS_DIR,
-           shuffle_seed: str = "heldout") -> int:
+def record(out: Path, resume: bool, plan: Plan = HELDOUT) -> int:
     manifest_path = out / "manifest.json"
     if manifest_path.exists() and not resume:
         print(f"--out: {manifest_path} exists (the set is frozen; --resume to finish it)",
               file=sys.stderr)
         return 2
-    if git("status", "--porcelain", "--", str(jobs_dir), str(LAUNCHER_DIR)):
+    frozen_paths = sorted({str(plan.jobs_dir), str(JOBS_DIR), str(LAUNCHER_DIR)})
+    if git("status", "--porcelain", "--", *frozen_paths):
         print("tests/zoo*: uncommitted changes; commit the jobs first, the manifest names "
               "the commit that froze them", file=sys.stderr)
         return 2
@@ -297,17 +327,17 @@ def record(out: Path, resume: bool, jobs: tuple[Job, ...] = JOBS, jobs_dir: Path
         {"frozen_at_commit": git("rev-parse", "HEAD"), "machine": machine(),
          "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "runs": []})
     frozen = manifest["frozen_at_commit"]
-    if git("diff", frozen, "HEAD", "--", str(jobs_dir), str(LAUNCHER_DIR)):
+    if git("diff", frozen, "HEAD", "--", *frozen_paths):
         print(f"--resume: tests/zoo* changed since {frozen}, which froze the runs recorded",
               file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    sizing = [healthy_runs(job)[0] for job in jobs]
-    record_runs(sizing, out, manifest, manifest_path, 0, jobs_dir)
-    rest = [run for job in jobs for run in
-            healthy_runs(job)[1:] + fault_runs(job, stall_ms(manifest["runs"], job))]
-    random.Random(shuffle_seed).shuffle(rest)
-    record_runs(rest, out, manifest, manifest_path, len(sizing), jobs_dir)
+    sizing = [healthy_runs(job)[0] for job in plan.jobs]
+    record_runs(sizing, out, manifest, manifest_path, 0, plan.jobs_dir)
+    rest = [run for job in plan.jobs for run in
+            plan.runs(job, stall_ms(manifest["runs"], job))[1:]]
+    random.Random(plan.shuffle_seed).shuffle(rest)
+    record_runs(rest, out, manifest, manifest_path, len(sizing), plan.jobs_dir)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(manifest['runs'])} runs, {size / 1e6:.1f} MB in {out}")
     return 0
@@ -332,13 +362,14 @@ def record_runs(runs: list[Run], out: Path, manifest: dict[str, Any], manifest_p
               flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "heldout")
+def main(argv: list[str] | None = None, plan: Plan = HELDOUT,
+         out: Path = ROOT / "tests" / "data" / "heldout", description: str = __doc__) -> int:
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=out)
     parser.add_argument("--resume", action="store_true",
                         help="finish an interrupted recording (the runs it lacks)")
     args = parser.parse_args(argv)
-    return record(args.out.resolve(), args.resume)
+    return record(args.out.resolve(), args.resume, plan)
 
 
 if __name__ == "__main__":

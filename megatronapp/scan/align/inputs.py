@@ -23,8 +23,9 @@ from megatronapp.scenario.config import Scenario
 from megatronapp.trace.columns import (EventColumns, RankEventsView, TableSource, columns_from_events,
                                        empty_columns)
 from megatronapp.trace.events import Event
+from megatronapp.trace.metrics import distinct_ints
 from megatronapp.trace.classes import Expansion
-from megatronapp.trace.store import (TRACE_FILE, Pieces, StoreError, StoreMeta, local_clock_view,
+from megatronapp.trace.store import (TRACE_FILE, CutReader, Pieces, StoreError, StoreMeta, local_clock_view,
                                      read_columns, read_meta, read_pieces)
 
 from megatronapp.scan.align.align import ClockFit
@@ -56,7 +57,7 @@ class ScanInput:
 
     @property
     def ranks(self) -> list[int]:
-        return np.unique(self.cols.rank).astype(int).tolist()
+        return distinct_ints(self.cols.rank)[0].astype(int).tolist()
 
     @property
     def job_events(self) -> int:
@@ -215,14 +216,21 @@ def stored_batches(store: Path) -> Iterator[ScanInput]:
     replicas present. A symmetric store is read by its present replicas (one
     of each kind) only, each standing for its twins. The file is read once,
     split by iteration and microbatch (``store.read_pieces``), each piece
-    decoded for the ranks of one batch at a time."""
+    decoded for the ranks of one batch at a time. A full store read as one
+    group of iterations is not split: each batch decodes only the row groups
+    that hold its replicas (``store.row_groups_of``)."""
+    groups = iteration_batches(store)
     try:
+        meta = read_meta(store)
+        if len(groups) == 1 and meta.stand_ins is None:
+            yield from _cut_batches(store, meta, groups[0])
+            return
         pieces = read_pieces(store)
     except StoreError as err:
         raise _trace_error(store, err) from None
     facts = _run_facts(store, pieces.meta)  # read once, not per batch
     twins = twins_of(pieces.meta, facts.scenario)
-    for iterations in iteration_batches(store):
+    for iterations in groups:
         keys = [k for k in sorted(pieces.streams) if iterations is None or k[0] in iterations]
         if twins is not None:
             yield twin_batch(pieces, keys, facts, twins)
@@ -230,6 +238,17 @@ def stored_batches(store: Path) -> Iterator[ScanInput]:
         rows = sum(pieces.events[k] for k in keys)
         for ranks in replica_cuts(rows, facts.scenario, pieces.meta.world_size):
             yield _on_clocks(facts, pieces.columns(keys, ranks), pieces.meta).prepared()
+
+
+def _cut_batches(store: Path, meta: StoreMeta, iterations: list[int] | None
+                 ) -> Iterator[ScanInput]:
+    """A full store's ``iterations`` as batches of whole replicas
+    (``replica_cuts``), each read from the row groups that hold its ranks."""
+    facts = _run_facts(store, meta)
+    reader = CutReader(store)
+    for ranks in replica_cuts(stored_events(store), facts.scenario, meta.world_size):
+        cols = reader.columns(None if ranks is None else ranks.tolist(), iterations)
+        yield _on_clocks(facts, cols, meta).prepared()
 
 
 def replica_cuts(rows: int, scenario: Scenario | None, world: int) -> list[np.ndarray | None]:
@@ -266,7 +285,7 @@ def twin_batch(pieces: Pieces, keys: Sequence[tuple[int, int]], facts: StoredCol
                    twins=twins)
 
 
-BATCH_ROWS = 1 << 22  # events a stored run's batch holds at most (unless one iteration has more)
+BATCH_ROWS = 1 << 20  # events a stored run's batch holds at most (unless one iteration has more)
 
 
 def iteration_batches(store: Path, max_rows: int | None = None) -> list[list[int] | None]:
@@ -305,11 +324,13 @@ def batching(store: Path) -> Batching:
     except StoreError as err:
         raise _trace_error(store, err) from None
     twins = twins_of(meta, scenario)
+    # a key keeps a value per iteration, up to its capacity
+    kept = min(DEFAULT_CAPACITY, iterations) if scenario is not None else DEFAULT_CAPACITY
     if twins is None:
-        return Batching(largest, min(events, meta.world_size * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY))
+        return Batching(largest, min(events, meta.world_size * STATE_KEYS_PER_RANK * kept))
     present = len(twins.present)  # read by replicas: their share of every batch and the state
     return Batching(largest * present // twins.world,
-                    min(events, present * STATE_KEYS_PER_RANK * DEFAULT_CAPACITY),
+                    min(events, present * STATE_KEYS_PER_RANK * kept),
                     events * present // twins.world, twins.world)
 
 

@@ -4,8 +4,9 @@ injected into them and what their traces show of it.
 Three sources, one shape (``LabelledRun``):
 
 - a recorded set of real traces (the tuning zoo, ``experiments.zoo_tuning``;
-  the frozen held-out set, ``tests/data/heldout``): a folder per run and a
-  ``manifest.json`` with each run's faults and their realized effects;
+  the frozen held-out sets, ``tests/data/heldout`` and the later
+  ``tests/data/heldout2``): a folder per run and a ``manifest.json`` with
+  each run's faults and their realized effects;
 - simulated trials (``trials.SIM``), run on demand;
 - kept torch-backend trials (``validate-detector --backend torch --save-runs``).
 
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterator
 from megatronapp.faults import ground_truth
 from megatronapp.io import gate
 from megatronapp.scan.align.inputs import ScanInput, load_scan_input
-from megatronapp.scan.eval.trials import SIM, Trial
+from megatronapp.scan.eval.trials import SIM, Trial, TrialPlan
 from megatronapp.scan.ingest.work import job_of
 from megatronapp.scenario.config import fault_job
 
@@ -117,17 +118,18 @@ def _link_ms(seen: dict[str, Any], fault: dict[str, Any]) -> float:
 
 
 # ---------------------------------------------------------- simulated trials
-def simulated(seed: int, trials: int, run: Callable[[Any], Any]) -> Iterator[LabelledRun]:
-    """``trials`` simulated trials of ``trials.SIM`` (``run``: the simulator)."""
+def simulated(seed: int, trials: int, run: Callable[[Any], Any], plan: TrialPlan = SIM
+              ) -> Iterator[LabelledRun]:
+    """``trials`` simulated trials of ``plan`` (``run``: the simulator)."""
     from megatronapp.scan.eval.validate import scan_of_result
 
     for index in range(trials):
-        trial = SIM.make(seed, index)
+        trial = plan.make(seed, index)
 
         def load(t: Trial = trial) -> ScanInput:
             return replace(scan_of_result(run(t.scenario), t.scenario.name),
                            scenario=t.scenario)
-        yield _trial_run(trial, f"sim{seed}-{index}", "sim", load)
+        yield _trial_run(trial, f"{plan.name}{seed}-{index}", "sim", load)
 
 
 def _trial_run(trial: Trial, name: str, source: str, load: Callable[[], ScanInput]
@@ -144,7 +146,7 @@ def _trial_run(trial: Trial, name: str, source: str, load: Callable[[], ScanInpu
             factor = injected.injected
     p = trial.scenario.parallel
     return LabelledRun(name, source, f"tp{p.tp} pp{p.pp} dp{p.dp}", trial.band, truth,
-                       factor, not truth or factor >= MIN_SLOWDOWN, True, load)
+                       factor, not truth or not factor < MIN_SLOWDOWN, True, load)
 
 
 def kept_trials(corpus: Path) -> list[LabelledRun]:

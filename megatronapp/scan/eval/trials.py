@@ -65,17 +65,6 @@ def matches(cause: RootCause, trial: Trial) -> bool:
     return any(t.matches(cause.kind, cause.rank, cause.peer) for t in trial.truth)
 
 
-def names_iterations(cause: RootCause, trial: Trial) -> bool | None:
-    """Whether ``cause`` lists the iterations an intermittent fault hit (a list
-    under ``evidence['iterations']``); None when no intermittent fault was
-    injected or the detector lists none."""
-    hit = next((t.iterations for t in trial.truth if t.iterations is not None), None)
-    named = cause.evidence.get("iterations")
-    if hit is None or not isinstance(named, (list, tuple)):
-        return None
-    return set(named) == set(hit)
-
-
 def _band_kind(band: str) -> tuple[str, str, float, float]:
     """``kind[:variant] low-high`` -> kind, variant, low, high."""
     head, span = band.split()[:2]

@@ -28,11 +28,12 @@ def _label(c: RootCause) -> str:
 
 
 def _lists_iterations(cause: RootCause, truth: Truth) -> bool | None:
-    """A list under ``evidence['iterations']`` against the iterations hit."""
-    named = cause.evidence.get("iterations")
-    if truth.iterations is None or not isinstance(named, (list, tuple)):
+    """The iterations the cause was named for (``evidence['iterations_hit']``:
+    a list, or "all" it was seen in) against the iterations the fault hit."""
+    named = cause.evidence.get("iterations_hit")
+    if truth.iterations is None or not (named == "all" or isinstance(named, (list, tuple))):
         return None
-    return set(named) == set(truth.iterations)
+    return named != "all" and set(named) == set(truth.iterations)
 
 
 def verdict(d: Diagnosis, truth: Sequence[Truth]) -> Verdict:

@@ -15,7 +15,8 @@ nothing because the other would still hold the iteration).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -23,8 +24,8 @@ import numpy as np
 from megatronapp.scan.align.inputs import ScanInput
 
 from .expected import Table, Work, link_table, rank_tables
-from .graph import COMPUTE, Graph, graph_of
-from .replay import CriticalShare, Replayer, critical_share
+from .graph import Graph, graph_of
+from .replay import CriticalShare, Replayer, Suspects, critical_share
 
 KINDS = ("compute", "host", "link")
 MAD_TO_SIGMA = 1.4826  # a normal sample's standard deviation over its median absolute deviation
@@ -97,19 +98,8 @@ def _shortlist(tables: Mapping[str, Table], noise: Mapping[str, Samples], size: 
     return [(kind, i) for _, kind, i in scored[:size]]
 
 
-def _ops_of(g: Graph, kind: str, key: int | tuple[int, int]) -> np.ndarray:
-    if kind == "compute":
-        return np.flatnonzero((g.rank == key) & (g.how == COMPUTE))
-    if kind == "host":
-        return np.flatnonzero(g.rank == key)
-    assert isinstance(key, tuple)
-    pair = np.flatnonzero((g.links[:, 0] == key[0]) & (g.links[:, 1] == key[1]))
-    return np.flatnonzero(np.isin(g.link, pair))
-
-
-def _iteration_seconds(g: Graph, ends: np.ndarray) -> np.ndarray:
-    """Each iteration's length: from the previous one's end (the batch's start for the first)."""
-    start = float(np.min(np.where(g.pred >= 0, g.start, g.anchor))) if len(g) else 0.0
+def _iteration_seconds(start: float, ends: np.ndarray) -> np.ndarray:
+    """Each iteration's length: from the previous one's end (the batch's ``start`` for the first)."""
     return np.diff(np.r_[start, np.maximum.accumulate(ends)])
 
 
@@ -124,39 +114,40 @@ def blame_batch(scan: ScanInput, work: Work, shortlist: int) -> BatchBlame:
     noise = {kind: noise_samples(kind, t) for kind, t in tables.items()}
     partners = {kind: {k: p for k, p in zip(t.keys, t.partner or ()) if p is not None}
                 for kind, t in tables.items()}
-    bases = {kind: _counts(t.basis) for kind, t in tables.items()}
+    bases = {kind: dict(Counter(t.basis)) for kind, t in tables.items()}
     chosen = _shortlist(tables, noise, shortlist)
     replayer = Replayer.of(g)
-    recorded = _iteration_seconds(g, replayer.recorded_ends())
+    start = float(np.min(np.where(g.pred >= 0, g.start, g.anchor)))
+    recorded = _iteration_seconds(start, replayer.recorded_ends())
     critical = critical_share(replayer)
     if not chosen:
         return BatchBlame(g.iterations, recorded, (), noise, partners, bases, critical)
-    suspects = np.full((3, len(g)), -1, np.int64)
-    factors = np.ones((3, len(g)))
-    for s, (kind, i) in enumerate(chosen):
-        t = tables[kind]
-        ops = _ops_of(g, kind, t.keys[i])
-        with np.errstate(all="ignore"):
-            ratio = np.where(t.actual[i] > 0, t.expected[i] / t.actual[i], 1.0)
-        ratio = np.clip(np.nan_to_num(ratio, nan=1.0), 0.0, 1.0)  # only time over expected
-        k = KINDS.index(kind)
-        suspects[k, ops] = s
-        factors[k, ops] = ratio[g.iteration[ops]]
+    suspects = _suspects(g, tables, chosen)
     every = np.ones(len(chosen), np.bool_)
-    fixed_all = _iteration_seconds(g, replayer.ends(suspects, factors, every))
+    fixed_all = _iteration_seconds(start, replayer.ends(suspects, every))
     findings = []
     for s, (kind, i) in enumerate(chosen):
         alone = every.copy()
         alone[s] = False
-        left = _iteration_seconds(g, replayer.ends(suspects, factors, alone))
+        left = _iteration_seconds(start, replayer.ends(suspects, alone))
         t = tables[kind]
         findings.append(Finding(kind, t.keys[i], g.iterations, t.actual[i], t.expected[i],
                                 left - fixed_all, t.basis[i]))
     return BatchBlame(g.iterations, recorded, tuple(findings), noise, partners, bases, critical)
 
 
-def _counts(values: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out
+def _suspects(g: Graph, tables: Mapping[str, Table], chosen: list[tuple[str, int]]) -> Suspects:
+    """The shortlisted suspects, each fixed at its expected time: its ratio
+    of expected to actual time (only time over expected is taken away)."""
+    out = Suspects.none(g)
+    ratio = np.ones((len(chosen), len(g.iterations)))
+    for s, (kind, i) in enumerate(chosen):
+        t = tables[kind]
+        with np.errstate(all="ignore"):
+            r = np.where(t.actual[i] > 0, t.expected[i] / t.actual[i], 1.0)
+        ratio[s] = np.clip(np.nan_to_num(r, nan=1.0), 0.0, 1.0)
+        if kind == "link":
+            out.link[(g.links[:, 0] == t.keys[i][0]) & (g.links[:, 1] == t.keys[i][1])] = s
+        else:
+            getattr(out, kind)[t.keys[i]] = s
+    return replace(out, ratio=ratio)

@@ -238,9 +238,23 @@ def judge(evidence: Iterable[Evidence], p: Params) -> list[RootCause]:
     return [c for e in evidence if (c := judged(e, p)) is not None]
 
 
+RECURS = 2  # an intermittent fault is one seen in at least two iterations
+
+
+def named_iterations(units: np.ndarray, hit: np.ndarray, p: Params) -> np.ndarray:
+    """The iterations a suspect is named for: all it counts in when it counts
+    in every one it was seen in (persistent), else those with
+    ``recur_multiple`` noise units, if at least ``RECURS`` (intermittent);
+    none otherwise."""
+    if hit.all():
+        return hit
+    strong = hit & (units >= p.recur_multiple)
+    return strong if strong.sum() >= RECURS else np.zeros_like(hit)
+
+
 def judged(e: Evidence, p: Params) -> RootCause | None:
-    hit = e.hits(p)
-    if not hit.any() or hit.sum() < p.min_hit_share * len(hit):
+    hit = named_iterations(e.units, e.hits(p), p)
+    if not hit.any():
         return None
     units = float(np.mean(e.units[hit]))
     rank, peer = (e.who if e.kind == "link" else (e.who, None))
@@ -342,7 +356,9 @@ def op_members(scan: ScanInput) -> tuple[dict[tuple[int, ...], set[int]], set[tu
     coll = sync.op_kind[sync.member_op] == COLLECTIVE
     group = cols.group[sync.member_row[sync.op_start[sync.member_op]]].astype(np.int64)
     met: dict[tuple[int, ...], set[int]] = {}
-    for g, r in set(zip(group[coll].tolist(), rank[coll].tolist())):
+    width = int(rank.max(initial=0)) + 1
+    for key in np.unique(group[coll] * width + rank[coll]).tolist():
+        g, r = divmod(key, width)
         if g >= 0:
             met.setdefault(tuple(sorted(cols.groups[g])), set()).add(r)
     p2p = np.flatnonzero(sync.op_kind == P2P)

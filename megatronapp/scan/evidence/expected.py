@@ -24,7 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from megatronapp.trace.columns import EventColumns
-from megatronapp.trace.metrics import group_ids, nth_in_group
+from megatronapp.trace.metrics import distinct_ints, sums_at
 
 from .graph import COMPUTE, Graph
 
@@ -56,9 +56,8 @@ def per_rank_iteration(g: Graph, ranks: np.ndarray, values: np.ndarray,
     """Sum of ``values`` per (rank, iteration) over the ops in ``mask``."""
     keep = np.ones(len(g), bool) if mask is None else mask
     r = np.searchsorted(ranks, g.rank[keep])
-    out = np.zeros((len(ranks), len(g.iterations)))
-    np.add.at(out, (r, g.iteration[keep]), values[keep])
-    return out
+    return sums_at((len(ranks), len(g.iterations)), r, g.iteration[keep],
+                   np.asarray(values[keep], float))
 
 
 def communication(g: Graph, cols: EventColumns, ranks: np.ndarray) -> np.ndarray:
@@ -69,33 +68,28 @@ def communication(g: Graph, cols: EventColumns, ranks: np.ndarray) -> np.ndarray
     slows them."""
     comm = np.flatnonzero(g.how != COMPUTE)
     rows = g.row[comm]
-    size = np.array([len(cols.groups[k]) if k >= 0 else 0 for k in cols.group[rows].tolist()],
-                    np.int64)
-    partner = np.full(len(comm), -1, np.int64)
-    linked = g.flow[comm] >= 0
-    for n, f in zip(np.flatnonzero(linked).tolist(), g.flow[comm][linked].tolist()):
-        sender, receiver, _ = g.flows[f]
-        partner[n] = receiver if g.rank[comm[n]] == sender else sender
+    size = np.array([len(g) for g in cols.groups] + [0], np.int64)[cols.group[rows]]  # -1: none
+    ends = np.array([(s, r) for s, r, _ in g.flows] + [(-1, -1)], np.int64)  # flow -1: none
+    sender, receiver = ends[g.flow[comm]].T
+    partner = np.where(g.rank[comm] == sender, receiver, sender)
     transfer = np.isin(rows, g.row[g.flow >= 0]) | (cols.peer[rows] >= 0) | (size == 0)
     # a side is known only where every transfer was matched: counts that mix
     # known and unknown sides would tell alike ranks apart
     known = bool(np.all(partner[transfer & (size == 0)] >= 0))
     side = np.where(partner < 0, 0, np.where(partner > g.rank[comm], 1, 2)) if known else \
         np.zeros(len(comm), np.int64)
-    keys, col = np.unique(np.stack([cols.name[rows].astype(np.int64), size, side], axis=1),
-                          axis=0, return_inverse=True)
-    counts = np.zeros((len(ranks), len(keys)), np.int64)
-    np.add.at(counts, (np.searchsorted(ranks, g.rank[comm]), col.reshape(-1)), 1)
-    return counts
+    # one integer per (name, group size, side): only which ops are alike matters
+    key = (cols.name[rows].astype(np.int64) * (size.max(initial=0) + 1) + size) * 3 + side
+    keys, col = distinct_ints(key)
+    return sums_at((len(ranks), len(keys)), np.searchsorted(ranks, g.rank[comm]), col)
 
 
 def op_counts(g: Graph, cols: EventColumns, ranks: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """Per rank, how many times it ran each compute op name in the batch."""
     compute = g.how == COMPUTE
     codes = cols.name[g.row[compute]].astype(np.int64)
-    names, col = np.unique(codes, return_inverse=True)
-    counts = np.zeros((len(ranks), len(names)), np.int64)
-    np.add.at(counts, (np.searchsorted(ranks, g.rank[compute]), col), 1)
+    names, col = distinct_ints(codes)
+    counts = sums_at((len(ranks), len(names)), np.searchsorted(ranks, g.rank[compute]), col)
     return counts, [cols.names[int(c)] for c in names]
 
 
@@ -105,9 +99,12 @@ def modelled(g: Graph, cols: EventColumns, ranks: np.ndarray, work: Work) -> np.
     if not work or any(int(r) not in work for r in ranks):
         return None
     compute = np.flatnonzero(g.how == COMPUTE)
+    compute = compute[np.argsort(g.rank[compute], kind="stable")]  # each rank's ops a slice
+    by_rank = g.rank[compute]
     cost = np.zeros(len(g))
     for rank, by_name in work.items():
-        mine = compute[g.rank[compute] == rank]
+        lo, hi = np.searchsorted(by_rank, [rank, rank + 1])
+        mine = compute[lo:hi]
         names = cols.name[g.row[mine]]
         for name, seconds in by_name.items():
             cost[mine[names == cols.name_code(name)]] = seconds
@@ -126,13 +123,6 @@ def peer_sets(signature: np.ndarray, profile: np.ndarray | None = None) -> list[
     return [np.flatnonzero((cls == cls[i]) & (np.arange(n) != i)) for i in range(n)]
 
 
-def _median_of(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Per iteration, the median of ``values`` over ``rows`` (NaN if none)."""
-    if not len(rows):
-        return np.full(values.shape[1], np.nan)
-    return np.median(values[rows], axis=0)
-
-
 def faster_half(values: np.ndarray) -> np.ndarray:
     """Per column, the median of the faster (smaller) half of the rows: what a
     class says its members should take. Faults are rare, speed-ups are not
@@ -148,74 +138,6 @@ def _peer_median(values: np.ndarray, i: int, peers: np.ndarray) -> np.ndarray:
     """What ``i``'s peers say it should take: the faster half of the class
     with it, or its one peer's value."""
     return faster_half(values[peers if len(peers) == 1 else np.r_[peers, i]])
-
-
-def weighted_median(values: np.ndarray, weights: np.ndarray, group: np.ndarray, groups: int
-                    ) -> np.ndarray:
-    """Per group (0 .. groups-1), the weighted median of its values (NaN if none)."""
-    out = np.full(groups, np.nan)
-    if not len(values):
-        return out
-    order = np.lexsort((values, group))
-    g, v, w = group[order], values[order], weights[order]
-    cuts = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
-    total = np.add.reduceat(w, cuts)
-    cum = np.cumsum(w) - np.repeat(np.cumsum(total) - total, np.diff(np.r_[cuts, len(g)]))
-    half = np.repeat(total / 2, np.diff(np.r_[cuts, len(g)]))
-    past = np.flatnonzero(cum >= half)
-    first = past[np.r_[0, np.flatnonzero(np.diff(g[past])) + 1]] if len(past) else past
-    out[g[first]] = v[first]
-    return out
-
-
-def at_peer_speed(g: Graph, cols: EventColumns, ranks: np.ndarray, cls: np.ndarray
-                  ) -> np.ndarray:
-    """Per rank and iteration, what its compute would have taken at its
-    peers' speed. Each of its op calls is matched with the same call (name,
-    iteration, n-th call of that name) on the other members of its class
-    (``cls``: a class id per rank); its speed is the weighted median, by the
-    peers' duration, of its calls' duration over theirs (a few calls that
-    lost their core to another process cannot move it); matched calls are
-    expected at that speed, calls no peer made (extra calls) not at all."""
-    rows = np.flatnonzero(g.how == COMPUTE)
-    r = np.searchsorted(ranks, g.rank[rows])
-    name = cols.name[g.row[rows]].astype(np.int64)
-    it = g.iteration[rows]
-    # rows come by rank, then start (as the loader orders them): the n-th call of a name
-    nth = nth_in_group(group_ids(r, name, it)[0])
-    key, keys = group_ids(cls[r], name, it, nth)
-    dur = g.dur[rows]
-    members = np.bincount(key, minlength=keys)
-    reference = _reference(key, keys, dur, members)
-    matched = members[key] >= 2
-    cell = r * len(g.iterations) + it
-    cells = len(ranks) * len(g.iterations)
-    with np.errstate(all="ignore"):
-        ratio = np.log(dur[matched] / reference[matched])
-    ok = np.isfinite(ratio)
-    speed = weighted_median(ratio[ok], reference[matched][ok], cell[matched][ok], cells)
-    matched_time = np.bincount(cell[matched], dur[matched], minlength=cells)
-    expected = matched_time * np.exp(-np.nan_to_num(speed))
-    return expected.reshape(len(ranks), len(g.iterations))
-
-
-def _reference(key: np.ndarray, keys: int, dur: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """Per call, what its class made of the same call: the median of the
-    faster half of the class (itself in it) when three or more made it, else
-    the other's (``faster_half``)."""
-    order = np.lexsort((dur, key))
-    k, d = key[order], dur[order]
-    start = np.searchsorted(k, np.arange(keys))
-    size = (members + 1) // 2
-    lo = start + (size - 1) // 2
-    hi = start + size // 2
-    median = np.where(size > 0, (d[np.minimum(lo, len(d) - 1)] + d[np.minimum(hi, len(d) - 1)]) / 2,
-                      np.nan)
-    total = np.bincount(key, dur, minlength=keys)
-    pair = members[key] == 2
-    out = median[key]
-    out[pair] = total[key][pair] - dur[pair]  # the other member's duration
-    return out
 
 
 # A suspect compared with itself needs this many iterations: the median of
@@ -238,7 +160,7 @@ def _expected_row(values: np.ndarray, i: int, peers: np.ndarray,
 
 def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]:
     """Compute and host time per rank and iteration, each with its expectation."""
-    ranks = np.unique(g.rank)
+    ranks, _ = distinct_ints(g.rank)
     compute = per_rank_iteration(g, ranks, g.dur, g.how == COMPUTE)
     host = per_rank_iteration(g, ranks, np.maximum(g.gap, 0.0))
     counts, _ = op_counts(g, cols, ranks)
@@ -261,11 +183,6 @@ def rank_tables(g: Graph, cols: EventColumns, work: Work) -> tuple[Table, Table]
     return tables[0], tables[1]
 
 
-def _class_ids(peers: list[np.ndarray]) -> np.ndarray:
-    """A class id per rank: the smallest row among it and its peers."""
-    return np.array([min([i, *p.tolist()]) for i, p in enumerate(peers)], np.int64)
-
-
 # ------------------------------------------------------------ per link
 def link_class(g: Graph, flow: int, gpus_per_node: int) -> tuple[str, bool]:
     sender, receiver, direction = g.flows[flow]
@@ -277,13 +194,10 @@ def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
     expected from the other links of its flows' classes."""
     recv = np.flatnonzero((g.flow >= 0) & np.isin(g.row, _receive_rows(cols, g)))
     n_flows, n_iter = len(g.flows), len(g.iterations)
-    seconds = np.zeros((n_flows, n_iter))
-    count = np.zeros((n_flows, n_iter))
-    nbytes = np.zeros((n_flows, n_iter))
-    np.add.at(seconds, (g.flow[recv], g.iteration[recv]), g.residual[recv])
-    np.add.at(count, (g.flow[recv], g.iteration[recv]), 1)
-    np.add.at(nbytes, (g.flow[recv], g.iteration[recv]),
-              np.maximum(cols.nbytes[g.row[recv]], 0).astype(float))
+    at = ((n_flows, n_iter), g.flow[recv], g.iteration[recv])
+    seconds = sums_at(*at, g.residual[recv])
+    count = sums_at(*at).astype(float)
+    nbytes = sums_at(*at, np.maximum(cols.nbytes[g.row[recv]], 0).astype(float))
     per_byte = bool(np.all(nbytes[count > 0] > 0))
     unit = np.where(count > 0, seconds / np.maximum(nbytes if per_byte else count, 1e-300), np.nan)
     size = nbytes if per_byte else count
@@ -327,5 +241,5 @@ def _receive_rows(cols: EventColumns, g: Graph) -> np.ndarray:
     """Rows of receives among the transfer ops (role recorded, else named)."""
     rows = g.row[g.flow >= 0]
     role = cols.role[rows]
-    named = np.array(["recv" in cols.names[int(c)].lower() for c in cols.name[rows]], bool)
+    named = np.array(["recv" in name.lower() for name in cols.names] + [False])[cols.name[rows]]
     return rows[np.where(role >= 0, role == 1, named)]

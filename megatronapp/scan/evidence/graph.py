@@ -21,10 +21,13 @@ times (``replay``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+from numba import njit
 
 from megatronapp.trace.columns import KINDS, EventColumns
+from megatronapp.trace.metrics import distinct_ints
 
 from megatronapp.scan.align.table import COLLECTIVE, SyncTable
 
@@ -59,8 +62,9 @@ class Graph:
     def __len__(self) -> int:
         return len(self.row)
 
-    @property
+    @cached_property
     def dur(self) -> np.ndarray:
+        """Each op's seconds (worked out once: every suspect's table reads it)."""
         return self.end - self.start
 
 
@@ -71,7 +75,7 @@ def graph_of(cols: EventColumns, sync: SyncTable) -> Graph:
     ops = np.flatnonzero((cols.kind != _OTHER_KIND) & (stepped | ~stepped.any()))
     rank = cols.rank[ops].astype(np.int64)
     start, end = cols.start_s[ops], cols.start_s[ops] + cols.dur_s[ops]
-    iterations, iteration = np.unique(cols.iteration[ops], return_inverse=True)
+    iterations, iteration = distinct_ints(cols.iteration[ops])
     node_of_row = np.full(len(cols) + 1, -1, np.int64)
     node_of_row[ops] = np.arange(len(ops))
     pred = _program_order(rank, start, end)
@@ -90,17 +94,33 @@ def _program_order(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     """Each op's pred: the op of its rank that ended last at or before its start,
     among the ops that end before it (by end, then start, then index: a strict
     order, so ops shorter than the tolerance cannot be each other's pred)."""
-    pred = np.full(len(rank), -1, np.int64)
-    by_end = np.lexsort((np.arange(len(rank)), start, end, rank))
-    place = np.empty(len(rank), np.int64)
-    place[by_end] = np.arange(len(rank))
-    rank_of_sorted, end_sorted = rank[by_end], end[by_end]
+    by_end = np.lexsort((start, end, rank))  # stable: of equal keys, by index
+    rank_of_sorted = rank[by_end]
     cuts = np.r_[0, np.flatnonzero(np.diff(rank_of_sorted)) + 1, len(by_end)]
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
-        mine = by_end[lo:hi]
-        k = np.searchsorted(end_sorted[lo:hi], start[mine] + TOLERANCE_S, side="right")
-        k = np.minimum(k, place[mine] - lo)  # only ops before it in that order
-        pred[mine] = np.where(k > 0, mine[np.maximum(k - 1, 0)], -1)
+    return _preds(by_end, cuts, start, end[by_end])
+
+
+@njit(cache=True)
+def _preds(by_end: np.ndarray, cuts: np.ndarray, start: np.ndarray,
+           end_sorted: np.ndarray) -> np.ndarray:
+    """Per rank (``by_end[cuts[r]:cuts[r + 1]]``, its ops by end), each op's
+    pred: the last op before it in that order that ends by its start."""
+    pred = np.full(len(by_end), -1, np.int64)
+    for r in range(len(cuts) - 1):
+        lo, hi = cuts[r], cuts[r + 1]
+        for p in range(lo, hi):
+            mine = by_end[p]
+            at = start[mine] + TOLERANCE_S
+            a, b = lo, hi  # the first of the rank's ends after ``at``
+            while a < b:
+                m = (a + b) // 2
+                if end_sorted[m] <= at:
+                    a = m + 1
+                else:
+                    b = m
+            k = min(a, p)  # only ops before it in that order
+            if k > lo:
+                pred[mine] = by_end[k - 1]
     return pred
 
 
@@ -124,34 +144,47 @@ def _range_starts(cols: EventColumns, ops: np.ndarray, iteration: np.ndarray,
 def _sync_waits(sync: SyncTable, node_of_row: np.ndarray, start: np.ndarray, end: np.ndarray,
                 how: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR of the partners each sync member waited for, and its residual."""
-    n = len(start)
-    residual = end - start
     member = node_of_row[sync.member_row]
     op = sync.member_op
     sizes = np.diff(np.r_[sync.op_start, len(sync.member_row)])
     keep = (member >= 0) & (sizes[op] >= 2)
     member, op = member[keep], op[keep]
     how[member] = SYNC
-    # each member waits for every other member's start (a transfer: its other side)
-    first = np.searchsorted(op, op, side="left")
-    last = np.searchsorted(op, op, side="right")
-    counts = last - first - 1
-    src = np.repeat(np.arange(len(member)), counts)
-    offsets = np.arange(len(src)) - np.repeat(np.cumsum(counts) - counts, counts)
-    other = first[src] + offsets
-    other = other + (other >= np.arange(len(member))[src])  # skip the member itself
-    a, b = member[src], member[other]
-    waited = start[b] <= end[a] + TOLERANCE_S  # a partner that came later was not waited for
-    a, b = a[waited], b[waited]
+    return _waited_partners(member, np.r_[0, np.flatnonzero(np.diff(op)) + 1, len(op)],
+                            start, end)
+
+
+@njit(cache=True)
+def _waited_partners(member: np.ndarray, bounds: np.ndarray, start: np.ndarray,
+                     end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each member (``member[bounds[k]:bounds[k + 1]]`` are op k's) waits for
+    every other member's start (a transfer: its other side) that came before
+    its own end: a partner that came later was not waited for. The partners
+    of a node are listed in the order of the member list."""
+    n = len(start)
+    ptr = np.zeros(n + 1, np.int64)
+    for k in range(len(bounds) - 1):
+        for p in range(bounds[k], bounds[k + 1]):
+            for q in range(bounds[k], bounds[k + 1]):
+                if q != p and start[member[q]] <= end[member[p]] + TOLERANCE_S:
+                    ptr[member[p] + 1] += 1
+    ptr = np.cumsum(ptr)
+    fill = ptr[:-1].copy()
+    waits = np.empty(ptr[-1], np.int64)
     ready = start.copy()
-    np.maximum.at(ready, a, start[b])
-    has = np.zeros(n, bool)
-    has[a] = True
-    residual[has] = np.maximum(end[has] - np.maximum(start[has], ready[has]), 0.0)
-    order = np.argsort(a, kind="stable")
-    a, b = a[order], b[order]
-    ptr = np.searchsorted(a, np.arange(n + 1))
-    return ptr.astype(np.int64), b.astype(np.int64), residual
+    for k in range(len(bounds) - 1):
+        for p in range(bounds[k], bounds[k + 1]):
+            a = member[p]
+            for q in range(bounds[k], bounds[k + 1]):
+                b = member[q]
+                if q != p and start[b] <= end[a] + TOLERANCE_S:
+                    waits[fill[a]] = b
+                    fill[a] += 1
+                    ready[a] = max(ready[a], start[b])
+    residual = end - start
+    waited = ptr[1:] > ptr[:-1]
+    residual[waited] = np.maximum(end[waited] - ready[waited], 0.0)
+    return ptr, waits, residual
 
 
 def _links(cols: EventColumns, sync: SyncTable, node_of_row: np.ndarray, n: int
@@ -165,16 +198,16 @@ def _links(cols: EventColumns, sync: SyncTable, node_of_row: np.ndarray, n: int
     s, r = cols.rank[send].astype(np.int64), cols.rank[recv].astype(np.int64)
     apart = s != r
     send, recv, s, r = send[apart], recv[apart], s[apart], r[apart]
-    lo, hi = np.minimum(s, r), np.maximum(s, r)
-    pairs, pair_id = np.unique(np.stack([lo, hi], axis=1).reshape(-1, 2), axis=0,
+    width = int(max(s.max(initial=0), r.max(initial=0))) + 1
+    codes, pair_id = np.unique(np.minimum(s, r) * width + np.maximum(s, r),
                                return_inverse=True)
+    pairs = np.stack([codes // width, codes % width], axis=1)
     pair_id = pair_id.reshape(-1)
-    direction = np.array([_direction(cols.names[int(c)], a, b)
-                          for c, a, b in zip(cols.name[send], s, r)], dtype=object)
-    keys = sorted({(int(a), int(b), str(d)) for a, b, d in zip(s, r, direction)})
-    flow_id = {k: i for i, k in enumerate(keys)}
-    ids = np.array([flow_id[(int(a), int(b), str(d))] for a, b, d in zip(s, r, direction)],
-                   np.int64)
+    direction = _directions(cols, send, s, r)
+    codes, ids = np.unique((s * width + r) * len(DIRECTIONS) + direction, return_inverse=True)
+    keys = [(int(c // len(DIRECTIONS) // width), int(c // len(DIRECTIONS) % width),
+             DIRECTIONS[int(c % len(DIRECTIONS))]) for c in codes.tolist()]
+    ids = ids.reshape(-1).astype(np.int64)
     for rows in (send, recv):
         nodes = node_of_row[rows]
         ok = nodes >= 0
@@ -183,12 +216,21 @@ def _links(cols: EventColumns, sync: SyncTable, node_of_row: np.ndarray, n: int
     return link, pairs.astype(np.int64).reshape(-1, 2), flow, tuple(keys)
 
 
-def _direction(name: str, sender: int, receiver: int) -> str:
-    lowered = name.lower()
-    for word in ("forward", "backward"):
-        if word in lowered:
-            return word
-    return "up" if sender < receiver else "down"
+DIRECTIONS = ("backward", "down", "forward", "up")  # in sorted order: flows sort as named
+
+
+def _directions(cols: EventColumns, send: np.ndarray, sender: np.ndarray,
+                receiver: np.ndarray) -> np.ndarray:
+    """Each transfer's direction (an index into DIRECTIONS): forward or
+    backward where its name says so, else up or down the ranks."""
+    word = np.full(len(cols.names) + 1, -1, np.int64)
+    for code, name in enumerate(cols.names):
+        lowered = name.lower()
+        word[code] = (DIRECTIONS.index("forward") if "forward" in lowered else
+                      DIRECTIONS.index("backward") if "backward" in lowered else -1)
+    named = word[cols.name[send]]
+    by_rank = np.where(sender < receiver, DIRECTIONS.index("up"), DIRECTIONS.index("down"))
+    return np.where(named >= 0, named, by_rank)
 
 
 def _blocking(pred: np.ndarray, how: np.ndarray, sync: SyncTable,

@@ -5,9 +5,11 @@ iteration would end earlier had it taken its expected time. It is named for
 an iteration when it ran ``noise_multiple`` times the noise of its kind of
 quantity over its expected time (the spread of the same excess among all
 suspects, over all iterations) and ``min_slowdown`` of it over, and its
-blame is at least ``min_share`` of the iteration; it is named when that holds in at least ``min_hit_share`` of
-the iterations it was seen in; its
-confidence is a logistic function of how many noise units its blame holds
+blame is at least ``min_share`` of the iteration. It is named when that
+holds in every iteration it was seen in (a persistent fault), or in at least
+two of them with ``recur_multiple`` noise units each (an intermittent fault:
+it recurs, and where it strikes it stands far out, which a machine's hiccup
+in one iteration does not); its confidence is a logistic function of how many noise units its blame holds
 (``confidence_slope``, ``confidence_offset``), fitted so that a confidence
 of 0.9 is right nine times in ten on the tuning set.
 """
@@ -20,11 +22,11 @@ from typing import Any
 @dataclass(frozen=True)
 class Params:
     noise_multiple: float = 1.0
-    min_slowdown: float = 0.2
-    min_share: float = 0.0
-    min_hit_share: float = 1.0
-    confidence_slope: float = 0.635
-    confidence_offset: float = 0.328
+    min_slowdown: float = 0.25
+    min_share: float = 0.003
+    recur_multiple: float = 20.0
+    confidence_slope: float = 0.658
+    confidence_offset: float = -0.009
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
@@ -60,9 +62,10 @@ PROVENANCE: dict[str, tuple[str, str]] = {
     "min_share": (
         "blame must also be this share of its iteration to count",
         FITTED),
-    "min_hit_share": (
-        "a suspect must count in this share of the iterations it was seen in (a fault "
-        "recurs; a machine's hiccup hits one iteration)",
+    "recur_multiple": (
+        "a suspect that counts in some of the iterations it was seen in, not all, is named "
+        "when it counts in at least two with this many noise units each (an intermittent "
+        "fault recurs and stands far out where it strikes; a hiccup hits one iteration)",
         FITTED),
     "confidence_slope": (
         "logistic slope of the confidence in log(noise units of blame)",

@@ -8,7 +8,7 @@ member, for the starts of the partners it waited for (``graph``). One pass
 in dependency order computes every node (compiled: a 12,288-GPU iteration
 holds tens of millions of ops).
 
-A scenario fixes some suspects: a fixed suspect's ops take ``factor`` x
+A scenario fixes some suspects: a fixed suspect's ops take ``ratio`` x
 their recorded part (a rank's compute durations, a rank's host gaps, a
 link's residual transfer times); the others keep theirs. With nothing fixed
 the replay gives back the recorded times.
@@ -20,15 +20,18 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from megatronapp.trace.metrics import distinct_ints
+
 from .graph import COMPUTE, SYNC, Graph
 
 
 @njit(cache=True)
 def _children(n: int, pred: np.ndarray, waits_ptr: np.ndarray, waits: np.ndarray,
               use_waits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CSR of each node's dependants, and each node's count of dependencies."""
-    count = np.zeros(2 * n + 1, np.int64)
-    indegree = np.zeros(2 * n, np.int64)
+    """CSR of each node's dependants, and each node's count of dependencies
+    (nodes as int32: half the memory; a batch holds far fewer than 2**30 ops)."""
+    count = np.zeros(2 * n + 1, np.int32)
+    indegree = np.zeros(2 * n, np.int32)
     for i in range(n):
         if pred[i] >= 0:
             count[2 * pred[i] + 1] += 1
@@ -43,7 +46,7 @@ def _children(n: int, pred: np.ndarray, waits_ptr: np.ndarray, waits: np.ndarray
     for v in range(2 * n):
         ptr[v + 1] = ptr[v] + count[v]
     fill = ptr[:-1].copy()
-    child = np.empty(ptr[-1], np.int64)
+    child = np.empty(ptr[-1], np.int32)
     for i in range(n):
         if pred[i] >= 0:
             child[fill[2 * pred[i] + 1]] = 2 * i
@@ -61,7 +64,7 @@ def _children(n: int, pred: np.ndarray, waits_ptr: np.ndarray, waits: np.ndarray
 def _kahn(ptr: np.ndarray, child: np.ndarray, indegree: np.ndarray) -> np.ndarray:
     """A topological order of the nodes (shorter than all of them if a cycle remains)."""
     nodes = len(indegree)
-    order = np.empty(nodes, np.int64)
+    order = np.empty(nodes, np.int32)
     head = tail = 0
     left = indegree.copy()
     for v in range(nodes):
@@ -99,81 +102,139 @@ def dependency_order(g: Graph) -> tuple[np.ndarray, np.ndarray]:
         use_waits[stuck] = False
 
 
+@dataclass(frozen=True)
+class Suspects:
+    """Which suspect each rank's compute, each rank's host time and each link
+    is (-1: none), and what fixing a suspect makes of its part per iteration
+    (``ratio``: suspects x iterations)."""
+
+    compute: np.ndarray  # per rank
+    host: np.ndarray  # per rank
+    link: np.ndarray  # per link id
+    ratio: np.ndarray
+
+    @classmethod
+    def none(cls, g: Graph) -> "Suspects":
+        ranks = int(g.rank.max(initial=-1)) + 1
+        return cls(np.full(ranks, -1, np.int64), np.full(ranks, -1, np.int64),
+                   np.full(len(g.links), -1, np.int64), np.ones((0, len(g.iterations))))
+
+
 @njit(cache=True)
-def _replay(order: np.ndarray, how: np.ndarray, pred: np.ndarray, gap: np.ndarray,
-            anchor: np.ndarray, dur: np.ndarray, residual: np.ndarray, waits_ptr: np.ndarray,
-            waits: np.ndarray, use_waits: np.ndarray, blocking: np.ndarray,
-            iteration: np.ndarray, n_iter: int, suspects: np.ndarray, factors: np.ndarray,
+def _replay(order: np.ndarray, ops: tuple, s: np.ndarray, e: np.ndarray, n_iter: int,
+            compute: np.ndarray, host: np.ndarray, link_suspect: np.ndarray, ratio: np.ndarray,
             fixed: np.ndarray) -> np.ndarray:
-    """Each iteration's end under one scenario. ``suspects[k, i]`` is op i's
-    suspect of kind k (0 compute, 1 host, 2 link; -1 none), ``factors[k, i]``
-    what that suspect's fixing makes of op i's part, ``fixed[s]`` whether
-    suspect s is fixed in this scenario."""
-    n = len(how)
-    s = np.empty(n)
-    e = np.empty(n)
+    """Each iteration's end under one scenario: a suspect that ``fixed``
+    marks has its ops' part times its ``ratio`` in their iteration. Each
+    op's start and end are written to ``s`` and ``e`` before they are read."""
+    (how, pred, gap, anchor, dur, residual, waits_ptr, waits, use_waits, blocking, iteration,
+     rank, link) = ops
     ends = np.full(n_iter, -np.inf)
     for v in order:
         i = v >> 1
         if v & 1 == 0:
             g = gap[i]
-            k = suspects[1, i]
+            k = host[rank[i]]
             if k >= 0 and fixed[k]:
-                g *= factors[1, i]
+                g *= ratio[k, iteration[i]]
             s[i] = (e[pred[i]] if pred[i] >= 0 else anchor[i]) + g
             continue
+        k = link_suspect[link[i]] if link[i] >= 0 else -1
         if how[i] == SYNC and use_waits[i]:
             ready = s[i]
             for j in range(waits_ptr[i], waits_ptr[i + 1]):
                 ready = max(ready, s[waits[j]])
             r = residual[i]
-            k = suspects[2, i]
             if k >= 0 and fixed[k]:
-                r *= factors[2, i]
+                r *= ratio[k, iteration[i]]
             e[i] = ready + r
         elif how[i] == COMPUTE:
             d = dur[i]
-            k = suspects[0, i]
+            k = compute[rank[i]]
             if k >= 0 and fixed[k]:
-                d *= factors[0, i]
+                d *= ratio[k, iteration[i]]
             e[i] = s[i] + d
         else:
             d = residual[i] if how[i] == SYNC else dur[i]
-            k = suspects[2, i]
             if k >= 0 and fixed[k]:
-                d *= factors[2, i]
+                d *= ratio[k, iteration[i]]
             e[i] = s[i] + d
         if blocking[i] and e[i] > ends[iteration[i]]:
             ends[iteration[i]] = e[i]
     return ends
 
 
+@njit(cache=True)
+def _renamed(order: np.ndarray, pred: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Ops renamed in the order their ends come in ``order``: the old name of
+    each new one and the reverse, the order and the preds in new names."""
+    n = len(pred)
+    perm = np.empty(n, np.int32)
+    inv = np.empty(n, np.int32)
+    j = 0
+    for v in order:
+        if v & 1:
+            perm[j] = v >> 1
+            inv[v >> 1] = j
+            j += 1
+    renamed = np.empty_like(order)
+    for k in range(len(order)):
+        renamed[k] = 2 * inv[order[k] >> 1] + (order[k] & 1)
+    new_pred = np.empty(n, np.int32)
+    for j in range(n):
+        p = pred[perm[j]]
+        new_pred[j] = inv[p] if p >= 0 else -1
+    return perm, inv, renamed, new_pred
+
+
+@njit(cache=True)
+def _renamed_waits(ptr: np.ndarray, waits: np.ndarray, perm: np.ndarray,
+                   inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The waits CSR in new names (each list in its order)."""
+    out_ptr = np.zeros(len(perm) + 1, np.int64)
+    for j in range(len(perm)):
+        out_ptr[j + 1] = out_ptr[j] + ptr[perm[j] + 1] - ptr[perm[j]]
+    out = np.empty(out_ptr[-1], np.int32)
+    for j in range(len(perm)):
+        base = out_ptr[j] - ptr[perm[j]]
+        for k in range(ptr[perm[j]], ptr[perm[j] + 1]):
+            out[base + k] = inv[waits[k]]
+    return out_ptr, out
+
+
 @dataclass(frozen=True)
 class Replayer:
-    """A batch's graph, ordered once, replayed under any number of scenarios."""
+    """A batch's graph, ordered once, replayed under any number of scenarios.
+    The replay reads its ops renamed in the order their ends are reached, so
+    that one pass walks memory nearly in sequence (``packed``)."""
 
     graph: Graph
-    order: np.ndarray
     use_waits: np.ndarray
     residual: np.ndarray  # the graph's, with the duration where waits were dropped
+    order: np.ndarray  # the nodes in dependency order, renamed
+    packed: tuple[np.ndarray, ...]  # _replay's op arrays, renamed
+    scratch: tuple[np.ndarray, np.ndarray]  # starts and ends, reused by every replay
 
     @classmethod
     def of(cls, g: Graph) -> "Replayer":
         order, use_waits = dependency_order(g)
         residual = np.where(use_waits, g.residual, g.dur)
-        return cls(g, order, use_waits, residual)
+        perm, inv, renamed, pred = _renamed(order, g.pred)
+        waits_ptr, waits = _renamed_waits(g.waits_ptr, g.waits, perm, inv)
+        packed = (g.how[perm], pred, g.gap[perm], g.anchor[perm], g.dur[perm], residual[perm],
+                  waits_ptr, waits, use_waits[perm], g.blocking[perm], g.iteration[perm],
+                  g.rank[perm], g.link[perm])
+        return cls(g, use_waits, residual, renamed, packed, (np.empty(len(g)), np.empty(len(g))))
 
-    def ends(self, suspects: np.ndarray, factors: np.ndarray, fixed: np.ndarray) -> np.ndarray:
-        """Each iteration's end with the suspects ``fixed`` marks at their factors."""
-        g = self.graph
-        return _replay(self.order, g.how, g.pred, g.gap, g.anchor, g.dur, self.residual,
-                       g.waits_ptr, g.waits, self.use_waits, g.blocking, g.iteration,
-                       len(g.iterations), suspects, factors, fixed)
+    def ends(self, suspects: Suspects, fixed: np.ndarray) -> np.ndarray:
+        """Each iteration's end with the suspects ``fixed`` marks at their ratios."""
+        return _replay(self.order, self.packed, *self.scratch, len(self.graph.iterations),
+                       suspects.compute, suspects.host, suspects.link, suspects.ratio, fixed)
 
     def recorded_ends(self) -> np.ndarray:
         """Each iteration's end as recorded (a replay fixing nothing)."""
-        none = np.full((3, len(self.graph)), -1, np.int64)
-        return self.ends(none, np.ones((3, len(self.graph))), np.zeros(0, np.bool_))
+        return self.ends(Suspects.none(self.graph), np.zeros(0, np.bool_))
 
 
 @dataclass(frozen=True)
@@ -193,15 +254,10 @@ def critical_share(r: Replayer) -> CriticalShare:
     comes from its op's own start unless a partner started later (then from
     that partner's start); a start comes from its pred's end."""
     g = r.graph
-    ranks = np.unique(g.rank)
-    where = np.searchsorted(ranks, g.rank)
+    ranks, where = distinct_ints(g.rank)
     shape = (len(g.iterations), len(ranks))
     held = {name: np.zeros(shape) for name in ("compute", "host", "communication")}
-    last = np.full(len(g.iterations), -1, np.int64)
-    ends = np.where(g.blocking, g.end, -np.inf)
-    for j in np.argsort(ends, kind="stable").tolist():
-        if np.isfinite(ends[j]):
-            last[g.iteration[j]] = j
+    last = _last_ends(g.iteration, np.where(g.blocking, g.end, -np.inf), len(g.iterations))
     for it, j in enumerate(last.tolist()):
         steps = 0
         while j >= 0 and g.iteration[j] == it and steps <= len(g):
@@ -217,6 +273,16 @@ def critical_share(r: Replayer) -> CriticalShare:
             held["host"][it, col] += max(g.gap[j], 0.0)
             j = int(g.pred[j])
     return CriticalShare(ranks, held["compute"], held["host"], held["communication"])
+
+
+def _last_ends(iteration: np.ndarray, ends: np.ndarray, iterations: int) -> np.ndarray:
+    """Per iteration, the op that ends it (the latest finite end; of equal
+    ends, the one with the highest index; -1: none)."""
+    order = np.argsort(ends, kind="stable")
+    order = order[np.isfinite(ends[order])]
+    place = np.full(iterations, -1, np.int64)
+    np.maximum.at(place, iteration[order], np.arange(len(order)))
+    return np.where(place >= 0, order[np.maximum(place, 0)], -1) if len(order) else place
 
 
 def _latest_partner(r: Replayer, j: int) -> int:

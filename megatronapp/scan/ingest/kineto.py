@@ -71,9 +71,10 @@ from megatronapp.io.text import TextError, load_json_bytes
 from megatronapp.trace.events import Event
 
 from megatronapp.scan.errors import TraceError
-from megatronapp.scan.ingest.kineto_spans import (P2P_OPS, STEP_PREFIX, TORCH_RANGES, Comm,
-                                                  ProcessGroup, Span, is_comm_span, op_of,
-                                                  own_annotation, role_of, shape_bytes)
+from megatronapp.scan.ingest.kineto_spans import (P2P_OPS, ROOTED_OPS, STEP_PREFIX,
+                                                  TORCH_RANGES, Comm, ProcessGroup, Span,
+                                                  is_comm_span, op_of, own_annotation, role_of,
+                                                  shape_bytes)
 from megatronapp.scan.ingest.folders import (ALL, EACH, FileWindow, chosen_cycles, group_cycles,
                                              missing_ranks)
 from megatronapp.scan.ingest.gpu import MEMORY_CATS, SENDRECV, GpuRead, normal_cat, read_gpu
@@ -775,7 +776,7 @@ def _infer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
     votes: dict[LaneKey, Counter[ProcessGroup | None]] = defaultdict(Counter)
     for r, cs in comms.items():
         for c in cs:
-            if c.op not in P2P_OPS and c.group is None:
+            if c.op not in P2P_OPS and c.op not in ROOTED_OPS and c.group is None:
                 votes[(r, c.op, c.lane)][_fitting_group(c, r, ranks, by_op)] += 1
     chosen: dict[LaneKey, tuple[ProcessGroup, float]] = {}
     for key, counter in votes.items():
@@ -784,6 +785,7 @@ def _infer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
             chosen[key] = (group, n / sum(counter.values()))
     chosen = _trim_surplus(chosen, {k: sum(v.values()) for k, v in votes.items()},
                            _recorded_calls(comms), set(ranks))
+    chosen.update(_rooted_groups(comms, ranks))
     out = {r: [replace(c, group=chosen[(r, c.op, c.lane)][0].ranks,
                        role=role_of(chosen[(r, c.op, c.lane)][0].desc))
                if c.group is None and (r, c.op, c.lane) in chosen else c for c in cs]
@@ -792,6 +794,28 @@ def _infer_groups(comms: dict[int, list[Comm]], ranks: Mapping[int, KinetoRank]
 
 
 LaneKey = tuple[int, str, Any]  # (rank, op, the thread that ran its calls)
+
+
+def _rooted_groups(comms: Mapping[int, list[Comm]], ranks: Mapping[int, KinetoRank]
+                   ) -> dict[LaneKey, tuple[ProcessGroup, float]]:
+    """Groups for rooted collectives recorded without them (``ROOTED_OPS``),
+    whose calls need not overlap: by count, as every member of a group calls
+    a collective on it as often. A rank's calls of such an op go to its one
+    group (2+ members present) whose present members made as many calls of
+    it; none where no group or more than one does."""
+    count: Counter[tuple[int, str]] = Counter(
+        (r, c.op) for r, cs in comms.items() for c in cs
+        if c.op in ROOTED_OPS and c.group is None)
+    out: dict[LaneKey, tuple[ProcessGroup, float]] = {}
+    for r, cs in comms.items():
+        for op, lane in dict.fromkeys((c.op, c.lane) for c in cs
+                                      if c.op in ROOTED_OPS and c.group is None):
+            fits = [g for g in ranks[r].groups if r in g.ranks
+                    and sum(m in ranks for m in g.ranks) >= 2
+                    and all(count[(m, op)] == count[(r, op)] for m in g.ranks if m in ranks)]
+            if len(fits) == 1:
+                out[(r, op, lane)] = (fits[0], 1.0)
+    return out
 
 
 def _recorded_calls(comms: Mapping[int, list[Comm]]) -> Counter[tuple[tuple[int, ...], str, int]]:
@@ -837,18 +861,21 @@ def _drop_unmatched_groups(comms: dict[int, list[Comm]], present: set[int]
             if c.group is not None:
                 calls[(c.group, c.op)][r].append(c)
     unmatched = {key for key, per_rank in calls.items() if not _meet_in_order(
-        [sorted(per_rank.get(m, []), key=lambda c: c.start_us) for m in key[0] if m in present])}
+        [sorted(per_rank.get(m, []), key=lambda c: c.start_us) for m in key[0] if m in present],
+        rooted=key[1] in ROOTED_OPS)}
     return {r: [replace(c, group=None, role="") if (c.group, c.op) in unmatched else c
                 for c in cs] for r, cs in comms.items()}
 
 
-def _meet_in_order(sequences: list[list[Comm]]) -> bool:
+def _meet_in_order(sequences: list[list[Comm]], rooted: bool = False) -> bool:
     """Members' calls of one group pair up in order: as many on each, and the
     n-th calls of all members overlap (the last arrives before any leaves)
-    for most n."""
+    for most n; of a rooted collective, the first arrives before any leaves
+    (no one can finish before the root has come)."""
     if len({len(s) for s in sequences}) != 1:
         return False
-    meeting = sum(max(c.start_us for c in nth) <= min(c.end_us for c in nth)
+    arrival = min if rooted else max
+    meeting = sum(arrival(c.start_us for c in nth) <= min(c.end_us for c in nth)
                   for nth in zip(*sequences))
     return 2 * meeting > len(sequences[0])
 

@@ -14,6 +14,10 @@ from typing import Any, Mapping
 from megatronapp.trace.columns import is_int32
 
 P2P_OPS = ("send", "recv")
+# Collectives with a root: a broadcast's or scatter's root may send and leave
+# before the others arrive, a reduce's or gather's others before the root
+# does, so their members' calls need not overlap in time.
+ROOTED_OPS = ("broadcast", "scatter", "reduce", "gather")
 DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "double": 8,
                "float64": 8, "long": 8, "int64": 8, "half": 2, "float16": 2, "bfloat16": 2,
                "short": 2, "int16": 2, "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1,
@@ -21,8 +25,9 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "dou
 GROUP_ROLES = (("tensor", "tp"), ("data", "dp"), ("pipeline", "pp"), ("embedding", "embd"),
                ("context", "cp"), ("expert", "ep"))
 STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
-# ranges torch itself opens around work (FSDP2's hooks, DDP, optimizers): not the job's own
-TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.")
+# ranges torch itself opens around work (FSDP2's hooks, DDP, optimizers, a
+# DataLoader's next batch): not the job's own
+TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.", "enumerate(DataLoader)")
 TORCH_ANNOTATIONS = (STEP_PREFIX, *TORCH_RANGES)
 VARIANT_SUFFIX = re.compile(r"(base|coalesced|intotensor|tensor)+$")
 

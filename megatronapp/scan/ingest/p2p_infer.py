@@ -69,7 +69,10 @@ class P2POp:
 
 Peers = list[int | None]  # per op, its peer where it is forced
 Key = tuple[str, int, Hashable]  # (side, rank, position): ops that share a peer
-Node = tuple[str, int]  # ("s", send index) or ("r", receive index)
+# (SEND, send index) or (RECV, receive index): integers, so that the matching
+# found (networkx iterates sets of nodes) does not change with the string hash seed
+SEND, RECV = 0, 1
+Node = tuple[int, int]
 Pair = tuple[int, int]  # (sender, receiver)
 
 
@@ -136,7 +139,7 @@ def _named_messages(sends: Sequence[P2POp], recvs: Sequence[P2POp],
         _, matching = _matching(sends, recvs, batch, keys, allowed)
         channels: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         for i in batch[0]:
-            j = matching[("s", i)][1]
+            j = matching[(SEND, i)][1]
             channels[(sends[i].rank, recvs[j].rank)].append((i, j))
         for (src, dst), pairs in channels.items():
             in_order = zip(sorted((sends[i].start_us, i) for i, _ in pairs),
@@ -250,12 +253,12 @@ def _matching(sends: Sequence[P2POp], recvs: Sequence[P2POp],
     """The batch's causal pairs that ``allowed`` leaves, and a maximum
     matching of them (both ways: node -> partner)."""
     send_ids, recv_ids = batch
-    edges = [(("s", i), ("r", j)) for i in send_ids for j in recv_ids
+    edges = [((SEND, i), (RECV, j)) for i in send_ids for j in recv_ids
              if _may_pair(sends[i], recvs[j], allowed[keys["s"][i]], allowed[keys["r"][j]])]
     graph = nx.Graph(edges)
-    senders: list[Node] = [("s", i) for i in send_ids]
+    senders: list[Node] = [(SEND, i) for i in send_ids]
     graph.add_nodes_from(senders)
-    graph.add_nodes_from(("r", j) for j in recv_ids)
+    graph.add_nodes_from((RECV, j) for j in recv_ids)
     return edges, nx.bipartite.hopcroft_karp_matching(graph, top_nodes=senders)
 
 

@@ -8,7 +8,7 @@ while the stream is short (so a run that fits keeps every value, and the
 detector's answers are those of the whole trace)."""
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable, Iterator, Mapping, TypeVar
+from typing import Hashable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
@@ -79,13 +79,6 @@ class Reservoirs(Mapping[K, np.ndarray]):
     def seen(self, key: K) -> int:
         """Values given for ``key`` (kept or thinned out; 0 for a key never given)."""
         return self._by_key[key].seen if key in self._by_key else 0
-
-    def aliased(self, keys_of: Callable[[K], Iterable[K]]) -> "Reservoirs[K]":
-        """These samples, each also under the keys ``keys_of(key)`` (itself
-        first): the same reservoir shared, not copied."""
-        out: Reservoirs[K] = Reservoirs(self.capacity)
-        out._by_key = {alias: r for key, r in self._by_key.items() for alias in keys_of(key)}
-        return out
 
     def entries(self) -> int:
         """Values held over every key (what the state's size is counted in)."""
