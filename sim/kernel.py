@@ -199,14 +199,14 @@ def run_kernel(prog, net, coll, st):  # pragma: no cover (compiled; tested throu
                     t = t + overhead
                 if code == COMPUTE:
                     e = eb + op_ev[k]
+                    starts[e] = t  # written before its duration is read: see ``sim.spill``
                     d = ends[e]
                     if d != d:  # NaN: the device prices it only now (its start matters)
                         need_rank[n_parked] = i
                         need_start[n_parked] = t
                         n_parked += 1
-                        t = before  # it is issued again once priced
+                        t = before  # it is issued again once priced (its start written again)
                         break
-                    starts[e] = t
                     t = t + d
                     ends[e] = t
                 elif code == COLLECTIVE or code == ASYNC_COLLECTIVE:
@@ -471,8 +471,9 @@ def _deliver(slot, sender, m, when, arrive, ends, starts, ev_base, send_ev, recv
     if posted[slot]:
         receiver = sender - msg_src[m] + msg_dst[m]
         e = ev_base[receiver] + recv_ev[m]
-        posted_at = starts[e]
-        ends[e] = when if when > posted_at else posted_at
+        ends[e] = when  # written before its start is read: see ``sim.spill``
+        if starts[e] > when:
+            ends[e] = starts[e]
     for w in (wait1[slot], wait2[slot]):
         if w >= 0:
             if when > clock[w]:

@@ -29,8 +29,14 @@ from sim.network import Ring
 from sim.symmetry import PipeClasses
 
 from . import kernel as K
+from .spill import Spilled, spilled_zeros
 
 PROGRESS_EVERY = 1 << 20  # operations between progress reports
+# Times (a start and an end, 16 B an event) beyond this many bytes are kept in
+# a mapped file (``sim.spill``), their pages handed back between progress
+# reports and after each batch of rows is copied out of them
+SPILL_BYTES = 128 << 20
+RELEASE_RANKS = 1024  # ranks priced between releases
 
 
 class NotKernel(Exception):
@@ -97,7 +103,8 @@ class KernelRun:
     """One run of a compiled pipeline program over the representatives of ``classes``."""
 
     def __init__(self, cluster: Cluster, program: PipeProgram, classes: PipeClasses,
-                 progress: Callable[[int, int], None] | None = None, op_overhead_s: float = 0.0):
+                 progress: Callable[[int, int], None] | None = None, op_overhead_s: float = 0.0,
+                 spill_bytes: int = SPILL_BYTES):
         topo = cluster.topo
         self.cluster, self.program, self.classes, self.progress = cluster, program, classes, progress
         pp = topo.pp
@@ -108,8 +115,11 @@ class KernelRun:
         self.stage_of = np.tile(np.arange(pp, dtype=np.int64), len(reps))
         per_stage = np.array([st.events for st in program.stages], np.int64)
         self.ev_base = np.concatenate(([0], np.cumsum(per_stage[self.stage_of])[:-1])).astype(np.int64)
-        self.starts = np.zeros(int(per_stage.sum()) * len(reps))
-        self.ends = np.zeros(len(self.starts))
+        events = int(per_stage.sum()) * len(reps)
+        self.spill: Spilled | None = spilled_zeros(2 * events) if 16 * events > spill_bytes else None
+        times = self.spill.values if self.spill is not None else np.zeros(2 * events)
+        # an event's start and end side by side: one page holds both (``sim.spill``)
+        self.starts, self.ends = times[0::2], times[1::2]
         m_count = len(program.messages)
         self.send_ev, self.recv_ev, self.msg_src, self.msg_dst = (
             np.asarray(column, np.int64) for column in message_tables(program))
@@ -125,6 +135,11 @@ class KernelRun:
                      PROGRESS_EVERY)
         self.net, self.coll = net, coll
         self.state = self._state(n, m_count * len(reps), len(self.port_bw), len(self.busy))
+        self._release()  # the durations and slowdowns priced into ``ends``
+
+    def _release(self) -> None:
+        if self.spill is not None:
+            self.spill.release()
 
     # ------------------------------------------------------------- set-up
     def _price_computes(self) -> None:
@@ -142,6 +157,8 @@ class KernelRun:
             slots = self.ev_base[i] + events[s]
             self.ends[slots] = (np.nan if device.timed
                                 else device.durations(np.zeros(len(slots)), work[s]))
+            if i % RELEASE_RANKS == RELEASE_RANKS - 1:
+                self._release()
 
     def _network(self) -> tuple[Any, ...]:
         """Per simulated rank and stage of its pipeline, the link's id; per link
@@ -182,6 +199,8 @@ class KernelRun:
                 pa.append(ports[0])
                 pb.append(ports[1])
                 self.ends[self.ev_base[i] + evs] = link.slowdowns(np.zeros(len(evs)))
+            if i % RELEASE_RANKS == RELEASE_RANKS - 1:
+                self._release()
         self.port_bw = np.asarray(bandwidth or [1.0], np.float64)
         fixed = -1.0 if net.fixed_p2p_s is None else float(net.fixed_p2p_s)
         return (link_of, np.asarray(lat or [0.0], np.float64), np.asarray(pa or [0], np.int64),
@@ -297,12 +316,15 @@ class KernelRun:
             status = K.run_kernel(self.prog, self.net, self.coll, tuple(self.state))
             reg = self.state[0]
             if status == K.DONE:
+                self._release()
                 return None
             if status == K.EXCHANGE:
+                self._release()
                 return self._awaited()
             if status == K.PRICE:
                 self._price_parked()
             elif status == K.PROGRESS:
+                self._release()
                 if self.progress is not None:
                     self.progress(int(reg[K.R_EXECUTED]), total)
                 reg[K.R_EXECUTED] = 0
@@ -410,7 +432,7 @@ class KernelRun:
             starts.append(tuple(self.starts[a:a + per_stage[s]] for s, a in enumerate(lo)))
             ends.append(tuple(self.ends[a:a + per_stage[s]] for s, a in enumerate(lo)))
         return CompiledRun(self.program, self.cluster.topo, self.classes.classes, tuple(starts),
-                           tuple(ends))
+                           tuple(ends), self.spill.release if self.spill is not None else None)
 
 
 def run_on_kernel(cluster: Cluster, program: PipeProgram, classes: PipeClasses,

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from megatronapp.trace.metrics import group_ids, nth_in_group
+from megatronapp.trace.metrics import distinct_ints, group_ids, nth_in_group, sums_at
 
 COLUMN = st.lists(st.integers(-2**20, 2**20), min_size=1, max_size=300)
 
@@ -54,3 +54,33 @@ def test_nth_in_group_counts_each_groups_rows_in_order_of_the_keys_then_rows(row
     assert nth_in_group(ids, [first, second]).tolist() == expected
     assert nth_in_group(ids).tolist() == [sum(1 for j in range(i) if rows[j][0] == rows[i][0])
                                           for i in range(len(rows))]
+
+
+@given(st.lists(st.integers(-2**40, 2**40), max_size=300), st.sampled_from(["any", "narrow"]),
+       st.sampled_from([np.int16, np.int32, np.int64]))
+def test_distinct_ints_is_numpys_unique(values, shape, dtype):
+    """Both the presence table (a narrow range) and the fallback give
+    ``np.unique``'s distinct values, dtype and inverse."""
+    array = np.array(values, np.int64)
+    if shape == "narrow" or dtype != np.int64:
+        array = array % 97 - 40
+    array = array.astype(dtype)
+    distinct, inverse = distinct_ints(array)
+    expected, expected_inverse = np.unique(array, return_inverse=True)
+    assert distinct.dtype == expected.dtype
+    assert np.array_equal(distinct, expected)
+    assert np.array_equal(inverse, expected_inverse.reshape(-1))
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 4),
+                          st.floats(-1e6, 1e6, allow_nan=False)), max_size=300))
+def test_sums_at_adds_as_add_at_does(rows):
+    """The same bits as ``np.add.at`` (floats added in the same order), and counts."""
+    r = np.array([x[0] for x in rows], np.int64)
+    c = np.array([x[1] for x in rows], np.int64)
+    v = np.array([x[2] for x in rows], float)
+    summed, counted = np.zeros((7, 5)), np.zeros((7, 5), np.int64)
+    np.add.at(summed, (r, c), v)
+    np.add.at(counted, (r, c), 1)
+    assert np.array_equal(sums_at((7, 5), r, c, v), summed)
+    assert np.array_equal(sums_at((7, 5), r, c), counted)

@@ -188,3 +188,37 @@ def test_what_the_loop_does_not_model_runs_on_the_reference_engine(fault: dict[s
     for r in range(s.world_size):
         assert [(e.name, e.start_s, e.dur_s) for e in auto.events[r]] == \
             [(e.name, e.start_s, e.dur_s) for e in reference.events[r]]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=jobs(overlap=True), every=st.sampled_from([7, 97, 1000]))
+def test_the_loop_with_its_times_in_a_file_records_the_same_times_and_rows(
+        data: dict[str, Any], every: int) -> None:
+    """Times kept in a mapped file (``sim.spill``), their pages handed back
+    every ``every`` operations and after each batch of rows, are the times and
+    the rows of the loop that keeps them in memory (jitter everywhere)."""
+    import sim.kernel_run as kernel_run
+
+    data["cluster"]["jitter"] = {"compute_sigma": 0.05, "link_sigma": 0.1}
+    s = parse_scenario(data)
+    if not kernel_prices(build_cluster(s)):
+        return
+    program = compile_static(s)
+    assert program is not None
+    overhead = s.cluster.gpu.op_overhead_us * 1e-6
+    in_memory = run_on_kernel(build_cluster(s), program, pipe_classes(build_cluster(s)), None,
+                              overhead)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernel_run, "PROGRESS_EVERY", every)
+        patch.setattr(kernel_run, "RELEASE_RANKS", 2)
+        cluster = build_cluster(s)
+        loop = kernel_run.KernelRun(cluster, program, pipe_classes(cluster), None, overhead,
+                                    spill_bytes=0)
+        loop.run()
+    assert loop.spill is not None
+    spilled = loop.result()
+    _assert_same(in_memory, spilled)
+    for a, b in zip(in_memory.batches(max_rows=50), spilled.batches(max_rows=50)):
+        np.testing.assert_array_equal(b.start_s, a.start_s)
+        np.testing.assert_array_equal(b.dur_s, a.dur_s)
+        np.testing.assert_array_equal(b.name, a.name)

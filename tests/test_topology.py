@@ -31,6 +31,7 @@ def test_coord_round_trip_and_group_membership(tp: int, pp: int, dp: int) -> Non
         assert topo.rank(c.dp, c.pp, c.tp) == rank
         assert rank in topo.tp_group(rank) and rank in topo.dp_group(rank)
         assert topo.pp_group(rank)[c.pp] == rank
+        assert topo.stage(rank) == c.pp
 
 
 def test_out_of_range_rank_is_rejected() -> None:

@@ -42,10 +42,10 @@ class TraceCost:
 @dataclass(frozen=True)
 class CostModel:
     """Costs of ``megatronapp run`` on the simulator, in CPU time and peak RSS,
-    measured on this 2-core CPU machine with ``paper_figs/limits_calibration.py``
+    measured on this 2-core CPU machine with ``experiments/limits_calibration.py``
     (slopes between runs that differ in microbatches, or in dp): 54-61 us and
     ~900 B per event, 0.7 us and ~9 B per group member, 317 B of disk per event.
-    Rounded up here; see docs/robustness.md."""
+    Rounded up here; see docs/limits.md."""
 
     base_bytes: float = 100e6  # interpreter, numpy, simpy, pydantic
     base_seconds: float = 1.0
@@ -65,7 +65,7 @@ class CostModel:
     # compiling one pipeline's program, simulating the representatives' events,
     # writing the stored rows (in batches of at most ``store.ROW_GROUP``), and
     # per rank its device, clock, links and class. Measured with
-    # paper_figs/scale_table.py (now experiments/scale_table.py) on MegaScale's 175B
+    # experiments/scale_table.py on MegaScale's 175B
     # configuration at 1k-98k GPUs
     # (CPU time and peak RSS of a child; slopes between sizes: ~60 us and ~1.3 kB
     # a rank, ~0.25 us a stored row); the estimate stays within 3x either way.
@@ -76,14 +76,21 @@ class CostModel:
     compiled_seconds_per_rank: float = 50e-6
     compiled_base_bytes: float = 150e6
     compiled_bytes_per_program_event: float = 1000.0
-    # start and end per event, then per stage the classes' times in trace order
-    # (stacked, sorted) while rows are written: 9.5 GB for 47 M events simulated
-    # (12,288 GPUs with jitter on every link, nothing reduced). The compiled loop
-    # (``sim.kernel``) left these as they were: with jitter on every link and
-    # device the loop is a tenth of ``run``, the summary and the trace's rows the
-    # rest; ``python -m experiments.scale_table`` measured 73.0 CPU s and 8.59 GB
-    # at 12,288 GPUs against 87 s and 10.0 GB estimated (results/scale_table.json)
-    compiled_bytes_per_simulated_event: float = 200.0
+    # The loop's start and end of every event simulated (16 B an event) are held
+    # in memory up to ``compiled_times_held_bytes`` (``sim.kernel_run.SPILL_BYTES``);
+    # beyond, they live in a mapped temporary file (``sim.spill``, under TMPDIR)
+    # whose pages are handed back as the loop goes and after each batch of rows,
+    # so what stays is about a page or two a simulated rank. The trace's rows,
+    # the summary and MegaDPP's section are taken a batch of whole pipelines at
+    # a time (``EventSource.weighted_batches``); the loop's message slots and
+    # tables grow with the job (about 4 B an event). ``python -m
+    # experiments.scale_table`` measured 0.44 GB at 1,024 GPUs and 0.58 GB at
+    # 12,288 (47 M events simulated, nothing reduced; 1.27 GB with every time
+    # in memory, 8.59 GB before the batches): docs/journal/2026-12-06-streaming-store.md
+    compiled_bytes_per_simulated_event: float = 4.0
+    compiled_times_bytes_per_event: float = 16.0
+    compiled_times_held_bytes: float = 128 * 2**20
+    compiled_spilled_bytes_per_rank: float = 8192.0
     compiled_bytes_per_batch_row: float = 400.0  # one batch of rows being written
     compiled_disk_bytes_per_event: float = 24.0
     bytes_per_rank: float = 3000.0
@@ -93,28 +100,35 @@ class CostModel:
     # a few per core only thrash; below 64 the backend's own checks speak first.
     torch_processes_per_cpu: int = 8
     torch_min_processes: int = 64
-    # Commands that read a trace, measured with ``paper_figs/limits_calibration.py
+    # Commands that read a trace, measured with ``experiments/limits_calibration.py
     # --scan`` (slopes of peak RSS and CPU time between runs of 78 k and 312 k
     # events; 5 k and 20 k for JSON input): MegaScan on a run's trace.parquet
     # keeps columns (259 B, 0.3 us an event; 9.3 GB at 47 M events), the
     # baselines and JSON input an object per event (1.1 kB, 15 us), analyze
     # 3.6 kB and 47 us, align 1.9 kB and 32 us, export-trace 0.3 kB and 6 us,
     # plot 19 kB and 3.5 ms. Rounded up here.
-    detect_columns: TraceCost = TraceCost(300.0, 1e-6, batched=True)
+    # MegaScan's model (dependency graph, replay, expected times per rank)
+    # on the stores ``python -m experiments.scale_table`` builds (jitter
+    # everywhere; ``taskset -c 1 /usr/bin/time megatronapp detect``), with
+    # batches of 1.22 M events at both sizes: 8.1 CPU s and 0.80 GB at 1,024
+    # GPUs (3.9 M events), 65-69 s and 0.89 GB at 12,288 (47 M). Per event of
+    # the largest batch, over the base: 575 B; per event read: 1.4 us.
+    # Rounded up here
+    detect_columns: TraceCost = TraceCost(600.0, 1.6e-6, batched=True)
     # What the streaming detector keeps between batches: its bounded samples
     # and counts, per value kept (a float in a reservoir, the dicts and
     # objects around it)
     bytes_per_state_value: float = 40.0
     # A symmetric store read by twin replicas: the verdict holds each rank's
     # share of the state (dict entries, scores, waits) and works through it,
-    # measured at 12,288-98,304 GPUs (then ``paper_figs/scale_table.py``):
+    # measured at 12,288-98,304 GPUs (then ``experiments/scale_table.py``):
     # 10 kB and 0.3-0.4 ms a rank of the job
     bytes_per_twin_rank: float = 10e3
     seconds_per_twin_rank: float = 0.35e-3
     detect_events: TraceCost = TraceCost(1500.0, 20e-6)
     analyze: TraceCost = TraceCost(4000.0, 50e-6)
     align: TraceCost = TraceCost(2200.0, 35e-6)
-    export: TraceCost = TraceCost(400.0, 7e-6, held_events=1 << 20)  # store.ROW_GROUP rows
+    export: TraceCost = TraceCost(400.0, 7e-6, held_events=1 << 18)  # store.ROW_GROUP rows
     # query: the aligned columns and sync ops, then DuckDB's typed rows (the
     # view spells names, op ids and args out as it is read)
     query: TraceCost = TraceCost(500.0, 5e-6)
@@ -283,13 +297,19 @@ def _of_size(estimate: Estimate, size: RunSize) -> Estimate:
     stored = size.stored_events
     browser = size.trace_events * c.disk_bytes_per_event if size.trace_events <= BROWSER_EVENTS \
         else 0.0
+    times = size.simulated_events * c.compiled_times_bytes_per_event
+    spilled = times > c.compiled_times_held_bytes
     return replace(
         estimate, ranks=size.ranks, events=size.trace_events, simulated_events=size.simulated_events,
         memory_bytes=(c.compiled_base_bytes + size.program_events * c.compiled_bytes_per_program_event
                       + size.simulated_events * c.compiled_bytes_per_simulated_event
+                      + (0.0 if spilled else times)
                       + min(stored, ROW_GROUP) * c.compiled_bytes_per_batch_row
-                      + size.ranks * c.bytes_per_rank + estimate.faults * c.bytes_per_fault),
-        disk_bytes=stored * c.compiled_disk_bytes_per_event + browser,
+                      + size.ranks * (c.bytes_per_rank
+                                      + (c.compiled_spilled_bytes_per_rank if spilled else 0.0))
+                      + estimate.faults * c.bytes_per_fault),
+        disk_bytes=(stored * c.compiled_disk_bytes_per_event + browser
+                    + (times if spilled else 0.0)),  # the file, where TMPDIR is this disk
         seconds=(c.compiled_base_seconds
                  + size.program_events * c.compiled_seconds_per_program_event
                  + size.simulated_events * c.compiled_seconds_per_simulated_event

@@ -47,6 +47,10 @@ class Topology:
             raise ValueError(f"rank {rank} out of range 0..{self.world_size - 1}")
         return self._coords[rank]
 
+    def stage(self, rank: int) -> int:
+        """``coord(rank).pp``, without building every rank's coordinates."""
+        return rank // (self.tp * self.dp)
+
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 

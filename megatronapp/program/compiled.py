@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Hashable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -273,6 +273,27 @@ def pipe_ranks(topo: Topology, pipe: int) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------- recorded times
+def time_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Each row's columns ordered by start, longest first at a tie, else by
+    column: ``np.lexsort((-(end - start), start), axis=-1)``. A rank's clock
+    only moves forward through its program, so its starts seldom decrease:
+    there only the runs of equal starts are sorted."""
+    if start.shape[1] < 2 or not (start[:, 1:] >= start[:, :-1]).all():
+        return np.lexsort((-(end - start), start), axis=-1)
+    tied = np.zeros(start.shape, np.bool_)
+    tied[:, 1:] = start[:, 1:] == start[:, :-1]
+    in_run = tied.copy()
+    in_run[:, :-1] |= tied[:, 1:]
+    order = np.broadcast_to(np.arange(start.shape[1]), start.shape).copy()
+    at = np.flatnonzero(in_run)
+    if len(at):
+        run = np.cumsum(~tied.ravel())[at]  # runs never span rows: a row opens one
+        longest = -(end.ravel()[at] - start.ravel()[at])
+        flat = order.ravel()
+        flat[at] = flat[at[np.lexsort((longest, run))]]  # the few ties alone
+    return order
+
+
 @dataclass(frozen=True)
 class CompiledRun:
     """A simulated job in compact form: per class of identical pipelines, the
@@ -284,6 +305,9 @@ class CompiledRun:
     classes: tuple[tuple[int, ...], ...]
     starts: tuple[tuple[np.ndarray, ...], ...]  # [class][stage]
     ends: tuple[tuple[np.ndarray, ...], ...]
+    # hands back the pages of times kept in a mapped file (``sim.spill``) once
+    # a batch has copied what it needs; None where they are plain arrays
+    release: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def pipes(self) -> int:
@@ -317,7 +341,9 @@ class CompiledRun:
         distinct, back = np.unique(cls, return_inverse=True)
         start = np.stack([self.starts[c][stage] for c in distinct.tolist()])
         end = np.stack([self.ends[c][stage] for c in distinct.tolist()])
-        order = np.lexsort((-(end - start), start), axis=-1)
+        if self.release is not None:  # copied out: the recorded times' pages can go
+            self.release()
+        order = time_order(start, end)
         start = np.take_along_axis(start, order, 1)
         end = np.take_along_axis(end, order, 1)
         return order.astype(np.int32)[back], start[back], end[back]
@@ -351,10 +377,14 @@ class CompiledRun:
             extra=static["extra"].ravel() if self.program.has_extra else None)
 
     def batches(self, max_rows: int = 1 << 20) -> Iterator[EventColumns]:
-        """Every event, ranks in ascending order, at most about ``max_rows`` at a time."""
+        """Every event, ranks in ascending order, at most about ``max_rows`` at
+        a time: each batch the ranks of whole data-parallel replicas of one
+        stage (as many as fit, one at least), so that a reader of some
+        replicas (``trace.store.read_columns``) reads only their batches."""
         cls_all = self.class_of_pipe()
+        tp = self.topo.tp
         for stage, st in enumerate(self.program.stages):
-            step = max(1, max_rows // max(st.events, 1))
+            step = tp * max(1, max_rows // max(st.events * tp, 1))
             for lo in range(0, self.pipes, step):
                 pipes = np.arange(lo, min(lo + step, self.pipes))
                 yield self.rows(stage, pipes, cls_all[pipes])
@@ -371,9 +401,21 @@ class CompiledRun:
 
     def compact(self) -> tuple[EventColumns, np.ndarray]:
         """The representatives' events and how many ranks each row stands for."""
-        reps = np.array([c[0] for c in self.classes])
-        size = np.array([len(c) for c in self.classes], np.int64)
-        parts = [self.rows(stage, reps, np.arange(len(reps))) for stage in range(self.topo.pp)]
+        return self._class_rows(np.arange(len(self.classes)))
+
+    def weighted_batches(self, max_rows: int = 1 << 20) -> Iterator[tuple[EventColumns, np.ndarray]]:
+        """``compact``'s rows a few classes at a time: whole pipelines (both
+        sides of every transfer), about ``max_rows`` rows a batch."""
+        step = max(1, max_rows // max(self.program.events_per_pipe, 1))
+        for lo in range(0, len(self.classes), step):
+            yield self._class_rows(np.arange(lo, min(lo + step, len(self.classes))))
+
+    def _class_rows(self, cls: np.ndarray) -> tuple[EventColumns, np.ndarray]:
+        """The events of the representatives of classes ``cls``, stage after
+        stage, and the size of each row's class."""
+        reps = np.array([self.classes[c][0] for c in cls.tolist()], np.int64)
+        size = np.array([len(self.classes[c]) for c in cls.tolist()], np.int64)
+        parts = [self.rows(stage, reps, cls) for stage in range(self.topo.pp)]
         weights = [np.repeat(size, st.events) for st in self.program.stages]
         return concat_same(parts), np.concatenate(weights).astype(float)
 

@@ -18,6 +18,7 @@ from ..scenario.config import Scenario
 from ..trace.columns import EventSource
 from ..trace.events import RunResult
 from ..trace.summary_file import RunSummary
+from ..trace.totals import BatchTotals
 from .ranks import CapturePricing, StagesFor
 
 FEATURES = ("megatronapp.fbd.hooks", "megatronapp.dpp.hooks", "megatronapp.scope.hooks")
@@ -41,6 +42,10 @@ def _no_capture(_s: Scenario) -> CapturePricing | None:
 
 def _no_sections(_s: Scenario, _result: RunResult, _source: EventSource) -> dict[str, Any]:
     return {}
+
+
+def _no_totals(_s: Scenario, _result: RunResult, _source: EventSource) -> BatchTotals | None:
+    return None
 
 
 def _same_truth(_result: RunResult, truth: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +79,9 @@ class FeatureHooks:
     simulated: Callable[[Scenario, Simulate, RunResult], RunResult] = _as_simulated
     # sections appended to summary.json (MegaDPP: pipeline windows and peak memory)
     summary_sections: Callable[[Scenario, RunResult, EventSource], dict[str, Any]] = _no_sections
+    # sections accumulated from the run's batches of whole pipelines, read once for all
+    # (MegaDPP: pipeline windows and peak memory), appended after the feature's summary_sections
+    summary_totals: Callable[[Scenario, RunResult, EventSource], BatchTotals | None] = _no_totals
     # ground_truth.json as the feature's runs need it (MegaFBD: worker threads, not ranks)
     ground_truth: Callable[[RunResult, dict[str, Any]], dict[str, Any]] = _same_truth
     # the head of what `run` prints, in place of the pipeline's (MegaFBD: devices and roles)

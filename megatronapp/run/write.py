@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..trace.columns import EventColumns, EventSource, source_of
+from ..trace.columns import source_of
 from ..faults import ground_truth as fault_truth, skewed_ranks
 from ..scenario.config import Scenario, adjustments, fault_job, scenario_to_dict
 from ..errors import UserError
@@ -19,7 +19,7 @@ from ..program.features import feature_hooks
 from ..trace.store import TRACE_FILE, StoreMeta
 from ..trace.chrome import Ranges, write_chrome
 from ..io.outdirs import new_file, staged_dir  # noqa: F401 (runs are written through staged_dir)
-from ..trace.summary import summarize_source
+from ..trace.totals import BatchTotals, RunTotals
 from ..trace.summary_file import SCHEMA_VERSION
 from ..parallel.topology import Topology
 from ..trace.events import RunResult, write_json
@@ -40,29 +40,22 @@ def ground_truth(s: Scenario, result: RunResult) -> dict[str, Any]:
     return truth
 
 
-class CompactOnce:
-    """An event source whose ``compact`` view is built on first use and kept
-    while the summary is built: the summary and each feature's section read it
-    in turn, and a job with nothing reduced has every event in it."""
-
-    def __init__(self, source: EventSource):
-        self._source = source
-        self._compact: tuple[EventColumns, np.ndarray] | None = None
-
-    def compact(self) -> tuple[EventColumns, np.ndarray]:
-        if self._compact is None:
-            self._compact = self._source.compact()
-        return self._compact
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._source, name)
+SUMMARY_BATCH = 1 << 18  # rows a summary batch holds about (whole pipelines, one at least)
 
 
 def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
-    """One vectorised pass over the run's columns (compact for symmetric runs),
-    then the features' sections."""
-    source = CompactOnce(source_of(result))
-    measured = summarize_source(source)
+    """The run's measures and the features' sections, accumulated in one pass
+    over its batches of whole pipelines (a job with nothing reduced is never
+    held as rows all at once)."""
+    source = source_of(result)
+    core = RunTotals()
+    sections = [(feature, feature.summary_totals(s, result, source)) for feature in feature_hooks()]
+    fed_too: list[BatchTotals] = [core, *(t for _f, t in sections if t is not None)]
+    for batch in source.weighted_batches(SUMMARY_BATCH):
+        for totals in fed_too:
+            totals.add(*batch)
+        del batch  # before the next batch is built: one held at a time
+    measured = core.finish()
     if result.stopped is not None:  # the iteration a failure cut short is no iteration time
         measured["iteration_times_s"] = measured["iteration_times_s"][
             :result.stopped["iterations_completed"]]
@@ -70,8 +63,10 @@ def build_summary(s: Scenario, result: RunResult) -> dict[str, Any]:
                "world_size": result.topo.world_size, "schedule": s.schedule, **measured,
                "faults": ground_truth(s, result)["faults"], **result.summary_items(),
                "adjustments": adjustments(s), "scenario": scenario_to_dict(s)}
-    for feature in feature_hooks():
+    for feature, section in sections:
         summary.update(feature.summary_sections(s, result, source))
+        if section is not None:
+            summary.update(section.finish())
     return summary
 
 

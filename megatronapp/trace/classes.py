@@ -106,6 +106,9 @@ class Expansion:
     def compact(self) -> tuple[EventColumns, np.ndarray]:
         return self.stored, self._weights.astype(float)
 
+    def weighted_batches(self, max_rows: int = 1 << 20) -> Iterator[tuple[EventColumns, np.ndarray]]:
+        yield self.compact()  # the stored rows are in memory: one batch
+
     def stand_ins(self) -> dict[int, tuple[int, ...]]:
         return {rep: self.classes.members.get(rep, (rep,)) for rep in self._bounds}
 

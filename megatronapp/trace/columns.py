@@ -127,10 +127,19 @@ def concat_same(parts: Sequence[EventColumns]) -> EventColumns:
     first = parts[0]
     if any(p.names != first.names or p.groups is not first.groups for p in parts):
         return concat_columns(parts)
-    if any(p.extra is not None for p in parts):
-        return concat_columns(parts)
+    # nothing to re-code: a job's group table (tens of thousands of groups at
+    # 98,304 GPUs) is not hashed again for every part
     return EventColumns(**{f: np.concatenate([getattr(p, f) for p in parts])
-                           for f in ARRAY_FIELDS}, names=first.names, groups=first.groups)
+                           .astype(DTYPES[f], copy=False) for f in ARRAY_FIELDS},
+                        names=first.names, groups=first.groups, extra=_concat_extra(parts))
+
+
+def _concat_extra(parts: Sequence[EventColumns]) -> np.ndarray | None:
+    """The parts' args (None where a part has none), or None if none has any."""
+    if all(p.extra is None for p in parts):
+        return None
+    return np.concatenate([p.extra if p.extra is not None else np.full(len(p), None, object)
+                           for p in parts])
 
 
 def concat_columns(parts: Sequence[EventColumns]) -> EventColumns:
@@ -150,11 +159,9 @@ def concat_columns(parts: Sequence[EventColumns]) -> EventColumns:
             if p.names else p.name
         gmap = np.array([group_id[g] for g in p.groups] + [-1], np.int32)
         arrays["group"][-1] = gmap[p.group]  # -1 indexes the trailing -1
-    extras = [p.extra if p.extra is not None else np.full(len(p), None, object) for p in parts]
-    has_extra = any(p.extra is not None for p in parts)
     return EventColumns(**{f: np.concatenate(v).astype(DTYPES[f], copy=False)
                            for f, v in arrays.items()}, names=names, groups=groups,
-                        extra=np.concatenate(extras) if has_extra else None)
+                        extra=_concat_extra(parts))
 
 
 # --------------------------------------------------------- from / to events
@@ -248,7 +255,10 @@ def events_of_rows(cols: EventColumns, lo: int, hi: int) -> list[Event]:
 
 class EventSource(Protocol):
     """Where a run's events come from: a table in memory, or a compact run
-    that expands its rows on demand."""
+    that expands its rows on demand. ``compact``: the rows of the ranks that
+    stand for others and how many each stands for; ``weighted_batches``: the
+    same rows a few whole pipelines at a time (both sides of every transfer in
+    one batch), for summaries that must not hold every row at once."""
 
     @property
     def events(self) -> int: ...
@@ -257,6 +267,7 @@ class EventSource(Protocol):
     def ranks(self) -> Sequence[int]: ...
     def batches(self, max_rows: int = ...) -> Iterator[EventColumns]: ...
     def compact(self) -> tuple[EventColumns, np.ndarray]: ...
+    def weighted_batches(self, max_rows: int = ...) -> Iterator[tuple[EventColumns, np.ndarray]]: ...
     def stand_ins(self) -> dict[int, tuple[int, ...]]: ...
     def rank_rows(self, rank: int) -> EventColumns: ...
 
@@ -285,6 +296,9 @@ class TableSource:
 
     def compact(self) -> tuple[EventColumns, np.ndarray]:
         return self.table, np.ones(len(self.table))
+
+    def weighted_batches(self, max_rows: int = 1 << 20) -> Iterator[tuple[EventColumns, np.ndarray]]:
+        yield self.compact()  # already in memory: one batch
 
     def stand_ins(self) -> dict[int, tuple[int, ...]]:
         return {r: (r,) for r in self._bounds}

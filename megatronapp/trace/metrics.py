@@ -15,8 +15,35 @@ import numpy as np
 import pyarrow as pa
 
 from .columns import KINDS, EventColumns
+from .exact import exact_sum
 
 COMPUTE = KINDS.index("compute")
+
+
+def distinct_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for integers, by a presence
+    table where their range is small (a sort of millions of ranks, names or
+    iterations per batch is most of what the table saves)."""
+    values = np.asarray(values)
+    integers = len(values) > 0 and values.dtype.kind in "iu"
+    lo, hi = (int(values.min()), int(values.max())) if integers else (0, 0)
+    if not integers or hi - lo + 1 > max(2 * len(values), 1 << 20):
+        distinct, inverse = np.unique(values, return_inverse=True)
+        return distinct, inverse.reshape(-1).astype(np.int64, copy=False)
+    offset = values.astype(np.int64) - lo
+    present = np.zeros(hi - lo + 1, bool)
+    present[offset] = True
+    dense = np.cumsum(present, dtype=np.int64) - 1
+    return (np.flatnonzero(present) + lo).astype(values.dtype), dense[offset]
+
+
+def sums_at(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray,
+            values: np.ndarray | None = None) -> np.ndarray:
+    """``np.add.at(zeros(shape), (rows, cols), values)`` (counts where
+    ``values`` is None) by one bincount: the same sums, added in the same
+    order, without ``add.at``'s per-element dispatch."""
+    flat = np.asarray(rows, np.int64) * shape[1] + np.asarray(cols, np.int64)
+    return np.bincount(flat, values, minlength=shape[0] * shape[1]).reshape(shape)
 
 
 def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -93,8 +120,10 @@ def unit_weights(cols: EventColumns) -> np.ndarray:
 
 
 def weighted_mean(values: np.ndarray, weight: np.ndarray) -> float:
-    total = float(weight.sum())
-    return float((values * weight).sum() / total) if total > 0 else 0.0
+    """The mean of ``values`` weighted by ``weight``, its sums exact (``exact``):
+    the same bits whichever batches the values came in."""
+    total = exact_sum(weight)
+    return exact_sum(values * weight) / total if total > 0 else 0.0
 
 
 # ------------------------------------------------------------- iterations
@@ -109,40 +138,20 @@ def iteration_spans(cols: EventColumns) -> dict[int, tuple[float, float]]:
     return out
 
 
-def busy_fractions(cols: EventColumns, weight: np.ndarray,
-                   spans: dict[int, tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per (rank, iteration) with a non-empty span: compute busy time / span, and
-    the rank's weight. Ranks without compute in an iteration count as idle."""
-    if not spans or not len(cols):
-        return np.zeros(0), np.zeros(0)
+def busy_times(cols: EventColumns, weight: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Compute busy time per (rank, iteration) of the ranks in ``cols``: the
+    ranks (ascending), each rank's weight, the iterations with compute and a
+    (ranks, iterations) matrix of summed durations (each rank's rows in their
+    order, so a rank's sums do not depend on the rows of others)."""
     ranks, rank_of_row = np.unique(cols.rank, return_inverse=True)
     rank_weight = np.zeros(len(ranks))
     rank_weight[rank_of_row] = weight
-    its = np.array(sorted(spans), np.int64)
-    width = np.array([spans[int(i)][1] - spans[int(i)][0] for i in its])
-    it_index = np.searchsorted(its, cols.iteration)
     counted = (cols.kind == COMPUTE) & (cols.iteration >= 0)
-    busy = np.bincount(rank_of_row[counted] * len(its) + it_index[counted],
+    its, it_index = np.unique(cols.iteration[counted], return_inverse=True)
+    busy = np.bincount(rank_of_row[counted] * len(its) + it_index.reshape(-1),
                        weights=cols.dur_s[counted], minlength=len(ranks) * len(its))
-    busy = busy.reshape(len(ranks), len(its))
-    keep = width > 0
-    fractions = busy[:, keep] / width[keep]
-    return fractions.ravel(), np.repeat(rank_weight, int(keep.sum()))
-
-
-def bubble_fraction(cols: EventColumns, weight: np.ndarray,
-                    spans: dict[int, tuple[float, float]] | None = None) -> float:
-    """Mean idle share of ranks x iterations."""
-    spans = iteration_spans(cols) if spans is None else spans
-    fractions, w = busy_fractions(cols, weight, spans)
-    return 1.0 - weighted_mean(fractions, w) if len(w) else 0.0
-
-
-def summarize_columns(cols: EventColumns, weight: np.ndarray) -> dict[str, object]:
-    """Iteration times and the bubble fraction."""
-    spans = iteration_spans(cols)
-    return {"iteration_times_s": [hi - lo for lo, hi in spans.values()],
-            "bubble_fraction": bubble_fraction(cols, weight, spans)}
+    return ranks, rank_weight, its, busy.reshape(len(ranks), len(its))
 
 
 # ------------------------------------------------------------------ memory

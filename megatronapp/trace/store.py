@@ -11,7 +11,12 @@ local-clock view (what its own profiler would have written) is
 ``local = true·(1 + drift) + offset``, applied on reading.
 
 Rows are written in batches (row groups) as the run expands them, so memory
-stays bounded by one batch; DuckDB and pyarrow read the file directly.
+stays bounded by one batch; DuckDB and pyarrow read the file directly. Each
+row group holds whole ranks, ascending; a compiled run's, the ranks of whole
+data-parallel replicas of one stage (about ``ROW_GROUP`` rows, one replica at
+least), so that a reader of some ranks (``read_columns(ranks=...)``, the
+detector's cut of a few replicas) decodes only the row groups that hold
+them (``row_groups_of``, from the footer's rank statistics).
 
 A run with classes of identical ranks (the simulator's symmetry reduction)
 stores only its representatives' rows (format 2): the metadata adds
@@ -45,7 +50,8 @@ META_KEY = b"megatronapp"
 TRACE_FILE = "trace.parquet"
 NULLABLE = ("iteration", "microbatch", "chunk", "nbytes", "peer", "group", "role", "tag")
 COLUMN_OF = {"nbytes": "bytes"}  # field -> column name where they differ
-ROW_GROUP = 1 << 20
+ROW_GROUP = 1 << 18  # rows a row group (and a batch being written) holds about
+TIMES = ("start_s", "dur_s")  # written without a dictionary (nearly every value distinct)
 INT32_MAX = int(np.iinfo(np.int32).max)
 
 
@@ -126,22 +132,19 @@ def write_events(path: Path, source: EventSource, meta: StoreMeta,
                  max_rows: int = ROW_GROUP) -> int:
     """Stream every event of ``source`` into ``path``; returns the rows written."""
     batches = source.batches(max_rows)
-    first = next(batches, None)
-    with_args = first is not None and first.extra is not None
-    schema = _schema(with_args, meta)
+    held = [cols for cols in [next(batches, None)] if cols is not None]  # the schema needs it
+    schema = _schema(bool(held) and held[0].extra is not None, meta)
     rows = 0
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
-        for cols in _chain(first, batches):
-            writer.write_batch(_batch(cols, schema), row_group_size=max_rows)
+    # a dictionary of the times would be tried, cost CPU and be dropped
+    coded = [name for name in schema.names if name not in TIMES]
+    with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=coded) as writer:
+        while (cols := held.pop() if held else next(batches, None)) is not None:
+            # each batch one row group (its ranks whole), and one held at a time
+            writer.write_batch(_batch(cols, schema), row_group_size=max(max_rows, len(cols)))
             rows += len(cols)
             on_rows(len(cols))
+            del cols
     return rows
-
-
-def _chain(first: EventColumns | None, rest: Iterator[EventColumns]) -> Iterator[EventColumns]:
-    if first is not None:
-        yield first
-    yield from rest
 
 
 # ------------------------------------------------------------------ reading
@@ -193,6 +196,59 @@ def iteration_bound(path: Path) -> int:
     return top + 1
 
 
+def row_groups_of(path: Path, ranks: Sequence[int]) -> list[int]:
+    """The row groups whose ranks (their footer's min and max) may hold one of
+    ``ranks``: a store written by ``write_events`` holds whole ranks per row
+    group, a compiled run's whole data-parallel replicas of one stage."""
+    return _row_groups(_rank_ranges(path), ranks)
+
+
+def _rank_ranges(path: Path) -> np.ndarray:
+    """Each row group's (min, max) rank from the footer; the widest range where
+    it is not stated (then the group is read)."""
+    footer = pq.read_metadata(gate.checked(path, ""))
+    column = footer.schema.names.index("rank")
+    out = np.empty((footer.num_row_groups, 2), np.int64)
+    for g in range(footer.num_row_groups):
+        stats = footer.row_group(g).column(column).statistics
+        stated = stats is not None and stats.has_min_max
+        out[g] = (int(stats.min), int(stats.max)) if stated else (-INT32_MAX, INT32_MAX)
+    return out
+
+
+def _row_groups(ranges: np.ndarray, ranks: Sequence[int]) -> list[int]:
+    wanted = np.unique(np.asarray(ranks, np.int64))
+    first = np.searchsorted(wanted, ranges[:, 0])
+    hit = first < len(wanted)
+    hit[hit] &= wanted[first[hit]] <= ranges[hit, 1]
+    return np.flatnonzero(hit).tolist()
+
+
+@dataclass
+class CutReader:
+    """A full store read cut by cut (a detector's batches of replicas): its
+    metadata, footer and dataset read once, not once a cut (at 98,304 GPUs
+    the metadata alone is megabytes of JSON, the footer thousands of groups)."""
+
+    path: Path
+    meta: StoreMeta = field(init=False)
+    _dataset: ds.Dataset = field(init=False)
+    _ranges: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.meta = read_meta(self.path)
+        self._dataset = _dataset(self.path)
+        self._ranges = _rank_ranges(self.path)
+
+    def columns(self, ranks: Sequence[int] | None, iterations: Sequence[int] | None,
+                with_args: bool = False) -> EventColumns:
+        """The rows of ``ranks`` (all: None) in ``iterations`` (all: None)."""
+        if self.meta.stand_ins is not None:
+            raise StoreError(f"{self.path}: a symmetric store is expanded, not cut")
+        return _read_stored(self.path, self.meta, ranks, iterations, with_args,
+                            (self._dataset, self._ranges))
+
+
 def _filter(ranks: Sequence[int] | None, iterations: Sequence[int] | None) -> Any:
     out = None
     if ranks is not None:
@@ -231,10 +287,18 @@ def read_source(path: Path, with_args: bool = False) -> EventSource:
 
 
 def _read_stored(path: Path, meta: StoreMeta, ranks: Sequence[int] | None,
-                 iterations: Sequence[int] | None, with_args: bool) -> EventColumns:
-    """The rows as stored (a symmetric store: the representatives')."""
-    dataset = _dataset(path)
+                 iterations: Sequence[int] | None, with_args: bool,
+                 opened: tuple[ds.Dataset, np.ndarray] | None = None) -> EventColumns:
+    """The rows as stored (a symmetric store: the representatives'); of
+    ``ranks``: only the row groups that hold one of them are decoded.
+    ``opened``: the store's dataset and row groups' rank ranges, read already."""
+    dataset, ranges = opened if opened is not None else (_dataset(path), None)
     names = [n for n in dataset.schema.names if with_args or n != "args"]
+    if ranks is not None:
+        fragment = next(iter(dataset.get_fragments()))
+        groups = _row_groups(_rank_ranges(path) if ranges is None else ranges, ranks)
+        dataset = ds.FileSystemDataset([fragment.subset(row_group_ids=groups)],
+                                       dataset.schema, dataset.format, dataset.filesystem)
     cols = _columns(dataset.to_table(columns=names, filter=_filter(ranks, iterations)), meta)
     # the Arrow table is numpy columns now: its pages go back to the system, not
     # kept by Arrow's allocator beside what the caller builds next

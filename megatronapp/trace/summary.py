@@ -12,6 +12,7 @@ import numpy as np
 from . import metrics
 from .columns import EventSource, columns_from_events, source_of
 from .events import Event, RunResult
+from .totals import RunTotals, fed
 
 
 def iteration_spans(events: Mapping[int, Iterable[Event]]) -> dict[int, tuple[float, float]]:
@@ -24,9 +25,11 @@ def iteration_times(events: Mapping[int, Iterable[Event]]) -> list[float]:
 
 
 def run_iteration_times(result: RunResult) -> list[float]:
-    """A run's iteration times, as its summary reports them (compact runs too)."""
-    cols, _weight = source_of(result).compact()
-    return [hi - lo for lo, hi in metrics.iteration_spans(cols).values()]
+    """A run's iteration times, as its summary reports them (compact runs too),
+    read a few pipelines at a time."""
+    times: list[float] = fed(RunTotals(), source_of(result).weighted_batches())[
+        "iteration_times_s"]
+    return times
 
 
 def bubble_fraction(events: Mapping[int, Iterable[Event]]) -> float:
@@ -36,12 +39,13 @@ def bubble_fraction(events: Mapping[int, Iterable[Event]]) -> float:
 
 def summarize(events: Mapping[int, Iterable[Event]]) -> dict[str, Any]:
     cols = columns_from_events(_lists(events))
-    return metrics.summarize_columns(cols, metrics.unit_weights(cols))
+    return fed(RunTotals(), [(cols, metrics.unit_weights(cols))])
 
 
 def summarize_source(source: EventSource) -> dict[str, Any]:
-    """``summarize`` of a run's event source (compact for symmetric runs)."""
-    return metrics.summarize_columns(*source.compact())
+    """``summarize`` of a run's event source (compact for symmetric runs), a
+    few whole pipelines at a time."""
+    return fed(RunTotals(), source.weighted_batches())
 
 
 def _lists(events: Mapping[int, Iterable[Event]]) -> dict[int, list[Event]]:
