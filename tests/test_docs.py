@@ -83,11 +83,6 @@ NOT_RUN: dict[str, str] = {
     "megatronapp scope generate runs/scope_tiny --prompt \"The return statement\" "
     "--tokens 40 --perturb '{kind: act_noise, site: resid_post, layers: [1], sigma: 0.3}'":
         NEEDS_TORCH_RUN,
-    "megatronapp scope generate runs/scope_tiny --prompt \"The return statement\" "
-    "--tokens 40 --perturb '{kind: act_noise, site: resid_post, layers: [1], sigma: 0.3}' "
-    "--out /tmp/gen": NEEDS_TORCH_RUN,
-    "megatronapp run scenarios/scope_gpu_job.yaml --json --out /tmp/scope_gpu_job":
-        "needs a CUDA GPU",
     "megatronapp sweep scenarios/sweeps/throttle_severity.yaml --out /tmp/sw.csv --jobs 2":
         "48 simulated runs: over a minute on two cores",
     "megatronapp sweep scenarios/sweeps/throttle_severity.yaml --out /tmp/sw.csv "
@@ -100,13 +95,6 @@ NOT_RUN: dict[str, str] = {
         NEEDS_TORCH_RUN,
     ".venv/bin/megatronapp run SCENARIO --backend torch --stall-timeout 60":
         "a template (SCENARIO) for torch runs",
-    ".venv/bin/megatronapp run /tmp/torch_tiny.yaml --backend torch --out /tmp/torch_run "
-    "--quiet": TORCH,
-    ".venv/bin/megatronapp run /tmp/torch_links.yaml --backend torch --out /tmp/links_run "
-    "--quiet": TORCH,
-    ".venv/bin/megatronapp run /tmp/torch_links.yaml --backend torch --out /tmp/jit_run "
-    "--quiet --set 'faults.0={\"kind\": \"link_jitter\", \"ranks\": [1, 3], \"sigma\": 1.0}'":
-        TORCH,
 }
 
 

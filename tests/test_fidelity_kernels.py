@@ -1,5 +1,5 @@
 """Kernels measured on a device (``cluster.gpu.kernels``): the shapes
-paper_figs/kernel_bench.py lists are the ones the cost model prices, the
+experiments/kernel_bench.py lists are the ones the cost model prices, the
 table prices them as measured (GEMMs in Megatron's layout, fused attention
 as cuDNN's, flash as FlashAttention-2's, element-wise work at its measured
 bandwidth), interpolates between measured shapes in log space, and
@@ -21,7 +21,7 @@ from megatronapp.fidelity.fit import with_settings
 from megatronapp.fidelity.published import published_runs
 from megatronapp.scenario.config import Scenario, ScenarioError, parse_scenario
 from megatronapp.scenario.devices import DEVICES, KERNELS_DIR
-from paper_figs.kernel_bench import MODEL_TILES, fit_gemm_model, kernel_shapes, time_ratios
+from experiments.kernel_bench import MODEL_TILES, fit_gemm_model, kernel_shapes, time_ratios
 
 from .support import ROOT, run_cli
 
@@ -193,12 +193,14 @@ def test_the_gemm_model_fitted_on_kernels_it_timed_itself_gives_its_constants_ba
 
 def test_kernel_bench_replaces_an_existing_out_only_with_force_and_reads_tables_in_one_line(
         tmp_path: Any) -> None:
+    import os
     import subprocess
     import sys
 
     def bench(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(ROOT / "paper_figs" / "kernel_bench.py"), *args],
-                              capture_output=True, text=True, cwd=tmp_path)
+        return subprocess.run([sys.executable, "-m", "experiments.kernel_bench", *args],
+                              capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
 
     out = tmp_path / "shapes.json"
     out.write_text("a user's file")

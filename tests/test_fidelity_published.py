@@ -230,7 +230,7 @@ def test_the_worst_held_out_error_keeps_its_sign() -> None:
 
 
 def test_mtnlg_rows_keep_its_global_batch_of_1920_at_every_micro_batch_tried() -> None:
-    from paper_figs.mtnlg_microbatch import SOURCE, with_micro_batch
+    from experiments.mtnlg_microbatch import SOURCE, with_micro_batch
     mtnlg = [r for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
     assert sorted(r.scenario.parallel.dp for r in mtnlg) == [8, 10, 12]
     for r in mtnlg:
@@ -243,7 +243,7 @@ def test_mtnlg_rows_keep_its_global_batch_of_1920_at_every_micro_batch_tried() -
 
 
 def test_h100_interleaving_tries_only_the_splits_megatron_core_accepts() -> None:
-    from paper_figs.h100_interleaving import SOURCE, valid_vpps, with_vpp
+    from experiments.h100_interleaving import SOURCE, valid_vpps, with_vpp
     readme = [r.scenario for r in published_runs(ROOT) if r.source.startswith(SOURCE)]
     assert readme
     for s in readme:
@@ -261,7 +261,7 @@ def test_h100_interleaving_tries_only_the_splits_megatron_core_accepts() -> None
 
 def test_h100_interleaving_names_an_unknown_row_in_one_line(capsys: pytest.CaptureFixture[str]
                                                              ) -> None:
-    from paper_figs.h100_interleaving import main
+    from experiments.h100_interleaving import main
     with pytest.raises(SystemExit) as exit_info:
         main(["--only", "70B,999B"])
     assert exit_info.value.code == 2

@@ -1,6 +1,6 @@
-"""The sustained-load layer benchmark (paper_figs/sustained_bench.py) times
+"""The sustained-load layer benchmark (experiments/sustained_bench.py) times
 the kernels the cost model prices for each H100 row, and the README's strong
-scaling (paper_figs/h100_interleaving.py --strong-scaling) keeps its batch,
+scaling (experiments/h100_interleaving.py --strong-scaling) keeps its batch,
 and --matching-factor finds the constant at which a row takes its published time."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ README = "Megatron-LM README"
 
 
 def test_each_readme_rows_layer_holds_its_per_rank_gemm_flops_three_times() -> None:
-    from paper_figs.sustained_bench import row_shapes
+    from experiments.sustained_bench import row_shapes
 
     runs = {r.source: r.scenario for r in published_runs(ROOT)}
     rows = [r for r in row_shapes(ROOT, "h100-sxm") if r["source"].startswith(README)]
@@ -36,20 +36,20 @@ def test_each_readme_rows_layer_holds_its_per_rank_gemm_flops_three_times() -> N
 
 
 def test_the_kept_measurement_timed_the_kernels_the_cost_model_lists_now() -> None:
-    from paper_figs.sustained_bench import row_shapes
+    from experiments.sustained_bench import row_shapes
 
-    kept = json.loads((ROOT / "paper_figs/data/sustained_shapes.json").read_text())
+    kept = json.loads((ROOT / "experiments/data/sustained_shapes.json").read_text())
     now = json.loads(json.dumps(row_shapes(ROOT, "h100-sxm")))  # tuples as lists
     assert kept == now
-    measured = json.loads((ROOT / "paper_figs/data/sustained_h200.json").read_text())
+    measured = json.loads((ROOT / "experiments/data/sustained_h200.json").read_text())
     assert [r["source"] for r in measured["rows"]] == [r["source"] for r in now]
 
 
 def test_compare_prices_every_measured_row_from_the_kernel_table() -> None:
-    from paper_figs.sustained_bench import comparison_rows, table_priced_s
+    from experiments.sustained_bench import comparison_rows, table_priced_s
 
-    shapes = json.loads((ROOT / "paper_figs/data/sustained_shapes.json").read_text())
-    result = json.loads((ROOT / "paper_figs/data/sustained_h200.json").read_text())
+    shapes = json.loads((ROOT / "experiments/data/sustained_shapes.json").read_text())
+    result = json.loads((ROOT / "experiments/data/sustained_h200.json").read_text())
     rows = comparison_rows(shapes, result, ["h200-sxm"])
     assert len(rows) == len(result["rows"])
     small, large = shapes[0], shapes[8]  # the README's 1.7B and 462B layers
@@ -57,7 +57,7 @@ def test_compare_prices_every_measured_row_from_the_kernel_table() -> None:
 
 
 def test_the_strong_scaling_points_keep_the_batch_and_the_replica() -> None:
-    from paper_figs.h100_interleaving import STRONG_MFU, STRONG_ROW, at_gpus, with_constants
+    from experiments.h100_interleaving import STRONG_MFU, STRONG_ROW, at_gpus, with_constants
 
     run = next(r for r in published_runs(ROOT)
                if r.source.startswith(README) and r.source.endswith(STRONG_ROW))
@@ -71,7 +71,7 @@ def test_the_strong_scaling_points_keep_the_batch_and_the_replica() -> None:
 
 def test_the_benchmark_keeps_a_file_it_did_not_write_and_names_bad_input(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from paper_figs.sustained_bench import main
+    from experiments.sustained_bench import main
 
     mine = tmp_path / "shapes.json"
     mine.write_text("a user's file")
@@ -80,7 +80,7 @@ def test_the_benchmark_keeps_a_file_it_did_not_write_and_names_bad_input(
     assert "--force" in capsys.readouterr().err
     assert main(["shapes", "--out", str(mine), "--force"]) == 0
     assert json.loads(mine.read_text()) == json.loads(
-        (ROOT / "paper_figs/data/sustained_shapes.json").read_text())
+        (ROOT / "experiments/data/sustained_shapes.json").read_text())
     broken = tmp_path / "result.json"
     broken.write_text("{not json")
     assert main(["compare", "--shapes", str(mine), "--result", str(broken)]) == 2
@@ -89,7 +89,7 @@ def test_the_benchmark_keeps_a_file_it_did_not_write_and_names_bad_input(
 
 
 def test_the_steady_state_of_a_row_without_a_pipeline_waits_on_the_weight_gather() -> None:
-    from paper_figs.h100_interleaving import first_and_steady, with_constants
+    from experiments.h100_interleaving import first_and_steady, with_constants
 
     run = next(r for r in published_runs(ROOT)
                if r.source.startswith(README) and r.source.endswith(", 32B"))
@@ -104,7 +104,7 @@ def test_the_steady_state_of_a_row_without_a_pipeline_waits_on_the_weight_gather
 
 @pytest.mark.parametrize("size", ["16B", "32B"])
 def test_the_matching_factor_makes_the_row_take_its_published_time(size: str) -> None:
-    from paper_figs.h100_interleaving import matching_factor, steady_at_factor, with_constants
+    from experiments.h100_interleaving import matching_factor, steady_at_factor, with_constants
 
     run = next(r for r in published_runs(ROOT)
                if r.source.startswith(README) and r.source.endswith(f", {size}"))
@@ -119,7 +119,7 @@ def test_the_matching_factor_makes_the_row_take_its_published_time(size: str) ->
 
 
 def test_te_overlap_costs_follow_the_tp_traffic() -> None:
-    from paper_figs.h100_interleaving import (TE_COMM_SMS, te_sm_share, te_split_ratio,
+    from experiments.h100_interleaving import (TE_COMM_SMS, te_sm_share, te_split_ratio,
                                               with_constants)
     from megatronapp.costs.per_op import Efficiency
 
@@ -137,7 +137,7 @@ def test_te_overlap_costs_follow_the_tp_traffic() -> None:
 
 
 def test_the_script_refuses_two_modes_at_once(capsys: pytest.CaptureFixture[str]) -> None:
-    from paper_figs.h100_interleaving import main
+    from experiments.h100_interleaving import main
 
     with pytest.raises(SystemExit) as exited:
         main(["--gathers", "--te-overlap"])

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from megatronapp.mitigate.loop import LoopRun, Spans, close_loop
-from megatronapp.mitigate.plan import global_batch, replan, shrunk_parallel
+from megatronapp.mitigate.plan import global_batch, replan, shrunk_parallel, work_ratio
 from megatronapp.program.ranks import static_compute_ops
 from megatronapp.scan.ingest.work import ModelledWork, modelled_work
 from megatronapp.scenario.config import Parallel, ScenarioError, load_scenario, parse_scenario
@@ -83,6 +83,29 @@ def test_a_verdict_stops_the_job_which_restarts_from_its_checkpoint_without_the_
     report = loop.to_json()
     assert report["tokens_per_s"] == pytest.approx(loop.tokens / loop.seconds)
     assert report["false_alarm_s"] == 0
+
+
+@pytest.mark.parametrize("factor, spares, acts", [(1.5, 0, False), (4, 0, True), (1.5, 1, True)])
+def test_only_if_faster_acts_when_the_replanned_job_beats_staying(
+        factor: float, spares: int, acts: bool) -> None:
+    """dp 4 -> 2 doubles pp 2's microbatches (8 + 1 -> 16 + 1 with the bubble):
+    worth it against a 4x stage, not a 1.5x one; a spare costs no throughput."""
+    onset = f"faults=[{{kind: throttle, rank: 5, factor: {factor}, start_s: 0.4}}]"
+    policy = f"mitigation={{action: exclude, restart_s: 0.5, only_if_faster: true, spares: {spares}}}"
+    s = load_scenario(THROTTLE, ["iterations=20", *SHAPE, onset, policy])
+    loop = close_loop(s, simulate(s), simulate, lambda _: None)
+    assert (len(loop.segments) > 1) == acts
+    named = [d for d in loop.detections if d.event == "named" and d.rank == 5]
+    assert named  # named either way: the policy decides what is acted on
+
+
+def test_the_plan_ratio_counts_the_pipeline_bubble() -> None:
+    before = Parallel(tp=1, pp=4, dp=4, microbatches=8)
+    assert work_ratio(before, before) == 1
+    assert work_ratio(before, before.model_copy(update={"dp": 2, "microbatches": 16})) == \
+        pytest.approx((16 + 3) / (8 + 3))
+    no_pipeline = Parallel(tp=1, pp=1, dp=4, microbatches=2)
+    assert work_ratio(no_pipeline, no_pipeline.model_copy(update={"microbatches": 4})) == 2
 
 
 def test_a_verdict_on_a_healthy_rank_is_a_false_alarm_whose_cost_is_counted() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paper_figs import online_table as table
+from experiments import online_table as table
 from megatronapp.scan.online.live import QUEUED, LiveFeed, scan_for
 from megatronapp.scenario.config import Scenario, parse_scenario
 from megatronapp.trace.events import Event, RunResult

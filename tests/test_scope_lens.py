@@ -151,12 +151,12 @@ def test_attribution_against_the_model_s_choice_is_the_mirror_image(scope_tiny_r
 
 def test_the_docs_analysis_commands_run_on_the_model_the_docs_train(
         scope_tiny_run: Path) -> None:
-    """Every ``scope lens/patch/dla`` command docs/megascope.md shows runs, as
+    """Every ``scope lens/patch/dla`` command docs/megascope-analysis.md shows runs, as
     written, on the tiny model trained as the docs say (its prompts work)."""
     from tests.test_docs import ROOT as DOCS_ROOT
     from tests.test_docs import SCOPE_ANALYSIS, NOT_RUN, doc_commands
 
-    shown = [c.text for c in doc_commands(DOCS_ROOT / "docs" / "megascope.md")
+    shown = [c.text for c in doc_commands(DOCS_ROOT / "docs" / "megascope-analysis.md")
              if c.text.split()[1:3] in (["scope", "lens"], ["scope", "patch"], ["scope", "dla"])]
     assert len(shown) >= 4 and all(NOT_RUN.get(text) == SCOPE_ANALYSIS for text in shown)
     for text in shown:

@@ -151,7 +151,7 @@ def _injected(events: Sequence[Event], kind: str) -> list[tuple[Event, float]]:
 def test_throttled_rank_sleeps_what_the_device_model_adds():
     """dp=2, rank 1 throttled 4x: each of its computes sleeps 3x the work it
     measured, inside the op, and its healthy dp peer sleeps nothing. (Wall-time
-    ratios under load are measured by paper_figs/torch_fault_timing.py.) The
+    ratios under load are measured by experiments/torch_fault_timing.py.) The
     launcher says what it is doing while the ranks start."""
     s = torch_scenario({"dp": 2, "microbatches": 8}, faults=[{"kind": "throttle", "rank": 1,
                                                         "factor": 4.0}])

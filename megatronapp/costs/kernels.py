@@ -1,7 +1,7 @@
 """Kernel times measured on a device: GEMMs by shape, attention by shape and
 kernel, element-wise bandwidth (``cluster.gpu.kernels``).
 
-``paper_figs/kernel_bench.py measure`` times, on one GPU, every per-rank GEMM
+``experiments/kernel_bench.py measure`` times, on one GPU, every per-rank GEMM
 and attention shape of the published rows plus an m×n×k grid, and writes
 ``megatronapp/scenario/kernels/<device>.json``. A device with such a table
 prices a GEMM at the rate measured for its shape, interpolated between the
@@ -12,7 +12,7 @@ Megatron-core with Transformer Engine runs on Hopper; FlashAttention-2) by
 shape, forward and backward, and element-wise work at the bandwidth its
 kernels reached. The measured time is for a kernel running alone; a whole
 training step runs its kernels ``kernel_time_factor`` slower (fitted on
-published rows, docs/fidelity.md).
+published rows, docs/pricing.md).
 """
 from __future__ import annotations
 

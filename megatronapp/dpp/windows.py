@@ -18,6 +18,7 @@ import numpy as np
 from ..trace import metrics
 from ..trace.columns import EventColumns, EventSource, columns_from_events
 from ..trace.events import Event
+from ..trace.totals import RunTotals, WeightedMean, fed
 
 if TYPE_CHECKING:
     from ..scenario.config import Scenario
@@ -71,21 +72,41 @@ class WindowMetrics:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def window_metrics_columns(cols: EventColumns, weight: np.ndarray,
-                           peaks: dict[int, int] | None = None) -> WindowMetrics:
-    sends = metrics.send_windows(cols, weight)
-    ar, ar_w = metrics.allreduce_windows(cols, weight)
-    mean_window = metrics.weighted_mean(sends.window_s, sends.weight)
-    mean_bytes = metrics.weighted_mean(sends.nbytes.astype(float), sends.weight)
-    exposed = np.maximum(sends.transfer_s - sends.window_s, 0.0)
-    peaks = metrics.live_slot_peaks(cols) if peaks is None else peaks
-    return WindowMetrics(
-        p2p_send_window_s=mean_window,
-        p2p_exposed_s=metrics.weighted_mean(exposed, sends.weight),
-        allreduce_window_s=metrics.weighted_mean(ar, ar_w),
-        compute_ratio=1.0 - metrics.bubble_fraction(cols, weight),
-        p2p_bandwidth_demand_gbps=mean_bytes * 8 / 1e9 / mean_window if mean_window > 0 else 0.0,
-        peak_live_slots=max(peaks.values(), default=0))
+class WindowTotals:
+    """``WindowMetrics`` accumulated batch by batch (each batch whole
+    pipelines: a message, its receive and the task that needs it together)."""
+
+    def __init__(self) -> None:
+        self.run = RunTotals()
+        self.window, self.exposed, self.nbytes, self.allreduce = (
+            WeightedMean(), WeightedMean(), WeightedMean(), WeightedMean())
+        self.peaks: dict[int, int] = {}
+
+    def add(self, cols: EventColumns, weight: np.ndarray) -> None:
+        sends = metrics.send_windows(cols, weight)
+        self.window.add(sends.window_s, sends.weight)
+        self.nbytes.add(sends.nbytes.astype(float), sends.weight)
+        self.exposed.add(np.maximum(sends.transfer_s - sends.window_s, 0.0), sends.weight)
+        self.allreduce.add(*metrics.allreduce_windows(cols, weight))
+        self.peaks.update(metrics.live_slot_peaks(cols))
+        self.run.add(cols, weight)
+
+    def metrics(self) -> WindowMetrics:
+        mean_window = self.window.value()
+        return WindowMetrics(
+            p2p_send_window_s=mean_window,
+            p2p_exposed_s=self.exposed.value(),
+            allreduce_window_s=self.allreduce.value(),
+            compute_ratio=1.0 - self.run.bubble_fraction(),
+            p2p_bandwidth_demand_gbps=(self.nbytes.value() * 8 / 1e9 / mean_window
+                                       if mean_window > 0 else 0.0),
+            peak_live_slots=max(self.peaks.values(), default=0))
+
+
+def window_metrics_columns(cols: EventColumns, weight: np.ndarray) -> WindowMetrics:
+    totals = WindowTotals()
+    totals.add(cols, weight)
+    return totals.metrics()
 
 
 def window_metrics(events: Events) -> WindowMetrics:
@@ -94,27 +115,37 @@ def window_metrics(events: Events) -> WindowMetrics:
 
 def dpp_summary(s: "Scenario", events: Events) -> dict[str, Any]:
     """The ``dpp`` section of summary.json: windows and peak memory in bytes."""
-    cols, weight = _table(events)
-    return dpp_summary_columns(s, cols, weight, {r: (r,) for r in events})
+    return fed(DppTotals(s, {r: (r,) for r in events}), [_table(events)])
 
 
-def dpp_summary_source(s: "Scenario", source: EventSource) -> dict[str, object]:
-    return dpp_summary_columns(s, *source.compact(), source.stand_ins())
+def dpp_summary_source(s: "Scenario", source: EventSource) -> dict[str, Any]:
+    """The ``dpp`` section of a run's event source, a few pipelines at a time."""
+    return fed(DppTotals(s, source.stand_ins()), source.weighted_batches())
 
 
-def dpp_summary_columns(s: "Scenario", cols: EventColumns, weight: np.ndarray,
-                        stand_ins: Mapping[int, Sequence[int]]) -> dict[str, object]:
-    """Windows and per-rank peak memory; ``stand_ins`` maps each rank of the
-    table to the ranks whose identical timeline it stands for."""
-    from ..costs.per_op import stage_costs
-    from ..program.layout import pipe_shape
-    from .memory import MemoryModel
+class DppTotals:
+    """The ``dpp`` section accumulated batch by batch: windows and per-rank
+    peak memory; ``stand_ins`` maps each rank of the rows to the ranks whose
+    identical timeline it stands for."""
 
-    memory = MemoryModel.of(s, stage_costs(s), pipe_shape(s))
-    peaks = metrics.live_slot_peaks(cols)
-    per_rank = {r: memory.bytes_for(peaks.get(rep, 0)) for rep, ranks in stand_ins.items()
-                for r in ranks}
-    return {**window_metrics_columns(cols, weight, peaks).as_dict(),
-            "peak_memory_bytes": max(per_rank.values(), default=0),
-            "peak_memory_bytes_per_rank": {str(r): per_rank[r] for r in sorted(per_rank)},
-            "memory_capacity_bytes": memory.capacity_bytes}
+    def __init__(self, s: "Scenario", stand_ins: Mapping[int, Sequence[int]]):
+        self.scenario, self.stand_ins = s, stand_ins
+        self.windows = WindowTotals()
+
+    def add(self, cols: EventColumns, weight: np.ndarray) -> None:
+        self.windows.add(cols, weight)
+
+    def finish(self) -> dict[str, Any]:
+        from ..costs.per_op import stage_costs
+        from ..program.layout import pipe_shape
+        from .memory import MemoryModel
+
+        s = self.scenario
+        memory = MemoryModel.of(s, stage_costs(s), pipe_shape(s))
+        peaks = self.windows.peaks
+        per_rank = {r: memory.bytes_for(peaks.get(rep, 0)) for rep, ranks in self.stand_ins.items()
+                    for r in ranks}
+        return {**self.windows.metrics().as_dict(),
+                "peak_memory_bytes": max(per_rank.values(), default=0),
+                "peak_memory_bytes_per_rank": {str(r): per_rank[r] for r in sorted(per_rank)},
+                "memory_capacity_bytes": memory.capacity_bytes}

@@ -122,7 +122,7 @@ LEFT_OUT = (
             "model (only 'Ampere') are not given; Table 1 gives 96 layers, hidden 12288, "
             "128 heads, tp 8, pp 8, and §6.1 vpp 6, sequence 2048, vocabulary 64,000; the "
             "3,072 and 12,288-GPU rows are predicted with those assumptions written out "
-            "(scenarios/published/megascale2024/) by paper_figs/megascale_scaling.py"),
+            "(scenarios/published/megascale2024/) by experiments/megascale_scaling.py"),
 )
 
 

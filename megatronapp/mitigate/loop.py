@@ -3,7 +3,10 @@ iterations; a verdict that reaches the confidence threshold and still stands
 ``hold_iterations`` later stops the job at that iteration boundary; the node
 of the named rank is dropped (or a spare swapped in), the job re-planned,
 restarted from its last checkpoint after the restart cost, and watched again.
-A verdict withdrawn before the boundary leaves the job running.
+A verdict withdrawn before the boundary leaves the job running; with
+``only_if_faster`` a verdict whose re-planned job is predicted slower than
+staying (the iteration less the cause's cost, on the smaller layout) is not
+acted on.
 
 Iterations are numbered over the whole job: a segment restarted from the
 checkpoint at iteration C numbers its own iteration 0 as C.
@@ -25,7 +28,7 @@ from megatronapp.trace.classes import StandIns, kept_rows
 from megatronapp.trace.columns import EventColumns, EventSource, source_of
 from megatronapp.trace.events import RunResult
 
-from .plan import Replan, global_batch, replan, restart_plan
+from .plan import Replan, global_batch, replan, restart_plan, shrunk_parallel, work_ratio
 
 __all__ = ["LiveStop", "LoopRun", "Segment", "Watch", "close_loop", "faulty_keys",
            "summary_lines"]
@@ -153,13 +156,32 @@ class Watch:
 
     scan: OnlineScan
     policy: Mitigation
+    scenario: Scenario  # the segment watched (its layout prices a re-plan)
     due: tuple[Detection, int] | None = None  # the verdict, the boundary it stops at
+
+    def pays(self, verdict: Detection) -> bool:
+        """Whether acting on ``verdict`` is allowed by ``only_if_faster``: the
+        iteration less the cause's cost, on the re-planned layout (a spare's
+        the same), is shorter than the iteration seen."""
+        blame, seen = verdict.evidence.get("blame_s"), verdict.evidence.get("iteration_s")
+        if not self.policy.only_if_faster or blame is None or not seen:
+            return True
+        return (float(seen) - float(blame)) * self.plan_ratio() < float(seen)
+
+    def plan_ratio(self) -> float:
+        """An iteration of the job re-planned without a node over one of this
+        segment's, at the same microbatch cost (inf: no plan fits)."""
+        s = self.scenario
+        if s.mitigation is not None and s.mitigation.spares:  # replan's choice
+            return 1.0
+        shrunk = shrunk_parallel(s.parallel, s.world_size - s.cluster.gpus_per_node)
+        return float("inf") if shrunk is None else work_ratio(s.parallel, shrunk)
 
     def step(self, iteration: int, decided: list[Detection]) -> Detection | None:
         """The verdict that stops the job at the end of ``iteration``, if any."""
         if self.due is None:
             named = [d for d in decided if d.event == "named"
-                     and d.confidence >= self.policy.min_confidence]
+                     and d.confidence >= self.policy.min_confidence and self.pays(d)]
             if named:
                 self.due = (named[0], iteration + self.policy.hold_iterations)
         if self.due is None or iteration < self.due[1]:
@@ -191,7 +213,7 @@ def close_loop(s: Scenario, first: RunResult, run: RunFn,
     truth, scenario, result, done, false_s = faulty_keys(s), s, first, 0, 0.0
     while True:
         scan = OnlineScan(config, gpus_per_node=scenario.cluster.gpus_per_node, scenario=scenario)
-        watch, spans, stop = Watch(scan, policy), Spans(), None
+        watch, spans, stop = Watch(scan, policy, scenario), Spans(), None
         source = source_of(result)
         reduced = _stand_ins(source, scenario.world_size).reduced
         for i, cols in iterations_of(source, compact=reduced):

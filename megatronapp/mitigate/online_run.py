@@ -47,7 +47,7 @@ class SegmentWatch:
         self.job, self.segment, self.restarts = job, segment, restarts
         self.done = job.iterations - segment.iterations  # the checkpoint it resumed from
         self.scan = scan_for(segment, live=True)
-        self.watch = Watch(self.scan, segment.mitigation or Mitigation())
+        self.watch = Watch(self.scan, segment.mitigation or Mitigation(), segment)
         self.feed = LiveFeed(self.scan, segment.world_size, self._decided)
         self.request = StopRequest()
         self.verdict: Detection | None = None

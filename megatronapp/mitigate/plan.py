@@ -11,7 +11,8 @@ from typing import Any
 from megatronapp.errors import UserError
 from megatronapp.scenario.config import Parallel, Scenario, parse_scenario, scenario_to_dict
 
-__all__ = ["Replan", "global_batch", "replan", "restart_plan", "shrunk_parallel"]
+__all__ = ["Replan", "global_batch", "replan", "restart_plan", "shrunk_parallel",
+           "work_ratio"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,15 @@ def shrunk_parallel(p: Parallel, gpus: int) -> Parallel | None:
         if samples % dp == 0 and (p.vpp == 1 or microbatches % p.group_size == 0):
             return p.model_copy(update={"dp": dp, "microbatches": microbatches})
     return None
+
+
+def work_ratio(before: Parallel, after: Parallel) -> float:
+    """How much longer an iteration of ``after`` takes than one of ``before``
+    with the same microbatch cost: a pipeline's iteration is its microbatches
+    plus the bubble, (pp - 1) / vpp of them (Narayanan et al. 2021, eq. 1)."""
+    bubble_before = (before.pp - 1) / before.vpp
+    bubble_after = (after.pp - 1) / after.vpp
+    return (after.microbatches + bubble_after) / (before.microbatches + bubble_before)
 
 
 def _moved(gpu: int, node: int, per_node: int, world: int) -> int | None:

@@ -168,7 +168,7 @@ class Gpu(_OmitsUnset):
     tflops: Rate = 400.0
     memory_gb: Rate = 80.0
     efficiency: float = Field(0.5, gt=0, le=1)  # achieved share of peak FLOPs on large GEMMs
-    # The efficiency model (docs/fidelity.md), calibrated by ``megatronapp calibrate``:
+    # The efficiency model (docs/pricing.md), calibrated by ``megatronapp calibrate``:
     gemm_overhead_us: Seconds = 0.0  # fixed time per GEMM: small GEMMs run slower
     module_overhead_us: Seconds = 0.0  # per layer, embedding and output-layer call
     hbm_tbps: Rate = 3.0  # memory bandwidth (elementwise work, optimizer)
@@ -359,7 +359,10 @@ class Mitigation(_OmitsUnset):
     checkpoint_every: PositiveInt = 1  # iterations between checkpoints (a restart redoes the rest)
     spares: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 0  # spare nodes swapped in first
     checkpoint_s: Seconds = 0.0  # writing one checkpoint (training waits for it)
-    OMIT_WHEN_UNSET = ("checkpoint_s",)
+    # act only on a verdict whose re-planned job is predicted faster per iteration
+    # than staying: the iteration less the cause's cost, on the plan's layout
+    only_if_faster: bool = False
+    OMIT_WHEN_UNSET = ("checkpoint_s", "only_if_faster")
 
 
 class Scenario(_OmitsUnset):

@@ -51,7 +51,7 @@ class DeviceProfile:
 
 
 # The analytic GEMM model's constants fitted on the 369 GEMMs measured on an H100
-# (``paper_figs/kernel_bench.py compare``, with the model's tiles).
+# (``experiments/kernel_bench.py compare``, with the model's tiles).
 HOPPER_GEMM_MODEL = {"efficiency": 0.71, "gemm_half_gflops": 1.0}
 
 SPECS: dict[str, DeviceProfile] = {
@@ -70,7 +70,7 @@ SPECS: dict[str, DeviceProfile] = {
     # DGX H100 datasheet: eight 400 Gb/s NDR InfiniBand (ConnectX-7) NICs.
     # 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5).
     # GEMMs, attention and element-wise kernels as measured on one H100 80GB HBM3
-    # (kernels/h100-sxm.json, paper_figs/kernel_bench.py); the analytic GEMM model,
+    # (kernels/h100-sxm.json, experiments/kernel_bench.py); the analytic GEMM model,
     # for what the table does not price, with its constants fitted on those GEMMs.
     "h100-sxm": DeviceProfile(
         gpu={"tflops": 989.0, "memory_gb": 85.52, "hbm_tbps": 3.35, "sm_count": 132,

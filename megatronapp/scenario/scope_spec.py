@@ -324,7 +324,7 @@ P2P_KINDS = ("p2p_offset", "p2p_noise", "p2p_bitflip", "p2p_zero")
 
 class CaptureCost(_Strict):
     """Constants of the simulator's capture cost model (``megatronapp.scope.cost``).
-    Defaults describe a GPU; ``paper_figs/scope_overhead.py`` measures them on
+    Defaults describe a GPU; ``experiments/scope_overhead.py`` measures them on
     the torch backend."""
 
     hook_us: float = Field(default=8.0, ge=0)  # dispatch of one module hook that captures
