@@ -102,8 +102,10 @@ def _dense_ids(combined: np.ndarray, span: int) -> tuple[np.ndarray, int]:
     return rank[encoded.indices.to_numpy()], len(distinct)
 
 
-def _mostly_distinct(values: np.ndarray, sample: int = 1 << 16) -> bool:
-    """Whether an evenly spread sample of ``values`` is more than half distinct."""
+def _mostly_distinct(values: np.ndarray, sample: int = 1 << 12) -> bool:
+    """Whether an evenly spread sample of ``values`` is more than half distinct
+    (a few thousand decide it: a sample as large as the keys sorted them all
+    only to choose how to sort them)."""
     picked = values[::max(1, len(values) // sample)]
     return 2 * len(np.unique(picked)) > len(picked)
 
@@ -132,7 +134,7 @@ def iteration_spans(cols: EventColumns) -> dict[int, tuple[float, float]]:
     has = cols.iteration >= 0
     its, start, end = cols.iteration[has], cols.start_s[has], cols.end_s[has]
     out = {}
-    for it in np.unique(its):
+    for it in distinct_ints(its)[0]:  # a job's few iterations: a pass each
         mine = its == it
         out[int(it)] = (float(start[mine].min()), float(end[mine].max()))
     return out
@@ -144,11 +146,11 @@ def busy_times(cols: EventColumns, weight: np.ndarray
     ranks (ascending), each rank's weight, the iterations with compute and a
     (ranks, iterations) matrix of summed durations (each rank's rows in their
     order, so a rank's sums do not depend on the rows of others)."""
-    ranks, rank_of_row = np.unique(cols.rank, return_inverse=True)
+    ranks, rank_of_row = distinct_ints(cols.rank)
     rank_weight = np.zeros(len(ranks))
     rank_weight[rank_of_row] = weight
     counted = (cols.kind == COMPUTE) & (cols.iteration >= 0)
-    its, it_index = np.unique(cols.iteration[counted], return_inverse=True)
+    its, it_index = distinct_ints(cols.iteration[counted])
     busy = np.bincount(rank_of_row[counted] * len(its) + it_index.reshape(-1),
                        weights=cols.dur_s[counted], minlength=len(ranks) * len(its))
     return ranks, rank_weight, its, busy.reshape(len(ranks), len(its))
