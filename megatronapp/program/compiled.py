@@ -366,7 +366,8 @@ class CompiledRun:
         program order), as (event index, start, end) matrices of shape
         (len(cls), events). Built for the classes asked for only: a batch of
         rows holds its own, never every class's at once."""
-        distinct, back = np.unique(cls, return_inverse=True)
+        once = bool((np.diff(cls) > 0).all())  # each class once, in order (nothing reduced)
+        distinct, back = (cls, None) if once else np.unique(cls, return_inverse=True)
         start = np.stack([self.starts[c][stage] for c in distinct.tolist()])
         end = np.stack([self.ends[c][stage] for c in distinct.tolist()])
         if self.release is not None:  # copied out: the recorded times' pages can go
@@ -374,8 +375,8 @@ class CompiledRun:
         order = time_order(start, end)
         start = np.take_along_axis(start, order, 1)
         end = np.take_along_axis(end, order, 1)
-        if len(distinct) == len(cls) and bool((np.diff(cls) > 0).all()):
-            return order.astype(np.int32), start, end  # each class once, in order: no copies
+        if back is None:
+            return order.astype(np.int32), start, end
         return order.astype(np.int32)[back], start[back], end[back]
 
     def rows(self, stage: int, pipes: np.ndarray, cls: np.ndarray | None = None) -> EventColumns:
