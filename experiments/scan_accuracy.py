@@ -78,7 +78,7 @@ def by_category(outcomes: Sequence[Outcome]) -> dict[str, dict[str, int]]:
     """Per category of fault: runs the goals count, and each verdict's count."""
     table: dict[str, dict[str, int]] = {}
     for o in outcomes:
-        if not o.run.eligible:
+        if not (o.run.eligible or o.run.healthy):  # straggled healthy runs: shown, not counted
             continue
         row = table.setdefault(o.run.category, {"runs": 0})
         row["runs"] += 1

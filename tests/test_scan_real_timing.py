@@ -121,5 +121,9 @@ def test_real_like_links_are_not_blamed_without_a_fault(pipeline, seed):
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
-def test_real_like_healthy_run_is_healthy(data_parallel, seed):
-    assert megascan(scan_of_result(real_like(data_parallel, seed=seed, contended={1: 0.5}))).healthy
+def test_real_like_contention_names_nothing_but_the_contended_rank(data_parallel, seed):
+    """Rank 1 shares its core half the time: its compute runs 1.7-2.2x its
+    peers', a straggler the machine made (a noisy neighbour). MegaScan may
+    name it, where it delayed iterations, but never another rank or a link."""
+    d = megascan(scan_of_result(real_like(data_parallel, seed=seed, contended={1: 0.5})))
+    assert all((c.rank, c.kind) in {(1, "compute"), (1, "host")} for c in d.root_causes)

@@ -7,8 +7,8 @@ host time and every link's transfers has an expected time (its peers', the
 cost model's, or its own other iterations': ``expected``); a suspect's blame
 in an iteration is how much earlier that iteration would end had it alone
 kept its recorded time while the others took their expected one
-(``blame``). The noise is the spread of the same excess over all suspects of
-its kind and all iterations; a suspect is named for the iterations where its
+(``blame``). The noise is the spread of the same excess over the other
+suspects of its kind and all iterations; a suspect is named for the iterations where its
 blame is at least ``noise_multiple`` noise units and ``min_share`` of the
 iteration, with a calibrated confidence (``params``). Where nothing can be
 expected of a rank (a pipeline stage with no peers, no cost model, too few
@@ -276,16 +276,19 @@ def judged(e: Evidence, p: Params) -> RootCause | None:
 
 class NoiseModel:
     """The noise of each kind of suspect, in units of its expectation (or
-    seconds, for host time). Where suspects were seen in three or more
-    iterations it has two parts: how much a suspect's excess moves from one
-    iteration to the next (about its own median, pooled over every suspect
-    of the kind), and how far healthy suspects sit apart from each other for
+    seconds, for host time), measured on the other suspects of its kind:
+    the suspect judged, and any suspect whose expectation came from it alone
+    (or it from them: a pair of peers mirror each other's excess), are left
+    out, so that a faulty suspect's own swings never widen the bar it is
+    judged against (with ``MANY_SUSPECTS`` or more, leaving two out cannot
+    matter and the kind's figure is shared). Where suspects were seen in
+    three or more iterations it has two parts: how much a suspect's excess
+    moves from one iteration to the next (about its own median, pooled over
+    the others), and how far healthy suspects sit apart from each other for
     good (the spread of their medians: the distance from the median suspect
     to the first quartile, in standard deviations; only the faster half is
     read, so that up to half the suspects may be slow without moving it).
-    Otherwise it is the spread of the excess across the suspects, leaving
-    out the suspect judged and any suspect whose expectation came from it
-    alone (or it from them): a pair of peers mirror each other's excess."""
+    Otherwise it is the spread of the others' excess."""
 
     def __init__(self, samples: Reservoirs[Key], partners: Mapping[Key, Key], fewest: int):
         self._samples, self._partners, self._fewest = samples, partners, fewest
@@ -307,18 +310,25 @@ class NoiseModel:
         return float(np.hypot(moves, apart))
 
     def sigma(self, key: Key) -> float:
+        keys = self._by_kind.get(key[0], [])
+        many = len(keys) >= MANY_SUSPECTS  # a suspect and its peer cannot move a median of so many
         temporal = self._temporal.get(key[0], float("nan"))
         if np.isfinite(temporal) and len(self._samples.get(key, ())) >= 3:
-            return temporal
-        keys = self._by_kind.get(key[0], [])
-        if len(keys) >= MANY_SUSPECTS:  # a suspect and its peer cannot move a median of so many
+            if many:
+                return temporal
+            others = self._over_iterations([k for k in keys if k not in self._left_out(key)])
+            return others if np.isfinite(others) else temporal
+        if many:
             return self._pooled.get(key[0], float("nan"))
-        left_out = {key, self._partners.get(key)} | {k for k, p in self._partners.items()
-                                                     if p == key}
+        left_out = self._left_out(key)
         kept = [self._samples[k] for k in keys if k not in left_out]
         if not kept or sum(len(v) for v in kept) < self._fewest:
             return self._pooled.get(key[0], float("nan"))
         return sigma_of(np.concatenate(kept))
+
+    def _left_out(self, key: Key) -> set[Key | None]:
+        """The suspect judged and those whose expectation came from it alone (or it from them)."""
+        return {key, self._partners.get(key)} | {k for k, p in self._partners.items() if p == key}
 
 
 def merged(causes: Iterable[RootCause]) -> list[RootCause]:

@@ -3,7 +3,7 @@
 The model (``blame``): a suspect is blamed the seconds by which each
 iteration would end earlier had it taken its expected time. It is named for
 an iteration when it ran ``noise_multiple`` times the noise of its kind of
-quantity over its expected time (the spread of the same excess among all
+quantity over its expected time (the spread of the same excess among the other
 suspects, over all iterations) and ``min_slowdown`` of it over, and its
 blame is at least ``min_share`` of the iteration. It is named when that
 holds in every iteration it was seen in (a persistent fault), or in at least
@@ -22,11 +22,11 @@ from typing import Any
 @dataclass(frozen=True)
 class Params:
     noise_multiple: float = 1.0
-    min_slowdown: float = 0.25
+    min_slowdown: float = 0.1
     min_share: float = 0.003
-    recur_multiple: float = 20.0
-    confidence_slope: float = 0.658
-    confidence_offset: float = -0.009
+    recur_multiple: float = 100.0
+    confidence_slope: float = 0.554
+    confidence_offset: float = 0.101
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
