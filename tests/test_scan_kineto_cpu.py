@@ -70,7 +70,8 @@ def ddp_rank(rank: int, wait_us: float, holder: tuple[str, str]) -> list[dict]:
 
 @pytest.mark.parametrize("holder", [
     ("autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward", "cpu_op"),
-    ("FSDP::post_backward_reduce (0)", "user_annotation")])  # torch's own range
+    ("FSDP::post_backward_reduce (0)", "user_annotation"),  # torch's own range (FSDP2)
+    ("FullyShardedDataParallel._post_backward_hook", "user_annotation")])  # and FSDP1's
 def test_an_op_holding_a_collective_wait_counts_only_its_ops_as_compute(tmp_path, holder):
     target = write_kineto(tmp_path, {r: gloo_file(r, 2, ddp_rank(r, 400.0, holder)) for r in (0, 1)})
     times = analyze(load_kineto(kineto_files(target)).events)["ranks"]

@@ -25,9 +25,10 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "dou
 GROUP_ROLES = (("tensor", "tp"), ("data", "dp"), ("pipeline", "pp"), ("embedding", "embd"),
                ("context", "cp"), ("expert", "ep"))
 STEP_PREFIX = "ProfilerStep"  # a whole iteration, waits included: not work
-# ranges torch itself opens around work (FSDP2's hooks, DDP, optimizers, a
-# DataLoader's next batch): not the job's own
-TORCH_RANGES = ("FSDP::", "DistributedDataParallel.", "Optimizer.", "enumerate(DataLoader)")
+# ranges torch itself opens around work (FSDP2's hooks, FSDP1's, DDP,
+# optimizers, a DataLoader's next batch): not the job's own
+TORCH_RANGES = ("FSDP::", "FullyShardedDataParallel.", "DistributedDataParallel.",
+                "Optimizer.", "enumerate(DataLoader)")
 TORCH_ANNOTATIONS = (STEP_PREFIX, *TORCH_RANGES)
 VARIANT_SUFFIX = re.compile(r"(base|coalesced|intotensor|tensor)+$")
 
