@@ -25,8 +25,8 @@ class Params:
     min_slowdown: float = 0.1
     min_share: float = 0.003
     recur_multiple: float = 100.0
-    confidence_slope: float = 0.554
-    confidence_offset: float = 0.101
+    confidence_slope: float = 0.553
+    confidence_offset: float = 0.0865
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
