@@ -62,3 +62,23 @@ def test_a_healthy_run_with_a_machine_made_straggler_is_shown_not_counted(tmp_pa
     named = (RootCause(1, "compute", None, 0.9, {}),)
     s = scores([outcome_of(r, named) for r in runs])
     assert (s.healthy, s.false_alarms, s.faulted, s.named_first) == (2, 2, 1, 1)
+
+
+def test_two_links_of_one_class_are_each_others_partner():
+    """In tp 1, pp 2, dp 2 each direction of the pipeline has two links: the
+    faster is its own expectation and the slower's, so each one's noise may
+    not be read off the other (it would be nought, and any excess endless)."""
+    from megatronapp.scan.eval.validate import scan_of_result
+    from megatronapp.scan.evidence.expected import link_table
+    from megatronapp.scan.evidence.graph import graph_of
+    from megatronapp.scenario.config import parse_scenario
+    from sim import run_sim
+
+    s = parse_scenario({"seed": 3, "iterations": 3,
+                        "parallel": {"tp": 1, "pp": 2, "dp": 2, "microbatches": 4},
+                        "model": {"layers": 8, "hidden": 512, "heads": 8, "seq_len": 512},
+                        "cluster": {"jitter": {"compute_sigma": 0.03, "link_sigma": 0.05}}})
+    scan = scan_of_result(run_sim(s), scenario=s)
+    table = link_table(graph_of(scan.cols, scan.sync), scan.cols, scan.gpus_per_node)
+    partners = dict(zip(table.keys, table.partner or ()))
+    assert partners == {(0, 2): (1, 3), (1, 3): (0, 2)}

@@ -222,7 +222,22 @@ def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
     exp[~known] = np.nan
     keys = [tuple(p) for p in g.links.tolist()]
     basis = ["links of its class" if known[i].any() else "none" for i in range(n_pairs)]
-    return Table(keys, actual, exp, basis)
+    return Table(keys, actual, exp, basis, _pair_partners(classes, pair_of_flow, keys))
+
+
+def _pair_partners(classes: Mapping[tuple[str, bool], list[int]], pair_of_flow: np.ndarray,
+                   keys: list) -> list[object | None]:
+    """Per link, the one other link its expectation came from: where every
+    class of its flows has two flows, the other's link (the faster of two
+    is its own expectation, the slower's is the faster's: they mirror)."""
+    found: dict[int, set[int]] = {}
+    for members in classes.values():
+        pairs = [int(pair_of_flow[f]) for f in members]
+        for i, mine in enumerate(pairs):
+            others = set(pairs[:i] + pairs[i + 1:]) if len(members) == 2 else {-1}
+            found.setdefault(mine, set()).update(others)
+    return [keys[next(iter(found[i]))] if len(found.get(i, ())) == 1 and -1 not in found[i]
+            and next(iter(found[i])) != i else None for i in range(len(keys))]
 
 
 def _faster_half_ignoring_nan(values: np.ndarray) -> np.ndarray:
