@@ -24,9 +24,9 @@ class Params:
     noise_multiple: float = 1.0
     min_slowdown: float = 0.1
     min_share: float = 0.003
-    recur_multiple: float = 100.0
-    confidence_slope: float = 0.553
-    confidence_offset: float = 0.0865
+    recur_multiple: float = 50.0
+    confidence_slope: float = 0.572
+    confidence_offset: float = -0.016
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
