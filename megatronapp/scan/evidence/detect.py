@@ -8,9 +8,9 @@ cost model's, or its own other iterations': ``expected``); a suspect's blame
 in an iteration is how much earlier that iteration would end had it alone
 kept its recorded time while the others took their expected one
 (``blame``). The noise is the spread of the same excess over the other
-suspects of its kind and all iterations; a suspect is named for the iterations where its
-blame is at least ``noise_multiple`` noise units and ``min_share`` of the
-iteration, with a calibrated confidence (``params``). Where nothing can be
+suspects of its kind and all iterations; a suspect is named for the
+iterations where its blame is at least ``noise_multiple`` noise units and
+``min_share`` of the iteration, with a calibrated confidence (``params``). Where nothing can be
 expected of a rank (a pipeline stage with no peers, no cost model, too few
 iterations), the trace still shows the bottleneck: the rank that holds most
 of the critical path, which is reported apart from root causes.

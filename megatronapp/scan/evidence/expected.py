@@ -230,14 +230,17 @@ def _pair_partners(classes: Mapping[tuple[str, bool], list[int]], pair_of_flow: 
     """Per link, the one other link its expectation came from: where every
     class of its flows has two flows, the other's link (the faster of two
     is its own expectation, the slower's is the faster's: they mirror)."""
-    found: dict[int, set[int]] = {}
+    others: dict[int, set[int]] = {}
+    in_larger: set[int] = set()  # links with a flow in a class of other than two
     for members in classes.values():
         pairs = [int(pair_of_flow[f]) for f in members]
-        for i, mine in enumerate(pairs):
-            others = set(pairs[:i] + pairs[i + 1:]) if len(members) == 2 else {-1}
-            found.setdefault(mine, set()).update(others)
-    return [keys[next(iter(found[i]))] if len(found.get(i, ())) == 1 and -1 not in found[i]
-            and next(iter(found[i])) != i else None for i in range(len(keys))]
+        for mine in pairs:
+            if len(pairs) == 2:
+                others.setdefault(mine, set()).update(p for p in pairs if p != mine)
+            else:
+                in_larger.add(mine)
+    return [keys[next(iter(o))] if len(o := others.get(i, set())) == 1 and i not in in_larger
+            else None for i in range(len(keys))]
 
 
 def _faster_half_ignoring_nan(values: np.ndarray) -> np.ndarray:
