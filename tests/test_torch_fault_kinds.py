@@ -38,11 +38,17 @@ def faulted() -> Any:
 
 
 def test_a_host_stall_is_slept_before_the_iterations_first_forward(faulted: Any) -> None:
+    """The stall lies between the rank's ops, before the forward, and inside
+    the iteration's range (``ProfilerStep#N``, as torch.profiler marks it)."""
     _s, run = faulted
-    events = sorted(run.events[0], key=lambda e: e.start_s)
+    events = sorted((e for e in run.events[0] if e.args["kind"] != "other"),
+                    key=lambda e: e.start_s)
+    began = {e.args["iteration"]: e.start_s for e in run.events[0] if e.args["kind"] == "other"}
     for it in range(4):
         first = next(i for i, e in enumerate(events) if e.name == "forward"
                      and e.args["iteration"] == it)
+        if it % 2 == 1:
+            assert events[first].start_s - began[it] >= STALL_S
         if it == 0:
             continue
         gap = events[first].start_s - max(e.start_s + e.dur_s for e in events[:first])
@@ -74,6 +80,26 @@ def test_a_flapping_link_delays_what_meets_a_drop_as_the_link_model_says(faulted
                     into = e.start_s % 0.3  # drops at 0, 0.3, 0.6 ... s
                     assert into <= 0.05 + 0.01 or into >= 0.3 - 0.01 - 0.01, e
     assert max(delays) > 0 and min(delays) == 0.0
+
+
+def test_a_stall_before_the_first_forward_is_named_in_every_iteration(tmp_path: Path) -> None:
+    """A stall before every iteration's forward, the first one's included: the
+    rank's range of iteration 0 holds it, so MegaScan reads the rank's host
+    time in every iteration and names it (without the range the first stall
+    would come before anything the rank recorded)."""
+    scenario = tmp_path / "stall.yaml"
+    scenario.write_text(yaml.safe_dump({
+        "seed": 3, "iterations": 4, "schedule": "1f1b",
+        "parallel": {"pp": 2, "dp": 2, "microbatches": 4}, "model": {"layers": 4, **TINY_MODEL},
+        "costs": {"p2p_s": 0.002},
+        "faults": [{"kind": "host_stall", "rank": 1, "seconds": STALL_S}]}))
+    run = run_cli("run", str(scenario), "--backend", "torch", "--out", str(tmp_path / "run"))
+    assert run.returncode == 0, run.stderr
+    verdict = run_cli("detect", str(tmp_path / "run"), "--json")
+    assert verdict.returncode == 0, verdict.stderr
+    first = json.loads(verdict.stdout)["root_causes"][0]
+    assert (first["kind"], first["rank"]) == ("host", 1)
+    assert first["evidence"]["iterations_hit"] == "all"  # not 1-3 of 4: intermittent
 
 
 def test_a_crash_kills_its_rank_and_the_run_records_the_stop(tmp_path: Path) -> None:

@@ -47,6 +47,9 @@ from sim import InjectedFaults
 from .watchdog import OpBeacon
 
 POLL_S = 20e-6  # WaitAny polling interval
+# torch.profiler's name for an iteration's range; trace readers take the
+# earliest such range of a rank and iteration as where its iteration began
+STEP = "ProfilerStep#{}"
 # Trace arg of an op on a rank with faults: the seconds the fault model added
 # (slept inside the op), so a trace says what was injected where.
 INJECTED = "injected_s"
@@ -319,6 +322,34 @@ def _ignore(op: Op) -> None:
     """No watchdog is listening."""
 
 
+class StepRanges:
+    """Each iteration's range on one rank, as torch.profiler's ``ProfilerStep#N``
+    marks it: from entering the iteration's first op (before any host time
+    that op waits, such as a stalled data loader) to entering the next
+    iteration's, the last to the end of the program. Without it a rank's time
+    before its first op would belong to no iteration."""
+
+    def __init__(self, clock: HostClock, note: Callable[[str, Any, Any, dict[str, Any]], None]):
+        self.clock, self.note = clock, note
+        self.iteration: int | None = None
+        self.began: Any = None
+
+    def entering(self, op: Op) -> None:
+        iteration = getattr(op, "meta", {}).get("iteration")
+        if not isinstance(iteration, int) or iteration < 0:
+            return  # set-up, or an op of no iteration
+        if self.iteration is not None and iteration <= self.iteration:
+            return
+        self.close()
+        self.iteration, self.began = iteration, self.clock.mark()
+
+    def close(self) -> None:
+        if self.iteration is not None:
+            self.note(STEP.format(self.iteration), self.began, self.clock.mark(),
+                      {"iteration": self.iteration, "kind": "other"})
+            self.iteration = None
+
+
 class Interpreter:
     """Runs one rank program against torch.distributed."""
 
@@ -344,18 +375,21 @@ class Interpreter:
 
     def run(self, program: RankProgram) -> None:
         result: Any = None
+        steps = StepRanges(self.clock, self._note)
         while True:
             try:
                 op = program.send(result)
             except StopIteration:
                 break
             self._enter(op)
+            steps.entering(op)
             if self.faults.stop_s is not None and self.clock.now_s() >= self.faults.stop_s:
                 fail_stop()  # an injected crash: the process dies here, as a crashed one does
             if not isinstance(op, (IRecv, Recv)):
                 self._post_held()  # before blocking on anything, or computing
             result = self._handlers[type(op)](op)
         self._post_held()
+        steps.close()
         for link in self._links.values():
             link.shutdown()
         self.flush(final=True)
