@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -124,9 +125,11 @@ def measure_flap(s: Any, run: Any, twin: Any) -> tuple[float, float]:
 
 
 def measure_crash(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
-    """When the rank was to die, against the end of its last recorded op."""
+    """When the rank was to die, against the end of its last recorded op (none
+    when it died before its first iteration's events were handed over)."""
     fault = s.faults[0]
-    return fault.at_s, max(e.start_s + e.dur_s for e in run.events[fault.rank])
+    return fault.at_s, max((e.start_s + e.dur_s for e in run.events[fault.rank]),
+                           default=math.nan)
 
 
 def measure_variation(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
@@ -209,7 +212,8 @@ def one_seed(case: Case, backend: str, seed: int, t: float, run: Callable[[Any],
     injected, realized = case.measure(s, faulty, twin)
     out = kept_dir(keep, backend, case, seed)
     kept_run(out, s, faulty, {"backend": backend, "kind": case.label, "seed": seed,
-                              "injected": injected, "realized": realized})
+                              "injected": injected,
+                              "realized": realized if math.isfinite(realized) else None})
     return scored_run(out)[1]
 
 
@@ -312,13 +316,19 @@ def summary(case: Case, backend: str, rows: list[dict[str, Any]]) -> dict[str, A
     stops = [r.get("stop_recorded") for r in rows]
     return {"kind": case.label, "backend": backend, "seeds": len(rows), "unit": case.unit,
             "injected_mean": statistics.fmean(r["injected"] for r in rows),
-            "realized_mean": statistics.fmean(r["realized"] for r in rows),
+            "realized_mean": _finite_mean([r["realized"] for r in rows]),
             "named_first": sum(r["verdict"]["named_first"] for r in rows),
             "named": sum(r["verdict"]["named"] for r in rows),
             "iterations_named": None if all(i is None for i in iterations)
             else sum(bool(i) for i in iterations),
             "stops_recorded": None if all(s is None for s in stops) else sum(map(bool, stops)),
             "first_causes": sorted({str(r["verdict"]["first"]) for r in rows})}
+
+
+def _finite_mean(values: list[float | None]) -> float:
+    """The mean of what could be measured (a rank that recorded nothing has no last op)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
 
 
 def _previous() -> dict[str, Any]:

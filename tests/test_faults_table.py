@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,23 @@ def test_a_cause_names_the_iterations_a_periodic_fault_hit_only_when_it_lists_th
     assert verdict(cause("all"), truth).iterations is False  # not told apart from the others
     every = [Truth("throttle", "compute", 3)]
     assert verdict(cause("all"), every).iterations is None  # nothing to list
+
+
+def test_a_crash_before_anything_was_recorded_has_no_realised_time_and_the_mean_skips_it():
+    """A rank killed before its first events were handed over has no last op:
+    its seed's realised time is unknown, not zero, and the row's mean is over
+    the seeds that measured one."""
+    from types import SimpleNamespace
+
+    from megatronapp.trace.events import Event
+
+    s = SimpleNamespace(faults=[SimpleNamespace(rank=1, at_s=0.5)])
+    early = SimpleNamespace(events={0: [Event("forward", 0.0, 0.1, {})], 1: []})
+    late = SimpleNamespace(events={1: [Event("forward", 0.2, 0.25, {})]})
+    assert math.isnan(faults_table.measure_crash(s, early, None)[1])
+    assert faults_table.measure_crash(s, late, None) == (0.5, 0.45)
+    verdict = {"named_first": False, "named": False, "iterations": None, "first": "healthy"}
+    rows = [{"seed": 0, "injected": 0.5, "realized": None, "verdict": verdict},
+            {"seed": 1, "injected": 0.5, "realized": 0.45, "verdict": verdict}]
+    case = next(c for c in faults_table.CASES if c.label == "crash")
+    assert faults_table.summary(case, "torch", rows)["realized_mean"] == 0.45
