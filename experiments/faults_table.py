@@ -64,8 +64,13 @@ class Case:
 
 
 # --------------------------------------------------------- measurements
+def _ops(events: list[Any]) -> list[Any]:
+    """The ops, not the iteration ranges a backend marks (kind "other")."""
+    return [e for e in events if e.args.get("kind") != "other"]
+
+
 def _events(run: Any, rank: int) -> list[Any]:
-    return sorted(run.events[rank], key=lambda e: e.start_s)
+    return sorted(_ops(run.events[rank]), key=lambda e: e.start_s)
 
 
 def _first_forward_gaps(run: Any, rank: int) -> dict[int, float]:
@@ -109,11 +114,11 @@ def measure_throttle(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
 
 
 def _end_s(run: Any) -> float:
-    return max(e.start_s + e.dur_s for events in run.events.values() for e in events)
+    return max(e.start_s + e.dur_s for events in run.events.values() for e in _ops(events))
 
 
 def _start_s(run: Any) -> float:
-    return min(e.start_s for events in run.events.values() for e in events)
+    return min(e.start_s for events in run.events.values() for e in _ops(events))
 
 
 def measure_flap(s: Any, run: Any, twin: Any) -> tuple[float, float]:
@@ -128,7 +133,7 @@ def measure_crash(s: Any, run: Any, _twin: Any) -> tuple[float, float]:
     """When the rank was to die, against the end of its last recorded op (none
     when it died before its first iteration's events were handed over)."""
     fault = s.faults[0]
-    return fault.at_s, max((e.start_s + e.dur_s for e in run.events[fault.rank]),
+    return fault.at_s, max((e.start_s + e.dur_s for e in _ops(run.events[fault.rank])),
                            default=math.nan)
 
 
@@ -230,8 +235,34 @@ def scored(s: Any, scan: Any, stopped: dict[str, Any] | None) -> dict[str, Any]:
     return {"fault": s.faults[0].model_dump(mode="json") if s.faults else {},
             "verdict": verdict(detector("megascan")(scan), truth).to_json(),
             "truth": [tr.to_json() for tr in truth],
+            "units_struck": next((u for tr in truth if (u := units_struck(scan, tr)) is not None),
+                                 None),
             "stop_recorded": None if not stops else
             stopped is not None and stopped.get("rank") in stops}
+
+
+SUSPECT_OF = {"compute": "compute", "host": "host", "link": "link"}  # a truth's effect
+
+
+def units_struck(scan: Any, truth: Any) -> float | None:
+    """How far the faulty suspect stood out where the fault struck: the median,
+    over the iterations it hit (all, for a fault without a schedule), of
+    MegaScan's noise units for it (its excess over its expected time in units
+    of the run's noise); None where it was not a suspect (a stop, a spread)
+    or not among those MegaScan replayed."""
+    from megatronapp.scan.evidence.detect import Detector
+
+    kind = SUSPECT_OF.get(truth.effect)
+    if kind is None or truth.rank is None:
+        return None
+    who: Any = truth.rank if truth.peer is None else tuple(sorted((truth.rank, truth.peer)))
+    detector = Detector(scan.gpus_per_node, scan.scenario)
+    detector.feed(scan)
+    for e in detector.evidence():
+        if e.kind == kind and (tuple(e.who) if kind == "link" else e.who) == who:
+            struck = np.isin(e.iterations, truth.iterations or e.iterations)
+            return float(np.median(e.units[struck])) if struck.any() else None
+    return None
 
 
 # ------------------------------------------------------- kept runs
@@ -322,7 +353,14 @@ def summary(case: Case, backend: str, rows: list[dict[str, Any]]) -> dict[str, A
             "iterations_named": None if all(i is None for i in iterations)
             else sum(bool(i) for i in iterations),
             "stops_recorded": None if all(s is None for s in stops) else sum(map(bool, stops)),
+            "units_struck": _range([r.get("units_struck") for r in rows]),
             "first_causes": sorted({str(r["verdict"]["first"]) for r in rows})}
+
+
+def _range(values: list[float | None]) -> list[float] | None:
+    """The least and the most of the seeds' values that were measured."""
+    known = [v for v in values if v is not None]
+    return [min(known), max(known)] if known else None
 
 
 def _finite_mean(values: list[float | None]) -> float:
@@ -448,16 +486,23 @@ def _named_first(row: dict[str, Any]) -> str:
     return named if stops is None else f"{named} (stop recorded: {stops} of {row['seeds']})"
 
 
+def _units(row: dict[str, Any]) -> str:
+    units = row.get("units_struck")
+    return "-" if units is None else " to ".join(
+        f"{u:,.0f}" if abs(u) >= 100 else f"{u:.3g}" for u in units)
+
+
 def tables(doc: dict[str, Any]) -> dict[str, str]:
     rows = [[r["kind"], r["backend"], r["seeds"], _amount(r["injected_mean"], r["unit"]),
-             _amount(r["realized_mean"], r["unit"]), _named_first(r),
+             _amount(r["realized_mean"], r["unit"]), _units(r), _named_first(r),
              f"{r['named']} of {r['seeds']}",
              _iterations(r), ", ".join("healthy" if c == "None" else c
                                        for c in r["first_causes"])] for r in doc["data"]["rows"]]
     return {"kinds": markdown_table(
         ["kind", "backend", "seeds", "injected (mean)", "realised (mean)",
+         "its noise units where it struck (median; seeds' range)",
          "MegaScan named first (control: called healthy)", "named at all", "iterations named",
-         "first causes named"], rows, "llrrrrrrl")}
+         "first causes named"], rows, "llrrrrrrrl")}
 
 
 if __name__ == "__main__":

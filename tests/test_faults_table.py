@@ -115,3 +115,18 @@ def test_a_crash_before_anything_was_recorded_has_no_realised_time_and_the_mean_
             {"seed": 1, "injected": 0.5, "realized": 0.45, "verdict": verdict}]
     case = next(c for c in faults_table.CASES if c.label == "crash")
     assert faults_table.summary(case, "torch", rows)["realized_mean"] == 0.45
+
+
+def test_an_intermittent_fault_named_where_it_struck_stood_recur_multiple_out(tmp_path: Path):
+    """The table's noise units are MegaScan's own evidence: a throttle named
+    first for exactly the iterations it hit was, in each, ``recur_multiple``
+    noise units out (how an intermittent cause is named), so the median is
+    too; a stop is no suspect and has none."""
+    from megatronapp.scan.evidence.params import Params
+
+    data = faults_table.empty()
+    faults_table.run_part(data, "sim", ["throttle", "crash"], range(2), [], tmp_path)
+    throttled = data["seeds"]["sim/throttle, every 3rd iteration"]
+    assert all(r["verdict"]["named_first"] and r["verdict"]["iterations"] for r in throttled)
+    assert all(r["units_struck"] >= Params().recur_multiple for r in throttled)
+    assert all(r["units_struck"] is None for r in data["seeds"]["sim/crash"])
