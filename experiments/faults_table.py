@@ -241,7 +241,7 @@ def scored(s: Any, scan: Any, stopped: dict[str, Any] | None) -> dict[str, Any]:
             stopped is not None and stopped.get("rank") in stops}
 
 
-SUSPECT_OF = {"compute": "compute", "host": "host", "link": "link"}  # a truth's effect
+SUSPECTS = ("compute", "host", "link")  # the truths' effects that are MegaScan's suspect kinds
 
 
 def units_struck(scan: Any, truth: Any) -> float | None:
@@ -252,8 +252,8 @@ def units_struck(scan: Any, truth: Any) -> float | None:
     or not among those MegaScan replayed."""
     from megatronapp.scan.evidence.detect import Detector
 
-    kind = SUSPECT_OF.get(truth.effect)
-    if kind is None or truth.rank is None:
+    kind = truth.effect
+    if kind not in SUSPECTS or truth.rank is None:
         return None
     who: Any = truth.rank if truth.peer is None else tuple(sorted((truth.rank, truth.peer)))
     detector = Detector(scan.gpus_per_node, scan.scenario)
