@@ -43,17 +43,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sets", type=Path, nargs="+", help="recorded sets (tests/data/heldoutN)")
     parser.add_argument("--bars", default="5,10,15,20,30,50")
     args = parser.parse_args(argv)
+    from megatronapp.errors import UserError
     from megatronapp.scan.eval import sets
 
+    try:
+        bars = [float(b) for b in args.bars.split(",")]
+        runs = [run for folder in args.sets for run in sets.recorded(folder, "tuning-zoo")]
+    except ValueError as err:  # a bar that is no number, or a set that cannot be read
+        print(f"intermittent_bar: {err if isinstance(err, UserError) else '--bars: ' + str(err)}",
+              file=sys.stderr)
+        return 2
     values = []
-    for folder in args.sets:
-        for run in sets.recorded(folder, "tuning-zoo"):
-            if run.healthy and run.eligible:
-                values.append(second_highest_units(run.load()))
-                print(f"{run.name}: {values[-1]:.1f}", file=sys.stderr, flush=True)
+    for run in runs:
+        if run.healthy and run.eligible:
+            values.append(second_highest_units(run.load()))
+            print(f"{run.name}: {values[-1]:.1f}", file=sys.stderr, flush=True)
     found = np.array(values)
     print("| recur_multiple | healthy runs it would name |\n|---:|---:|")
-    for bar in (float(b) for b in args.bars.split(",")):
+    for bar in bars:
         print(f"| {bar:g} | {int((found >= bar).sum())} of {len(found)} |")
     return 0
 
