@@ -12,6 +12,8 @@ EXPERIMENTS = ROOT / "experiments"
 RECORDS_NOTHING = {
     "render": "writes README and docs from the results files; measures nothing",
     "zoo_tuning": "records a trace set under --out (the traces scan_accuracy scores), no table",
+    "intermittent_bar": "prints a diagnostic table for the journal (the intermittent bar's "
+                        "trade-off on recorded healthy runs); no page renders from it",
 }
 RECORDS_THROUGH = {  # experiment -> the module whose run (and results.start) it is
     "scan_today": "scan_accuracy",
