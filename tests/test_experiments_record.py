@@ -14,6 +14,9 @@ RECORDS_NOTHING = {
     "zoo_tuning": "records a trace set under --out (the traces scan_accuracy scores), no table",
     "intermittent_bar": "prints a diagnostic table for the journal (the intermittent bar's "
                         "trade-off on recorded healthy runs); no page renders from it",
+    "compute_statistics": "prints a diagnostic table for the journal (which compute "
+                          "statistic separates slowed ranks on recorded runs); no page "
+                          "renders from it",
 }
 RECORDS_THROUGH = {  # experiment -> the module whose run (and results.start) it is
     "scan_today": "scan_accuracy",
