@@ -1,10 +1,12 @@
 """The detector names the source, not its victims; baselines share the harness."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.evidence.detect import Evidence, judge, megascan
+from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.diagnosis import Diagnosis
 from megatronapp.scan.eval.trials import CONTROLS, make_sim_trial
 from megatronapp.scan.eval.validate import METHODS, run_trial, scan_of_result
@@ -84,3 +86,27 @@ def test_megascan_beats_the_naive_baseline_on_fixed_seeds():
     ours = _score(by_method["megascan"])
     assert ours > _score(by_method["slowest-mean"])
     assert ours >= max(_score(v) for v in by_method.values())
+
+
+def _evidence(blame_ms: list[float]) -> Evidence:
+    """A rank's compute 20% over its expected 50 ms, 2 noise units, in
+    100 ms iterations, blamed ``blame_ms`` in each."""
+    n = len(blame_ms)
+    blame = np.asarray(blame_ms) * 1e-3
+    duration = np.full(n, 0.1)
+    return Evidence("compute", 3, "peers", np.arange(n), np.full(n, 0.06), np.full(n, 0.05),
+                    blame, np.full(n, 0.005), duration, np.cumsum(blame), np.cumsum(duration))
+
+
+def test_an_iteration_that_makes_up_part_of_an_earlier_delay_leaves_the_rest_standing():
+    """Slow in every iteration, the rank delays the job 10 ms in the first,
+    the second makes up 2 ms of it (the job had slack there), the third adds
+    10 ms: it is named in all three, a persistent cause."""
+    (cause,) = judge([_evidence([10.0, -2.0, 10.0])], Params())
+    assert cause.rank == 3 and cause.evidence["iterations_hit"] == "all"
+
+
+def test_a_delay_made_up_in_full_counts_no_more():
+    e = _evidence([10.0, -10.0, 0.0])
+    assert e.hits(Params()).tolist() == [True, False, False]
+    assert judge([e], Params()) == []

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from megatronapp.cli import main
 from megatronapp.scan.align import inputs
-from megatronapp.scan.evidence.detect import Detector, megascan, megascan_stored
+from megatronapp.scan.evidence.detect import FIELDS, Detector, megascan, megascan_stored
 from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.align.inputs import (ScanInput, StoredColumns, load_table_scan, prepare_columns,
                                      read_stored, stored_batches)
@@ -56,13 +56,13 @@ def _named(diagnosis: Any) -> list[tuple[int, str, int | None]]:
 
 def _bound(detector: Detector, scan: ScanInput, capacity: int) -> int:
     """What the state may hold whatever the run's length: per suspect (each
-    rank's compute and host time, each link) its figures of at most twice
+    rank's compute and host time, each link) its figures (``FIELDS``) of at most twice
     ``capacity`` iterations and ``capacity`` noise samples, the lengths of the
     iterations they name, per rank its critical-path shares, and the job's
     groups and pairs (fixed by its layout)."""
     ranks = len(scan.ranks)
     suspects = 2 * ranks + len(detector._pairs)
-    per_suspect = 4 * 2 * capacity + capacity
+    per_suspect = len(FIELDS) * 2 * capacity + capacity
     return (suspects * per_suspect + suspects * 2 * capacity + ranks
             + sum(len(m) for m in detector._met.values()) + len(detector._pairs))
 

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from megatronapp.scan.diagnosis import RootCause
-from megatronapp.scan.evidence.detect import Evidence, judge, merged, named_iterations
+from megatronapp.scan.evidence.detect import Evidence, delayed, judge, merged, named_iterations
 from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.eval.sets import LabelledRun, Truth
 
@@ -139,7 +139,8 @@ class _Suspect:
     units: np.ndarray
     slowdown: np.ndarray
     blame: np.ndarray
-    share: np.ndarray
+    delay: np.ndarray
+    elapsed: np.ndarray
 
 
 def _suspects(case: Case) -> list[_Suspect]:
@@ -148,9 +149,7 @@ def _suspects(case: Case) -> list[_Suspect]:
         key = ("link", *e.who) if e.kind == "link" else ("rank", e.who)
         truth = any((t[0] == "link" and key == ("link", t[1], t[2])) or
                     (t[0] == "rank" and key == ("rank", t[1])) for t in case.run.truth)
-        with np.errstate(all="ignore"):
-            share = e.blame / e.duration
-        out.append(_Suspect(key, truth, e.units, e.slowdown, e.blame, share))
+        out.append(_Suspect(key, truth, e.units, e.slowdown, e.blame, e.delay, e.elapsed))
     return out
 
 
@@ -159,8 +158,8 @@ def _fast_verdict(run: LabelledRun, suspects: list[_Suspect], p: Params) -> tupl
     building causes (what ``fit_thresholds`` asks of every grid point)."""
     best: dict[tuple[object, ...], tuple[float, float, bool]] = {}
     for s in suspects:
-        hit = ((s.units >= p.noise_multiple) & (s.slowdown >= p.min_slowdown) & (s.blame > 0)
-               & (s.share >= p.min_share))
+        hit = ((s.units >= p.noise_multiple) & (s.slowdown >= p.min_slowdown)
+               & delayed(s.delay, s.elapsed, p))
         hit = named_iterations(s.units, hit, p)
         if not hit.any():
             continue

@@ -11,7 +11,10 @@ each with all but it so. A suspect's blame in an iteration is how much
 longer that iteration took with it left as recorded than with none left: the
 delay it alone causes, whatever else is slow at the same time (two slow
 ranks in one data-parallel group are each blamed their own delay, not
-nothing because the other would still hold the iteration).
+nothing because the other would still hold the iteration). Its delay by an
+iteration's end is the running sum of its blame: how much earlier that
+iteration would have ended. An iteration can make up part of an earlier
+one's delay (its blame is then below zero), and the rest still stands.
 """
 from __future__ import annotations
 
@@ -42,6 +45,11 @@ class Finding:
     expected: np.ndarray
     blame: np.ndarray
     basis: str  # where the expected time came from
+    # by each iteration's end: how much later the batch stood than with the
+    # suspect at its expected time (the running sum of ``blame``), and how
+    # long the batch had run
+    delay: np.ndarray
+    elapsed: np.ndarray
 
 
 Samples = Mapping[object, np.ndarray]  # suspect -> its excess per iteration, as noise samples
@@ -126,13 +134,15 @@ def blame_batch(scan: ScanInput, work: Work, shortlist: int) -> BatchBlame:
     every = np.ones(len(chosen), np.bool_)
     fixed_all = _iteration_seconds(start, replayer.ends(suspects, every))
     findings = []
+    elapsed = np.cumsum(recorded)
     for s, (kind, i) in enumerate(chosen):
         alone = every.copy()
         alone[s] = False
         left = _iteration_seconds(start, replayer.ends(suspects, alone))
         t = tables[kind]
+        blame = left - fixed_all
         findings.append(Finding(kind, t.keys[i], g.iterations, t.actual[i], t.expected[i],
-                                left - fixed_all, t.basis[i]))
+                                blame, t.basis[i], np.cumsum(blame), elapsed))
     return BatchBlame(g.iterations, recorded, tuple(findings), noise, partners, bases, critical)
 
 

@@ -5,12 +5,13 @@ In one paragraph: each batch of whole iterations is replayed over its
 dependency graph (``graph``, ``replay``); every rank's compute, every rank's
 host time and every link's transfers has an expected time (its peers', the
 cost model's, or its own other iterations': ``expected``); a suspect's blame
-in an iteration is how much earlier that iteration would end had it alone
-kept its recorded time while the others took their expected one
-(``blame``). The noise is the spread of the same excess over the other
+by an iteration's end (its delay) is how much earlier that iteration would
+end had it alone kept its recorded time while the others took their expected
+one (``blame``). The noise is the spread of the same excess over the other
 suspects of its kind and all iterations; a suspect is named for the
-iterations where its blame is at least ``noise_multiple`` noise units and
-``min_share`` of the iteration, with a calibrated confidence (``params``). Where nothing can be
+iterations in which it ran at least ``noise_multiple`` noise units over its
+expected time and by whose end its delay was at least ``min_share`` of the
+time the job had run, with a calibrated confidence (``params``). Where nothing can be
 expected of a rank (a pipeline stage with no peers, no cost model, too few
 iterations), the trace still shows the bottleneck: the rank that holds most
 of the critical path, which is reported apart from root causes.
@@ -48,7 +49,7 @@ QUARTILE_Z = 0.6745  # a normal sample's first quartile lies this many deviation
 MANY_SUSPECTS = 64  # of a kind: leaving two out changes their spread by a few percent at most
 
 
-FIELDS = ("iterations", "actual", "expected", "blame")
+FIELDS = ("iterations", "actual", "expected", "blame", "delay", "elapsed")
 
 
 @dataclass
@@ -63,19 +64,20 @@ class _Record:
     actual: list[float] = field(default_factory=list)
     expected: list[float] = field(default_factory=list)
     blame: list[float] = field(default_factory=list)
+    delay: list[float] = field(default_factory=list)
+    elapsed: list[float] = field(default_factory=list)
     stride: int = 1
     seen: int = 0
 
     def add(self, f: Finding) -> None:
-        for i, a, e, b in zip(f.iterations.tolist(), f.actual.tolist(), f.expected.tolist(),
-                              f.blame.tolist()):
+        for i, *values in zip(f.iterations.tolist(), f.actual.tolist(), f.expected.tolist(),
+                              f.blame.tolist(), f.delay.tolist(), f.elapsed.tolist()):
             self.seen += 1
             if (self.seen - 1) % self.stride:
                 continue
             self.iterations.append(int(i))
-            self.actual.append(a)
-            self.expected.append(e)
-            self.blame.append(b)
+            for name, value in zip(FIELDS[1:], values):
+                getattr(self, name).append(value)
             if len(self.iterations) > 2 * self.capacity:
                 self.stride *= 2
                 self.keep(list(range(0, len(self.iterations), 2)))
@@ -180,7 +182,8 @@ class Detector:
                 kind, who, rec.basis, np.asarray(rec.iterations), np.asarray(rec.actual),
                 expected, np.asarray(rec.blame),
                 np.maximum(scale_of(kind, sigma, expected), self.params.noise_floor_s),
-                np.array([self._duration.get(i, np.nan) for i in rec.iterations])))
+                np.array([self._duration.get(i, np.nan) for i in rec.iterations]),
+                np.asarray(rec.delay), np.asarray(rec.elapsed)))
         return out
 
     def state_entries(self) -> int:
@@ -211,6 +214,8 @@ class Evidence:
     blame: np.ndarray
     noise: np.ndarray
     duration: np.ndarray
+    delay: np.ndarray  # by each iteration's end, the delay it had caused in its batch
+    elapsed: np.ndarray  # ... and how long that batch had run
 
     @property
     def units(self) -> np.ndarray:
@@ -226,10 +231,17 @@ class Evidence:
 
     def hits(self, p: Params) -> np.ndarray:
         """Iterations it was slow in (``noise_multiple`` noise units and
-        ``min_slowdown`` over its expected time) and that it delayed
-        (``min_share`` of the iteration)."""
+        ``min_slowdown`` over its expected time) by whose end it had delayed
+        the job (at least ``min_share`` of the time the job had run: an
+        iteration that makes up some of an earlier one's delay leaves the
+        rest standing)."""
         return ((self.units >= p.noise_multiple) & (self.slowdown >= p.min_slowdown)
-                & (self.blame > 0) & (self.blame >= p.min_share * self.duration))
+                & delayed(self.delay, self.elapsed, p))
+
+
+def delayed(delay: np.ndarray, elapsed: np.ndarray, p: Params) -> np.ndarray:
+    """Whether a suspect had delayed the job by ``min_share`` of the time it had run."""
+    return (delay > 0) & (delay >= p.min_share * elapsed)
 
 
 def judge(evidence: Iterable[Evidence], p: Params) -> list[RootCause]:

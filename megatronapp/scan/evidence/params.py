@@ -4,8 +4,10 @@ The model (``blame``): a suspect is blamed the seconds by which each
 iteration would end earlier had it taken its expected time. It is named for
 an iteration when it ran ``noise_multiple`` times the noise of its kind of
 quantity over its expected time (the spread of the same excess among the other
-suspects, over all iterations) and ``min_slowdown`` of it over, and its
-blame is at least ``min_share`` of the iteration. It is named when that
+suspects, over all iterations) and ``min_slowdown`` of it over, and by the
+iteration's end the delay it had caused (its blame summed over the batch's
+iterations so far) is at least ``min_share`` of the time the job had run.
+It is named when that
 holds in every iteration it was seen in (a persistent fault), or in at least
 two of them with ``recur_multiple`` noise units each (an intermittent fault:
 it recurs, and where it strikes it stands far out, which a machine's hiccup
@@ -60,7 +62,8 @@ PROVENANCE: dict[str, tuple[str, str]] = {
         "and at least this much over its expected time, relative to it (0.5: 1.5x as long)",
         FITTED),
     "min_share": (
-        "blame must also be this share of its iteration to count",
+        "by the iteration's end, its delay (blame summed over the iterations so far) must "
+        "also be this share of the time the job had run, for the iteration to count",
         FITTED),
     "recur_multiple": (
         "a suspect that counts in some of the iterations it was seen in, not all, is named "
