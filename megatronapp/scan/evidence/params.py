@@ -23,12 +23,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Params:
-    noise_multiple: float = 1.0
+    noise_multiple: float = 1.5
     min_slowdown: float = 0.1
     min_share: float = 0.003
-    recur_multiple: float = 50.0
-    confidence_slope: float = 0.572
-    confidence_offset: float = -0.016
+    recur_multiple: float = 100.0
+    confidence_slope: float = 0.633
+    confidence_offset: float = -0.0075
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
