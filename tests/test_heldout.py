@@ -5,8 +5,9 @@
 ``tests/zoo_heldout4/record.py``, ``tests/data/heldout5``, by
 ``tests/zoo_heldout5/record.py``, ``tests/data/heldout6``, by
 ``tests/zoo_heldout6/record.py``, ``tests/data/heldout7``, by
-``tests/zoo_heldout7/record.py``, and ``tests/data/heldout8``, by
-``tests/zoo_heldout8/record.py``): each plan covers every job and fault,
+``tests/zoo_heldout7/record.py``, ``tests/data/heldout8``, by
+``tests/zoo_heldout8/record.py``, and ``tests/data/heldout9``, by
+``tests/zoo_heldout9/record.py``): each plan covers every job and fault,
 and each manifest and its traces agree; the scoring reads the sets' runs.
 Nothing here runs a detector on them: nothing may be chosen by looking at
 results on a held-out set."""
@@ -32,12 +33,13 @@ from tests.zoo_heldout5 import record as record5
 from tests.zoo_heldout6 import record as record6
 from tests.zoo_heldout7 import record as record7
 from tests.zoo_heldout8 import record as record8
+from tests.zoo_heldout9 import record as record9
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 HELDOUT, HELDOUT2, HELDOUT3 = DATA / "heldout", DATA / "heldout2", DATA / "heldout3"
 HELDOUT4, HELDOUT5, HELDOUT6 = DATA / "heldout4", DATA / "heldout5", DATA / "heldout6"
-HELDOUT7, HELDOUT8 = DATA / "heldout7", DATA / "heldout8"
+HELDOUT7, HELDOUT8, HELDOUT9 = DATA / "heldout7", DATA / "heldout8", DATA / "heldout9"
 FAULTS = ("extra-calls-2x", "loader-stall", "step-stall", "intermittent-2x-every-3",
           "noisy-neighbour", "two-slowed-2x")
 STALL_MS = 50.0
@@ -45,7 +47,8 @@ STALL_MS = 50.0
 SETS = {"heldout": (HELDOUT, record.HELDOUT, 30), "heldout2": (HELDOUT2, record2.PLAN, 15),
         "heldout3": (HELDOUT3, record3.PLAN, 12), "heldout4": (HELDOUT4, record4.PLAN, 12),
         "heldout5": (HELDOUT5, record5.PLAN, 12), "heldout6": (HELDOUT6, record6.PLAN, 12),
-        "heldout7": (HELDOUT7, record7.PLAN, 12), "heldout8": (HELDOUT8, record8.PLAN, 12)}
+        "heldout7": (HELDOUT7, record7.PLAN, 12), "heldout8": (HELDOUT8, record8.PLAN, 12),
+        "heldout9": (HELDOUT9, record9.PLAN, 12)}
 # each later set and the jobs of the sets before it
 LATER = {"heldout2": (record2, (record.JOBS,)), "heldout3": (record3, (record.JOBS, record2.JOBS)),
          "heldout4": (record4, (record.JOBS, record2.JOBS, record3.JOBS)),
@@ -55,7 +58,9 @@ LATER = {"heldout2": (record2, (record.JOBS,)), "heldout3": (record3, (record.JO
          "heldout7": (record7, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
                                 record5.JOBS, record6.JOBS)),
          "heldout8": (record8, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                record5.JOBS, record6.JOBS, record7.JOBS))}
+                                record5.JOBS, record6.JOBS, record7.JOBS)),
+         "heldout9": (record9, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
+                                record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS))}
 
 
 @pytest.fixture(params=sorted(SETS))
@@ -111,7 +116,8 @@ def test_every_point_to_point_channel_is_slowed_with_and_without_peers_recorded(
 @pytest.mark.parametrize("recorder, name, floats", [
     (record4, "gossip_sgd", "PARAMETERS"), (record5, "ring_allreduce_autoencoder", "PARAMETERS"),
     (record6, "context_parallel_tagger", "MESSAGE"), (record7, "zero_bubble_pipeline", "MESSAGE"),
-    (record8, "looped_bfs_pipeline", "MESSAGE")])
+    (record8, "looped_bfs_pipeline", "MESSAGE"),
+    (record9, "interleaved_zero_bubble_pipeline", "MESSAGE")])
 def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, floats):
     """Each slow link's rate is sized by one message of the job (gossip's
     parameters, the ring's gradients: its parameters' count, flattened; a
@@ -137,7 +143,8 @@ def test_drawn_faults_fit_their_job(held_out):
 
 
 @pytest.mark.parametrize("main", [record.main, record2.main, record3.main, record4.main,
-                                  record5.main, record6.main, record7.main, record8.main])
+                                  record5.main, record6.main, record7.main, record8.main,
+                                  record9.main])
 def test_the_recorder_refuses_to_overwrite_a_frozen_set(tmp_path, capsys, main):
     (tmp_path / "manifest.json").write_text("{}")
     assert main(["--out", str(tmp_path)]) == 2
@@ -212,7 +219,8 @@ def test_the_readme_forbids_choosing_anything_by_the_held_out_results(held_out):
 
 # ------------------------------------------------------------- scoring reads them
 def test_the_scoring_reads_each_held_out_set_given_apart():
-    folders = [HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8]
+    folders = [HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8,
+               HELDOUT9]
     chosen = collect(parser().parse_args(["--sim-trials", "0", "--heldout", *map(str, folders)]))
     assert set(chosen) == {"tuning", *(f"held-out {f.name}" for f in folders)}
     for folder in folders[1:]:
