@@ -1,6 +1,6 @@
 """FSDP2 with a distributed checkpoint every step, as PyTorch's "Getting
 Started with Distributed Checkpoint (DCP)" and "Asynchronous Saving with
-DCP" recipes set it up: ``fully_shard`` on each block of a residual MLP
+DCP" recipes set it up: ``fully_shard`` on the residual block of an MLP
 classifier and on the whole model (a unit's parameters all-gathered before
 its forward and backward, its gradients reduce-scattered), AdamW (fused)
 on the shards, and after each optimizer step the sharded model and
@@ -34,7 +34,7 @@ from torch.distributed.fsdp import fully_shard
 
 from launch import Options, Rows, Step, batches, grow, main
 
-FEATURES, CLASSES, WIDTH, BLOCKS = 64, 16, 256, 3
+FEATURES, CLASSES, WIDTH = 64, 16, 256
 BATCH, SAMPLES = 64, 4096
 # the checkpoints' folder: made by the launching process before it forks the
 # ranks (so they share it) and removed when they are done
@@ -56,14 +56,13 @@ class Classifier(nn.Module):
         super().__init__()
         self.rank, self.opts = rank, opts
         self.inputs = nn.Linear(FEATURES, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
+        self.block = Block()
         self.head = nn.Linear(WIDTH, CLASSES)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         # the slowed rank classifies extra samples
         x = self.inputs(grow(features, self.rank, self.opts))
-        for block in self.blocks:
-            x = block(x)
+        x = self.block(x)
         return self.head(x[:len(features)])
 
 
@@ -96,8 +95,7 @@ def samples() -> Rows:
 def build(rank: int, opts: Options) -> Step:
     torch.manual_seed(0)
     model = Classifier(rank, opts)
-    for block in model.blocks:
-        fully_shard(block)
+    fully_shard(model.block)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True)
     data = batches(samples(), rank, opts, BATCH)

@@ -1,7 +1,7 @@
 """Distributed policy-gradient training in the style of an actor-learner
 setup, with the collectives PyTorch documents: each rank is an actor that
 rolls out a batch of episodes of a small control task (a point pushed
-towards a goal on a plane, done when it gets there or after at most 24
+towards a goal on a plane, done when it gets there or after at most 8
 moves, so episodes end at different lengths) with the current policy
 (sampling its actions, no gradients); the ranks then exchange their
 trajectories, padded to the longest possible episode, with
@@ -23,15 +23,16 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from launch import Options, Step, grow, main
 
 OBSERVATION, ACTIONS, HIDDEN = 4, 4, 256  # position and goal; four moves
-EPISODES, HORIZON = 16, 24  # per actor, per round; the longest episode
+EPISODES, HORIZON = 16, 8  # per actor, per round; the longest episode
 GAMMA, REACHED = 0.97, 0.2
-MOVES = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]) * 0.15
+MOVES = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]) * 0.2
 # returns[:, t] = sum over u >= t of GAMMA ** (u - t) * rewards[:, u]: one matmul
 DISCOUNTS = torch.triu(GAMMA ** (torch.arange(HORIZON).view(1, -1)
                                  - torch.arange(HORIZON).view(-1, 1)).clamp(min=0).float())
@@ -56,26 +57,33 @@ def rollout(policy: Policy, g: torch.Generator) -> tuple[torch.Tensor, ...]:
     rewards (a tenth of the distance to the goal, negated, per move, and 1 on
     reaching it) and lengths."""
     position = torch.rand(EPISODES, 2, generator=g) * 2 - 1
-    goal = position + torch.rand(EPISODES, 2, generator=g) * 1.2 - 0.6
-    observations = torch.zeros(EPISODES, HORIZON, OBSERVATION)
-    actions = torch.zeros(EPISODES, HORIZON, dtype=torch.long)
-    rewards = torch.zeros(EPISODES, HORIZON)
-    lengths = torch.zeros(EPISODES, dtype=torch.long)
-    running = torch.ones(EPISODES, dtype=torch.bool)
-    for t in range(HORIZON):
+    goal = position + torch.rand(EPISODES, 2, generator=g) - 0.5
+    observations: list[torch.Tensor] = []
+    actions: list[torch.Tensor] = []
+    rewards: list[torch.Tensor] = []
+    lengths = torch.zeros(EPISODES)
+    running = torch.ones(EPISODES)  # 1 until the episode ends
+    for _ in range(HORIZON):
         observation = torch.cat([position, goal], 1)
-        probabilities = torch.softmax(policy.net(observation), -1)
-        action = torch.multinomial(probabilities, 1, generator=g).squeeze(1)
+        cumulative = torch.softmax(policy.net(observation), -1).cumsum(-1)
+        # an action drawn by its probability: the first whose cumulative
+        # probability passes a uniform draw
+        drawn = torch.rand(EPISODES, 1, generator=g)
+        action = (cumulative < drawn).sum(-1).clamp(max=ACTIONS - 1)
         position = position + MOVES[action] * running.unsqueeze(1)
         distance = (position - goal).norm(dim=1)
-        reached = distance < REACHED
-        observations[:, t], actions[:, t] = observation, action
-        rewards[:, t] = (reached.float() - 0.1 * distance) * running
+        reached = (distance < REACHED).float()
+        observations.append(observation)
+        actions.append(action)
+        rewards.append((reached - 0.1 * distance) * running)
         lengths += running
-        running = running & ~reached
-        if not running.any():
+        running = running * (1 - reached)
+        if running.sum() == 0:
             break
-    return observations, actions, rewards, lengths
+    padding = HORIZON - len(actions)  # (after the moves, zeros)
+    return (F.pad(torch.stack(observations, 1), (0, 0, 0, padding)),
+            F.pad(torch.stack(actions, 1), (0, padding)),
+            F.pad(torch.stack(rewards, 1), (0, padding)), lengths.long())
 
 
 def gathered(tensor: torch.Tensor) -> torch.Tensor:
