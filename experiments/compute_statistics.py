@@ -36,8 +36,6 @@ import numpy as np
 if TYPE_CHECKING:
     from megatronapp.scan.align.inputs import ScanInput
 
-MAD_TO_SIGMA = 1.4826
-QUARTILE_Z = 0.6745
 TIMER_S = 1e-6  # traces are written in microseconds
 HEALTHY_QUANTILE = 0.97  # false alarms on at most 3% of healthy runs (issue 41's bar)
 
@@ -87,8 +85,10 @@ def faster_half(values: np.ndarray) -> np.ndarray:
 
 
 def _sigma(values: np.ndarray) -> float:
-    v = values[np.isfinite(values)]
-    return MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v)))) if len(v) else float("nan")
+    """MegaScan's robust spread (``blame.sigma_of``) of the finite values."""
+    from megatronapp.scan.evidence.blame import sigma_of
+
+    return sigma_of(values[np.isfinite(values)])
 
 
 def totals(t: OpTimes, i: int) -> np.ndarray:
@@ -143,6 +143,8 @@ STATISTICS: dict[str, Callable[[OpTimes, int], np.ndarray]] = {
 
 def scores(readings: dict[int, np.ndarray]) -> dict[int, float]:
     """Each rank's weakest iteration over the spread of the others' readings."""
+    from megatronapp.scan.evidence.detect import QUARTILE_Z
+
     out = {}
     for i, mine in readings.items():
         others = [r for j, r in readings.items() if j != i and np.isfinite(r).any()]
@@ -151,7 +153,7 @@ def scores(readings: dict[int, np.ndarray]) -> dict[int, float]:
         o = np.stack(others)
         moves = _sigma((o - np.nanmedian(o, axis=1, keepdims=True)).ravel())
         medians = np.nanmedian(o, axis=1)
-        apart = (np.median(medians) - np.percentile(medians, 25)) / QUARTILE_Z
+        apart = (np.median(medians) - np.percentile(medians, 25)) / QUARTILE_Z  # as NoiseModel
         noise = float(np.hypot(moves, apart))
         if noise > 0:
             out[i] = float(np.nanmin(mine)) / noise
