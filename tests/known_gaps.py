@@ -36,12 +36,6 @@ ONSET = "a fault with an onset is named only after two far-out iterations (recur
 # them (0.3%): slow, but the job does not wait for it, so it is no cause.
 COSTLESS = "a slow link that delays the iterations by under min_share (0.3%) is not named"
 
-# A data-parallel pair: with two ranks, how far healthy ranks sit apart is
-# read from the pair itself, the slow one included, so a slowed rank of two
-# stands about 1.6 noise units out whatever its slowdown (1.49-1.63 in the
-# GPU pair below), and its weakest iterations fall under the fitted bar (1.5).
-PAIR = "a slow rank of a data-parallel pair stands ~1.6 noise units out, at the fitted bar 1.5"
-
 GAPS: dict[str, str] = {
     "tests/test_scan_pipeline.py::test_a_slowed_middle_stage_is_named_against_the_other_"
     "middle_stage[False-OneFOneB]": CROWDED_LINKS,
@@ -84,7 +78,6 @@ GAPS: dict[str, str] = {
     "tests/test_scan_kineto.py::test_real_profiled_job_names_the_slow_rank_plain_or_gzipped":
         EXTRA_NAMES,
     "tests/test_scan_kineto.py::test_real_profiled_healthy_job_names_nobody": EXTRA_NAMES,
-    "tests/test_scan_kineto.py::test_nccl_trace_gpu_kernels_and_collective_metadata": PAIR,
     "tests/test_scan_watch.py::test_watch_reports_the_slow_rank_while_a_job_writes_its_"
     "profiler_files": ONSET,
     "tests/test_zoo.py::test_megatron_core_profiled_with_a_slow_link_records_every_send_and_"

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.scan.evidence.detect import Evidence, judge, megascan
+from megatronapp.scan.evidence.detect import Evidence, NoiseModel, judge, megascan
+from megatronapp.scan.ingest.sketch import Reservoirs
 from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.diagnosis import Diagnosis
 from megatronapp.scan.eval.trials import CONTROLS, make_sim_trial
@@ -110,3 +111,31 @@ def test_a_delay_made_up_in_full_counts_no_more():
     e = _evidence([10.0, -10.0, 0.0])
     assert e.hits(Params()).tolist() == [True, False, False]
     assert judge([e], Params()) == []
+
+
+def _noise_of(excess: dict[int, np.ndarray], partners: dict[int, int]) -> dict[int, float]:
+    samples: Reservoirs[tuple[str, int]] = Reservoirs(64)
+    samples.add_all({("compute", r): v for r, v in excess.items()})
+    model = NoiseModel(samples, {("compute", r): ("compute", p) for r, p in partners.items()}, 4)
+    return {r: model.sigma(("compute", r)) for r in excess}
+
+
+def test_a_pair_of_peers_is_judged_against_how_much_each_moves_not_against_its_own_gap():
+    # two data-parallel ranks, each expected to take the other's time: rank 1 is 40%
+    # slower throughout, so their excesses mirror each other about a gap of 0.4
+    rng = np.random.default_rng(3)
+    moves = 0.02
+    slow = 0.4 + rng.normal(0, moves, 12)
+    noise = _noise_of({0: -slow, 1: slow}, {0: 1, 1: 0})
+    assert noise[1] < 3 * moves  # the bar is the pair's moves ...
+    assert 0.4 / noise[1] > 5  # ... so the slow rank stands far out of it
+
+
+def test_with_a_healthy_pair_left_the_gap_between_peers_is_still_part_of_the_bar():
+    # four ranks in two pairs: the healthy pair (2, 3) sits 0.2 apart for good; judging
+    # rank 1, its own pair is left out and the healthy pair's gap stays in the bar
+    rng = np.random.default_rng(4)
+    wobble = {r: rng.normal(0, 0.02, 12) for r in range(4)}
+    excess = {0: -0.4 + wobble[0], 1: 0.4 + wobble[1], 2: -0.1 + wobble[2], 3: 0.1 + wobble[3]}
+    noise = _noise_of(excess, {0: 1, 1: 0, 2: 3, 3: 2})
+    assert noise[1] > 3 * 0.02  # the healthy pair's gap, not the wobble alone

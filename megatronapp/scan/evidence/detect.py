@@ -300,6 +300,8 @@ class NoiseModel:
     good (the spread of their medians: the distance from the median suspect
     to the first quartile, in standard deviations; only the faster half is
     read, so that up to half the suspects may be slow without moving it).
+    Where no other suspect is left (a pair of peers), the first part alone:
+    the pair's gap is what is judged, so it cannot also be the bar.
     Otherwise it is the spread of the others' excess."""
 
     def __init__(self, samples: Reservoirs[Key], partners: Mapping[Key, Key], fewest: int):
@@ -312,14 +314,20 @@ class NoiseModel:
         self._temporal = {kind: self._over_iterations(keys)
                           for kind, keys in self._by_kind.items()}
 
+    def _seen(self, keys: list[Key]) -> list[np.ndarray]:
+        return [v for k in keys if len(v := self._samples[k]) >= 3]
+
     def _over_iterations(self, keys: list[Key]) -> float:
-        seen = [v for k in keys if len(v := self._samples[k]) >= 3]
+        seen = self._seen(keys)
         if not seen:
             return float("nan")
-        moves = sigma_of(np.concatenate([v - np.median(v) for v in seen]))
         medians = np.array([np.median(v) for v in seen])
         apart = (float(np.median(medians)) - float(np.percentile(medians, 25))) / QUARTILE_Z
-        return float(np.hypot(moves, apart))
+        return float(np.hypot(self._moves(seen), apart))
+
+    @staticmethod
+    def _moves(seen: list[np.ndarray]) -> float:
+        return sigma_of(np.concatenate([v - np.median(v) for v in seen]))
 
     def sigma(self, key: Key) -> float:
         keys = self._by_kind.get(key[0], [])
@@ -329,7 +337,12 @@ class NoiseModel:
             if many:
                 return temporal
             others = self._over_iterations([k for k in keys if k not in self._left_out(key)])
-            return others if np.isfinite(others) else temporal
+            if np.isfinite(others):
+                return others
+            # a suspect and its one peer, no other: how far healthy suspects sit apart
+            # cannot be read without a healthy one (the pair's own gap is the fault's),
+            # only how much each moves from one iteration to the next
+            return self._moves(self._seen(keys))
         if many:
             return self._pooled.get(key[0], float("nan"))
         left_out = self._left_out(key)
