@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from launch import Options, Rows, Step, average_gradients, batches, grow, main
+from job_parts import clustered_samples
 
 FEATURES, CLASSES, WIDTH = 64, 16, 256
 REPLICAS, STAGES = 2, 2
@@ -68,13 +69,7 @@ class Stage(nn.Module):
 
 
 def samples() -> Rows:
-    """Feature vectors around one of a few centres per class, and their classes."""
-    g = torch.Generator().manual_seed(0)
-    centres = torch.randn(CLASSES, 4, FEATURES, generator=g)
-    labels = torch.randint(0, CLASSES, (SAMPLES,), generator=g)
-    which = torch.randint(0, 4, (SAMPLES,), generator=g)
-    return Rows(centres[labels, which] + 0.5 * torch.randn(SAMPLES, FEATURES, generator=g),
-                labels)
+    return clustered_samples(CLASSES, SAMPLES, FEATURES)
 
 
 def build(rank: int, opts: Options) -> Step:

@@ -26,18 +26,18 @@ the plan's collectives see it.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                parallelize_module)
 
 from launch import Options, Rows, Step, batches, grow, main
+from job_parts import ExtraRows, markov_sequences
 
 VOCAB, CONTEXT, WIDTH, HEADS = 512, 32, 128, 4
 PAIRS, BATCH, SEQUENCES = 2, 16, 2048
@@ -97,56 +97,8 @@ def parallelize(model: LanguageModel, mesh: DeviceMesh) -> None:
     model.attention.heads = HEADS // mesh.size()
 
 
-def gradient_layout(placements: Sequence[Placement]) -> list[Placement]:
-    """Where a parallel linear layer's gradients come back to it: a
-    replicated input's gradient is partial (a sum over the ranks' shares),
-    a partial output's gradient replicated, a shard's a shard."""
-    return [Partial() if p.is_replicate() else Replicate() if p.is_partial() else p
-            for p in placements]
-
-
-def on_local_rows(x: DTensor, rows: Callable[[torch.Tensor], torch.Tensor]) -> DTensor:
-    """``x`` with ``rows`` applied to this rank's local tensor, its gradient
-    passed back as it comes (no collective on one rank alone)."""
-    grads = gradient_layout(x.placements)
-    local = rows(x.to_local(grad_placements=grads))
-    return DTensor.from_local(local, x.device_mesh, x.placements, grad_placements=grads)
-
-
-class ExtraRows:
-    """Hooks on a parallel linear layer of the slowed rank: it computes on
-    extra rows of its local input (after the plan has laid the input out)
-    and drops them from its local output (before the plan's collectives)."""
-
-    def __init__(self, module: nn.Module, rank: int, opts: Options) -> None:
-        self.rank, self.opts, self.rows = rank, opts, 0
-        module.register_forward_pre_hook(self.grown)
-        module.register_forward_hook(self.trimmed, prepend=True)
-
-    def grown(self, _: nn.Module, inputs: tuple[DTensor, ...]) -> tuple[DTensor, ...] | None:
-        rows = len(inputs[0].to_local())
-        if round(rows * (self.opts.scale(self.rank) - 1.0)) <= 0:
-            return None
-        self.rows = rows
-        return (on_local_rows(inputs[0], lambda x: grow(x, self.rank, self.opts)), *inputs[1:])
-
-    def trimmed(self, _: nn.Module, _inputs: Any, y: DTensor) -> DTensor | None:
-        if not self.rows:
-            return None
-        rows, self.rows = self.rows, 0
-        return on_local_rows(y, lambda x: x[:rows])
-
-
 def sequences() -> Rows:
-    """Token sequences of a random first-order Markov chain (each token
-    followed by one of a few likely successors), and the next tokens."""
-    g = torch.Generator().manual_seed(0)
-    successors = torch.randint(0, VOCAB, (VOCAB, 4), generator=g)
-    tokens = torch.empty(SEQUENCES, CONTEXT + 1, dtype=torch.long)
-    tokens[:, 0] = torch.randint(0, VOCAB, (SEQUENCES,), generator=g)
-    for t in range(CONTEXT):
-        tokens[:, t + 1] = successors[tokens[:, t], torch.randint(0, 4, (SEQUENCES,), generator=g)]
-    return Rows(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+    return markov_sequences(VOCAB, SEQUENCES, CONTEXT)
 
 
 def build(rank: int, opts: Options) -> Step:
