@@ -4,14 +4,19 @@ without recorded peers, and compute that is not annotated. Traces are built
 to the schema gloo jobs write (``tests/zoo`` runs the real jobs)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from megatronapp.scan.analyze import analyze
-from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.evidence.detect import Detector, megascan
 from megatronapp.scan.align.inputs import load_scan_input
 from megatronapp.scan.ingest.kineto import kineto_files, load_kineto, parse_kineto
+from megatronapp.scan.ingest.kineto_spans import role_of
 
 from .support import GLOO, MAIN, collective, gloo_file, kineto_event, write_kineto
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def stepped_rank(rank: int, steps: int = 3) -> list[dict]:
@@ -195,3 +200,22 @@ def test_a_send_handed_to_gloo_after_its_call_is_finished_by_its_own_work():
     comms = parse_kineto(gloo_file(0, 2, events), "rank0").comms
     assert [(c.start_us, c.end_us, c.lane) for c in comms] == [
         (100.0, 5140.0, (0, link)), (200.0, 250.0, (0, MAIN))]
+
+
+@pytest.mark.parametrize("desc, role", [("mesh_tp", "tp"), ("mesh_dp", "dp"), ("mesh_pp", "pp"),
+                                        ("TENSOR_MODEL_PARALLEL_GROUP", "tp"),
+                                        ("default_pg", ""), ("mesh_replicate", "")])
+def test_a_device_mesh_dimensions_group_takes_its_role_from_the_dimensions_name(desc, role):
+    assert role_of(desc) == role
+
+
+def test_a_2d_mesh_on_gloo_keeps_every_ranks_peers_with_one_rank_slowed():
+    # tensor-parallel pairs, data parallel across them (DeviceMesh "dp" x "tp"), rank 2
+    # slowed 2x: its groups' roles come from the mesh, not from whether their members'
+    # ops look alike (the slowed rank's extra rows make them differ)
+    run = ROOT / "tests" / "data" / "heldout10" / "tp_dp_2d_mesh-slow-2x"
+    scan = load_scan_input(run)
+    detector = Detector(scan.gpus_per_node, scan.scenario)
+    detector.feed(scan)
+    bases = {e.who: e.basis for e in detector.evidence() if e.kind == "compute"}
+    assert bases and set(bases.values()) == {"peers"}

@@ -107,8 +107,13 @@ def ranks_list(value: Any) -> tuple[int, ...] | None:
 
 
 def role_of(desc: str) -> str:
+    """A group's role from its description: Megatron's words ("tensor model
+    parallel group"), or a role's own short name as a word of it (a
+    ``DeviceMesh`` dimension's group is described as ``mesh_<dimension>``:
+    ``mesh_tp``, ``mesh_dp``)."""
     lowered = desc.lower()
-    return next((role for word, role in GROUP_ROLES if word in lowered), "")
+    words = set(re.split(r"[^a-z0-9]+", lowered))
+    return next((role for word, role in GROUP_ROLES if word in lowered or role in words), "")
 
 
 def meta_bytes(args: Mapping[str, Any]) -> float:
