@@ -1,7 +1,8 @@
 """What the held-out jobs share: a slowed rank's extra rows on a tensor-parallel
 linear layer's local input (``ExtraRows``), token sequences of a random
-Markov chain to train a language model on (``markov_sequences``), and
-clustered feature vectors to classify (``clustered_samples``).
+Markov chain to train a language model on (``markov_sequences``),
+clustered feature vectors to classify (``clustered_samples``), and a
+pre-norm residual feed-forward block (``FeedForwardBlock``).
 
 Imported by the jobs the way they import ``launch`` (``tests/zoo`` on the path)."""
 from __future__ import annotations
@@ -75,3 +76,19 @@ def clustered_samples(classes: int, count: int, features: int) -> Rows:
     labels = torch.randint(0, classes, (count,), generator=g)
     which = torch.randint(0, 4, (count,), generator=g)
     return Rows(centres[labels, which] + 0.5 * torch.randn(count, features, generator=g), labels)
+
+
+class FeedForwardBlock(nn.Module):
+    """A pre-norm residual feed-forward block: LayerNorm, a linear layer
+    ``expansion`` times wider, ``activation``, a linear layer back, the residual."""
+
+    def __init__(self, width: int, expansion: int,
+                 activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.activation = activation
+        self.norm = nn.LayerNorm(width)
+        hidden = expansion * width
+        self.up, self.down = nn.Linear(width, hidden), nn.Linear(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.activation(self.up(self.norm(x))))
