@@ -9,6 +9,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping
 
 from megatronapp.trace.columns import is_int32
@@ -106,6 +107,7 @@ def ranks_list(value: Any) -> tuple[int, ...] | None:
     return None
 
 
+@lru_cache(maxsize=256)  # called per collective kernel; a job has a few descriptions
 def role_of(desc: str) -> str:
     """A group's role from its description: Megatron's words ("tensor model
     parallel group"), or a role's own short name as a word of it (a
