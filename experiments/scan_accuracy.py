@@ -64,8 +64,9 @@ def score_set(runs: Iterable[LabelledRun], methods: Sequence[str], say: Any,
             evidence = tuple(detector_.evidence())
         out.cases.append(Case(run, evidence, frozenset(pairs)))
         for m in methods:
-            out.baselines[m].append(outcome_of(run, detector(m)(scan).root_causes,
-                                               frozenset(pairs)))
+            found = detector(m)(scan)
+            out.baselines[m].append(outcome_of(run, found.root_causes, frozenset(pairs),
+                                               found.slow_without_cost))
         say(f"{run.source} {i}: {run.name} ({time.process_time() - start:.1f} CPU s)")
     return out
 
@@ -94,7 +95,15 @@ def link_goals(outcomes: Sequence[Outcome]) -> dict[str, Any]:
     peered = [o for o in links if o.run.records_peers]
     blind = [o for o in links if not o.run.records_peers]
     return {"with_peers": len(peered), "named_first": sum(o.verdict == "right" for o in peered),
+            "flagged_first": sum(o.flagged_first for o in peered),
             "without_peers": len(blind), "wrong_link": sum(o.wrong_link for o in blind)}
+
+
+def flag_goals(outcomes: Sequence[Outcome]) -> dict[str, int]:
+    """With the slow-at-no-cost list after the causes: faults first in it, healthy runs flagged."""
+    counted = [o for o in outcomes if o.run.eligible]
+    return {"faulted_flagged_first": sum(o.flagged_first for o in counted if o.faulted),
+            "healthy_flagged": sum(o.flagged for o in counted if not o.faulted)}
 
 
 def calibration(cases: Sequence[Case], p: Params) -> dict[str, Any]:
@@ -109,11 +118,12 @@ def evaluate(scored: dict[str, Scored], p: Params | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, s in scored.items():
         out[name] = {m: {**summary(scores(o)), "categories": by_category(o),
-                         "links": link_goals(o)} for m, o in s.baselines.items()}
+                         "links": link_goals(o), "flags": flag_goals(o)}
+                     for m, o in s.baselines.items()}
         if p is not None:
             mine = [outcome(c, p) for c in s.cases]
             out[name] = {"megascan": {**summary(scores(mine)), "categories": by_category(mine),
-                                      "links": link_goals(mine),
+                                      "links": link_goals(mine), "flags": flag_goals(mine),
                                       "calibration": calibration(s.cases, p)}, **out[name]}
     return out
 
@@ -238,6 +248,14 @@ def tables(doc: dict[str, Any]) -> dict[str, str]:
                                "two faults: both named", "false alarms", "phantom links"],
                               rows, "llrrrrrr")
     out = {"accuracy": accuracy}
+    flags = [[name, _pct(s["megascan"]["flags"]["faulted_flagged_first"], s["megascan"]["faulted"]),
+              _pct(s["megascan"]["links"]["flagged_first"], s["megascan"]["links"]["with_peers"]),
+              _pct(s["megascan"]["flags"]["healthy_flagged"], s["megascan"]["healthy"])]
+             for name, s in d["sets"].items() if "flags" in s.get("megascan", {})]
+    if flags:
+        out["flags"] = markdown_table(["set", "faults first (causes, then slow at no cost)",
+                                       "slow links first (peers recorded)",
+                                       "healthy runs with anything listed"], flags, "lrrr")
     cal = [[name, f"{s['megascan']['calibration']['ece']:.3f}",
             str(s["megascan"]["calibration"]["named"])] for name, s in d["sets"].items()
            if "megascan" in s]

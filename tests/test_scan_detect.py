@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from megatronapp.scenario.config import parse_scenario
-from megatronapp.scan.evidence.detect import Evidence, NoiseModel, judge, megascan
+from megatronapp.scan.evidence.detect import Evidence, NoiseModel, judge, megascan, without_cost
 from megatronapp.scan.ingest.sketch import Reservoirs
 from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.diagnosis import Diagnosis
@@ -111,6 +111,50 @@ def test_a_delay_made_up_in_full_counts_no_more():
     e = _evidence([10.0, -10.0, 0.0])
     assert e.hits(Params()).tolist() == [True, False, False]
     assert judge([e], Params()) == []
+
+
+def test_a_rank_slow_throughout_that_delays_nothing_is_listed_apart_not_named():
+    """Slow in every iteration, but the job never waited for it: no root
+    cause, and listed as slow at no cost; once it delays the job it is a
+    cause and leaves that list."""
+    idle = _evidence([0.0, 0.0, 0.0])
+    assert judge([idle], Params()) == []
+    (listed,) = without_cost([idle], [], Params())
+    assert (listed.rank, listed.kind, listed.evidence["iterations_hit"]) == (3, "compute", "all")
+    costly = _evidence([10.0, 10.0, 10.0])
+    causes = judge([costly], Params())
+    assert [c.rank for c in causes] == [3] and without_cost([costly], causes, Params()) == []
+
+
+def test_slow_at_no_cost_needs_every_iteration_and_leaves_host_time_out():
+    once = _evidence([0.0, 0.0, 0.0])
+    once = Evidence(once.kind, once.who, once.basis, once.iterations,
+                    np.array([0.06, 0.05, 0.06]), once.expected, once.blame, once.noise,
+                    once.duration, once.delay, once.elapsed)
+    assert without_cost([once], [], Params()) == []
+    idle = _evidence([0.0, 0.0, 0.0])
+    host = Evidence("host", *[getattr(idle, f) for f in ("who", "basis", "iterations", "actual",
+                                                          "expected", "blame", "noise",
+                                                          "duration", "delay", "elapsed")])
+    assert without_cost([host], [], Params()) == []
+
+
+def test_a_simulated_slow_link_the_pipeline_does_not_wait_for_is_listed_not_named():
+    """pp 4 with a slow link 1 -> 5 whose transfers overlap other work: it
+    costs its iterations under ``min_share``, so no root cause names it, and
+    it heads the list of what is slow at no cost."""
+    s = parse_scenario({
+        "seed": 11, "iterations": 2,
+        "parallel": {"tp": 4, "pp": 4, "dp": 1, "microbatches": 8},
+        "model": {"layers": 8, "hidden": 512, "heads": 8, "seq_len": 512},
+        "cluster": {"jitter": {"compute_sigma": 0.03, "link_sigma": 0.05}},
+        "faults": [{"kind": "slow_link", "ranks": [1, 5], "factor": 2.4}]})
+    d = megascan(scan_of_result(run_sim(s)))
+    assert not any(c.kind == "link" and {c.rank, c.peer} == {1, 5} for c in d.root_causes)
+    top = d.slow_without_cost[0]
+    assert top.kind == "link" and {top.rank, top.peer} == {1, 5}
+    assert top.evidence["share"] < Params().min_share * 2
+    assert d.to_json()["slow_without_cost"][0]["peer"] in (1, 5)
 
 
 def _noise_of(excess: dict[int, np.ndarray], partners: dict[int, int]) -> dict[int, float]:

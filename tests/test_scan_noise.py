@@ -64,6 +64,24 @@ def test_a_healthy_run_with_a_machine_made_straggler_is_shown_not_counted(tmp_pa
     assert (s.healthy, s.false_alarms, s.faulted, s.named_first) == (2, 2, 1, 1)
 
 
+def test_the_slow_at_no_cost_list_is_scored_apart_from_the_causes(tmp_path):
+    """A fault first in the list of what is slow at no cost is not named first
+    (no cause names it) but is flagged first; a cause ahead of the list
+    comes first; a healthy run with anything listed is flagged."""
+    from megatronapp.scan.diagnosis import RootCause
+    runs = sets.recorded(_manifest(tmp_path, [1.05]), "tuning-zoo")
+    healthy, faulted = (next(r for r in runs if r.healthy), next(r for r in runs if not r.healthy))
+    slow = (RootCause(1, "compute", None, 0.9, {}),)
+    other = (RootCause(2, "compute", None, 0.9, {}),)
+    listed = outcome_of(faulted, (), slow=slow)
+    assert (listed.verdict, listed.flagged_first, listed.flagged) == ("missed", True, True)
+    behind = outcome_of(faulted, other, slow=slow)
+    assert (behind.verdict, behind.flagged_first) == ("wrong", False)
+    quiet = outcome_of(healthy, (), slow=other)
+    assert (quiet.verdict, quiet.flagged, quiet.flagged_first) == ("quiet", True, False)
+    assert outcome_of(healthy, ()).flagged is False
+
+
 def test_two_links_of_one_class_are_each_others_partner():
     """In tp 1, pp 2, dp 2 each direction of the pipeline has two links: the
     faster is its own expectation and the slower's, so each one's noise may

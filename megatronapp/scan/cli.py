@@ -182,11 +182,24 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
         also = ev.get("also")
         if also:
             yield f"  also {WHAT[also['kind']]}: {ms(also['blame_s'])} of blame"
+    yield from _without_cost(d)
     if d["victims"]:
         shown = ", ".join(map(str, d["victims"][:16]))
         more = f" and {len(d['victims']) - 16} more" if len(d["victims"]) > 16 else ""
         yield f"victims (waited on a root cause, not faulty themselves): {shown}{more}"
     yield from _bottleneck(d)
+
+
+def _without_cost(d: dict[str, Any]) -> Iterator[str]:
+    """Suspects slow throughout whose slowness the job did not wait for."""
+    for c in d.get("slow_without_cost") or ():
+        ev = c["evidence"]
+        who = (f"link {c['rank']} <-> {c['peer']}" if c["kind"] == "link"
+               else f"rank {c['rank']}")
+        yield (f"slow, at (almost) no cost yet: {who} ({c['kind']}): {WHAT[c['kind']]} took "
+               f"{ms(ev['actual_s'])} per iteration against {ms(ev['expected_s'])} expected "
+               f"({sig(ev['noise_units'])} noise units over) in every iteration, but cost "
+               f"{100 * ev['share']:.2g}% of it: not a root cause; degraded hardware to watch")
 
 
 def _bottleneck(d: dict[str, Any]) -> Iterator[str]:

@@ -28,6 +28,9 @@ class Diagnosis:
     # the rank that held most of the iterations' critical path: where time goes,
     # which is not a fault unless its peers or a model say it should take less
     bottleneck: Mapping[str, Any] = field(default_factory=dict)
+    # devices and links slow throughout that cost the iterations less than a root
+    # cause must (a transfer nobody waited for): not causes, shown so that they are seen
+    slow_without_cost: tuple[RootCause, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -36,7 +39,8 @@ class Diagnosis:
     def to_json(self) -> dict[str, Any]:
         return {"healthy": self.healthy, "root_causes": [c.to_json() for c in self.root_causes],
                 "victims": list(self.victims), "unjudged": dict(self.unjudged),
-                "bottleneck": dict(self.bottleneck)}
+                "bottleneck": dict(self.bottleneck),
+                "slow_without_cost": [c.to_json() for c in self.slow_without_cost]}
 
 
 Detector = Callable[[ScanInput], Diagnosis]

@@ -16,7 +16,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from megatronapp.scan.diagnosis import RootCause
-from megatronapp.scan.evidence.detect import Evidence, delayed, judge, merged, named_iterations
+from megatronapp.scan.evidence.detect import (Evidence, delayed, judge, merged, named_iterations,
+                                              without_cost)
 from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.eval.sets import LabelledRun, Truth
 
@@ -50,6 +51,10 @@ class Outcome:
     all_named: bool  # every injected fault named (two faults at once: both)
     phantom: bool  # a link named between ranks that exchanged no transfer
     wrong_link: bool  # a link named that is not the injected one
+    # with the devices and links slow at no cost listed after the causes: the
+    # first of them all is an injected fault (faulted run), anything at all (healthy)
+    flagged_first: bool = False
+    flagged: bool = False
 
     @property
     def faulted(self) -> bool:
@@ -57,9 +62,18 @@ class Outcome:
 
 
 def outcome_of(run: LabelledRun, causes: Sequence[RootCause],
-               links: frozenset[tuple[int, int]] | None = None) -> Outcome:
-    """What a method's causes (most confident first) make of a run."""
+               links: frozenset[tuple[int, int]] | None = None,
+               slow: Sequence[RootCause] = ()) -> Outcome:
+    """What a method's causes (most confident first) make of a run (``slow``:
+    what it lists as slow at no cost, after them)."""
     causes = tuple(causes)
+    listed = causes + tuple(slow)
+    first = bool(listed) and any(matches(listed[0], t) for t in run.truth)
+    return replace(_verdict(run, causes, links), flagged=bool(listed), flagged_first=first)
+
+
+def _verdict(run: LabelledRun, causes: tuple[RootCause, ...],
+             links: frozenset[tuple[int, int]] | None) -> Outcome:
     named_links = [(min(c.rank, c.peer or 0), max(c.rank, c.peer or 0)) for c in causes
                    if c.kind == "link"]
     phantom = links is not None and any(pair not in links for pair in named_links)
@@ -76,7 +90,8 @@ def outcome_of(run: LabelledRun, causes: Sequence[RootCause],
 
 
 def outcome(case: Case, p: Params) -> Outcome:
-    return outcome_of(case.run, merged(judge(case.evidence, p)), case.links)
+    causes = merged(judge(case.evidence, p))
+    return outcome_of(case.run, causes, case.links, without_cost(case.evidence, causes, p))
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ class Outcome:
     correct_reported: int
     top1: bool
     found: bool
+    # with the devices and links slow at no cost listed after the causes
+    flagged_top1: bool = False  # the first of them all is the fault
+    flagged: bool = False  # anything listed at all
+
 
 
 def scan_of_result(result: RunResult, name: str = "<sim>", scenario: Scenario | None = None
@@ -148,8 +152,10 @@ def replay_trial(run_dir: Path) -> "TrialReport":
 
 def _outcome(trial: Trial, method: str, d: Diagnosis) -> Outcome:
     hits = [matches(c, trial) for c in d.root_causes]
+    listed = d.root_causes + d.slow_without_cost
     return Outcome(trial.index, trial.band, method, len(hits), sum(hits),
-                   bool(hits) and hits[0], any(hits))
+                   bool(hits) and hits[0], any(hits),
+                   bool(listed) and matches(listed[0], trial), bool(listed))
 
 
 # ------------------------------------------------------------- tables
@@ -162,6 +168,8 @@ class Row:
     precision: float | None
     recall: float | None
     fpr: float | None
+    flagged_top1: float | None = None  # top1 with the slow at no cost after the causes
+    flagged_fpr: float | None = None  # controls with anything listed at all
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -187,9 +195,12 @@ def _row(method: str, band: str, os_: list[Outcome]) -> Row:
     reported = sum(o.reported for o in os_)
     precision = None if control else _ratio(sum(o.correct_reported for o in os_), reported)
     if control:
-        return Row(method, band, len(os_), None, None, None, _ratio(sum(o.reported > 0 for o in os_), len(os_)))
+        return Row(method, band, len(os_), None, None, None,
+                   _ratio(sum(o.reported > 0 for o in os_), len(os_)),
+                   flagged_fpr=_ratio(sum(o.flagged for o in os_), len(os_)))
     return Row(method, band, len(os_), _ratio(sum(o.top1 for o in os_), len(os_)), precision,
-               _ratio(sum(o.found for o in os_), len(os_)), None)
+               _ratio(sum(o.found for o in os_), len(os_)), None,
+               flagged_top1=_ratio(sum(o.flagged_top1 for o in os_), len(os_)))
 
 
 def _pct(x: float | None) -> str:
@@ -200,17 +211,21 @@ def write_csv(rows: list[Row], path: Path, force: bool = False, option: str = "-
     """The accuracy table, written whole (a temporary renamed into place) or not at all."""
     with new_file(path, option, force, make_parent=True) as tmp, open(tmp, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["method", "band", "trials", "top1", "precision", "recall", "fpr"])
+        w.writerow(["method", "band", "trials", "top1", "precision", "recall", "fpr",
+                    "flagged_top1", "flagged_fpr"])
         for r in rows:
             w.writerow([r.method, r.band, r.trials] + ["" if v is None else f"{v:.4f}" for v in
-                                                         (r.top1, r.precision, r.recall, r.fpr)])
+                                                         (r.top1, r.precision, r.recall, r.fpr,
+                                                          r.flagged_top1, r.flagged_fpr)])
 
 
 def markdown_table(rows: list[Row]) -> str:
-    lines = ["| method | band | trials | top-1 | precision | recall | false-positive rate |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| method | band | trials | top-1 | precision | recall | false-positive rate "
+             "| with slow at no cost: top-1 | ...: anything listed |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r.method} | {r.band} | {r.trials} | {_pct(r.top1)} | {_pct(r.precision)} | "
-              f"{_pct(r.recall)} | {_pct(r.fpr)} |" for r in rows]
+              f"{_pct(r.recall)} | {_pct(r.fpr)} | {_pct(r.flagged_top1)} | "
+              f"{_pct(r.flagged_fpr)} |" for r in rows]
     return "\n".join(lines)
 
 

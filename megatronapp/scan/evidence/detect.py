@@ -154,9 +154,11 @@ class Detector:
 
     def verdict(self) -> Diagnosis:
         """The diagnosis of everything fed so far."""
-        causes = merged(judge(self.evidence(), self.params))
+        evidence = self.evidence()
+        causes = merged(judge(evidence, self.params))
         return Diagnosis(tuple(causes), victims_of(causes, self._met, self._pairs),
-                         unjudged=self._unjudged(), bottleneck=self.bottleneck())
+                         unjudged=self._unjudged(), bottleneck=self.bottleneck(),
+                         slow_without_cost=tuple(without_cost(evidence, causes, self.params)))
 
     def forget_before(self, iteration: int) -> None:
         """Drop every figure of the iterations before ``iteration`` (an on-line
@@ -229,14 +231,18 @@ class Evidence:
             return np.where(self.expected > 0, (self.actual - self.expected) / self.expected,
                             np.inf)
 
+    def over(self, p: Params) -> np.ndarray:
+        """Iterations it ran ``noise_multiple`` noise units and ``min_slowdown``
+        over its expected time in."""
+        return (self.units >= p.noise_multiple) & (self.slowdown >= p.min_slowdown)
+
     def hits(self, p: Params) -> np.ndarray:
         """Iterations it was slow in (``noise_multiple`` noise units and
         ``min_slowdown`` over its expected time) by whose end it had delayed
         the job (at least ``min_share`` of the time the job had run: an
         iteration that makes up some of an earlier one's delay leaves the
         rest standing)."""
-        return ((self.units >= p.noise_multiple) & (self.slowdown >= p.min_slowdown)
-                & delayed(self.delay, self.elapsed, p))
+        return self.over(p) & delayed(self.delay, self.elapsed, p)
 
 
 def delayed(delay: np.ndarray, elapsed: np.ndarray, p: Params) -> np.ndarray:
@@ -266,8 +272,36 @@ def named_iterations(units: np.ndarray, hit: np.ndarray, p: Params) -> np.ndarra
 
 def judged(e: Evidence, p: Params) -> RootCause | None:
     hit = named_iterations(e.units, e.hits(p), p)
-    if not hit.any():
-        return None
+    return finding(e, hit, p) if hit.any() else None
+
+
+def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: Params
+                 ) -> list[RootCause]:
+    """Devices and links slow throughout that cost the job (almost) nothing:
+    a rank's compute or a link's transfers over its expected time by
+    ``noise_multiple`` noise units and ``min_slowdown`` in every iteration it
+    was seen in, yet short of ``min_share`` of delay in some (a slow transfer
+    the receiver did not wait for, a slow device with slack). Not root causes
+    (the job is not slower for them, yet); listed so that degraded hardware is
+    seen before it costs. Host time is left out: time outside ops that costs
+    nothing is slack, not a fault. Those named as causes are left out too;
+    the rest ranked by noise units."""
+    named = {_merge_key(c) for c in causes}
+    out = [finding(e, over, p) for e in evidence
+           if e.kind != "host" and len(over := e.over(p)) and over.all()
+           and _merge_key(e) not in named]
+    return sorted(merged(out), key=lambda c: (-float(c.evidence["noise_units"]), c.rank))
+
+
+def _merge_key(c: RootCause | Evidence) -> tuple[object, ...]:
+    """What ``merged`` keeps one of: a rank (its compute or host time), or a link."""
+    if isinstance(c, Evidence):
+        return ("link", *c.who) if c.kind == "link" else ("rank", c.who)
+    return ("link", c.rank, c.peer) if c.kind == "link" else ("rank", c.rank)
+
+
+def finding(e: Evidence, hit: np.ndarray, p: Params) -> RootCause:
+    """``e`` as a cause found in the iterations ``hit``, with its evidence."""
     units = float(np.mean(e.units[hit]))
     rank, peer = (e.who if e.kind == "link" else (e.who, None))
     hits = e.iterations[hit]
@@ -362,8 +396,7 @@ def merged(causes: Iterable[RootCause]) -> list[RootCause]:
     most confident first, then most blamed."""
     best: dict[tuple[object, ...], list[RootCause]] = {}
     for c in causes:
-        key = ("link", c.rank, c.peer) if c.kind == "link" else ("rank", c.rank)
-        best.setdefault(key, []).append(c)
+        best.setdefault(_merge_key(c), []).append(c)
     out = []
     for found in best.values():
         found.sort(key=lambda c: -float(c.evidence["blame_s"]))
