@@ -164,6 +164,15 @@ def _noise_of(excess: dict[int, np.ndarray], partners: dict[int, int]) -> dict[i
     return {r: model.sigma(("compute", r)) for r in excess}
 
 
+def test_a_pair_seen_in_two_iterations_is_judged_against_how_much_each_moves():
+    """dp 2, two iterations: the throttled rank's one peer is all there is,
+    and two iterations show how much each moves; its gap is not its bar."""
+    d = _diagnose(1, 1, 2, _throttle(1, 1.35))
+    assert [(c.rank, c.kind) for c in d.root_causes] == [(1, "compute")]
+    assert d.root_causes[0].evidence["noise_units"] > 10
+    assert _diagnose(1, 1, 2, []).healthy
+
+
 def test_a_pair_of_peers_is_judged_against_how_much_each_moves_not_against_its_own_gap():
     # two data-parallel ranks, each expected to take the other's time: rank 1 is 40%
     # slower throughout, so their excesses mirror each other about a gap of 0.4

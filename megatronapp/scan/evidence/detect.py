@@ -335,7 +335,8 @@ class NoiseModel:
     to the first quartile, in standard deviations; only the faster half is
     read, so that up to half the suspects may be slow without moving it).
     Where no other suspect is left (a pair of peers), the first part alone:
-    the pair's gap is what is judged, so it cannot also be the bar.
+    the pair's gap is what is judged, so it cannot also be the bar (two
+    iterations suffice to show how much each moves).
     Otherwise it is the spread of the others' excess."""
 
     def __init__(self, samples: Reservoirs[Key], partners: Mapping[Key, Key], fewest: int):
@@ -348,8 +349,8 @@ class NoiseModel:
         self._temporal = {kind: self._over_iterations(keys)
                           for kind, keys in self._by_kind.items()}
 
-    def _seen(self, keys: list[Key]) -> list[np.ndarray]:
-        return [v for k in keys if len(v := self._samples[k]) >= 3]
+    def _seen(self, keys: list[Key], fewest: int = 3) -> list[np.ndarray]:
+        return [v for k in keys if len(v := self._samples[k]) >= fewest]
 
     def _over_iterations(self, keys: list[Key]) -> float:
         seen = self._seen(keys)
@@ -381,6 +382,12 @@ class NoiseModel:
             return self._pooled.get(key[0], float("nan"))
         left_out = self._left_out(key)
         kept = [self._samples[k] for k in keys if k not in left_out]
+        if not kept:
+            # a pair seen in two iterations: as above, how much each moves, which
+            # two iterations show; the pair's own gap is never the bar
+            moved = self._seen(keys, fewest=2)
+            if sum(len(v) for v in moved) >= self._fewest:
+                return self._moves(moved)
         if not kept or sum(len(v) for v in kept) < self._fewest:
             return self._pooled.get(key[0], float("nan"))
         return sigma_of(np.concatenate(kept))
