@@ -7,14 +7,16 @@ the same work: ranks that communicate alike (the same collectives, on groups
 of the same size; the same transfers, up or down the ranks), and, where the
 scenario's cost model prices them, model the same work. A slow device,
 extra calls or a stalled host change how long a rank computes, never how it
-communicates. A rank's expected compute is its own wall time at its peers'
-speed: each op's fastest call in the iteration (its time when the rank had
-its device to itself) against the peers' fastest call of that op, counted
-as often as the peers call it (extra calls are excess). Without peers, a
+communicates. A rank's expected compute (or host time) in an iteration is
+what the faster half of its class took there (the median of that half: up
+to half the class may be slow without moving it; extra calls are excess,
+as its peers do not make them). Without peers, a
 rank's compute is expected from the scenario's cost model at the job's
 speed (where a run has one), else from its own other iterations. A link's expected transfer time comes from the other links of
 its class (the same direction, within or across nodes), per byte where the
-trace records bytes.
+trace records bytes: their typical time, or, where more, what its own
+transfers took had its fastest message been as fast as theirs (a link
+crowded by others' transfers is not slow at its fastest; a slow link is).
 """
 from __future__ import annotations
 
