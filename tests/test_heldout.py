@@ -43,6 +43,7 @@ from tests.zoo_heldout10 import record as record10
 from tests.zoo_heldout11 import record as record11
 from tests.zoo_heldout12 import record as record12
 from tests.zoo_heldout13 import record as record13
+from tests.zoo_heldout14 import record as record14
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -150,12 +151,14 @@ def test_every_point_to_point_channel_is_slowed_with_and_without_peers_recorded(
     (record8, "looped_bfs_pipeline", "MESSAGE"),
     (record9, "interleaved_zero_bubble_pipeline", "MESSAGE"),
     (record10, "pipelining_gpipe_dp2", "MESSAGE"), (record11, "batched_p2p_pipeline", "MESSAGE"),
-    (record12, "pipeline_1f1b_send_recv_two_stage_dp2", "MESSAGE")])
+    (record12, "pipeline_1f1b_send_recv_two_stage_dp2", "MESSAGE"),
+    (record14, "ring_attention_isend_irecv", "MESSAGE"),
+    (record14, "butterfly_allreduce_send_recv", "MESSAGE")])
 def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, floats):
     """Each slow link's rate is sized by one message of the job (gossip's
-    parameters, the ring's gradients: its parameters' count, flattened; a
-    chunk's keys and values, stacked; a microbatch's activations), in
-    float32."""
+    parameters, the ring's and the butterfly's gradients: its parameters'
+    count, flattened; a chunk's keys and values, stacked; a microbatch's
+    activations), in float32."""
     printed = subprocess.run(
         [sys.executable, "-c", f"import {name}; print({name}.{floats})"], cwd=ROOT,
         env={"PYTHONPATH": f"tests/zoo:{recorder.PLAN.jobs_dir}"}, check=True,
@@ -178,7 +181,7 @@ def test_drawn_faults_fit_their_job(held_out):
 @pytest.mark.parametrize("main", [record.main, record2.main, record3.main, record4.main,
                                   record5.main, record6.main, record7.main, record8.main,
                                   record9.main, record10.main, record11.main,
-                                  record12.main, record13.main])
+                                  record12.main, record13.main, record14.main])
 def test_the_recorder_refuses_to_overwrite_a_frozen_set(tmp_path, capsys, main):
     (tmp_path / "manifest.json").write_text("{}")
     assert main(["--out", str(tmp_path)]) == 2

@@ -1,8 +1,10 @@
 """What the held-out jobs share: a slowed rank's extra rows on a tensor-parallel
 linear layer's local input (``ExtraRows``), token sequences of a random
 Markov chain to train a language model on (``markov_sequences``),
-clustered feature vectors to classify (``clustered_samples``), and a
-pre-norm residual feed-forward block (``FeedForwardBlock``).
+clustered feature vectors to classify (``clustered_samples``), a
+pre-norm residual feed-forward block (``FeedForwardBlock``), and the
+gradients of a list of parameters as one flat buffer and back
+(``flat_gradients``, ``unflatten_gradients``).
 
 Imported by the jobs the way they import ``launch`` (``tests/zoo`` on the path)."""
 from __future__ import annotations
@@ -92,3 +94,18 @@ class FeedForwardBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.down(self.activation(self.up(self.norm(x))))
+
+
+def flat_gradients(parameters: Sequence[nn.Parameter]) -> torch.Tensor:
+    """The gradients of ``parameters`` joined into one flat buffer, in order
+    (one message for a collective or a hand-written exchange)."""
+    grads = [p.grad for p in parameters]
+    assert all(g is not None for g in grads)
+    return torch.cat([g.flatten() for g in grads if g is not None])
+
+
+def unflatten_gradients(flat: torch.Tensor, parameters: Sequence[nn.Parameter]) -> None:
+    """Copy each parameter's part of ``flat`` back into its gradient."""
+    for p, part in zip(parameters, flat.split([p.numel() for p in parameters])):
+        assert p.grad is not None
+        p.grad.copy_(part.view_as(p.grad))
