@@ -14,9 +14,7 @@ as its peers do not make them). Without peers, a
 rank's compute is expected from the scenario's cost model at the job's
 speed (where a run has one), else from its own other iterations. A link's expected transfer time comes from the other links of
 its class (the same direction, within or across nodes), per byte where the
-trace records bytes: their typical time, or, where more, what its own
-transfers took had its fastest message been as fast as theirs (a link
-crowded by others' transfers is not slow at its fastest; a slow link is).
+trace records bytes.
 """
 from __future__ import annotations
 
@@ -203,13 +201,6 @@ def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
     per_byte = bool(np.all(nbytes[count > 0] > 0))
     unit = np.where(count > 0, seconds / np.maximum(nbytes if per_byte else count, 1e-300), np.nan)
     size = nbytes if per_byte else count
-    message = g.residual[recv] / (np.maximum(cols.nbytes[g.row[recv]], 1) if per_byte else 1.0)
-    # a message the receiver never waited for (residual 0: it had arrived)
-    # says nothing of the link's speed
-    timed = message > 0
-    best = np.full((n_flows, n_iter), np.inf)
-    np.minimum.at(best, (g.flow[recv][timed], g.iteration[recv][timed]), message[timed])
-    best[~np.isfinite(best)] = np.nan
     classes: dict[tuple[str, bool], list[int]] = {}
     for f in range(n_flows):
         classes.setdefault(link_class(g, f, gpus_per_node), []).append(f)
@@ -218,9 +209,8 @@ def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
         if len(members) < 2:
             continue
         centre = _faster_half_ignoring_nan(unit[members])
-        at_best = _faster_half_ignoring_nan(best[members])
         for f in members:
-            expected[f] = np.maximum(centre * size[f], _at_class_best(seconds[f], best[f], at_best))
+            expected[f] = centre * size[f]
     pair_of_flow = np.array([_pair_id(g, f) for f in range(n_flows)], np.int64)
     n_pairs = len(g.links)
     actual = np.zeros((n_pairs, n_iter))
@@ -233,17 +223,6 @@ def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
     keys = [tuple(p) for p in g.links.tolist()]
     basis = ["links of its class" if known[i].any() else "none" for i in range(n_pairs)]
     return Table(keys, actual, exp, basis, _pair_partners(classes, pair_of_flow, keys))
-
-
-def _at_class_best(seconds: np.ndarray, best: np.ndarray, class_best: np.ndarray) -> np.ndarray:
-    """A link's transfer time had its fastest timed message been as fast as
-    its class's: a link crowded by others' transfers still has uncrowded
-    messages as fast as the class's (it is excused), a slow link is slow in
-    every message, its fastest too. A link with no timed message (no
-    receiver waited on it) is excused."""
-    with np.errstate(all="ignore"):
-        ratio = np.where(best > 0, class_best / best, 1.0)
-    return seconds * np.minimum(np.nan_to_num(ratio, nan=1.0), 1.0)
 
 
 def _pair_partners(classes: Mapping[tuple[str, bool], list[int]], pair_of_flow: np.ndarray,
