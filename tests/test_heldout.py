@@ -45,6 +45,7 @@ from tests.zoo_heldout11 import record as record11
 from tests.zoo_heldout12 import record as record12
 from tests.zoo_heldout13 import record as record13
 from tests.zoo_heldout14 import record as record14
+from tests.zoo_heldout15 import record as record15
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -158,12 +159,14 @@ def test_every_point_to_point_channel_is_slowed_with_and_without_peers_recorded(
     (record10, "pipelining_gpipe_dp2", "MESSAGE"), (record11, "batched_p2p_pipeline", "MESSAGE"),
     (record12, "pipeline_1f1b_send_recv_two_stage_dp2", "MESSAGE"),
     (record14, "ring_attention_isend_irecv", "MESSAGE"),
-    (record14, "butterfly_allreduce_send_recv", "MESSAGE")])
+    (record14, "butterfly_allreduce_send_recv", "MESSAGE"),
+    (record15, "pipeline_two_stage_dp2_isend_irecv_gpipe_activation_checkpoint", "MESSAGE"),
+    (record15, "hierarchical_allreduce_two_level", "MESSAGE")])
 def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, floats):
     """Each slow link's rate is sized by one message of the job (gossip's
-    parameters, the ring's and the butterfly's gradients: its parameters'
-    count, flattened; a chunk's keys and values, stacked; a microbatch's
-    activations), in float32."""
+    parameters, the ring's, the butterfly's and the two-level all-reduce's
+    gradients: its parameters' count, flattened; a chunk's keys and values,
+    stacked; a microbatch's activations), in float32."""
     printed = subprocess.run(
         [sys.executable, "-c", f"import {name}; print({name}.{floats})"], cwd=ROOT,
         env={"PYTHONPATH": f"tests/zoo:{recorder.PLAN.jobs_dir}"}, check=True,
@@ -186,7 +189,8 @@ def test_drawn_faults_fit_their_job(held_out):
 @pytest.mark.parametrize("main", [record.main, record2.main, record3.main, record4.main,
                                   record5.main, record6.main, record7.main, record8.main,
                                   record9.main, record10.main, record11.main,
-                                  record12.main, record13.main, record14.main])
+                                  record12.main, record13.main, record14.main,
+                                  record15.main])
 def test_the_recorder_refuses_to_overwrite_a_frozen_set(tmp_path, capsys, main):
     (tmp_path / "manifest.json").write_text("{}")
     assert main(["--out", str(tmp_path)]) == 2
