@@ -162,9 +162,7 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
                "(or the cost model) and the run's own noise allow")
     for c in d["root_causes"]:
         ev = c["evidence"]
-        who = (f"link {c['rank']} <-> {c['peer']}" if c["kind"] == "link"
-               else f"rank {c['rank']}")
-        yield f"root cause: {who} ({c['kind']}, confidence {c['confidence']:.2f})"
+        yield f"root cause: {_who(c)} ({c['kind']}, confidence {c['confidence']:.2f})"
         if "blame_s" not in ev:  # a baseline's finding: its own evidence, as it gave it
             yield "  " + ", ".join(f"{k} {sig(v) if isinstance(v, float) else v}"
                                    for k, v in ev.items())
@@ -190,13 +188,16 @@ def explain(d: dict[str, Any]) -> Iterator[str]:
     yield from _bottleneck(d)
 
 
+def _who(c: dict[str, Any]) -> str:
+    """A cause's suspect as a person reads it: a rank, or a link's two ends."""
+    return f"link {c['rank']} <-> {c['peer']}" if c["kind"] == "link" else f"rank {c['rank']}"
+
+
 def _without_cost(d: dict[str, Any]) -> Iterator[str]:
     """Suspects slow throughout whose slowness the job did not wait for."""
     for c in d.get("slow_without_cost") or ():
         ev = c["evidence"]
-        who = (f"link {c['rank']} <-> {c['peer']}" if c["kind"] == "link"
-               else f"rank {c['rank']}")
-        yield (f"slow, at (almost) no cost yet: {who} ({c['kind']}): {WHAT[c['kind']]} took "
+        yield (f"slow, at (almost) no cost yet: {_who(c)} ({c['kind']}): {WHAT[c['kind']]} took "
                f"{ms(ev['actual_s'])} per iteration against {ms(ev['expected_s'])} expected "
                f"({sig(ev['noise_units'])} noise units over) in every iteration, but cost "
                f"{100 * ev['share']:.2g}% of it: not a root cause; degraded hardware to watch")

@@ -16,8 +16,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from megatronapp.scan.diagnosis import RootCause
-from megatronapp.scan.evidence.detect import (Evidence, delayed, judge, merged, named_iterations,
-                                              without_cost)
+from megatronapp.scan.evidence.detect import (Evidence, delayed, judge, merge_key, merged,
+                                              named_iterations, without_cost)
 from megatronapp.scan.evidence.params import Params
 from megatronapp.scan.eval.sets import LabelledRun, Truth
 
@@ -161,7 +161,7 @@ class _Suspect:
 def _suspects(case: Case) -> list[_Suspect]:
     out = []
     for e in case.evidence:
-        key = ("link", *e.who) if e.kind == "link" else ("rank", e.who)
+        key = merge_key(e)
         truth = any((t[0] == "link" and key == ("link", t[1], t[2])) or
                     (t[0] == "rank" and key == ("rank", t[1])) for t in case.run.truth)
         out.append(_Suspect(key, truth, e.units, e.slowdown, e.blame, e.delay, e.elapsed))

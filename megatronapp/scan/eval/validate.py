@@ -54,7 +54,6 @@ class Outcome:
     flagged: bool = False  # anything listed at all
 
 
-
 def scan_of_result(result: RunResult, name: str = "<sim>", scenario: Scenario | None = None
                    ) -> ScanInput:
     """What a detector sees of a run: per-rank Chrome events in each rank's

@@ -286,14 +286,14 @@ def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: P
     seen before it costs. Host time is left out: time outside ops that costs
     nothing is slack, not a fault. Those named as causes are left out too;
     the rest ranked by noise units."""
-    named = {_merge_key(c) for c in causes}
+    named = {merge_key(c) for c in causes}
     out = [finding(e, over, p) for e in evidence
            if e.kind != "host" and len(over := e.over(p)) and over.all()
-           and _merge_key(e) not in named]
+           and merge_key(e) not in named]
     return sorted(merged(out), key=lambda c: (-float(c.evidence["noise_units"]), c.rank))
 
 
-def _merge_key(c: RootCause | Evidence) -> tuple[object, ...]:
+def merge_key(c: RootCause | Evidence) -> tuple[object, ...]:
     """What ``merged`` keeps one of: a rank (its compute or host time), or a link."""
     if isinstance(c, Evidence):
         return ("link", *c.who) if c.kind == "link" else ("rank", c.who)
@@ -403,7 +403,7 @@ def merged(causes: Iterable[RootCause]) -> list[RootCause]:
     most confident first, then most blamed."""
     best: dict[tuple[object, ...], list[RootCause]] = {}
     for c in causes:
-        best.setdefault(_merge_key(c), []).append(c)
+        best.setdefault(merge_key(c), []).append(c)
     out = []
     for found in best.values():
         found.sort(key=lambda c: -float(c.evidence["blame_s"]))
