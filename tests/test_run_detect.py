@@ -100,3 +100,24 @@ def test_on_torch_the_ranks_reports_are_scanned_while_they_run(tmp_path: Path) -
                    "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert ("named", "compute", 1) in [(r["event"], r["kind"], r["rank"]) for r in detections(out)]
+
+
+def test_detect_lists_a_slow_link_the_job_did_not_wait_for_apart_from_root_causes(
+        tmp_path: Path) -> None:
+    """The quick start's job with link 5 -> 9 slowed 2x: its transfers cost the
+    iterations under ``min_share``, so ``detect`` names no root cause and lists
+    the link as slow at no cost, in its lines and in ``--json``."""
+    out = tmp_path / "run"
+    done = run_cli("run", THROTTLE, "--set", "iterations=8", "--set",
+                   "faults=[{kind: slow_link, ranks: [5, 9], factor: 2}]", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    shown = run_cli("detect", str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("healthy:")
+    assert not any(line.startswith("root cause") for line in shown.stdout.splitlines())
+    assert "slow, at (almost) no cost yet: link 5 <-> 9 (link)" in shown.stdout
+    found = json.loads(run_cli("detect", str(out), "--json").stdout)
+    assert found["root_causes"] == []
+    first = found["slow_without_cost"][0]
+    assert (first["kind"], {first["rank"], first["peer"]}) == ("link", {5, 9})
+    assert first["evidence"]["iterations_hit"] == "all"
