@@ -47,6 +47,7 @@ from tests.zoo_heldout12 import record as record12
 from tests.zoo_heldout13 import record as record13
 from tests.zoo_heldout14 import record as record14
 from tests.zoo_heldout15 import record as record15
+from tests.zoo_heldout16 import record as record16
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -181,6 +182,22 @@ def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, float
     assert {c.message_bytes for c in job.channels} == {int(printed) * 4}
 
 
+def test_the_loader_ranks_pipeline_channels_carry_the_messages_the_job_sends():
+    """The sixteenth set's pipeline sends a microbatch's features (from the
+    loader rank), activations and their gradients, in float32, on the
+    forward, backward and feed channels, and a batch's int64 labels on
+    the labels channel."""
+    name = "pipeline_three_stage_loader_rank_send_recv"
+    printed = subprocess.run(
+        [sys.executable, "-c", f"import {name}; print({name}.MESSAGE, {name}.LABELS)"], cwd=ROOT,
+        env={"PYTHONPATH": f"tests/zoo:{record16.PLAN.jobs_dir}"}, check=True,
+        capture_output=True, text=True).stdout
+    floats, labels = map(int, printed.split())
+    (job,) = [job for job in record16.JOBS if job.name == name]
+    assert {c.kind: c.message_bytes for c in job.channels} == {
+        "forward": floats * 4, "backward": floats * 4, "feed": floats * 4, "labels": labels * 8}
+
+
 def test_drawn_faults_fit_their_job(held_out):
     _, p, _ = held_out
     for run in plan(p):
@@ -196,7 +213,7 @@ def test_drawn_faults_fit_their_job(held_out):
                                   record5.main, record6.main, record7.main, record8.main,
                                   record9.main, record10.main, record11.main,
                                   record12.main, record13.main, record14.main,
-                                  record15.main])
+                                  record15.main, record16.main])
 def test_the_recorder_refuses_to_overwrite_a_frozen_set(tmp_path, capsys, main):
     (tmp_path / "manifest.json").write_text("{}")
     assert main(["--out", str(tmp_path)]) == 2
