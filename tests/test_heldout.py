@@ -12,8 +12,9 @@
 ``tests/zoo_heldout11/record.py``, ``tests/data/heldout12``, by
 ``tests/zoo_heldout12/record.py``, ``tests/data/heldout13``, by
 ``tests/zoo_heldout13/record.py``, ``tests/data/heldout14``, by
-``tests/zoo_heldout14/record.py``, and ``tests/data/heldout15``, by
-``tests/zoo_heldout15/record.py``): each plan covers every job and fault,
+``tests/zoo_heldout14/record.py``, ``tests/data/heldout15``, by
+``tests/zoo_heldout15/record.py``, and ``tests/data/heldout16``, by
+``tests/zoo_heldout16/record.py``): each plan covers every job and fault,
 and each manifest and its traces agree; the scoring reads the sets' runs.
 Nothing here runs a detector on them: nothing may be chosen by looking at
 results on a held-out set. A set's jobs and plan are committed before it
@@ -56,6 +57,7 @@ HELDOUT4, HELDOUT5, HELDOUT6 = DATA / "heldout4", DATA / "heldout5", DATA / "hel
 HELDOUT7, HELDOUT8, HELDOUT9 = DATA / "heldout7", DATA / "heldout8", DATA / "heldout9"
 HELDOUT10, HELDOUT11, HELDOUT12 = DATA / "heldout10", DATA / "heldout11", DATA / "heldout12"
 HELDOUT13, HELDOUT14, HELDOUT15 = DATA / "heldout13", DATA / "heldout14", DATA / "heldout15"
+HELDOUT16 = DATA / "heldout16"
 FAULTS = ("extra-calls-2x", "loader-stall", "step-stall", "intermittent-2x-every-3",
           "noisy-neighbour", "two-slowed-2x")
 STALL_MS = 50.0
@@ -67,7 +69,7 @@ SETS = {"heldout": (HELDOUT, record.HELDOUT, 30), "heldout2": (HELDOUT2, record2
         "heldout9": (HELDOUT9, record9.PLAN, 12), "heldout10": (HELDOUT10, record10.PLAN, 12),
         "heldout11": (HELDOUT11, record11.PLAN, 12), "heldout12": (HELDOUT12, record12.PLAN, 12),
         "heldout13": (HELDOUT13, record13.PLAN, 12), "heldout14": (HELDOUT14, record14.PLAN, 12),
-        "heldout15": (HELDOUT15, record15.PLAN, 12)}
+        "heldout15": (HELDOUT15, record15.PLAN, 12), "heldout16": (HELDOUT16, record16.PLAN, 12)}
 # each later set and the jobs of the sets before it
 LATER = {"heldout2": (record2, (record.JOBS,)), "heldout3": (record3, (record.JOBS, record2.JOBS)),
          "heldout4": (record4, (record.JOBS, record2.JOBS, record3.JOBS)),
@@ -100,7 +102,12 @@ LATER = {"heldout2": (record2, (record.JOBS,)), "heldout3": (record3, (record.JO
          "heldout15": (record15, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
                                   record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
                                   record9.JOBS, record10.JOBS, record11.JOBS,
-                                  record12.JOBS, record13.JOBS, record14.JOBS))}
+                                  record12.JOBS, record13.JOBS, record14.JOBS)),
+         "heldout16": (record16, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
+                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
+                                  record9.JOBS, record10.JOBS, record11.JOBS,
+                                  record12.JOBS, record13.JOBS, record14.JOBS,
+                                  record15.JOBS))}
 
 
 @pytest.fixture(params=sorted(SETS))
@@ -294,7 +301,8 @@ def test_the_readme_forbids_choosing_anything_by_the_held_out_results(held_out):
 # ------------------------------------------------------------- scoring reads them
 def test_the_scoring_reads_each_held_out_set_given_apart():
     folders = [HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8,
-               HELDOUT9, HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15]
+               HELDOUT9, HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15,
+               HELDOUT16]
     for folder in folders:
         recorded(folder)
     chosen = collect(parser().parse_args(["--sim-trials", "0", "--heldout", *map(str, folders)]))
