@@ -360,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Interrupted as interrupted:
         stop = interrupted
     _report(stop.line(), stop)
+    stop.__traceback__ = None  # its frames hold the command's objects: free them now, not at exit
     return stop.exit_status
 
 

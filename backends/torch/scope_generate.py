@@ -199,6 +199,7 @@ def generate(ckpt: Checkpoint, prompt: str, tokens: int, scope: Scope, *, seed: 
     perturbed = (_runner(s, ckpt.state, scope, out, "perturbed") if scope.perturb else None)
     basis = pca_basis(ckpt, clean, ids, seed)
     rng = np.random.default_rng([seed, 37])
+    finished = False
     try:
         for step in range(tokens):
             window = ids[-ckpt.model.seq_len:]
@@ -213,12 +214,15 @@ def generate(ckpt: Checkpoint, prompt: str, tokens: int, scope: Scope, *, seed: 
                                         {n: relative_change(h[n][-1], hp[n][-1]) for n in h})
             ids.append(view.token_id)
             yield record
+        finished = True
     finally:
         for r in (clean, perturbed):
             if r is not None:
                 r.session.close()
-        if out is not None:
-            _merge(out, s, ckpt, prompt, basis, perturbed is not None)
+    # merged only once every step is done: a stopped generation's output is
+    # thrown away, and merging it would make the stop as slow as the run was long
+    if out is not None and finished:
+        _merge(out, s, ckpt, prompt, basis, perturbed is not None)
 
 
 def _merge(out: Path, s: Scenario, ckpt: Checkpoint, prompt: str, basis: PcaBasis,
