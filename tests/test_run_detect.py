@@ -115,9 +115,23 @@ def test_detect_lists_a_slow_link_the_job_did_not_wait_for_apart_from_root_cause
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("healthy:")
     assert not any(line.startswith("root cause") for line in shown.stdout.splitlines())
-    assert "slow, at (almost) no cost yet: link 5 <-> 9 (link)" in shown.stdout
+    (line,) = [line for line in shown.stdout.splitlines()
+               if line.startswith("slow, at (almost) no cost yet: link 5 <-> 9 (link)")]
+    assert line.endswith("or one crowded by other transfers, to watch")  # cannot tell which
     found = json.loads(run_cli("detect", str(out), "--json").stdout)
     assert found["root_causes"] == []
     first = found["slow_without_cost"][0]
     assert (first["kind"], {first["rank"], first["peer"]}) == ("link", {5, 9})
     assert first["evidence"]["iterations_hit"] == "all"
+
+
+def test_the_quick_starts_throttled_job_lists_no_link_as_slow_at_no_cost(tmp_path: Path) -> None:
+    """The quick start's job (rank 5 throttled, no link fault): its slow stage's
+    schedule crowds the pipeline's links, and a link crowded is not degraded
+    hardware, so none should be listed as slow at no cost (a known gap)."""
+    out = tmp_path / "run"
+    done = run_cli("run", THROTTLE, "--out", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr
+    found = json.loads(run_cli("detect", str(out), "--json").stdout)
+    assert [(c["kind"], c["rank"]) for c in found["root_causes"]][:1] == [("compute", 5)]
+    assert [c for c in found["slow_without_cost"] if c["kind"] == "link"] == []

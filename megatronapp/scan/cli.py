@@ -148,6 +148,10 @@ def ms(seconds: float) -> str:
 
 WHAT = {"compute": "its compute", "host": "its time between ops (host: data loading, Python, "
         "a stall)", "link": "its transfers"}
+# what a suspect slow at no cost may be: a link's transfers are also slowed by
+# others crowding it (a slow rank's schedule), which the model cannot tell apart
+WATCH = {"compute": "degraded hardware to watch",
+         "link": "a degraded link, or one crowded by other transfers, to watch"}
 EXPECTED_FROM = {"peers": "its peers' speed", "model": "the scenario's cost model",
                  "own iterations": "its own typical iteration",
                  "links of its class": "links of its class", "all ranks": "every rank's"}
@@ -200,7 +204,7 @@ def _without_cost(d: dict[str, Any]) -> Iterator[str]:
         yield (f"slow, at (almost) no cost yet: {_who(c)} ({c['kind']}): {WHAT[c['kind']]} took "
                f"{ms(ev['actual_s'])} per iteration against {ms(ev['expected_s'])} expected "
                f"({sig(ev['noise_units'])} noise units over) in every iteration, but cost "
-               f"{100 * ev['share']:.2g}% of it: not a root cause; degraded hardware to watch")
+               f"{100 * ev['share']:.2g}% of it: not a root cause; {WATCH[c['kind']]}")
 
 
 def _bottleneck(d: dict[str, Any]) -> Iterator[str]:
