@@ -52,63 +52,22 @@ from tests.zoo_heldout16 import record as record16
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
-HELDOUT, HELDOUT2, HELDOUT3 = DATA / "heldout", DATA / "heldout2", DATA / "heldout3"
-HELDOUT4, HELDOUT5, HELDOUT6 = DATA / "heldout4", DATA / "heldout5", DATA / "heldout6"
-HELDOUT7, HELDOUT8, HELDOUT9 = DATA / "heldout7", DATA / "heldout8", DATA / "heldout9"
-HELDOUT10, HELDOUT11, HELDOUT12 = DATA / "heldout10", DATA / "heldout11", DATA / "heldout12"
-HELDOUT13, HELDOUT14, HELDOUT15 = DATA / "heldout13", DATA / "heldout14", DATA / "heldout15"
-HELDOUT16 = DATA / "heldout16"
+# every set's recorder, in the order the sets were recorded
+RECORDERS = (record, record2, record3, record4, record5, record6, record7, record8, record9,
+             record10, record11, record12, record13, record14, record15, record16)
+NAMES = tuple(f"heldout{i + 1 if i else ''}" for i in range(len(RECORDERS)))
+FOLDERS = tuple(DATA / name for name in NAMES)
 FAULTS = ("extra-calls-2x", "loader-stall", "step-stall", "intermittent-2x-every-3",
           "noisy-neighbour", "two-slowed-2x")
 STALL_MS = 50.0
+# the fewest healthy runs a set must hold: the first two sets' plans asked for more
+FEWEST_HEALTHY = {"heldout": 30, "heldout2": 15}
 # each set, its plan, and the fewest healthy runs it must hold
-SETS = {"heldout": (HELDOUT, record.HELDOUT, 30), "heldout2": (HELDOUT2, record2.PLAN, 15),
-        "heldout3": (HELDOUT3, record3.PLAN, 12), "heldout4": (HELDOUT4, record4.PLAN, 12),
-        "heldout5": (HELDOUT5, record5.PLAN, 12), "heldout6": (HELDOUT6, record6.PLAN, 12),
-        "heldout7": (HELDOUT7, record7.PLAN, 12), "heldout8": (HELDOUT8, record8.PLAN, 12),
-        "heldout9": (HELDOUT9, record9.PLAN, 12), "heldout10": (HELDOUT10, record10.PLAN, 12),
-        "heldout11": (HELDOUT11, record11.PLAN, 12), "heldout12": (HELDOUT12, record12.PLAN, 12),
-        "heldout13": (HELDOUT13, record13.PLAN, 12), "heldout14": (HELDOUT14, record14.PLAN, 12),
-        "heldout15": (HELDOUT15, record15.PLAN, 12), "heldout16": (HELDOUT16, record16.PLAN, 12)}
+SETS = {name: (folder, record.HELDOUT if r is record else r.PLAN, FEWEST_HEALTHY.get(name, 12))
+        for name, folder, r in zip(NAMES, FOLDERS, RECORDERS)}
 # each later set and the jobs of the sets before it
-LATER = {"heldout2": (record2, (record.JOBS,)), "heldout3": (record3, (record.JOBS, record2.JOBS)),
-         "heldout4": (record4, (record.JOBS, record2.JOBS, record3.JOBS)),
-         "heldout5": (record5, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS)),
-         "heldout6": (record6, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                record5.JOBS)),
-         "heldout7": (record7, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                record5.JOBS, record6.JOBS)),
-         "heldout8": (record8, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                record5.JOBS, record6.JOBS, record7.JOBS)),
-         "heldout9": (record9, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS)),
-         "heldout10": (record10, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
-                                  record9.JOBS)),
-         "heldout11": (record11, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
-                                  record9.JOBS, record10.JOBS)),
-         "heldout12": (record12, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
-                                  record9.JOBS, record10.JOBS, record11.JOBS)),
-         "heldout13": (record13, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
-                                  record9.JOBS, record10.JOBS, record11.JOBS,
-                                  record12.JOBS)),
-         "heldout14": (record14, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
-                                  record9.JOBS, record10.JOBS, record11.JOBS,
-                                  record12.JOBS, record13.JOBS)),
-         "heldout15": (record15, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
-                                  record9.JOBS, record10.JOBS, record11.JOBS,
-                                  record12.JOBS, record13.JOBS, record14.JOBS)),
-         "heldout16": (record16, (record.JOBS, record2.JOBS, record3.JOBS, record4.JOBS,
-                                  record5.JOBS, record6.JOBS, record7.JOBS, record8.JOBS,
-                                  record9.JOBS, record10.JOBS, record11.JOBS,
-                                  record12.JOBS, record13.JOBS, record14.JOBS,
-                                  record15.JOBS))}
-
+LATER = {name: (r, tuple(earlier.JOBS for earlier in RECORDERS[:i]))
+         for i, (name, r) in enumerate(zip(NAMES, RECORDERS)) if i}
 
 @pytest.fixture(params=sorted(SETS))
 def held_out(request: pytest.FixtureRequest) -> tuple[Path, record.Plan, int]:
@@ -216,11 +175,7 @@ def test_drawn_faults_fit_their_job(held_out):
     assert [r.flags for r in plan(p)] == [r.flags for r in plan(p)]  # drawn, not random
 
 
-@pytest.mark.parametrize("main", [record.main, record2.main, record3.main, record4.main,
-                                  record5.main, record6.main, record7.main, record8.main,
-                                  record9.main, record10.main, record11.main,
-                                  record12.main, record13.main, record14.main,
-                                  record15.main, record16.main])
+@pytest.mark.parametrize("main", [r.main for r in RECORDERS])
 def test_the_recorder_refuses_to_overwrite_a_frozen_set(tmp_path, capsys, main):
     (tmp_path / "manifest.json").write_text("{}")
     assert main(["--out", str(tmp_path)]) == 2
@@ -300,9 +255,7 @@ def test_the_readme_forbids_choosing_anything_by_the_held_out_results(held_out):
 
 # ------------------------------------------------------------- scoring reads them
 def test_the_scoring_reads_each_held_out_set_given_apart():
-    folders = [HELDOUT, HELDOUT2, HELDOUT3, HELDOUT4, HELDOUT5, HELDOUT6, HELDOUT7, HELDOUT8,
-               HELDOUT9, HELDOUT10, HELDOUT11, HELDOUT12, HELDOUT13, HELDOUT14, HELDOUT15,
-               HELDOUT16]
+    folders = list(FOLDERS)
     for folder in folders:
         recorded(folder)
     chosen = collect(parser().parse_args(["--sim-trials", "0", "--heldout", *map(str, folders)]))
