@@ -13,11 +13,6 @@ from __future__ import annotations
 # not restore the link.
 CROWDED_LINKS = ("a link crowded by a slow rank or by placement is named as a cause "
                  "(the replay does not model contention)")
-# The same crowding without a cost: every pipeline link a slow stage crowds runs
-# over its class's faster half in every iteration, and is listed as slow at no
-# cost (degraded hardware to watch) though nothing is wrong with it.
-CROWDED_LISTED = ("a link crowded by a slow rank is listed as slow at no cost (the model "
-                  "cannot tell crowding from a degraded link)")
 # Twin replicas (one stored replica standing for many): the noise and the
 # peers' faster half count each present replica once, where the full store
 # counts every replica; with few samples the verdicts differ.
@@ -42,8 +37,6 @@ ONSET = "a fault with an onset is named only after two far-out iterations (recur
 COSTLESS = "a slow link that delays the iterations by under min_share (0.3%) is not named"
 
 GAPS: dict[str, str] = {
-    "tests/test_run_detect.py::test_the_quick_starts_throttled_job_lists_no_link_as_slow_at_"
-    "no_cost": CROWDED_LISTED,
     "tests/test_scan_pipeline.py::test_a_slowed_middle_stage_is_named_against_the_other_"
     "middle_stage[False-OneFOneB]": CROWDED_LINKS,
     "tests/test_scan_pipeline.py::test_a_healthy_pipeline_names_nobody[OneFOneB]": CROWDED_LINKS,

@@ -1,6 +1,8 @@
 """The detector names the source, not its victims; baselines share the harness."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -124,6 +126,23 @@ def test_a_rank_slow_throughout_that_delays_nothing_is_listed_apart_not_named():
     costly = _evidence([10.0, 10.0, 10.0])
     causes = judge([costly], Params())
     assert [c.rank for c in causes] == [3] and without_cost([costly], causes, Params()) == []
+
+
+def test_a_link_slow_at_no_cost_is_listed_only_when_slow_each_way_it_carries_traffic():
+    """A link 20% over its expected transfer time at no cost: listed when
+    each of its directions ran 20% over its own expectation; not when one
+    direction ran at its class's speed (the other crowded by late transfers),
+    nor when one direction was slow by under ``min_slowdown`` in one iteration."""
+    base = _evidence([0.0, 0.0, 0.0])
+
+    def link(each_way: list[float]) -> Evidence:
+        return replace(base, kind="link", who=(2, 6), each_way=np.asarray(each_way))
+
+    (listed,) = without_cost([link([0.2, 0.2, 0.2])], [], Params())
+    assert (listed.kind, listed.rank, listed.peer) == ("link", 2, 6)
+    assert without_cost([link([0.0, 0.0, 0.0])], [], Params()) == []
+    below = Params().min_slowdown / 2
+    assert without_cost([link([0.2, below, 0.2])], [], Params()) == []
 
 
 def test_slow_at_no_cost_needs_every_iteration_and_leaves_host_time_out():

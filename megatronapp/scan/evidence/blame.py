@@ -50,6 +50,7 @@ class Finding:
     # long the batch had run
     delay: np.ndarray
     elapsed: np.ndarray
+    each_way: np.ndarray  # links: the least slowdown of their directions (``Table``); ranks: NaN
 
 
 Samples = Mapping[object, np.ndarray]  # suspect -> its excess per iteration, as noise samples
@@ -141,8 +142,9 @@ def blame_batch(scan: ScanInput, work: Work, shortlist: int) -> BatchBlame:
         left = _iteration_seconds(start, replayer.ends(suspects, alone))
         t = tables[kind]
         blame = left - fixed_all
+        each_way = t.each_way[i] if t.each_way is not None else np.full(len(blame), np.nan)
         findings.append(Finding(kind, t.keys[i], g.iterations, t.actual[i], t.expected[i],
-                                blame, t.basis[i], np.cumsum(blame), elapsed))
+                                blame, t.basis[i], np.cumsum(blame), elapsed, each_way))
     return BatchBlame(g.iterations, recorded, tuple(findings), noise, partners, bases, critical)
 
 

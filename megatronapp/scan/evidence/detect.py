@@ -49,7 +49,7 @@ QUARTILE_Z = 0.6745  # a normal sample's first quartile lies this many deviation
 MANY_SUSPECTS = 64  # of a kind: leaving two out changes their spread by a few percent at most
 
 
-FIELDS = ("iterations", "actual", "expected", "blame", "delay", "elapsed")
+FIELDS = ("iterations", "actual", "expected", "blame", "delay", "elapsed", "each_way")
 
 
 @dataclass
@@ -66,12 +66,14 @@ class _Record:
     blame: list[float] = field(default_factory=list)
     delay: list[float] = field(default_factory=list)
     elapsed: list[float] = field(default_factory=list)
+    each_way: list[float] = field(default_factory=list)
     stride: int = 1
     seen: int = 0
 
     def add(self, f: Finding) -> None:
         for i, *values in zip(f.iterations.tolist(), f.actual.tolist(), f.expected.tolist(),
-                              f.blame.tolist(), f.delay.tolist(), f.elapsed.tolist()):
+                              f.blame.tolist(), f.delay.tolist(), f.elapsed.tolist(),
+                              f.each_way.tolist()):
             self.seen += 1
             if (self.seen - 1) % self.stride:
                 continue
@@ -185,7 +187,7 @@ class Detector:
                 expected, np.asarray(rec.blame),
                 np.maximum(scale_of(kind, sigma, expected), self.params.noise_floor_s),
                 np.array([self._duration.get(i, np.nan) for i in rec.iterations]),
-                np.asarray(rec.delay), np.asarray(rec.elapsed)))
+                np.asarray(rec.delay), np.asarray(rec.elapsed), np.asarray(rec.each_way)))
         return out
 
     def state_entries(self) -> int:
@@ -218,6 +220,9 @@ class Evidence:
     duration: np.ndarray
     delay: np.ndarray  # by each iteration's end, the delay it had caused in its batch
     elapsed: np.ndarray  # ... and how long that batch had run
+    # links: per iteration, the least slowdown of the directions it carried
+    # traffic in (``expected.Table.each_way``); NaN for ranks
+    each_way: np.ndarray | None = None
 
     @property
     def units(self) -> np.ndarray:
@@ -281,7 +286,10 @@ def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: P
     a rank's compute or a link's transfers over its expected time by
     ``noise_multiple`` noise units and ``min_slowdown`` in every iteration it
     was seen in, yet short of ``min_share`` of delay in some (a slow transfer
-    the receiver did not wait for, a slow device with slack). Not root causes
+    the receiver did not wait for, a slow device with slack); a link, each way
+    it carried traffic by ``min_slowdown`` (a degraded link is slow both ways;
+    one crowded by other transfers, a slow stage's late ones, only the way
+    they crowd it). Not root causes
     (the job is not slower for them, yet); listed so that degraded hardware is
     seen before it costs. Host time is left out: time outside ops that costs
     nothing is slack, not a fault. Those named as causes are left out too;
@@ -289,8 +297,14 @@ def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: P
     named = {merge_key(c) for c in causes}
     out = [finding(e, over, p) for e in evidence
            if e.kind != "host" and len(over := e.over(p)) and over.all()
-           and merge_key(e) not in named]
+           and _each_way_slow(e, p) and merge_key(e) not in named]
     return sorted(merged(out), key=lambda c: (-float(c.evidence["noise_units"]), c.rank))
+
+
+def _each_way_slow(e: Evidence, p: Params) -> bool:
+    """A link slow by ``min_slowdown`` each way it carried traffic, in every
+    iteration (a rank: always)."""
+    return e.each_way is None or e.kind != "link" or bool(np.all(e.each_way >= p.min_slowdown))
 
 
 def merge_key(c: RootCause | Evidence) -> tuple[object, ...]:

@@ -44,6 +44,10 @@ class Table:
     # one did (a pair of peers): the two share their noise, so neither's
     # spread may judge the other
     partner: list[object | None] | None = None
+    # links: per iteration, the smallest slowdown over the directions the link
+    # carried traffic in with an expectation (a degraded link is slow each
+    # way; one crowded by other transfers, only where they crowd it)
+    each_way: np.ndarray | None = None
 
     @property
     def excess(self) -> np.ndarray:
@@ -222,7 +226,20 @@ def link_table(g: Graph, cols: EventColumns, gpus_per_node: int) -> Table:
     exp[~known] = np.nan
     keys = [tuple(p) for p in g.links.tolist()]
     basis = ["links of its class" if known[i].any() else "none" for i in range(n_pairs)]
-    return Table(keys, actual, exp, basis, _pair_partners(classes, pair_of_flow, keys))
+    return Table(keys, actual, exp, basis, _pair_partners(classes, pair_of_flow, keys),
+                 _each_way(seconds, expected, count, pair_of_flow, n_pairs))
+
+
+def _each_way(seconds: np.ndarray, expected: np.ndarray, count: np.ndarray,
+              pair_of_flow: np.ndarray, n_pairs: int) -> np.ndarray:
+    """Per link and iteration, the least slowdown of its flows (its directions)
+    that carried traffic and have an expectation; NaN where none did."""
+    with np.errstate(all="ignore"):
+        slowdown = np.where((count > 0) & (expected > 0), seconds / expected - 1.0, np.inf)
+    least = np.full((n_pairs, slowdown.shape[1]), np.inf)
+    np.minimum.at(least, pair_of_flow, slowdown)
+    least[np.isinf(least)] = np.nan
+    return least
 
 
 def _pair_partners(classes: Mapping[tuple[str, bool], list[int]], pair_of_flow: np.ndarray,
