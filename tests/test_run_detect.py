@@ -126,10 +126,10 @@ def test_detect_lists_a_slow_link_the_job_did_not_wait_for_apart_from_root_cause
 
 
 def test_the_quick_starts_throttled_job_lists_no_link_as_slow_at_no_cost(tmp_path: Path) -> None:
-    """The quick start's job (rank 5 throttled, no link fault): its slow stage's
-    schedule crowds the pipeline's links one way each (by 1.3-7x their class),
-    and a link crowded is not degraded hardware, so none is listed as slow at
-    no cost."""
+    """The quick start's job (rank 5 throttled, no link fault): receivers that
+    wait on its slow stage make the pipeline's links look slow one way each
+    (1.3-7x their class), which is not degraded hardware, so none is listed
+    as slow at no cost."""
     out = tmp_path / "run"
     done = run_cli("run", THROTTLE, "--out", str(out), "--quiet")
     assert done.returncode == 0, done.stderr

@@ -131,7 +131,8 @@ def test_a_rank_slow_throughout_that_delays_nothing_is_listed_apart_not_named():
 def test_a_link_slow_at_no_cost_is_listed_only_when_slow_each_way_it_carries_traffic():
     """A link 20% over its expected transfer time at no cost: listed when
     each of its directions ran 20% over its own expectation; not when one
-    direction ran at its class's speed (the other crowded by late transfers),
+    direction ran at its class's speed (the other's receiver waiting on a
+    slow stage),
     nor when one direction was slow by under ``min_slowdown`` in one iteration."""
     base = _evidence([0.0, 0.0, 0.0])
 

@@ -288,8 +288,9 @@ def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: P
     was seen in, yet short of ``min_share`` of delay in some (a slow transfer
     the receiver did not wait for, a slow device with slack); a link, each way
     it carried traffic by ``min_slowdown`` (a degraded link is slow both ways;
-    one crowded by other transfers, a slow stage's late ones, only the way
-    they crowd it). Not root causes
+    one whose receiver waits on a slow stage looks slow only the way it
+    waits: its receives, posted first, measure whole transfers where its
+    twins' measure what was left of them). Not root causes
     (the job is not slower for them, yet); listed so that degraded hardware is
     seen before it costs. Host time is left out: time outside ops that costs
     nothing is slack, not a fault. Those named as causes are left out too;

@@ -46,7 +46,7 @@ class Table:
     partner: list[object | None] | None = None
     # links: per iteration, the smallest slowdown over the directions the link
     # carried traffic in with an expectation (a degraded link is slow each
-    # way; one crowded by other transfers, only where they crowd it)
+    # way; one whose receiver waits on a slow stage, only the way it waits)
     each_way: np.ndarray | None = None
 
     @property
