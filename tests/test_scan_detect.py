@@ -132,8 +132,8 @@ def test_a_link_slow_at_no_cost_is_listed_only_when_slow_each_way_it_carries_tra
     """A link 20% over its expected transfer time at no cost: listed when
     each of its directions ran 20% over its own expectation; not when one
     direction ran at its class's speed (the other's receiver waiting on a
-    slow stage),
-    nor when one direction was slow by under ``min_slowdown`` in one iteration."""
+    slow stage), nor when one direction was slow by under ``min_slowdown`` in
+    one iteration."""
     base = _evidence([0.0, 0.0, 0.0])
 
     def link(each_way: list[float]) -> Evidence:
