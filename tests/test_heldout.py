@@ -51,6 +51,7 @@ from tests.zoo_heldout14 import record as record14
 from tests.zoo_heldout15 import record as record15
 from tests.zoo_heldout16 import record as record16
 from tests.zoo_heldout17 import record as record17
+from tests.zoo_heldout18 import record as record18
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -138,13 +139,15 @@ def test_every_point_to_point_channel_is_slowed_with_and_without_peers_recorded(
     (record14, "butterfly_allreduce_send_recv", "MESSAGE"),
     (record15, "pipeline_two_stage_dp2_isend_irecv_gpipe_activation_checkpoint", "MESSAGE"),
     (record15, "hierarchical_allreduce_two_level", "MESSAGE"),
-    (record17, "pipeline_tp2_pp2_scatter_gather_1f1b", "MESSAGE")])
+    (record17, "pipeline_tp2_pp2_scatter_gather_1f1b", "MESSAGE"),
+    (record18, "chimera_bidirectional_pipeline_isend_irecv", "MESSAGE")])
 def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, floats):
     """Each slow link's rate is sized by one message of the job (gossip's
     parameters, the ring's, the butterfly's and the two-level all-reduce's
     gradients: its parameters' count, flattened; a chunk's keys and values,
     stacked; a microbatch's activations, or a tensor-parallel rank's half of
-    them), in float32."""
+    them, or in Chimera's two pipelines a microbatch's activations one way
+    and its gradients the other), in float32."""
     printed = subprocess.run(
         [sys.executable, "-c", f"import {name}; print({name}.{floats})"], cwd=ROOT,
         env={"PYTHONPATH": f"tests/zoo:{recorder.PLAN.jobs_dir}"}, check=True,
