@@ -14,8 +14,9 @@
 ``tests/zoo_heldout13/record.py``, ``tests/data/heldout14``, by
 ``tests/zoo_heldout14/record.py``, ``tests/data/heldout15``, by
 ``tests/zoo_heldout15/record.py``, ``tests/data/heldout16``, by
-``tests/zoo_heldout16/record.py``, and ``tests/data/heldout17``, by
-``tests/zoo_heldout17/record.py``): each plan covers every job and fault,
+``tests/zoo_heldout16/record.py``, ``tests/data/heldout17``, by
+``tests/zoo_heldout17/record.py``, and ``tests/data/heldout18``, by
+``tests/zoo_heldout18/record.py``): each plan covers every job and fault,
 and each manifest and its traces agree; the scoring reads the sets' runs.
 Nothing here runs a detector on them: nothing may be chosen by looking at
 results on a held-out set. A set's jobs and plan are committed before it
@@ -58,7 +59,7 @@ DATA = ROOT / "tests" / "data"
 # every set's recorder, in the order the sets were recorded
 RECORDERS = (record, record2, record3, record4, record5, record6, record7, record8, record9,
              record10, record11, record12, record13, record14, record15, record16,
-             record17)
+             record17, record18)
 NAMES = tuple(f"heldout{i + 1 if i else ''}" for i in range(len(RECORDERS)))
 FOLDERS = tuple(DATA / name for name in NAMES)
 FAULTS = ("extra-calls-2x", "loader-stall", "step-stall", "intermittent-2x-every-3",
