@@ -6,7 +6,7 @@ times) and once under each fault, its torch.profiler traces kept in
 (``tests/zoo_heldout2/record.py``, ``experiments.zoo_tuning``) pass their
 own ``Plan`` to ``record`` or ``main``.
 
-Every run: 4 gloo ranks, 4 traced steps (``ProfilerStep#2`` to ``#5``),
+Every run: 4 gloo ranks, 4 traced steps (``ProfilerStep#2`` to ``#5``; a plan may say more),
 gzipped traces, the job in a network namespace of its own (so shaped links
 and healthy runs share one loopback setup), under ``nice -n 10``. Ranks,
 links and which runs record shapes are drawn from a generator seeded with
@@ -67,6 +67,7 @@ class Job:
     readers: tuple[int, ...] = tuple(range(WORLD))  # the ranks whose data loader runs
     # rank pairs that may not both be slowed: no healthy rank would do their work
     exclusive: tuple[frozenset[int], ...] = ()
+    home: Path | None = None  # the folder of its module, when not the plan's jobs_dir
 
 
 RING_DOWN = tuple((r, (r + 1) % WORLD) for r in range(WORLD))
@@ -92,18 +93,22 @@ class Plan:
     ``healthy`` times and once per fault, a single slowed rank at each of
     ``slowdowns``; the runs after the first healthy ones in an order
     shuffled by ``shuffle_seed``; ``shapes_share`` of the fault runs drawn
-    to record shapes (traces with shapes are larger)."""
+    to record shapes (traces with shapes are larger); ``steps`` traced
+    iterations a run; ``faults``, when given, the labels of the fault runs
+    kept (``step-stall``, ``slow-2x``...; every fault when None)."""
     jobs: tuple[Job, ...]
     jobs_dir: Path
     healthy: int = HEALTHY_RUNS
     slowdowns: tuple[float, ...] = SLOWDOWNS
     shuffle_seed: str = "heldout"
     shapes_share: float = SHAPES_SHARE  # of the fault runs other than slow links
+    steps: int = STEPS
+    faults: tuple[str, ...] | None = None
 
     def runs(self, job: Job, stall_ms: float) -> list[Run]:
         """``job``'s healthy runs, then its fault runs."""
         return (healthy_runs(job, self.healthy)
-                + fault_runs(job, stall_ms, self.slowdowns, self.shapes_share))
+                + fault_runs(job, stall_ms, self.slowdowns, self.shapes_share, self.faults))
 
 
 HELDOUT = Plan(JOBS, JOBS_DIR)
@@ -125,8 +130,10 @@ def healthy_runs(job: Job, count: int = HEALTHY_RUNS) -> list[Run]:
 
 
 def fault_runs(job: Job, stall_ms: float, slowdowns: tuple[float, ...] = SLOWDOWNS,
-               shapes_share: float = SHAPES_SHARE) -> list[Run]:
-    """One run of ``job`` per fault, ranks and links drawn per run."""
+               shapes_share: float = SHAPES_SHARE,
+               faults: tuple[str, ...] | None = None) -> list[Run]:
+    """One run of ``job`` per fault (of ``faults``' labels, when given), ranks
+    and links drawn per run."""
     makers: list[tuple[str, Any]] = [
         (f"slow-{factor:g}x", lambda g, f=factor: slowed(g, job, f, 1)) for factor in slowdowns]
     makers += [("extra-calls-2x", lambda g: extra_calls(g)),
@@ -135,13 +142,16 @@ def fault_runs(job: Job, stall_ms: float, slowdowns: tuple[float, ...] = SLOWDOW
               ("intermittent-2x-every-3", lambda g: slowed(g, job, 2.0, 1, every=3)),
               ("noisy-neighbour", lambda g: noisy(g)),
               ("two-slowed-2x", lambda g: slowed(g, job, 2.0, 2))]
+    if faults is not None:
+        assert set(faults) <= {label for label, _ in makers}, faults
+        makers = [(label, make) for label, make in makers if label in faults]
     runs = [drawn(f"{job.name}-{label}", job, make, share=shapes_share) for label, make in makers]
-    for channel in job.channels:
+    for channel in job.channels if faults is None else ():
         for shapes in (True, False):
             kind = channel.kind.replace(" ", "-")
             label = f"{job.name}-link-{kind}-{'shapes' if shapes else 'plain'}"
             runs.append(drawn(label, job, lambda g, c=channel: shaped(g, c), shapes))
-    if job.channels:
+    if job.channels and faults is None:
         runs.append(drawn(f"{job.name}-slow-2x-and-link", job,
                           lambda g: merged(slowed(g, job, 2.0, 1), shaped(g, job.channels[0]))))
     return runs
@@ -215,16 +225,17 @@ def merged(*parts: Drawn) -> Drawn:
 
 
 # ------------------------------------------------------------------ a run
-def command(run: Run, out: Path, jobs_dir: Path = JOBS_DIR) -> list[str]:
-    return (["nice", "-n", "10", "python", str(jobs_dir / f"{run.job.name}.py"),
-             "--out", str(out), "--world", str(WORLD), "--steps", str(STEPS), "--gzip",
+def command(run: Run, out: Path, jobs_dir: Path = JOBS_DIR, steps: int = STEPS) -> list[str]:
+    return (["nice", "-n", "10", "python", str((run.job.home or jobs_dir) / f"{run.job.name}.py"),
+             "--out", str(out), "--world", str(WORLD), "--steps", str(steps), "--gzip",
              "--private-network"] + (["--record-shapes"] if run.record_shapes else [])
             + run.flags)
 
 
-def execute(run: Run, out: Path, jobs_dir: Path = JOBS_DIR) -> dict[str, Any]:
-    """Run it; its manifest entry (without the realized effects)."""
-    argv = command(run, out, jobs_dir)
+def execute(run: Run, out: Path, jobs_dir: Path = JOBS_DIR, steps: int = STEPS) -> dict[str, Any]:
+    """Run it, ``steps`` iterations traced; its manifest entry (without the
+    realized effects)."""
+    argv = command(run, out, jobs_dir, steps)
     env = {**os.environ, "PYTHONPATH": str(LAUNCHER_DIR)}
     load_before, start = os.getloadavg(), time.monotonic()
     result = subprocess.run([*argv[:3], sys.executable, *argv[4:]], cwd=ROOT, env=env,
@@ -232,9 +243,10 @@ def execute(run: Run, out: Path, jobs_dir: Path = JOBS_DIR) -> dict[str, Any]:
     if result.returncode != 0:
         raise RuntimeError(f"{run.name} failed:\n{result.stderr[-3000:]}")
     for fault in run.faults:
-        fault["steps_hit"] = steps_hit(fault.get("every", 1), FIRST_TRACED, STEPS)
+        fault["steps_hit"] = steps_hit(fault.get("every", 1), FIRST_TRACED, steps)
+    traced = list(range(FIRST_TRACED, FIRST_TRACED + steps))
     return {"run": run.name, "job": run.job.name, "command": shlex.join(argv),
-            "record_shapes": run.record_shapes, "traced_steps": TRACED, "faults": run.faults,
+            "record_shapes": run.record_shapes, "traced_steps": traced, "faults": run.faults,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "wall_s": round(time.monotonic() - start, 1),
             "load": {"before": [round(x, 2) for x in load_before],
@@ -317,7 +329,8 @@ def record(out: Path, resume: bool, plan: Plan = HELDOUT) -> int:
         print(f"--out: {manifest_path} exists (the set is frozen; --resume to finish it)",
               file=sys.stderr)
         return 2
-    frozen_paths = sorted({str(plan.jobs_dir), str(JOBS_DIR), str(LAUNCHER_DIR)})
+    frozen_paths = sorted({str(plan.jobs_dir), str(JOBS_DIR), str(LAUNCHER_DIR),
+                           *(str(job.home) for job in plan.jobs if job.home)})
     if git("status", "--porcelain", "--", *frozen_paths):
         print("tests/zoo*: uncommitted changes; commit the jobs first, the manifest names "
               "the commit that froze them", file=sys.stderr)
@@ -333,18 +346,18 @@ def record(out: Path, resume: bool, plan: Plan = HELDOUT) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     sizing = [healthy_runs(job)[0] for job in plan.jobs]
-    record_runs(sizing, out, manifest, manifest_path, 0, plan.jobs_dir)
+    record_runs(sizing, out, manifest, manifest_path, 0, plan.jobs_dir, plan.steps)
     rest = [run for job in plan.jobs for run in
             plan.runs(job, stall_ms(manifest["runs"], job))[1:]]
     random.Random(plan.shuffle_seed).shuffle(rest)
-    record_runs(rest, out, manifest, manifest_path, len(sizing), plan.jobs_dir)
+    record_runs(rest, out, manifest, manifest_path, len(sizing), plan.jobs_dir, plan.steps)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{len(manifest['runs'])} runs, {size / 1e6:.1f} MB in {out}")
     return 0
 
 
 def record_runs(runs: list[Run], out: Path, manifest: dict[str, Any], manifest_path: Path,
-                done_before: int, jobs_dir: Path = JOBS_DIR) -> None:
+                done_before: int, jobs_dir: Path = JOBS_DIR, steps: int = STEPS) -> None:
     recorded = {e["run"] for e in manifest["runs"]}
     for i, run in enumerate(runs, done_before + 1):
         if run.name in recorded:
@@ -354,7 +367,7 @@ def record_runs(runs: list[Run], out: Path, manifest: dict[str, Any], manifest_p
             for path in folder.iterdir():
                 path.unlink()
         entry = execute(run, folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder,
-                        jobs_dir)
+                        jobs_dir, steps)
         entry["realized"] = realized(entry, folder)
         manifest["runs"].append(entry)
         save(manifest_path, manifest)
