@@ -1,0 +1,129 @@
+"""How MegaScan's accuracy depends on how many iterations a trace holds:
+every run of a recorded set scored as if its profiler had traced only its
+first K steps (``--steps``), for each K, with MegaScan and the HTA-style
+baseline. A run's eligibility (``sets.eligible``) is its whole trace's.
+
+    python -m experiments.scan_trace_length tests/data/steps12 [--steps 2 4 8 12]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from experiments import results
+from experiments.render import markdown_table
+
+NAME = "scan_trace_length"
+STEP = re.compile(r"ProfilerStep#(\d+)")
+METHODS = ("megascan", "hta-latest")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
+        trace: dict[str, Any] = json.load(f)
+    return trace
+
+
+def first_steps(trace: dict[str, Any], steps: int) -> dict[str, Any]:
+    """``trace`` as if it had been traced for its first ``steps`` profiler
+    steps: every timed event that starts after the last of them ends is left out."""
+    ends: dict[int, float] = {}
+    for e in trace["traceEvents"]:
+        found = STEP.fullmatch(str(e.get("name", "")))
+        if found and e.get("ph") == "X":
+            n = int(found.group(1))
+            ends[n] = max(ends.get(n, float("-inf")), float(e["ts"]) + float(e["dur"]))
+    numbers = sorted(ends)
+    if len(numbers) <= steps:
+        return trace
+    cut = ends[numbers[steps - 1]]
+    kept = [e for e in trace["traceEvents"] if "ts" not in e or float(e["ts"]) < cut]
+    return {**trace, "traceEvents": kept}
+
+
+def truncated_run(run_dir: Path, steps: int, into: Path) -> Path:
+    """A copy of a run's trace files in ``into``, each cut to its first ``steps`` steps."""
+    into.mkdir(parents=True)
+    for path in sorted(run_dir.glob("*.pt.trace.json*")):
+        name = path.name if path.suffix == ".gz" else path.name + ".gz"
+        with gzip.open(into / name, "wt") as f:
+            json.dump(first_steps(_read(path), steps), f)
+    return into
+
+
+def verdicts(folder: Path, steps: Sequence[int], say: Any) -> dict[int, dict[str, list[Any]]]:
+    """Per K and method, each run's outcome."""
+    from megatronapp.scan.align.inputs import load_scan_input
+    from megatronapp.scan.eval import sets
+    from megatronapp.scan.eval.tuning import outcome_of
+    from megatronapp.scan.evidence.detect import op_members
+    from megatronapp.scan.methods import detector
+
+    out: dict[int, dict[str, list[Any]]] = {k: {m: [] for m in METHODS} for k in steps}
+    runs = sets.recorded(folder, "tuning-zoo")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, run in enumerate(runs, 1):
+            for k in steps:
+                scan = load_scan_input(truncated_run(folder / run.name, k, Path(tmp) / f"{i}-{k}"))
+                _, pairs = op_members(scan)
+                for m in METHODS:
+                    found = detector(m)(scan)
+                    out[k][m].append(outcome_of(run, found.root_causes, frozenset(pairs)))
+            say(f"{i}/{len(runs)} {run.name}")
+    return out
+
+
+def summary(outcomes: Iterable[Any]) -> dict[str, Any]:
+    counted = [o for o in outcomes if o.run.eligible]
+    faulted = [o for o in counted if o.faulted]
+    healthy = [o for o in counted if not o.faulted]
+    by_category: dict[str, Counter[str]] = {}
+    for o in faulted:
+        by_category.setdefault(o.run.category, Counter())[o.verdict] += 1
+    return {"faulted": len(faulted), "named_first": sum(o.verdict == "right" for o in faulted),
+            "healthy": len(healthy),
+            "false_alarms": sum(o.verdict == "false alarm" for o in healthy),
+            "categories": {c: dict(v) for c, v in sorted(by_category.items())}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m experiments.{NAME}",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("set", type=Path, help="a recorded set (a folder with manifest.json)")
+    parser.add_argument("--steps", type=int, nargs="+", default=[2, 4, 8, 12])
+    args = parser.parse_args(argv)
+    if any(k < 1 for k in args.steps):
+        print(f"{NAME}: --steps: each must be >= 1, got {args.steps}", file=sys.stderr)
+        return 2
+    if not (args.set / "manifest.json").is_file():
+        print(f"{NAME}: set: {args.set} holds no manifest.json", file=sys.stderr)
+        return 2
+    run = results.start(NAME)
+    found = verdicts(args.set, args.steps, lambda text: print(text, file=sys.stderr, flush=True))
+    data = {"set": str(args.set), "steps": {str(k): {m: summary(v) for m, v in by.items()}
+                                            for k, by in found.items()}}
+    print(f"wrote {run.record(data)}")
+    return 0
+
+
+def _pct(k: int, n: int) -> str:
+    return f"{k}/{n} ({100 * k / n:.0f}%)" if n else "-"
+
+
+def tables(doc: dict[str, Any]) -> dict[str, str]:
+    steps = doc["data"]["steps"]
+    rows = [[k, m, _pct(s["named_first"], s["faulted"]), _pct(s["false_alarms"], s["healthy"])]
+            for k in sorted(steps, key=int) for m, s in steps[k].items()]
+    return {"length": markdown_table(["traced steps", "method", "faults named first",
+                                      "false alarms"], rows)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
