@@ -30,7 +30,7 @@ from megatronapp.scan.eval import sets
 from megatronapp.scan.eval.sets import LabelledRun
 from megatronapp.scan.eval.trials import SIM_NEW
 from megatronapp.scan.eval.tuning import (Case, Outcome, Scores, calibration_points,
-                                          fit_calibration, fit_thresholds, outcome,
+                                          fit_calibration, fit_chance, fit_thresholds, outcome,
                                           outcome_of, reliability, scores)
 from megatronapp.scan.evidence.detect import Detector, calibrated, op_members
 from megatronapp.scan.evidence.params import Params
@@ -38,6 +38,7 @@ from megatronapp.scan.methods import DETECTORS, detector
 
 NAME = "scan_accuracy"
 FIT_NAME = "scan_fit"  # --fit: the thresholds and confidence the defaults were set to
+CHANCE_NAME = "scan_chance"  # --fit-chance: chance_count, the other thresholds held
 BASELINES = tuple(m for m in DETECTORS if m != "megascan")
 FIGURE = results.ROOT / "docs" / "img" / "scan_reliability.png"
 
@@ -197,6 +198,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--sim-seed", type=int, default=0)
     parser.add_argument("--fit", action="store_true",
                         help="fit the thresholds and the confidence on the tuning set")
+    parser.add_argument("--fit-chance", action="store_true",
+                        help="fit chance_count alone on the tuning set (the other "
+                             "parameters held at their defaults)")
     parser.add_argument("--methods", nargs="*", default=list(BASELINES))
     parser.add_argument("--tuning-only", action="store_true",
                         help="leave the held-out set out (while the model is being changed)")
@@ -211,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:
+    if args.fit_chance and megascan:
+        return run_chance_fit(args)
     fitting = args.fit and megascan
     run = results.start(FIT_NAME if fitting else name)  # the fit's record stays beside the scores
 
@@ -225,6 +231,20 @@ def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:
     if megascan and not fitting:
         plot(data, FIGURE)
     print(f"wrote {path}" + (f" and {FIGURE}" if megascan and not fitting else ""))
+    return 0
+
+
+def run_chance_fit(args: argparse.Namespace) -> int:
+    """``--fit-chance``: chance_count fitted on the tuning set's MegaScan evidence."""
+    run = results.start(CHANCE_NAME)
+    runs = collect(argparse.Namespace(**{**vars(args), "tuning_only": True}))["tuning"]
+    cases = score_set(runs, [], lambda text: print(text, file=sys.stderr, flush=True)).cases
+    params, rows = fit_chance(cases)
+    path = run.record({"params": asdict(params), "fitted": "chance_count",
+                       "runs": {"tuning": len(cases)},
+                       "grid": [dict(zip(("chance_count", "named_rate", "false_alarm_rate"), r))
+                                for r in rows]})
+    print(f"wrote {path}")
     return 0
 
 

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from megatronapp.scan.evidence.params import FITTED, CALIBRATED, PROVENANCE, Params
+from megatronapp.scan.evidence.params import (CALIBRATED, FITTED, FITTED_CHANCE, PROVENANCE,
+                                              Params)
 
-FIT_FILE = Path(__file__).resolve().parents[1] / "results" / "scan_fit.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+FIT_FILES = {FITTED: RESULTS / "scan_fit.json", CALIBRATED: RESULTS / "scan_fit.json",
+             FITTED_CHANCE: RESULTS / "scan_chance.json"}
 
 
 def test_every_parameter_has_a_meaning_and_a_provenance() -> None:
@@ -18,7 +21,7 @@ def test_every_parameter_has_a_meaning_and_a_provenance() -> None:
 
 
 @pytest.mark.parametrize("name", [n for n, (_m, source) in PROVENANCE.items()
-                                  if source in (FITTED, CALIBRATED)])
+                                  if source in FIT_FILES])
 def test_a_fitted_default_is_what_the_fit_wrote(name: str) -> None:
-    fitted = json.loads(FIT_FILE.read_text())["data"]["params"][name]
+    fitted = json.loads(FIT_FILES[PROVENANCE[name][1]].read_text())["data"]["params"][name]
     assert getattr(Params(), name) == pytest.approx(fitted, rel=2e-3, abs=1e-3)

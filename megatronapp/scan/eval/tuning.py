@@ -228,6 +228,25 @@ def fit_thresholds(cases: Sequence[Case], base: Params = Params(),
     return Fit(params, scores([outcome(c, params) for c in cases]), tuple(rows))
 
 
+# chance_count's grid; 1 makes only a suspect counting in every iteration persistent
+CHANCES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 1.0)
+
+
+def fit_chance(cases: Sequence[Case], base: Params = Params(),
+               values: Sequence[float] = CHANCES) -> tuple[Params, tuple[tuple[float, ...], ...]]:
+    """``chance_count`` with the other thresholds held: the value naming the
+    most faults first with no more false alarms than 1 (counting in every
+    iteration) raises (ties: the larger value); and every value's (named, false
+    alarm) rates."""
+    prepared = [(c.run, _suspects(c)) for c in cases]
+    rows = tuple((v, *_fast_scores(prepared, replace(base, chance_count=v)))
+                 for v in sorted(set(values) | {1.0}))
+    every = rows[-1]
+    allowed = [r for r in rows if not r[2] > every[2]]
+    best = max(allowed, key=lambda r: (r[1], r[0]))
+    return replace(base, chance_count=best[0]), rows
+
+
 def calibration_points(cases: Sequence[Case], p: Params) -> tuple[np.ndarray, np.ndarray]:
     """Every named cause's noise units and whether it was an injected fault."""
     units, right = [], []

@@ -26,6 +26,7 @@ Incremental use (an on-line caller feeds each iteration as it ends)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from math import comb
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -46,6 +47,8 @@ from .params import Params
 
 Key = tuple[str, Any]  # (kind, rank or (low, high) link)
 QUARTILE_Z = 0.6745  # a normal sample's first quartile lies this many deviations below its median
+# the smallest noise: traces are written in microseconds, and no finding is surer than its timer
+TIMER_RESOLUTION_S = 1e-6
 MANY_SUSPECTS = 64  # of a kind: leaving two out changes their spread by a few percent at most
 
 
@@ -185,7 +188,7 @@ class Detector:
             out.append(Evidence(
                 kind, who, rec.basis, np.asarray(rec.iterations), np.asarray(rec.actual),
                 expected, np.asarray(rec.blame),
-                np.maximum(scale_of(kind, sigma, expected), self.params.noise_floor_s),
+                np.maximum(scale_of(kind, sigma, expected), TIMER_RESOLUTION_S),
                 np.array([self._duration.get(i, np.nan) for i in rec.iterations]),
                 np.asarray(rec.delay), np.asarray(rec.elapsed), np.asarray(rec.each_way)))
         return out
@@ -262,14 +265,33 @@ def judge(evidence: Iterable[Evidence], p: Params) -> list[RootCause]:
 
 
 RECURS = 2  # an intermittent fault is one seen in at least two iterations
+# a healthy suspect is called persistent by chance at most this often (the conventional 1%)
+SIGNIFICANCE = 0.01
+
+
+def persistent(hit: np.ndarray, p: Params) -> bool:
+    """Whether a suspect counts in every iteration it was seen in, or in so
+    many of them that a healthy suspect, counting in each by chance with
+    probability ``chance_count`` (the machine's noise alone carrying it over
+    the bars), would count in as many with probability at most
+    ``SIGNIFICANCE``. A longer trace lets a persistent fault miss a few
+    iterations its noise hid it in: of 4 none (at ``chance_count`` 0.25), of
+    12 four."""
+    n, k = len(hit), int(np.count_nonzero(hit))
+    return k > 0 and (k == n or binomial_tail(k, n, p.chance_count) <= SIGNIFICANCE)
+
+
+def binomial_tail(k: int, n: int, chance: float) -> float:
+    """The probability of at least ``k`` successes in ``n`` trials of ``chance``."""
+    return float(sum(comb(n, j) * chance ** j * (1.0 - chance) ** (n - j)
+                     for j in range(k, n + 1)))
 
 
 def named_iterations(units: np.ndarray, hit: np.ndarray, p: Params) -> np.ndarray:
-    """The iterations a suspect is named for: all it counts in when it counts
-    in every one it was seen in (persistent), else those with
-    ``recur_multiple`` noise units, if at least ``RECURS`` (intermittent);
-    none otherwise."""
-    if hit.all():
+    """The iterations a suspect is named for: those it counts in when it is
+    persistent (``persistent``), else those with ``recur_multiple`` noise
+    units, if at least ``RECURS`` (intermittent); none otherwise."""
+    if persistent(hit, p):
         return hit
     strong = hit & (units >= p.recur_multiple)
     return strong if strong.sum() >= RECURS else np.zeros_like(hit)
@@ -285,7 +307,7 @@ def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: P
     """Devices and links slow throughout that cost the job (almost) nothing:
     a rank's compute or a link's transfers over its expected time by
     ``noise_multiple`` noise units and ``min_slowdown`` in every iteration it
-    was seen in, yet short of ``min_share`` of delay in some (a slow transfer
+    was seen in (or as many as ``persistent`` asks), yet short of ``min_share`` of delay in some (a slow transfer
     the receiver did not wait for, a slow device with slack); a link, each way
     it carried traffic by ``min_slowdown`` (a degraded link is slow both ways;
     one whose receiver waits on a slow stage looks slow only the way it
@@ -297,7 +319,7 @@ def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: P
     the rest ranked by noise units."""
     named = {merge_key(c) for c in causes}
     out = [finding(e, over, p) for e in evidence
-           if e.kind != "host" and len(over := e.over(p)) and over.all()
+           if e.kind != "host" and persistent(over := e.over(p), p)
            and _each_way_slow(e, p) and merge_key(e) not in named]
     return sorted(merged(out), key=lambda c: (-float(c.evidence["noise_units"]), c.rank))
 

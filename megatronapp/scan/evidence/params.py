@@ -8,8 +8,11 @@ suspects, over all iterations) and ``min_slowdown`` of it over, and by the
 iteration's end the delay it had caused (its blame summed over the batch's
 iterations so far) is at least ``min_share`` of the time the job had run.
 It is named when that
-holds in every iteration it was seen in (a persistent fault), or in at least
-two of them with ``recur_multiple`` noise units each (an intermittent fault:
+holds in every iteration it was seen in, or in so many of them that a
+healthy suspect, counting in each by chance with probability
+``chance_count``, would do so with probability at most 1% (a persistent
+fault: a long trace lets it miss the few iterations the machine's noise hid
+it in), or in at least two of them with ``recur_multiple`` noise units each (an intermittent fault:
 it recurs, and where it strikes it stands far out, which a machine's hiccup
 in one iteration does not); its confidence is a logistic function of how many noise units its blame holds
 (``confidence_slope``, ``confidence_offset``), fitted so that a confidence
@@ -32,7 +35,7 @@ class Params:
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
-    noise_floor_s: float = 1e-6
+    chance_count: float = 0.25
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -44,11 +47,17 @@ class Params:
                                  f"got {value!r}")
         if self.shortlist < 1 or self.capacity < 1 or self.min_noise_samples < 1:
             raise ValueError("shortlist, capacity and min_noise_samples must be >= 1")
+        if self.chance_count > 1:
+            raise ValueError(f"chance_count must be a probability (<= 1), got {self.chance_count!r}")
 
 
 FITTED = ("fitted on the tuning set (results/scan_fit.json, python -m "
           "experiments.scan_accuracy --fit --tuning-only): the grid's (scan.eval.tuning.GRID) "
           "point naming the most faults first with false alarms on at most 3% of the healthy runs")
+FITTED_CHANCE = ("fitted on the tuning set, the other thresholds held (results/scan_chance.json, "
+                 "python -m experiments.scan_accuracy --fit-chance --tuning-only): the value "
+                 "naming the most faults first with no more false alarms than counting in every "
+                 "iteration; only traces of more than four iterations tell values apart")
 CALIBRATED = ("fitted on the tuning set's named causes: the logistic regression of right on "
               "log(noise units) with the highest posterior under a unit Gaussian prior at "
               "slope 1, offset 0 (scan.eval.tuning.fit_calibration)")
@@ -88,9 +97,11 @@ PROVENANCE: dict[str, tuple[str, str]] = {
         "left out; with fewer, every suspect's samples are used",
         "not fitted: a median absolute deviation of four values is the least that says "
         "anything"),
-    "noise_floor_s": (
-        "the smallest noise, in seconds: no finding is surer than the timer's resolution",
-        "not fitted: traces are written in microseconds"),
+    "chance_count": (
+        "how often a healthy suspect counts in an iteration by chance: a suspect counting in "
+        "fewer than all the iterations it was seen in is persistent when a healthy one would "
+        "count in as many with probability at most 1%",
+        FITTED_CHANCE),
 }
 
 
