@@ -15,8 +15,9 @@
 ``tests/zoo_heldout14/record.py``, ``tests/data/heldout15``, by
 ``tests/zoo_heldout15/record.py``, ``tests/data/heldout16``, by
 ``tests/zoo_heldout16/record.py``, ``tests/data/heldout17``, by
-``tests/zoo_heldout17/record.py``, and ``tests/data/heldout18``, by
-``tests/zoo_heldout18/record.py``): each plan covers every job and fault,
+``tests/zoo_heldout17/record.py``, ``tests/data/heldout18``, by
+``tests/zoo_heldout18/record.py``, and ``tests/data/heldout19``, by
+``tests/zoo_heldout19/record.py``): each plan covers every job and fault,
 and each manifest and its traces agree; the scoring reads the sets' runs.
 Nothing here runs a detector on them: nothing may be chosen by looking at
 results on a held-out set. A set's jobs and plan are committed before it
@@ -53,13 +54,14 @@ from tests.zoo_heldout15 import record as record15
 from tests.zoo_heldout16 import record as record16
 from tests.zoo_heldout17 import record as record17
 from tests.zoo_heldout18 import record as record18
+from tests.zoo_heldout19 import record as record19
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 # every set's recorder, in the order the sets were recorded
 RECORDERS = (record, record2, record3, record4, record5, record6, record7, record8, record9,
              record10, record11, record12, record13, record14, record15, record16,
-             record17, record18)
+             record17, record18, record19)
 NAMES = tuple(f"heldout{i + 1 if i else ''}" for i in range(len(RECORDERS)))
 FOLDERS = tuple(DATA / name for name in NAMES)
 FAULTS = ("extra-calls-2x", "loader-stall", "step-stall", "intermittent-2x-every-3",
@@ -141,14 +143,16 @@ def test_every_point_to_point_channel_is_slowed_with_and_without_peers_recorded(
     (record15, "pipeline_two_stage_dp2_isend_irecv_gpipe_activation_checkpoint", "MESSAGE"),
     (record15, "hierarchical_allreduce_two_level", "MESSAGE"),
     (record17, "pipeline_tp2_pp2_scatter_gather_1f1b", "MESSAGE"),
-    (record18, "chimera_bidirectional_pipeline_isend_irecv", "MESSAGE")])
+    (record18, "chimera_bidirectional_pipeline_isend_irecv", "MESSAGE"),
+    (record19, "encoder_decoder_pipeline_cross_attention_isend_irecv", "MESSAGE")])
 def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, floats):
     """Each slow link's rate is sized by one message of the job (gossip's
     parameters, the ring's, the butterfly's and the two-level all-reduce's
     gradients: its parameters' count, flattened; a chunk's keys and values,
     stacked; a microbatch's activations, or a tensor-parallel rank's half of
     them, or in Chimera's two pipelines a microbatch's activations one way
-    and its gradients the other), in float32."""
+    and its gradients the other, or the encoder-decoder pipeline's encoder
+    memory, sent to both decoder stages), in float32."""
     printed = subprocess.run(
         [sys.executable, "-c", f"import {name}; print({name}.{floats})"], cwd=ROOT,
         env={"PYTHONPATH": f"tests/zoo:{recorder.PLAN.jobs_dir}"}, check=True,
@@ -231,10 +235,11 @@ def test_the_manifest_records_each_planned_run_as_the_recorder_plans_it(held_out
     for entry in entries:
         run = planned[entry["run"]]
         out = folder.relative_to(ROOT) / run.name
-        assert entry["command"].split() == record.command(run, out, p.jobs_dir), run.name
-        assert entry["traced_steps"] == record.TRACED
+        assert entry["command"].split() == record.command(run, out, p.jobs_dir, p.steps), run.name
+        traced = list(range(record.FIRST_TRACED, record.FIRST_TRACED + p.steps))
+        assert entry["traced_steps"] == traced
         for fault in entry["faults"]:
-            assert set(fault["steps_hit"]) <= set(record.TRACED)
+            assert set(fault["steps_hit"]) <= set(traced)
             assert fault["kind"] in entry["realized"]
         assert {"date", "load", "realized"} <= set(entry)
 
