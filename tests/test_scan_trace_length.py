@@ -47,5 +47,6 @@ def test_asking_for_more_steps_than_traced_keeps_the_trace_whole() -> None:
 def test_bad_arguments_exit_2_naming_them(tmp_path: Path, capsys) -> None:
     assert main([str(tmp_path)]) == 2
     assert "manifest.json" in capsys.readouterr().err
+    assert main([str(RUN.parent), str(tmp_path)]) == 2  # every set is checked before any work
     assert main([str(RUN.parent), "--steps", "0"]) == 2
     assert "--steps" in capsys.readouterr().err
