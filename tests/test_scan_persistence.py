@@ -68,7 +68,7 @@ def _slow_in(iterations: np.ndarray) -> Evidence:
 
 
 def test_a_rank_slow_in_most_of_twelve_iterations_is_named_with_them_and_in_half_is_not():
-    most = np.array([1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1], bool)
+    most = np.array([1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1], bool)  # ten of twelve
     (cause,) = judge([_slow_in(most)], Params())
     assert cause.rank == 2 and cause.evidence["iterations_hit"] == np.flatnonzero(most).tolist()
     assert judge([_slow_in(np.tile([1, 0], 6).astype(bool))], Params()) == []

@@ -275,8 +275,8 @@ def persistent(hit: np.ndarray, p: Params) -> bool:
     probability ``chance_count`` (the machine's noise alone carrying it over
     the bars), would count in as many with probability at most
     ``SIGNIFICANCE``. A longer trace lets a persistent fault miss a few
-    iterations its noise hid it in: of 4 none (at ``chance_count`` 0.25), of
-    12 four."""
+    iterations its noise hid it in: at ``chance_count`` 0.35, none of 4 or 6,
+    three of 12."""
     n, k = len(hit), int(np.count_nonzero(hit))
     return k > 0 and (k == n or binomial_tail(k, n, p.chance_count) <= SIGNIFICANCE)
 

@@ -35,7 +35,7 @@ class Params:
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
-    chance_count: float = 0.25
+    chance_count: float = 0.35
 
     def __post_init__(self) -> None:
         for f in fields(self):
