@@ -163,11 +163,15 @@ def _pct(k: int, n: int) -> str:
 
 
 def tables(doc: dict[str, Any]) -> dict[str, str]:
+    """One row per number of steps traced: each method's faults named first and false alarms."""
     steps = doc["data"]["steps"]
-    rows = [[k, m, _pct(s["named_first"], s["faulted"]), _pct(s["false_alarms"], s["healthy"])]
-            for k in sorted(steps, key=int) for m, s in steps[k].items()]
-    return {"length": markdown_table(["traced steps", "method", "faults named first",
-                                      "false alarms"], rows)}
+    methods = list(next(iter(steps.values())))
+    rows = [[k, *[f"{_pct(s['named_first'], s['faulted'])}, {_pct(s['false_alarms'], s['healthy'])}"
+                  for s in (steps[k][m] for m in methods)]]
+            for k in sorted(steps, key=int)]
+    return {"length": markdown_table(["steps traced", *[f"{m}: named first, false alarms"
+                                                         for m in methods]],
+                                     rows, "r" + "r" * len(methods))}
 
 
 if __name__ == "__main__":
