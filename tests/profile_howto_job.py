@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-WORLD, HIDDEN, BATCH, STEPS = 2, 256, 64, 8
+WORLD, HIDDEN, BATCH, STEPS = 2, 256, 64, 16
 
 
 def _rank_main(rank: int, out: str, snippet: str) -> None:
