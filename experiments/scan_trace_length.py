@@ -16,7 +16,6 @@ import gzip
 import json
 import re
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -30,12 +29,6 @@ STEP = re.compile(r"ProfilerStep#(\d+)")
 EVERY = "megascan, every iteration"
 METHODS = ("megascan", EVERY, "hta-latest")
 FIGURE = results.ROOT / "docs" / "img" / "scan_trace_length.png"
-
-
-def _read(path: Path) -> dict[str, Any]:
-    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
-        trace: dict[str, Any] = json.load(f)
-    return trace
 
 
 def first_steps(trace: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -56,18 +49,22 @@ def first_steps(trace: dict[str, Any], steps: int) -> dict[str, Any]:
 
 
 def truncated_run(run_dir: Path, steps: int, into: Path) -> Path:
-    """A copy of a run's trace files in ``into``, each cut to its first ``steps`` steps."""
+    """A copy of a run's trace files in ``into``, each read as MegaScan reads
+    it and cut to its first ``steps`` steps."""
+    from megatronapp.scan.ingest.kineto import read_json_any
+
     into.mkdir(parents=True)
     for path in sorted(run_dir.glob("*.pt.trace.json*")):
         name = path.name if path.suffix == ".gz" else path.name + ".gz"
         with gzip.open(into / name, "wt") as f:
-            json.dump(first_steps(_read(path), steps), f)
+            json.dump(first_steps(read_json_any(path), steps), f)
     return into
 
 
 def verdicts(folders: Sequence[Path], steps: Sequence[int], say: Any
              ) -> dict[int, dict[str, list[Any]]]:
     """Per K and method, each run's outcome."""
+    from megatronapp.io.outdirs import scratch_folder
     from megatronapp.scan.align.inputs import load_scan_input
     from megatronapp.scan.eval import sets
     from megatronapp.scan.eval.tuning import outcome_of
@@ -81,10 +78,10 @@ def verdicts(folders: Sequence[Path], steps: Sequence[int], say: Any
 
     out: dict[int, dict[str, list[Any]]] = {k: {m: [] for m in METHODS} for k in steps}
     runs = [(folder, run) for folder in folders for run in sets.recorded(folder, "tuning-zoo")]
-    with tempfile.TemporaryDirectory() as tmp:
+    with scratch_folder("megatronapp-trace-length-") as tmp:
         for i, (folder, run) in enumerate(runs, 1):
             for k in steps:
-                scan = load_scan_input(truncated_run(folder / run.name, k, Path(tmp) / f"{i}-{k}"))
+                scan = load_scan_input(truncated_run(folder / run.name, k, tmp / f"{i}-{k}"))
                 _, pairs = op_members(scan)
                 for m in METHODS:
                     found = methods[m](scan)

@@ -307,8 +307,9 @@ def without_cost(evidence: Iterable[Evidence], causes: Iterable[RootCause], p: P
     """Devices and links slow throughout that cost the job (almost) nothing:
     a rank's compute or a link's transfers over its expected time by
     ``noise_multiple`` noise units and ``min_slowdown`` in every iteration it
-    was seen in (or as many as ``persistent`` asks), yet short of ``min_share`` of delay in some (a slow transfer
-    the receiver did not wait for, a slow device with slack); a link, each way
+    was seen in (or as many as ``persistent`` asks), yet short of
+    ``min_share`` of delay in some (a slow transfer the receiver did not
+    wait for, a slow device with slack); a link, each way
     it carried traffic by ``min_slowdown`` (a degraded link is slow both ways;
     one whose receiver waits on a slow stage looks slow only the way it
     waits: its receives, posted first, measure whole transfers where its

@@ -12,9 +12,9 @@ holds in every iteration it was seen in, or in so many of them that a
 healthy suspect, counting in each by chance with probability
 ``chance_count``, would do so with probability at most 1% (a persistent
 fault: a long trace lets it miss the few iterations the machine's noise hid
-it in), or in at least two of them with ``recur_multiple`` noise units each (an intermittent fault:
-it recurs, and where it strikes it stands far out, which a machine's hiccup
-in one iteration does not); its confidence is a logistic function of how many noise units its blame holds
+it in), or in at least two of them with ``recur_multiple`` noise units each
+(an intermittent fault: it recurs, and where it strikes it stands far out,
+which a machine's hiccup in one iteration does not); its confidence is a logistic function of how many noise units its blame holds
 (``confidence_slope``, ``confidence_offset``), fitted so that a confidence
 of 0.9 is right nine times in ten on the tuning set.
 """
