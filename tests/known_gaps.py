@@ -37,13 +37,8 @@ ONSET = "a fault with an onset is named only after two far-out iterations (recur
 COSTLESS = "a slow link that delays the iterations by under min_share (0.3%) is not named"
 
 GAPS: dict[str, str] = {
-    "tests/test_scan_pipeline.py::test_a_slowed_middle_stage_is_named_against_the_other_"
-    "middle_stage[False-OneFOneB]": CROWDED_LINKS,
-    "tests/test_scan_pipeline.py::test_a_healthy_pipeline_names_nobody[OneFOneB]": CROWDED_LINKS,
     "tests/test_scan_pipeline.py::test_an_end_stage_with_more_work_is_not_judged_against_the_"
     "middle_ones": CROWDED_LINKS,
-    "tests/test_scan_pipeline.py::test_detect_leads_with_the_blame_of_the_slowed_stage":
-        CROWDED_LINKS,
     "tests/test_scan_real_timing.py::test_a_throttle_is_named_and_contention_is_not": REAL_TIMING,
     "tests/test_scan_table.py::test_real_like_timing_is_aligned_by_causal_bounds_and_its_"
     "fault_named[throttle]": REAL_TIMING,

@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatronapp.scan.evidence.detect import megascan
+from megatronapp.scan.evidence.detect import megascan, unplaced_ranks
 from megatronapp.scan.align.inputs import load_scan_input
 from megatronapp.scan.ingest.kineto import kineto_files, load_kineto
 from megatronapp.scan.ingest.p2p_infer import P2POp, forced_peers
@@ -34,12 +34,14 @@ def one_f_one_b(stage: int) -> list[tuple[str, int]]:
     return ops + [("B", m) for m in range(MICROBATCHES - warmup, MICROBATCHES)]
 
 
-def pipeline_1f1b(steps: int = 3, link_delay_us: float = 0.0, seed: int = 0) -> dict[int, dict]:
+def pipeline_1f1b(steps: int = 3, link_delay_us: float = 0.0, seed: int = 0,
+                  peers: bool = False) -> dict[int, dict]:
     """A 4-stage 1F1B pipeline on gloo without ``record_shapes``, ``steps``
     profiler steps: each op waits in ``recv`` for its input (from the stage
     before for a forward, after for a backward), computes, and sends its
     output on; the receive of every message between stages 1 and 2 ends
-    ``link_delay_us`` late. Compute times vary at random by up to 30%."""
+    ``link_delay_us`` late. Compute times vary at random by up to 30%.
+    ``peers``: each send/recv's peer kept as ``record_shapes`` keeps it."""
     rng = random.Random(seed)
     events: dict[int, list[dict]] = {r: [] for r in range(STAGES)}
     start = 0.0
@@ -59,7 +61,8 @@ def pipeline_1f1b(steps: int = 3, link_delay_us: float = 0.0, seed: int = 0) -> 
                     if 0 <= source < STAGES:
                         delay = link_delay_us if {source, r} == {1, 2} else 0.0
                         arrive = max(at + 20.0, sent[(phase, m, source)] + 50.0) + delay
-                        events[r] += [kineto_event("c10d::recv_", "cpu_op", r, MAIN, at, 10.0),
+                        events[r] += [kineto_event("c10d::recv_", "cpu_op", r, MAIN, at, 10.0,
+                                                   **_peer_of(source, peers)),
                                       kineto_event("gloo:recv", "user_annotation", r, MAIN,
                                                    at + 10.0, arrive - at - 10.0)]
                         at = arrive
@@ -68,7 +71,8 @@ def pipeline_1f1b(steps: int = 3, link_delay_us: float = 0.0, seed: int = 0) -> 
                     at += work
                     target = r + 1 if phase == "F" else r - 1
                     if 0 <= target < STAGES:
-                        events[r] += [kineto_event("c10d::send", "cpu_op", r, MAIN, at, 10.0),
+                        events[r] += [kineto_event("c10d::send", "cpu_op", r, MAIN, at, 10.0,
+                                                   **_peer_of(target, peers)),
                                       kineto_event("gloo:send", "user_annotation", r, GLOO,
                                                    at + 10.0, 30.0)]
                         sent[(phase, m, r)] = at
@@ -80,6 +84,11 @@ def pipeline_1f1b(steps: int = 3, link_delay_us: float = 0.0, seed: int = 0) -> 
                                           start, end - start))
         start = end
     return {r: gloo_file(r, STAGES, evs) for r, evs in events.items()}
+
+
+def _peer_of(rank: int, kept: bool) -> dict:
+    """A send/recv's arguments: its peer where the profiler kept it."""
+    return {"Concrete Inputs": ["", "", str(rank)]} if kept else {}
 
 
 def named_links(target) -> dict[frozenset[int], int]:
@@ -100,10 +109,28 @@ def test_a_1f1b_pipeline_without_peers_names_each_link_it_used_and_no_other(tmp_
     assert set(named_links(target)) == LINKS
 
 
-def test_the_slow_link_of_a_pipeline_without_peers_is_named_first(tmp_path):
+def test_a_slow_link_whose_ends_sent_to_unknown_peers_is_left_unjudged_not_misnamed(tmp_path):
+    """Some of the pipeline's receives fit two senders (a late receive), so
+    their peers stay unknown: a transfer to an unknown rank could be the slow
+    one and its delay would land on a placed link beside it, so no link at
+    those ranks is judged; they are reported instead, and no link is named."""
     target = write_kineto(tmp_path, pipeline_1f1b(steps=4, link_delay_us=3000.0))
-    causes = megascan(load_scan_input(target)).root_causes
-    assert causes and (causes[0].kind, {causes[0].rank, causes[0].peer}) == ("link", {1, 2})
+    scan = load_scan_input(target)
+    d = megascan(scan)
+    lost = unplaced_ranks(scan)
+    assert {1, 2} <= lost and d.links_unjudged_at == tuple(sorted(lost))
+    assert not any(c.kind == "link" for c in (*d.root_causes, *d.slow_without_cost))
+
+
+def test_a_slow_link_is_named_where_every_transfer_at_its_ends_has_a_peer(tmp_path):
+    """The same pipeline with every receive's peer in the trace (as
+    ``record_shapes`` records it): the slow link between stages 1 and 2 is
+    named first and nothing is left unjudged."""
+    target = write_kineto(tmp_path, pipeline_1f1b(steps=4, link_delay_us=3000.0, peers=True))
+    d = megascan(load_scan_input(target))
+    assert d.links_unjudged_at == ()
+    first = d.root_causes[0]
+    assert (first.kind, {first.rank, first.peer}) == ("link", {1, 2})
 
 
 def test_sends_any_receiver_could_have_taken_name_no_peer():

@@ -218,6 +218,10 @@ def _bottleneck(d: dict[str, Any]) -> Iterator[str]:
         yield (f"unjudged: {n} {kind} suspect(s) had nothing to be compared with (no peers "
                "doing the same work, no cost model, too few iterations): a fault there cannot "
                "be told from its share of the work")
+    if d.get("links_unjudged_at"):
+        yield (f"links unjudged at ranks {', '.join(map(str, d['links_unjudged_at']))}: some of "
+               "their transfers' peers are not in the trace (profile with record_shapes=True "
+               "to record them)")
 
 
 # --------------------------------------------------------------- analyze

@@ -31,6 +31,9 @@ class Diagnosis:
     # devices and links slow throughout that cost the iterations less than a root
     # cause must (a transfer nobody waited for): not causes, shown so that they are seen
     slow_without_cost: tuple[RootCause, ...] = ()
+    # ranks some of whose transfers went to a peer the trace does not give: no
+    # link at them is judged (a wrong link would be named in the unknown one's place)
+    links_unjudged_at: tuple[int, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -40,7 +43,8 @@ class Diagnosis:
         return {"healthy": self.healthy, "root_causes": [c.to_json() for c in self.root_causes],
                 "victims": list(self.victims), "unjudged": dict(self.unjudged),
                 "bottleneck": dict(self.bottleneck),
-                "slow_without_cost": [c.to_json() for c in self.slow_without_cost]}
+                "slow_without_cost": [c.to_json() for c in self.slow_without_cost],
+                "links_unjudged_at": list(self.links_unjudged_at)}
 
 
 Detector = Callable[[ScanInput], Diagnosis]

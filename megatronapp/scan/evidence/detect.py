@@ -11,7 +11,11 @@ one (``blame``). The noise is the spread of the same excess over the other
 suspects of its kind and all iterations; a suspect is named for the
 iterations in which it ran at least ``noise_multiple`` noise units over its
 expected time and by whose end its delay was at least ``min_share`` of the
-time the job had run, with a calibrated confidence (``params``). Where nothing can be
+time the job had run, with a calibrated confidence (``params``). A link is
+judged only where the trace gives the peer of every transfer at both its
+ends: a transfer to an unknown rank could be the slow one, and its delay
+lands on the next transfer its rank makes, which would be named in its
+place (the ranks left so are reported). Where nothing can be
 expected of a rank (a pipeline stage with no peers, no cost model, too few
 iterations), the trace still shows the bottleneck: the rank that holds most
 of the critical path, which is reported apart from root causes.
@@ -37,6 +41,7 @@ from megatronapp.scenario.config import Scenario
 from megatronapp.scan.align.inputs import (DEFAULT_GPUS_PER_NODE, ScanInput, load_table_scan,
                                            stored_batches, stored_events)
 from megatronapp.scan.align.table import COLLECTIVE, P2P
+from megatronapp.trace.columns import KINDS
 from megatronapp.scan.diagnosis import Diagnosis, RootCause
 from megatronapp.scan.ingest.sketch import Reservoirs
 from megatronapp.scan.ingest.work import ModelledWork, job_of
@@ -112,6 +117,7 @@ class Detector:
         self._met: dict[tuple[int, ...], set[int]] = {}
         self._pairs: set[tuple[int, int]] = set()
         self._ranks: set[int] = set()
+        self._unplaced: set[int] = set()  # ranks with a transfer whose peer the trace lacks
         self._held: dict[int, np.ndarray] = {}  # rank -> critical seconds: compute, host, comm
         self._critical_s = 0.0  # the iterations' seconds those shares are of
 
@@ -140,6 +146,7 @@ class Detector:
         for group, members in met.items():
             self._met.setdefault(group, set()).update(members)
         self._pairs |= pairs
+        self._unplaced |= unplaced_ranks(batch)
 
     def _add_critical(self, share: CriticalShare, duration: np.ndarray) -> None:
         parts = np.stack([share.compute.sum(axis=0), share.host.sum(axis=0),
@@ -163,6 +170,7 @@ class Detector:
         causes = merged(judge(evidence, self.params))
         return Diagnosis(tuple(causes), victims_of(causes, self._met, self._pairs),
                          unjudged=self._unjudged(), bottleneck=self.bottleneck(),
+                         links_unjudged_at=tuple(sorted(self._unplaced)),
                          slow_without_cost=tuple(without_cost(evidence, causes, self.params)))
 
     def forget_before(self, iteration: int) -> None:
@@ -183,6 +191,8 @@ class Detector:
         noise = NoiseModel(self._noise, self._partners, self.params.min_noise_samples)
         out = []
         for (kind, who), rec in self._records.items():
+            if kind == "link" and self._unplaced.intersection(who):
+                continue  # a transfer at one of its ends went to a rank the trace does not say
             expected = np.asarray(rec.expected)
             sigma = noise.sigma((kind, who))
             out.append(Evidence(
@@ -461,6 +471,14 @@ def calibrated(units: float, p: Params) -> float:
 
 
 # ------------------------------------------------------------- victims
+def unplaced_ranks(scan: ScanInput) -> set[int]:
+    """Ranks with a point-to-point transfer whose peer the trace does not give
+    (not recorded, nor inferred for sure: ``ingest.p2p_infer``)."""
+    cols = scan.cols
+    lost = (cols.kind == KINDS.index("p2p")) & (cols.peer < 0)
+    return set(np.unique(cols.rank[lost]).tolist())
+
+
 def op_members(scan: ScanInput) -> tuple[dict[tuple[int, ...], set[int]], set[tuple[int, int]]]:
     """The ranks that met in a sync op: per collective group (its ranks, sorted)
     those that joined its calls, and each pair that exchanged a transfer."""
