@@ -16,8 +16,9 @@
 ``tests/zoo_heldout15/record.py``, ``tests/data/heldout16``, by
 ``tests/zoo_heldout16/record.py``, ``tests/data/heldout17``, by
 ``tests/zoo_heldout17/record.py``, ``tests/data/heldout18``, by
-``tests/zoo_heldout18/record.py``, and ``tests/data/heldout19``, by
-``tests/zoo_heldout19/record.py``): each plan covers every job and fault,
+``tests/zoo_heldout18/record.py``, ``tests/data/heldout19``, by
+``tests/zoo_heldout19/record.py``, and ``tests/data/heldout20``, by
+``tests/zoo_heldout20/record.py``): each plan covers every job and fault,
 and each manifest and its traces agree; the scoring reads the sets' runs.
 Nothing here runs a detector on them: nothing may be chosen by looking at
 results on a held-out set. A set's jobs and plan are committed before it
@@ -55,13 +56,14 @@ from tests.zoo_heldout16 import record as record16
 from tests.zoo_heldout17 import record as record17
 from tests.zoo_heldout18 import record as record18
 from tests.zoo_heldout19 import record as record19
+from tests.zoo_heldout20 import record as record20
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 # every set's recorder, in the order the sets were recorded
 RECORDERS = (record, record2, record3, record4, record5, record6, record7, record8, record9,
              record10, record11, record12, record13, record14, record15, record16,
-             record17, record18, record19)
+             record17, record18, record19, record20)
 NAMES = tuple(f"heldout{i + 1 if i else ''}" for i in range(len(RECORDERS)))
 FOLDERS = tuple(DATA / name for name in NAMES)
 FAULTS = ("extra-calls-2x", "loader-stall", "step-stall", "intermittent-2x-every-3",
@@ -144,7 +146,9 @@ def test_every_point_to_point_channel_is_slowed_with_and_without_peers_recorded(
     (record15, "hierarchical_allreduce_two_level", "MESSAGE"),
     (record17, "pipeline_tp2_pp2_scatter_gather_1f1b", "MESSAGE"),
     (record18, "chimera_bidirectional_pipeline_isend_irecv", "MESSAGE"),
-    (record19, "encoder_decoder_pipeline_cross_attention_isend_irecv", "MESSAGE")])
+    (record19, "encoder_decoder_pipeline_cross_attention_isend_irecv", "MESSAGE"),
+    (record20, "mamba2_sequence_parallel_state_passing_send_recv", "MESSAGE"),
+    (record20, "splitfed_u_shaped_server_send_recv", "MESSAGE")])
 def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, floats):
     """Each slow link's rate is sized by one message of the job (gossip's
     parameters, the ring's, the butterfly's and the two-level all-reduce's
@@ -152,7 +156,9 @@ def test_the_ring_channels_carry_the_message_the_job_sends(recorder, name, float
     stacked; a microbatch's activations, or a tensor-parallel rank's half of
     them, or in Chimera's two pipelines a microbatch's activations one way
     and its gradients the other, or the encoder-decoder pipeline's encoder
-    memory, sent to both decoder stages), in float32."""
+    memory, sent to both decoder stages, or a Mamba-2 block's state passed
+    on to the next chunk's rank, or a split-learning client's batch of
+    activations), in float32."""
     printed = subprocess.run(
         [sys.executable, "-c", f"import {name}; print({name}.{floats})"], cwd=ROOT,
         env={"PYTHONPATH": f"tests/zoo:{recorder.PLAN.jobs_dir}"}, check=True,
