@@ -39,6 +39,7 @@ from megatronapp.scan.methods import DETECTORS, detector
 NAME = "scan_accuracy"
 FIT_NAME = "scan_fit"  # --fit: the thresholds and confidence the defaults were set to
 CHANCE_NAME = "scan_chance"  # --fit-chance: chance_count, the other thresholds held
+CALIBRATION_NAME = "scan_calibration"  # --fit-calibration: the confidence alone
 BASELINES = tuple(m for m in DETECTORS if m != "megascan")
 FIGURE = results.ROOT / "docs" / "img" / "scan_reliability.png"
 
@@ -201,6 +202,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--fit-chance", action="store_true",
                         help="fit chance_count alone on the tuning set (the other "
                              "parameters held at their defaults)")
+    parser.add_argument("--fit-calibration", action="store_true",
+                        help="fit the confidence's calibration alone on the tuning set (the "
+                             "thresholds held at their defaults)")
     parser.add_argument("--methods", nargs="*", default=list(BASELINES))
     parser.add_argument("--tuning-only", action="store_true",
                         help="leave the held-out set out (while the model is being changed)")
@@ -217,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:
     if args.fit_chance and megascan:
         return run_chance_fit(args)
+    if args.fit_calibration and megascan:
+        return run_calibration_fit(args)
     fitting = args.fit and megascan
     run = results.start(FIT_NAME if fitting else name)  # the fit's record stays beside the scores
 
@@ -234,16 +240,35 @@ def run_experiment(name: str, args: argparse.Namespace, megascan: bool) -> int:
     return 0
 
 
+def tuning_cases(args: argparse.Namespace) -> list[Case]:
+    """MegaScan's evidence on the tuning set alone (a fit of one part)."""
+    runs = collect(argparse.Namespace(**{**vars(args), "tuning_only": True}))["tuning"]
+    return score_set(runs, [], lambda text: print(text, file=sys.stderr, flush=True)).cases
+
+
 def run_chance_fit(args: argparse.Namespace) -> int:
     """``--fit-chance``: chance_count fitted on the tuning set's MegaScan evidence."""
     run = results.start(CHANCE_NAME)
-    runs = collect(argparse.Namespace(**{**vars(args), "tuning_only": True}))["tuning"]
-    cases = score_set(runs, [], lambda text: print(text, file=sys.stderr, flush=True)).cases
+    cases = tuning_cases(args)
     params, rows = fit_chance(cases)
     path = run.record({"params": asdict(params), "fitted": "chance_count",
                        "runs": {"tuning": len(cases)},
                        "grid": [dict(zip(("chance_count", "named_rate", "false_alarm_rate"), r))
                                 for r in rows]})
+    print(f"wrote {path}")
+    return 0
+
+
+def run_calibration_fit(args: argparse.Namespace) -> int:
+    """``--fit-calibration``: the confidence's slope and offset fitted on the
+    causes MegaScan names on the tuning set, its thresholds held; the
+    expected calibration error there before and after."""
+    run = results.start(CALIBRATION_NAME)
+    cases, before = tuning_cases(args), Params()
+    params = fit_calibration(*calibration_points(cases, before), before)
+    path = run.record({"params": asdict(params), "fitted": "confidence_slope, confidence_offset",
+                       "runs": {"tuning": len(cases)},
+                       "before": calibration(cases, before), "after": calibration(cases, params)})
     print(f"wrote {path}")
     return 0
 
