@@ -263,19 +263,30 @@ PRIOR_WEIGHT = 1.0  # a unit Gaussian prior: with few wrong findings the confide
 
 def fit_calibration(units: np.ndarray, right: np.ndarray, p: Params) -> Params:
     """The logistic slope and offset in log(units / noise_multiple) with the
-    highest posterior for ``right`` under ``PRIOR`` (Newton's method): a set
-    whose named causes are nearly all right would otherwise drive the slope
-    to a step."""
+    highest posterior for ``right`` under ``PRIOR`` (Newton's method, each
+    step halved until the posterior rises: a full step from a start where
+    the confidence saturates can overshoot and diverge): a set whose named
+    causes are nearly all right would otherwise drive the slope to a step."""
     if not len(units):
         return p
     x = np.log(np.maximum(units, 1e-12)) - np.log(p.noise_multiple)
     design = np.stack([x, np.ones_like(x)], axis=1)
+    right = np.asarray(right, float)
+
+    def posterior(w: np.ndarray) -> float:
+        z = design @ w  # log-likelihood of a logistic model, written to stay finite
+        return float(np.sum(right * z - np.logaddexp(0.0, z))
+                     - 0.5 * PRIOR_WEIGHT * np.sum((w - PRIOR) ** 2))
+
     w = PRIOR.copy()
     for _ in range(100):
         prob = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -500, 500)))
         grad = design.T @ (right - prob) - PRIOR_WEIGHT * (w - PRIOR)
         hess = -(design.T * (prob * (1 - prob))) @ design - PRIOR_WEIGHT * np.eye(2)
         step = np.linalg.solve(hess, grad)
+        now = posterior(w)
+        while posterior(w - step) < now and np.max(np.abs(step)) > 1e-12:
+            step = step / 2
         w = w - step
         if np.max(np.abs(step)) < 1e-9:
             break
