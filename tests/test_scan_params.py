@@ -11,7 +11,7 @@ from megatronapp.scan.evidence.params import (CALIBRATED, FITTED, FITTED_CHANCE,
                                               Params)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-FIT_FILES = {FITTED: RESULTS / "scan_fit.json", CALIBRATED: RESULTS / "scan_fit.json",
+FIT_FILES = {FITTED: RESULTS / "scan_fit.json", CALIBRATED: RESULTS / "scan_calibration.json",
              FITTED_CHANCE: RESULTS / "scan_chance.json"}
 
 

@@ -30,8 +30,8 @@ class Params:
     min_slowdown: float = 0.1
     min_share: float = 0.003
     recur_multiple: float = 100.0
-    confidence_slope: float = 0.633
-    confidence_offset: float = -0.0075
+    confidence_slope: float = 0.526
+    confidence_offset: float = 0.576
     shortlist: int = 16
     capacity: int = 64
     min_noise_samples: int = 4
@@ -58,9 +58,11 @@ FITTED_CHANCE = ("fitted on the tuning set, the other thresholds held (results/s
                  "python -m experiments.scan_accuracy --fit-chance --tuning-only): the value "
                  "naming the most faults first with no more false alarms than counting in every "
                  "iteration; only traces of more than four iterations tell values apart")
-CALIBRATED = ("fitted on the tuning set's named causes: the logistic regression of right on "
-              "log(noise units) with the highest posterior under a unit Gaussian prior at "
-              "slope 1, offset 0 (scan.eval.tuning.fit_calibration)")
+CALIBRATED = ("fitted on the tuning set's named causes, the thresholds held (results/"
+              "scan_calibration.json, python -m experiments.scan_accuracy --fit-calibration "
+              "--tuning-only): the logistic regression of right on log(noise units) with the "
+              "highest posterior under a unit Gaussian prior at slope 1, offset 0 "
+              "(scan.eval.tuning.fit_calibration)")
 
 # name -> (meaning, where its value comes from)
 PROVENANCE: dict[str, tuple[str, str]] = {
